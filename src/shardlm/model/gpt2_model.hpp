@@ -1,0 +1,87 @@
+// Gpt2Model: explicit forward and backward of GPT-2, one unit at a time (no autograd).
+//
+// The model owns no parameters: the caller (the trainer, through a parallel
+// Strategy) hands it, per call, a pointer to each unit's full flat parameter buffer
+// and gradient buffer (ParamLayout). Under ZeRO-3 those point into gather buffers
+// that exist only around the call, which is why they are arguments, not members.
+//
+// Units: 0 = embeddings (wte, wpe), 1..L = blocks, L+1 = final (ln_f; the LM head
+// is tied to wte, so the final unit also reads unit 0: see units_needed_for).
+//
+// A training micro-batch:
+//   for u in 0..L+1:   forward_unit(u, ...)     // final unit: ln_f + fused head/CE
+//   for u in L+1..0:   backward_unit(u, ...)    // gradients ACCUMULATE (+=) into grads
+// The loss is the sum of cross-entropy over targets != kIgnoreIndex, multiplied by
+// grad_scale for the gradient (grad_scale = 1 / global count of target tokens, so
+// that micro-batches and ranks sum to the global mean).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "shardlm/core/memory_tracker.hpp"
+#include "shardlm/model/config.hpp"
+#include "shardlm/model/param_layout.hpp"
+
+namespace shardlm {
+
+inline constexpr int32_t kIgnoreIndex = -1;
+
+// One pointer per unit (index = unit). Entries for units a call does not need may be
+// null.
+using UnitPointers = std::span<float* const>;
+
+struct MicroBatch {
+  const int32_t* tokens = nullptr;   // [B, T], ids < vocab_size
+  const int32_t* targets = nullptr;  // [B, T], ids < vocab_size or kIgnoreIndex; may be null
+                                     // when no loss is wanted (sampling)
+  int B = 0;
+  int T = 0;
+};
+
+class Gpt2Model {
+ public:
+  // Activation memory is sized once for (max_batch, max_seq) and tracked under
+  // MemCategory::activations; no allocation happens in forward/backward.
+  Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch, int max_seq,
+            MemoryTracker& tracker = MemoryTracker::global());
+  ~Gpt2Model();
+  Gpt2Model(const Gpt2Model&) = delete;
+  Gpt2Model& operator=(const Gpt2Model&) = delete;
+
+  const ModelConfig& config() const;
+  const ParamLayout& layout() const;
+  int num_units() const;  // n_layer + 2
+  // Units whose parameters unit u's forward/backward read (final unit: {0, final}).
+  std::vector<int> units_needed_for(int unit) const;
+
+  // Fill unit `unit`'s full flat buffer with GPT-2 init (per ParamInfo::init); padding
+  // and padded vocabulary rows are zero. Deterministic in (seed, parameter name)
+  // only, so it does not depend on world size or unit boundaries.
+  void init_unit(int unit, uint64_t seed, float* unit_params) const;
+
+  // Forward of one unit for micro-batch `batch`. For the final unit with
+  // batch.targets != null this also computes the loss; with training == true it
+  // also computes the head's gradient (grad_scale-weighted) into grads[0] (+= wte)
+  // and keeps what backward_unit(final) needs. grads may be empty when !training.
+  void forward_unit(int unit, UnitPointers params, UnitPointers grads, const MicroBatch& batch,
+                    bool training, float grad_scale);
+  void backward_unit(int unit, UnitPointers params, UnitPointers grads, const MicroBatch& batch);
+
+  // After forward of the final unit with targets: sum of CE over non-ignored targets
+  // (double, unscaled) and the number of such targets.
+  double last_loss_sum() const;
+  int64_t last_target_count() const;
+
+  // After forward of the final unit with targets == null: logits of position t of each
+  // row, [B, vocab_size] (padded columns excluded), for sampling.
+  void logits_at(UnitPointers params, int t, float* out) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardlm

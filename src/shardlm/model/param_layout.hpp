@@ -1,0 +1,62 @@
+// ParamLayout: the flat-unit data layout (DESIGN.md "Flat units"), as pure functions.
+//
+// The model is cut into units: unit 0 holds the embeddings, units 1..n_layer the
+// transformer blocks, and the last unit the final norm (and an untied LM head). A
+// unit's parameters live in one contiguous buffer; each parameter is a view
+// (offset, shape) into it, named as Hugging Face names it, so import/export is a
+// table. Offsets are aligned to kParamAlignment elements (cache lines, SIMD), and
+// the unit is padded to a multiple of world_size * kParamAlignment so every rank
+// owns an equal, aligned slice [r*S, (r+1)*S).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardlm/model/config.hpp"
+
+namespace shardlm {
+
+struct ParamInfo {
+  std::string name;            // Hugging Face name, e.g. transformer.h.3.attn.c_attn.weight
+  std::vector<int64_t> shape;  // logical shape as stored (row-major); see padded rows below
+  int64_t offset = 0;          // element offset inside the unit's flat buffer
+  int64_t numel = 0;           // product of shape
+  bool weight_decay = false;   // AdamW decoupled decay applies (2-D weights only)
+  // Init: kind "normal" (std), "zeros" or "ones". For the token embedding, rows
+  // >= valid_rows (vocabulary padding) are zero at init and stay zero.
+  std::string init = "zeros";
+  float init_std = 0.0f;
+  int64_t valid_rows = -1;     // -1: all rows are real
+};
+
+struct UnitLayout {
+  std::string name;  // "embeddings", "h.3", "final"
+  std::vector<ParamInfo> params;
+  int64_t numel = 0;         // end of the last parameter (before padding)
+  int64_t padded_numel = 0;  // multiple of world_size * kParamAlignment
+  int64_t shard_numel(int world_size) const { return padded_numel / world_size; }
+  const ParamInfo& param(const std::string& name) const;  // throws Error if absent
+};
+
+struct ParamLayout {
+  static constexpr int64_t kParamAlignment = 16;  // elements (64 bytes of fp32)
+
+  std::vector<UnitLayout> units;
+  int world_size = 1;
+
+  static ParamLayout build(const ModelConfig& config, int world_size);
+
+  int num_units() const { return static_cast<int>(units.size()); }
+  int64_t total_numel() const;         // real parameters (excluding alignment padding)
+  int64_t total_padded_numel() const;  // what the flat buffers hold
+  // Every parameter, in canonical order (unit order, then offset order).
+  std::vector<const ParamInfo*> all_params() const;
+  // Locate a parameter by name: returns (unit index, info) or throws Error.
+  std::pair<int, const ParamInfo*> find(const std::string& name) const;
+};
+
+// Hugging Face names for GPT-2 (`transformer.wte.weight`, ...), as built by build().
+std::string gpt2_param_name(int layer, const std::string& suffix);
+
+}  // namespace shardlm
