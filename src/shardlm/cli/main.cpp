@@ -1,1 +1,33 @@
-int main() { return 0; }
+// shardlm: one binary, one subcommand per job. Each subcommand's logic lives in its
+// room; this file only parses flags (CLI11) and turns errors into one line + exit 1.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "shardlm/cli/commands.hpp"
+#include "shardlm/core/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardlm: train GPT-2-family language models on one or many processes"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  // PENDING shardlm::cli::register_prepare(app);
+  // PENDING shardlm::cli::register_train(app);
+  shardlm::cli::register_sample(app);
+  shardlm::cli::register_inspect(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const shardlm::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,57 @@
+#include <omp.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/cli/commands.hpp"
+#include "shardlm/data/tokenizer.hpp"
+#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/parallel/single_process_strategy.hpp"
+#include "shardlm/train/model_runner.hpp"
+#include "shardlm/train/sampling.hpp"
+
+namespace shardlm::cli {
+
+namespace {
+struct SampleArgs {
+  std::string checkpoint;
+  std::string prompt = "\n";
+  SamplingOptions sampling{100, 0.8f, 40, 1};
+  int threads = 0;
+};
+}  // namespace
+
+void register_sample(CLI::App& app) {
+  auto args = std::make_shared<SampleArgs>();
+  auto* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
+  cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint directory or run directory")
+      ->required();
+  cmd->add_option("--prompt", args->prompt, "Text to continue");
+  cmd->add_option("--tokens", args->sampling.num_tokens, "Tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature", args->sampling.temperature, "Softmax temperature (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", args->sampling.top_k, "Sample among the k likeliest (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->sampling.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Compute threads (default: all cores)");
+  cmd->callback([args]() {
+    if (args->threads > 0) omp_set_num_threads(args->threads);
+    CheckpointReader ckpt(resolve_checkpoint_path(args->checkpoint));
+    const ModelConfig& config = ckpt.info().model;
+    auto tokenizer = make_tokenizer(ckpt.info().tokenizer);
+    const ParamLayout layout = ParamLayout::build(config, 1);
+    SingleProcessStrategy strategy(layout);
+    ckpt.load_into(layout, strategy);
+    Gpt2Model model(config, layout, 1, config.max_seq_len);
+    ModelRunner runner(model, strategy);
+    std::vector<int32_t> prompt = tokenizer->encode(args->prompt);
+    if (prompt.empty()) prompt.push_back(tokenizer->end_of_text().value_or(0));
+    auto ids = generate(runner, prompt, config.max_seq_len, args->sampling);
+    std::printf("%s%s\n", args->prompt.c_str(), tokenizer->decode(ids).c_str());
+  });
+}
+
+}  // namespace shardlm::cli

@@ -1,0 +1,53 @@
+// Strategy: how the model's state is spread over ranks, expressed as the hooks of
+// the step loop (DESIGN.md "The step"). The model and the optimizer never ask which
+// strategy runs; they use the pointers and slices a Strategy hands them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "shardlm/model/gpt2_model.hpp"
+
+namespace shardlm {
+
+// The rank's owned part of one unit: elements [begin, end) of the unit's flat
+// buffer, with its fp32 master weights, reduced gradient and AdamW moments.
+struct OwnedSlice {
+  int64_t begin = 0;
+  int64_t end = 0;
+  float* master = nullptr;
+  float* grad = nullptr;
+  float* adam_m = nullptr;
+  float* adam_v = nullptr;
+  int64_t size() const { return end - begin; }
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string name() const = 0;
+  virtual int world_size() const = 0;
+  virtual int rank() const = 0;
+
+  // Full-unit buffers the model reads (params) and accumulates into (grads). An
+  // entry is valid between the before_* and after_* hooks of the units that need it.
+  virtual UnitPointers params() = 0;
+  virtual UnitPointers grads() = 0;
+  virtual OwnedSlice owned(int unit) = 0;
+
+  // Step loop hooks (see DESIGN.md). micro_batch counts from 0 to num_micro_batches-1.
+  virtual void begin_step(int num_micro_batches) = 0;
+  virtual void before_forward(int unit) = 0;
+  virtual void after_forward(int unit) = 0;
+  virtual void before_backward(int unit) = 0;
+  virtual void after_backward(int unit, int micro_batch) = 0;
+  virtual void finish_gradients() = 0;
+  // Sum over all ranks of the squared reduced gradient (the global norm squared).
+  virtual double global_grad_norm_squared() = 0;
+  // After the optimizer updated the owned master slices: make params consistent.
+  virtual void after_step() = 0;
+  // After master slices were initialised or loaded: make params consistent.
+  virtual void after_load() = 0;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,22 @@
+#include "shardlm/train/model_runner.hpp"
+
+namespace shardlm {
+
+double ModelRunner::forward(const MicroBatch& batch, bool training, float grad_scale) {
+  for (int u = 0; u < model_.num_units(); ++u) {
+    strategy_.before_forward(u);
+    model_.forward_unit(u, strategy_.params(), strategy_.grads(), batch, training, grad_scale);
+    strategy_.after_forward(u);
+  }
+  return batch.targets != nullptr ? model_.last_loss_sum() : 0.0;
+}
+
+void ModelRunner::backward(const MicroBatch& batch, int micro_batch) {
+  for (int u = model_.num_units() - 1; u >= 0; --u) {
+    strategy_.before_backward(u);
+    model_.backward_unit(u, strategy_.params(), strategy_.grads(), batch);
+    strategy_.after_backward(u, micro_batch);
+  }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,29 @@
+// ModelRunner: runs the model's units through a Strategy's hooks. Training,
+// evaluation and sampling all go through it, so every strategy gathers, frees and
+// reduces in exactly one place.
+#pragma once
+
+#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/parallel/strategy.hpp"
+
+namespace shardlm {
+
+class ModelRunner {
+ public:
+  ModelRunner(Gpt2Model& model, Strategy& strategy) : model_(model), strategy_(strategy) {}
+
+  // Forward of every unit; with targets, returns the loss sum over non-ignored targets.
+  double forward(const MicroBatch& batch, bool training, float grad_scale);
+  // Backward of every unit in reverse order; micro_batch tells the strategy where in
+  // the accumulation the step is (DDP communicates on the last one only).
+  void backward(const MicroBatch& batch, int micro_batch);
+
+  Gpt2Model& model() { return model_; }
+  Strategy& strategy() { return strategy_; }
+
+ private:
+  Gpt2Model& model_;
+  Strategy& strategy_;
+};
+
+}  // namespace shardlm

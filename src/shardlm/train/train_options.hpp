@@ -1,0 +1,54 @@
+// Everything `shardlm train` can be told, with the defaults a user starts from.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace shardlm {
+
+struct TrainOptions {
+  // Model: a preset, optionally overridden field by field.
+  std::string model = "gpt2-small-30m";
+  std::optional<int> n_layer, n_head, n_embd, vocab_size;
+
+  std::string data_dir;  // from `shardlm prepare`: train.bin, val.bin, meta.json
+  std::string out_dir;   // run directory: metrics.jsonl, checkpoints/
+
+  int64_t steps = 100;
+  int micro_batch = 8;
+  int seq_len = 256;
+  int global_batch = 0;  // sequences per optimizer step; 0: micro_batch x world size
+
+  float lr = 6e-4f;
+  std::optional<float> min_lr;  // default lr / 10
+  int64_t warmup = 0;
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;  // <= 0 disables clipping
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  uint64_t seed = 1337;
+
+  int64_t eval_every = 0;  // 0: evaluate at the end only
+  int eval_batches = 8;
+  int64_t save_every = 0;  // 0: save at the end only
+  int keep = 0;            // checkpoints kept; 0: all
+  bool resume = false;
+
+  int threads = 0;  // 0: the cores available to this process
+  int64_t log_every = 0;  // plain progress lines when not a terminal; 0: ~20 lines per run
+
+  int sample_tokens = 0;  // > 0: print a sample of this many tokens at the end
+  std::string sample_prompt = "\n";
+  float sample_temperature = 0.8f;
+  int sample_top_k = 40;
+
+  // The options a resumed run must share with the run that wrote the checkpoint
+  // (anything that changes the trajectory; --steps may grow, which only stretches
+  // the cosine schedule, and is reported).
+  nlohmann::json trajectory_json() const;
+};
+
+}  // namespace shardlm
