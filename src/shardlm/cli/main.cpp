@@ -12,8 +12,8 @@ int main(int argc, char** argv) {
   CLI::App app{"shardlm: train GPT-2-family language models on one or many processes"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
-  // PENDING shardlm::cli::register_prepare(app);
-  // PENDING shardlm::cli::register_train(app);
+  shardlm::cli::register_prepare(app);
+  shardlm::cli::register_train(app);
   shardlm::cli::register_sample(app);
   shardlm::cli::register_inspect(app);
   try {

@@ -1,0 +1,27 @@
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "shardlm/cli/commands.hpp"
+#include "shardlm/data/prepare.hpp"
+
+namespace shardlm::cli {
+
+void register_prepare(CLI::App& app) {
+  auto opts = std::make_shared<PrepareOptions>();
+  auto* cmd = app.add_subcommand("prepare", "Tokenize text files into train/val token files");
+  cmd->add_option("--tokenizer", opts->tokenizer, "byte, or gpt2:DIR (DIR/vocab.json, merges.txt)")
+      ->required();
+  cmd->add_option("--input", opts->inputs, "Text files, concatenated in order")->required();
+  cmd->add_option("--out", opts->out_dir, "Output directory")->required();
+  cmd->add_option("--val-fraction", opts->val_fraction, "Last fraction of tokens held out")
+      ->capture_default_str();
+  cmd->callback([opts]() {
+    PrepareSummary s = prepare_dataset(*opts);
+    fmt::print("prepared {}: {} train + {} val tokens (vocab {}, tokenizer {}) in {:.1f} s\n",
+               opts->out_dir, s.meta.train_tokens, s.meta.val_tokens, s.meta.vocab_size,
+               s.meta.tokenizer, s.seconds);
+  });
+}
+
+}  // namespace shardlm::cli

@@ -1,0 +1,64 @@
+#include <cstdio>
+#include <memory>
+
+#include "shardlm/cli/commands.hpp"
+#include "shardlm/model/config.hpp"
+#include "shardlm/train/trainer.hpp"
+
+namespace shardlm::cli {
+
+void register_train(CLI::App& app) {
+  auto opts = std::make_shared<TrainOptions>();
+  auto* cmd = app.add_subcommand("train", "Train a model on prepared token files");
+  std::string presets;
+  for (const auto& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  cmd->add_option("--model", opts->model, "Model preset: " + presets)->capture_default_str();
+  cmd->add_option("--n-layer", opts->n_layer, "Override the preset's number of layers");
+  cmd->add_option("--n-head", opts->n_head, "Override the preset's number of heads");
+  cmd->add_option("--n-embd", opts->n_embd, "Override the preset's width");
+  cmd->add_option("--vocab-size", opts->vocab_size,
+                  "Override the vocabulary size (default: the data's)");
+  cmd->add_option("--data", opts->data_dir, "Directory written by `shardlm prepare`")->required();
+  cmd->add_option("--out", opts->out_dir, "Run directory (metrics, checkpoints)")->required();
+  cmd->add_option("--steps", opts->steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--micro-batch", opts->micro_batch, "Sequences per forward/backward")
+      ->capture_default_str();
+  cmd->add_option("--seq-len", opts->seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--global-batch", opts->global_batch,
+                  "Sequences per optimizer step (gradient accumulation when larger than "
+                  "micro-batch x world size; default: micro-batch x world size)");
+  cmd->add_option("--lr", opts->lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr", opts->min_lr, "Final learning rate of the cosine (default lr/10)");
+  cmd->add_option("--warmup", opts->warmup, "Linear warmup steps")->capture_default_str();
+  cmd->add_option("--weight-decay", opts->weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
+  cmd->add_option("--grad-clip", opts->grad_clip, "Global gradient-norm clip (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--beta1", opts->beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--beta2", opts->beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Seed of init and data order")->capture_default_str();
+  cmd->add_option("--eval-every", opts->eval_every, "Validation every N steps (0: at the end)")
+      ->capture_default_str();
+  cmd->add_option("--eval-batches", opts->eval_batches, "Micro-batches per validation")
+      ->capture_default_str();
+  cmd->add_option("--save-every", opts->save_every, "Checkpoint every N steps (0: at the end)")
+      ->capture_default_str();
+  cmd->add_option("--keep", opts->keep, "Checkpoints to keep (0: all)")->capture_default_str();
+  cmd->add_flag("--resume", opts->resume, "Continue from the run directory's latest checkpoint");
+  cmd->add_option("--threads", opts->threads, "Compute threads (default: the cores available)");
+  cmd->add_option("--log-every", opts->log_every,
+                  "Progress line every N steps when stdout is not a terminal");
+  cmd->add_option("--sample-tokens", opts->sample_tokens,
+                  "Print a generated sample of N tokens at the end")
+      ->capture_default_str();
+  cmd->add_option("--sample-prompt", opts->sample_prompt, "Prompt of the final sample");
+  cmd->callback([opts]() {
+    TrainSummary summary = run_training(*opts);
+    if (!summary.sample.empty()) {
+      std::printf("\n--- sample ---\n%s\n--------------\n\n", summary.sample.c_str());
+    }
+    print_summary(summary);
+  });
+}
+
+}  // namespace shardlm::cli
