@@ -10,6 +10,8 @@ namespace shardlm::cli {
 void register_train(CLI::App& app) {
   auto opts = std::make_shared<TrainOptions>();
   auto* cmd = app.add_subcommand("train", "Train a model on prepared token files");
+  // A repeated flag takes its last value, so a base command line can be overridden.
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::string presets;
   for (const auto& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   cmd->add_option("--model", opts->model, "Model preset: " + presets)->capture_default_str();

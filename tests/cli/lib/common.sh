@@ -1,0 +1,31 @@
+# Shared helpers for the CLI end-to-end tests. Usage in a test:
+#   source "$(dirname "$0")/lib/common.sh" "$@"
+set -euo pipefail
+SHARDLM="$1"
+SHARED_DATA="$2"
+WORK="$(mktemp -d /tmp/shardlm-cli-test.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# A small byte-level dataset from the first 60 KB of TinyShakespeare (fast to train on).
+make_byte_data() {
+  head -c 60000 "$SHARED_DATA/tinyshakespeare.txt" > "$WORK/small.txt"
+  "$SHARDLM" prepare --tokenizer byte --input "$WORK/small.txt" --out "$WORK/data" > /dev/null
+}
+
+# Tiny model flags used by most tests: 2 layers, 32 wide, 2 heads, vocab 256.
+TINY=(--model gpt2-tiny --n-layer 2 --n-embd 32 --n-head 2 --seq-len 32 --micro-batch 4
+      --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5)
+
+digest_of() { "$SHARDLM" inspect "$1" | awk '/^digest:/ {print $2}'; }
+
+# expect_error "<substring>" cmd...: the command must fail (non-zero) and print the
+# substring on stderr, as one line starting with "error:".
+expect_error() {
+  local needle="$1"; shift
+  local out rc=0
+  out="$("$@" 2>&1 >/dev/null)" || rc=$?
+  [ "$rc" -ne 0 ] || fail "expected failure for: $* (exit 0)"
+  echo "$out" | grep -q "^error: .*$needle" || fail "expected 'error: ...$needle' for: $*; got: $out"
+}
