@@ -1,0 +1,27 @@
+// Causal multi-head self-attention on the fused qkv projection, flash-attention
+// style: no [B, H, T, T] tensor. Scores are computed a key block at a time with an
+// online softmax; the per-row log-sum-exp is kept so the backward recomputes the
+// probabilities instead of storing them. The masked upper triangle is skipped.
+//
+// Layouts (row-major):
+//   qkv  [B, T, 3C]: q = columns [0, C), k = [C, 2C), v = [2C, 3C); head h is the
+//        columns [h*hd, (h+1)*hd) of each group (hd = C / H).
+//   out  [B, T, C]: head h in columns [h*hd, (h+1)*hd), ready for the c_proj GEMM.
+//   lse  [B, H, T]: log sum_{j<=i} exp(q_i . k_j / sqrt(hd)).
+// Work is split over (batch, head) (and query blocks in the forward) with OpenMP;
+// each task's scratch lives on its thread's stack.
+#pragma once
+
+#include <cstdint>
+
+namespace shardlm::cpu {
+
+inline constexpr int kAttentionMaxHeadDim = 128;
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H);
+
+// dqkv [B, T, 3C] is overwritten with the gradient of q, k and v.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int H);
+
+}  // namespace shardlm::cpu

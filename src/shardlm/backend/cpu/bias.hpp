@@ -1,0 +1,19 @@
+// Bias and residual elementwise kernels around the GEMMs (y = x W + b).
+#pragma once
+
+#include <cstdint>
+
+namespace shardlm::cpu {
+
+// out[n, :] += bias, for an [N, M] matrix.
+void add_bias(float* out, const float* bias, int64_t N, int M);
+
+// out = a + branch + bias (bias per column, may be null): closes a residual block.
+void residual_add_bias(float* out, const float* a, const float* branch, const float* bias,
+                       int64_t N, int M);
+
+// dbias += sum over rows of dout ([N, M]), reduced per column block in double so it
+// does not depend on the thread count.
+void bias_backward(float* dbias, const float* dout, int64_t N, int M);
+
+}  // namespace shardlm::cpu

@@ -1,0 +1,29 @@
+// LayerNorm over the last dimension (GPT-2: eps 1e-5), plain and fused with the
+// residual add that precedes it.
+#pragma once
+
+#include <cstdint>
+
+namespace shardlm::cpu {
+
+inline constexpr float kLayerNormEps = 1e-5f;
+
+// out = (inp - mean) * rstd * weight + bias, row by row; mean and rstd [N] are kept
+// for the backward. inp and out are [N, C].
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int C);
+
+// residual = a + branch + branch_bias (branch_bias may be null), then
+// out = layernorm(residual): the residual stream is read once for both.
+void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd,
+                                const float* a, const float* branch, const float* branch_bias,
+                                const float* weight, const float* bias, int64_t N, int C);
+
+// Gradients ACCUMULATE: dinp += d/dinp, dweight += ..., dbias += ... . Parameter
+// gradients are reduced over rows per column block in double, so they do not depend
+// on the thread count. dinp must not alias dout or inp.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int64_t N, int C);
+
+}  // namespace shardlm::cpu

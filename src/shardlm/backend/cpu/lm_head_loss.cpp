@@ -1,0 +1,81 @@
+#include "shardlm/backend/cpu/lm_head_loss.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "shardlm/backend/cpu/fast_math.hpp"
+#include "shardlm/backend/cpu/gemm.hpp"
+#include "shardlm/core/error.hpp"
+
+namespace shardlm::cpu {
+
+namespace {
+
+// Cross-entropy of one row of logits; with want_grad the row becomes
+// grad_scale * (softmax - onehot) in place.
+float row_cross_entropy(float* logits, int V, int32_t target, bool want_grad, float grad_scale) {
+  float max_logit = -INFINITY;
+#pragma omp simd reduction(max : max_logit)
+  for (int j = 0; j < V; ++j) max_logit = std::max(max_logit, logits[j]);
+  const float target_logit = logits[target];
+  float sum = 0.0f;
+  if (want_grad) {
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < V; ++j) {
+      const float e = exp_approx(logits[j] - max_logit);
+      logits[j] = e;
+      sum += e;
+    }
+    const float factor = grad_scale / sum;
+#pragma omp simd
+    for (int j = 0; j < V; ++j) logits[j] *= factor;
+    logits[target] -= grad_scale;
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < V; ++j) sum += exp_approx(logits[j] - max_logit);
+  }
+  return max_logit + std::log(sum) - target_logit;
+}
+
+}  // namespace
+
+void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, float* dweight) {
+  SHARDLM_CHECK(a.chunk_rows > 0 && a.logits_stride >= a.V && a.V > 0,
+                "lm head: bad chunking (chunk_rows {}, stride {}, vocab {})", a.chunk_rows,
+                a.logits_stride, a.V);
+  const bool want_grad = dx != nullptr;
+  const int ld = static_cast<int>(a.logits_stride);
+  for (int64_t r0 = 0; r0 < a.N; r0 += a.chunk_rows) {
+    const int rows = static_cast<int>(std::min<int64_t>(a.chunk_rows, a.N - r0));
+    const int32_t* targets = a.targets + r0;
+    const float* x = a.x + r0 * a.C;
+    bool any_target = false;
+    for (int r = 0; r < rows; ++r) any_target |= targets[r] >= 0;
+    if (!any_target) {  // fully masked chunk (e.g. a prompt in SFT): nothing to compute
+      std::fill(losses + r0, losses + r0 + rows, 0.0f);
+      if (want_grad) std::memset(dx + r0 * a.C, 0, sizeof(float) * rows * a.C);
+      continue;
+    }
+    float* logits = a.logits_scratch;
+    sgemm(false, true, rows, a.V, a.C, 1.0f, x, a.C, a.weight, a.C, 0.0f, logits, ld);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      float* row = logits + static_cast<int64_t>(r) * ld;
+      if (targets[r] < 0) {
+        losses[r0 + r] = 0.0f;
+        if (want_grad) std::fill(row, row + a.V, 0.0f);
+      } else {
+        losses[r0 + r] = row_cross_entropy(row, a.V, targets[r], want_grad, a.grad_scale);
+      }
+    }
+    if (want_grad) {
+      // dx_rows = dlogits W;  dW += dlogits^T x_rows.
+      sgemm(false, false, rows, a.C, a.V, 1.0f, logits, ld, a.weight, a.C, 0.0f, dx + r0 * a.C,
+            a.C);
+      sgemm(true, false, a.V, a.C, rows, 1.0f, logits, ld, x, a.C, 1.0f, dweight, a.C);
+    }
+  }
+}
+
+}  // namespace shardlm::cpu

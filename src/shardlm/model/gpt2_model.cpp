@@ -1,0 +1,450 @@
+#include "shardlm/model/gpt2_model.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/cpu/bias.hpp"
+#include "shardlm/backend/cpu/embedding.hpp"
+#include "shardlm/backend/cpu/gelu.hpp"
+#include "shardlm/backend/cpu/gemm.hpp"
+#include "shardlm/backend/cpu/layernorm.hpp"
+#include "shardlm/backend/cpu/lm_head_loss.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/core/rng.hpp"
+
+namespace shardlm {
+
+namespace {
+
+using cpu::sgemm;
+
+// Target size of one chunk of logits in the fused LM head + loss: large enough that
+// the head GEMMs stay efficient (each chunk re-reads the [V, C] weight and
+// read-modify-writes its gradient), small enough to stay far below B x T x V.
+constexpr int64_t kLogitsChunkBytes = 8ll << 20;
+
+// FNV-1a, 64-bit: a stable string hash (std::hash is not specified across
+// platforms), so init depends on the parameter name and nothing else.
+uint64_t fnv1a64(const std::string& text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Offsets (elements) of a block's parameters inside its unit buffer.
+struct BlockOffsets {
+  int64_t ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b;
+  int64_t ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
+};
+
+// What a block's backward reads, saved by its forward. All layers have their own
+// set today; activation checkpointing would give every layer the same set and
+// re-run the block's forward from its input (residual[l]) before its backward.
+struct BlockActivations {
+  float* ln1 = nullptr;       // [N, C]
+  float* ln1_mean = nullptr;  // [N]
+  float* ln1_rstd = nullptr;  // [N]
+  float* qkv = nullptr;       // [N, 3C] (biased)
+  float* att = nullptr;       // [N, C] attention output, before c_proj
+  float* att_lse = nullptr;   // [B, H, T]
+  float* res2 = nullptr;      // [N, C] residual after the attention branch
+  float* ln2 = nullptr;       // [N, C]
+  float* ln2_mean = nullptr;  // [N]
+  float* ln2_rstd = nullptr;  // [N]
+  float* fc_pre = nullptr;    // [N, 4C] c_fc output with bias (GELU input)
+  float* fc_act = nullptr;    // [N, 4C] GELU output
+};
+
+// Carves 64-byte aligned float arrays out of one tracked allocation: requests are
+// recorded first, then one buffer of the summed size is allocated and handed out.
+class ArenaCarver {
+ public:
+  void request(float** slot, int64_t count) {
+    requests_.push_back({slot, offset_});
+    offset_ += (count + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  }
+  TrackedBuffer allocate(MemoryTracker& tracker) {
+    TrackedBuffer buffer(MemCategory::activations, static_cast<size_t>(offset_) * sizeof(float),
+                         tracker);
+    for (const auto& r : requests_) *r.slot = buffer.as<float>() + r.offset;
+    return buffer;
+  }
+
+ private:
+  static constexpr int64_t kAlignFloats = 16;
+  struct Request {
+    float** slot;
+    int64_t offset;
+  };
+  std::vector<Request> requests_;
+  int64_t offset_ = 0;
+};
+
+}  // namespace
+
+struct Gpt2Model::Impl {
+  ModelConfig config;
+  ParamLayout layout;
+  int max_batch = 0;
+  int max_seq = 0;
+  int L = 0, C = 0, H = 0, V = 0, Vp = 0;
+  int final_unit = 0;
+
+  // Parameter offsets.
+  int64_t wte = 0, wpe = 0;
+  std::vector<BlockOffsets> block_offsets;
+  int64_t lnf_w = 0, lnf_b = 0;
+  int64_t lm_head = -1;  // offset in the final unit when the head is untied
+
+  // Activations (one arena).
+  TrackedBuffer arena;
+  std::vector<float*> residual;  // L + 1 unit boundaries, [N, C] each: the unit inputs
+  std::vector<BlockActivations> blocks;
+  float* branch = nullptr;       // [N, C] forward scratch: c_proj outputs before the residual add
+  float* lnf = nullptr;          // [N, C]
+  float* lnf_mean = nullptr;
+  float* lnf_rstd = nullptr;
+  float* dlnf = nullptr;         // [N, C] gradient at ln_f's output, from the fused head
+  float* logits_chunk = nullptr; // [chunk_rows, Vp]
+  float* row_loss = nullptr;     // [N]
+  float* dres = nullptr;         // [N, C] gradient of the residual stream, updated in place
+  float* dsmall = nullptr;       // [N, C] backward scratch
+  float* dbig = nullptr;         // [N, 4C] backward scratch (also dqkv [N, 3C])
+  int chunk_rows = 0;
+
+  // State of the current micro-batch.
+  int B = 0, T = 0;
+  bool have_batch = false;
+  bool final_done = false;        // final unit's forward ran for this batch (logits_at)
+  int next_backward_unit = -1;    // -1: no backward pending
+  double loss_sum = 0.0;
+  int64_t target_count = 0;
+
+  int64_t N() const { return static_cast<int64_t>(B) * T; }
+
+  const float* head_weight(UnitPointers params) const {
+    return lm_head < 0 ? params[0] + wte : params[final_unit] + lm_head;
+  }
+
+  void block_forward(int l, const float* p);
+  void block_backward(int l, const float* p, float* g);
+  void final_forward(UnitPointers params, UnitPointers grads, const MicroBatch& batch,
+                     bool training, float grad_scale);
+};
+
+Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch,
+                     int max_seq, MemoryTracker& tracker)
+    : impl_(std::make_unique<Impl>()) {
+  config.validate();
+  Impl& m = *impl_;
+  m.config = config;
+  m.layout = layout;
+  m.max_batch = max_batch;
+  m.max_seq = max_seq;
+  m.L = config.n_layer;
+  m.C = config.n_embd;
+  m.H = config.n_head;
+  m.V = config.vocab_size;
+  m.Vp = config.padded_vocab_size();
+  m.final_unit = m.L + 1;
+  SHARDLM_CHECK(max_batch > 0, "model: max batch must be positive, got {}", max_batch);
+  SHARDLM_CHECK(max_seq > 0 && max_seq <= config.max_seq_len,
+                "model: max sequence length {} must be in [1, max_seq_len {}]", max_seq,
+                config.max_seq_len);
+  SHARDLM_CHECK(config.head_dim() <= cpu::kAttentionMaxHeadDim,
+                "model: head_dim {} exceeds the CPU attention kernel's limit {}",
+                config.head_dim(), cpu::kAttentionMaxHeadDim);
+  SHARDLM_CHECK(layout.num_units() == m.L + 2, "model: layout has {} units, the config needs {}",
+                layout.num_units(), m.L + 2);
+
+  m.wte = layout.units[0].param("transformer.wte.weight").offset;
+  m.wpe = layout.units[0].param("transformer.wpe.weight").offset;
+  for (int l = 0; l < m.L; ++l) {
+    const UnitLayout& u = layout.units[l + 1];
+    auto off = [&](const char* suffix) { return u.param(gpt2_param_name(l, suffix)).offset; };
+    m.block_offsets.push_back({off("ln_1.weight"), off("ln_1.bias"), off("attn.c_attn.weight"),
+                               off("attn.c_attn.bias"), off("attn.c_proj.weight"),
+                               off("attn.c_proj.bias"), off("ln_2.weight"), off("ln_2.bias"),
+                               off("mlp.c_fc.weight"), off("mlp.c_fc.bias"),
+                               off("mlp.c_proj.weight"), off("mlp.c_proj.bias")});
+  }
+  const UnitLayout& final_layout = layout.units[m.final_unit];
+  m.lnf_w = final_layout.param("transformer.ln_f.weight").offset;
+  m.lnf_b = final_layout.param("transformer.ln_f.bias").offset;
+  if (!config.tie_embeddings) m.lm_head = final_layout.param("lm_head.weight").offset;
+
+  const int64_t N = static_cast<int64_t>(max_batch) * max_seq;
+  const int64_t C = m.C;
+  m.chunk_rows = static_cast<int>(
+      std::clamp<int64_t>(kLogitsChunkBytes / (static_cast<int64_t>(m.Vp) * 4), 1, N));
+  if (m.chunk_rows >= 16) m.chunk_rows = m.chunk_rows / 16 * 16;
+
+  ArenaCarver carver;
+  m.residual.assign(m.L + 1, nullptr);
+  for (auto& r : m.residual) carver.request(&r, N * C);
+  m.blocks.resize(m.L);
+  for (auto& a : m.blocks) {
+    carver.request(&a.ln1, N * C);
+    carver.request(&a.ln1_mean, N);
+    carver.request(&a.ln1_rstd, N);
+    carver.request(&a.qkv, 3 * N * C);
+    carver.request(&a.att, N * C);
+    carver.request(&a.att_lse, N * m.H);
+    carver.request(&a.res2, N * C);
+    carver.request(&a.ln2, N * C);
+    carver.request(&a.ln2_mean, N);
+    carver.request(&a.ln2_rstd, N);
+    carver.request(&a.fc_pre, 4 * N * C);
+    carver.request(&a.fc_act, 4 * N * C);
+  }
+  carver.request(&m.branch, N * C);
+  carver.request(&m.lnf, N * C);
+  carver.request(&m.lnf_mean, N);
+  carver.request(&m.lnf_rstd, N);
+  carver.request(&m.dlnf, N * C);
+  carver.request(&m.logits_chunk, static_cast<int64_t>(m.chunk_rows) * m.Vp);
+  carver.request(&m.row_loss, N);
+  carver.request(&m.dres, N * C);
+  carver.request(&m.dsmall, N * C);
+  carver.request(&m.dbig, 4 * N * C);
+  m.arena = carver.allocate(tracker);
+}
+
+Gpt2Model::~Gpt2Model() = default;
+
+const ModelConfig& Gpt2Model::config() const { return impl_->config; }
+const ParamLayout& Gpt2Model::layout() const { return impl_->layout; }
+int Gpt2Model::num_units() const { return impl_->L + 2; }
+
+std::vector<int> Gpt2Model::units_needed_for(int unit) const {
+  SHARDLM_CHECK(unit >= 0 && unit < num_units(), "model: unit {} out of range [0, {})", unit,
+                num_units());
+  if (unit == impl_->final_unit && impl_->lm_head < 0) return {0, unit};
+  return {unit};
+}
+
+void Gpt2Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
+  SHARDLM_CHECK(unit >= 0 && unit < num_units(), "model: unit {} out of range [0, {})", unit,
+                num_units());
+  const UnitLayout& u = impl_->layout.units[unit];
+  std::fill(unit_params, unit_params + u.padded_numel, 0.0f);
+  for (const ParamInfo& p : u.params) {
+    float* dst = unit_params + p.offset;
+    if (p.init == "ones") {
+      std::fill(dst, dst + p.numel, 1.0f);
+    } else if (p.init == "normal") {
+      const int64_t count =
+          p.valid_rows < 0 ? p.numel : p.valid_rows * (p.numel / std::max<int64_t>(p.shape[0], 1));
+      Rng rng(splitmix64(seed ^ fnv1a64(p.name)));
+      for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(rng.normal()) * p.init_std;
+    } else {
+      SHARDLM_CHECK(p.init == "zeros", "model: parameter '{}' has unknown init '{}'", p.name,
+                    p.init);
+    }
+  }
+}
+
+void Gpt2Model::Impl::block_forward(int l, const float* p) {
+  const BlockOffsets& o = block_offsets[l];
+  BlockActivations& a = blocks[l];
+  const float* x = residual[l];
+  float* y = residual[l + 1];
+  const int64_t n = N();
+  const int rows = static_cast<int>(n);
+  cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + o.ln1_w, p + o.ln1_b, n, C);
+  sgemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, p + o.attn_w, 3 * C, 0.0f, a.qkv, 3 * C);
+  cpu::add_bias(a.qkv, p + o.attn_b, n, 3 * C);
+  cpu::attention_forward(a.att, a.att_lse, a.qkv, B, T, C, H);
+  sgemm(false, false, rows, C, C, 1.0f, a.att, C, p + o.attn_proj_w, C, 0.0f, branch, C);
+  cpu::residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
+                                  p + o.attn_proj_b, p + o.ln2_w, p + o.ln2_b, n, C);
+  sgemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, p + o.fc_w, 4 * C, 0.0f, a.fc_pre, 4 * C);
+  cpu::bias_gelu_forward(a.fc_act, a.fc_pre, p + o.fc_b, n, 4 * C);
+  sgemm(false, false, rows, C, 4 * C, 1.0f, a.fc_act, 4 * C, p + o.fc_proj_w, C, 0.0f, branch, C);
+  cpu::residual_add_bias(y, a.res2, branch, p + o.fc_proj_b, n, C);
+}
+
+// On entry dres holds dLoss/d(block output); on exit dLoss/d(block input). Weight
+// gradients accumulate straight into g through the GEMMs' beta = 1.
+void Gpt2Model::Impl::block_backward(int l, const float* p, float* g) {
+  const BlockOffsets& o = block_offsets[l];
+  const BlockActivations& a = blocks[l];
+  const float* x = residual[l];
+  const int64_t n = N();
+  const int rows = static_cast<int>(n);
+
+  // MLP: y = res2 + gelu(ln2 Wfc + bfc) Wproj + bproj
+  sgemm(true, false, 4 * C, C, rows, 1.0f, a.fc_act, 4 * C, dres, C, 1.0f, g + o.fc_proj_w, C);
+  cpu::bias_backward(g + o.fc_proj_b, dres, n, C);
+  float* dfc = dbig;
+  sgemm(false, true, rows, 4 * C, C, 1.0f, dres, C, p + o.fc_proj_w, C, 0.0f, dfc, 4 * C);
+  cpu::gelu_backward(dfc, dfc, a.fc_pre, n * 4 * C);
+  sgemm(true, false, C, 4 * C, rows, 1.0f, a.ln2, C, dfc, 4 * C, 1.0f, g + o.fc_w, 4 * C);
+  cpu::bias_backward(g + o.fc_b, dfc, n, 4 * C);
+  float* dln2 = dsmall;
+  sgemm(false, true, rows, C, 4 * C, 1.0f, dfc, 4 * C, p + o.fc_w, 4 * C, 0.0f, dln2, C);
+  cpu::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln2, a.res2, p + o.ln2_w, a.ln2_mean,
+                          a.ln2_rstd, n, C);
+
+  // Attention: res2 = x + attn(ln1 Wqkv + bqkv) Wproj + bproj
+  sgemm(true, false, C, C, rows, 1.0f, a.att, C, dres, C, 1.0f, g + o.attn_proj_w, C);
+  cpu::bias_backward(g + o.attn_proj_b, dres, n, C);
+  float* datt = dsmall;
+  sgemm(false, true, rows, C, C, 1.0f, dres, C, p + o.attn_proj_w, C, 0.0f, datt, C);
+  float* dqkv = dbig;
+  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, B, T, C, H);
+  sgemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv, 3 * C, 1.0f, g + o.attn_w, 3 * C);
+  cpu::bias_backward(g + o.attn_b, dqkv, n, 3 * C);
+  float* dln1 = dsmall;
+  sgemm(false, true, rows, C, 3 * C, 1.0f, dqkv, 3 * C, p + o.attn_w, 3 * C, 0.0f, dln1, C);
+  cpu::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dln1, x, p + o.ln1_w, a.ln1_mean,
+                          a.ln1_rstd, n, C);
+}
+
+void Gpt2Model::Impl::final_forward(UnitPointers params, UnitPointers grads,
+                                    const MicroBatch& batch, bool training, float grad_scale) {
+  const float* p = params[final_unit];
+  const int64_t n = N();
+  cpu::layernorm_forward(lnf, lnf_mean, lnf_rstd, residual[L], p + lnf_w, p + lnf_b, n, C);
+  final_done = true;
+  if (batch.targets == nullptr) {
+    SHARDLM_CHECK(!training, "model: a training forward needs targets");
+    return;
+  }
+  target_count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = batch.targets[i];
+    SHARDLM_CHECK(t == kIgnoreIndex || (t >= 0 && t < V),
+                  "model: target {} at position {} is outside [0, {}) and is not the ignore "
+                  "index {}",
+                  t, i, V, kIgnoreIndex);
+    target_count += t != kIgnoreIndex;
+  }
+  float* dhead = nullptr;
+  if (training) {
+    const int head_unit = lm_head < 0 ? 0 : final_unit;
+    SHARDLM_CHECK(static_cast<int>(grads.size()) == final_unit + 1 &&
+                      grads[head_unit] != nullptr && grads[final_unit] != nullptr,
+                  "model: a training forward of the final unit needs the gradient buffers of "
+                  "units {} and {}",
+                  head_unit, final_unit);
+    dhead = grads[head_unit] + (lm_head < 0 ? wte : lm_head);
+  }
+  cpu::LmHeadLossArgs args;
+  args.x = lnf;
+  args.weight = head_weight(params);
+  args.targets = batch.targets;
+  args.N = n;
+  args.C = C;
+  args.V = V;
+  args.grad_scale = grad_scale;
+  args.logits_scratch = logits_chunk;
+  args.logits_stride = Vp;
+  args.chunk_rows = chunk_rows;
+  cpu::lm_head_cross_entropy(args, row_loss, training ? dlnf : nullptr, dhead);
+  loss_sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) loss_sum += row_loss[i];
+  if (training) next_backward_unit = final_unit;
+}
+
+namespace {
+
+void check_pointers(UnitPointers pointers, int needed_unit, int num_units, const char* what,
+                    int unit) {
+  SHARDLM_CHECK(static_cast<int>(pointers.size()) == num_units,
+                "model: {} for unit {} must have one entry per unit ({}), got {}", what, unit,
+                num_units, pointers.size());
+  SHARDLM_CHECK(pointers[needed_unit] != nullptr, "model: {} of unit {} is null (needed by unit {})",
+                what, needed_unit, unit);
+}
+
+}  // namespace
+
+void Gpt2Model::forward_unit(int unit, UnitPointers params, UnitPointers grads,
+                             const MicroBatch& batch, bool training, float grad_scale) {
+  Impl& m = *impl_;
+  for (int needed : units_needed_for(unit)) check_pointers(params, needed, num_units(), "params", unit);
+  if (unit == 0) {
+    SHARDLM_CHECK(batch.B > 0 && batch.B <= m.max_batch,
+                  "model: batch size {} is outside [1, {}] (the size the model was built for)",
+                  batch.B, m.max_batch);
+    SHARDLM_CHECK(batch.T > 0 && batch.T <= m.max_seq,
+                  "model: sequence length {} is outside [1, {}] (the size the model was built for)",
+                  batch.T, m.max_seq);
+    SHARDLM_CHECK(batch.tokens != nullptr, "model: the micro-batch has no tokens");
+    m.B = batch.B;
+    m.T = batch.T;
+    const int64_t n = m.N();
+    for (int64_t i = 0; i < n; ++i)
+      SHARDLM_CHECK(batch.tokens[i] >= 0 && batch.tokens[i] < m.V,
+                    "model: token {} at position {} is outside the vocabulary [0, {})",
+                    batch.tokens[i], i, m.V);
+    m.have_batch = true;
+    m.final_done = false;
+    m.next_backward_unit = -1;
+    m.loss_sum = 0.0;
+    m.target_count = 0;
+    const float* p = params[0];
+    cpu::embedding_forward(m.residual[0], batch.tokens, p + m.wte, p + m.wpe, m.B, m.T, m.C);
+    return;
+  }
+  SHARDLM_CHECK(m.have_batch && batch.B == m.B && batch.T == m.T,
+                "model: forward of unit {} got a {}x{} batch; unit 0 last ran {}x{}", unit, batch.B,
+                batch.T, m.B, m.T);
+  if (unit < m.final_unit) {
+    m.block_forward(unit - 1, params[unit]);
+  } else {
+    SHARDLM_CHECK(unit == m.final_unit, "model: unit {} out of range [0, {})", unit, num_units());
+    m.final_forward(params, grads, batch, training, grad_scale);
+  }
+}
+
+void Gpt2Model::backward_unit(int unit, UnitPointers params, UnitPointers grads,
+                              const MicroBatch& batch) {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(m.next_backward_unit >= 0,
+                "model: backward of unit {} without a training forward of the final unit", unit);
+  SHARDLM_CHECK(unit == m.next_backward_unit,
+                "model: backward of unit {} out of order (expected unit {})", unit,
+                m.next_backward_unit);
+  SHARDLM_CHECK(batch.B == m.B && batch.T == m.T,
+                "model: backward of unit {} got a {}x{} batch; the forward ran {}x{}", unit,
+                batch.B, batch.T, m.B, m.T);
+  check_pointers(params, unit, num_units(), "params", unit);
+  check_pointers(grads, unit, num_units(), "grads", unit);
+  const int64_t n = m.N();
+  if (unit == m.final_unit) {
+    const float* p = params[unit];
+    float* g = grads[unit];
+    std::memset(m.dres, 0, sizeof(float) * n * m.C);
+    cpu::layernorm_backward(m.dres, g + m.lnf_w, g + m.lnf_b, m.dlnf, m.residual[m.L], p + m.lnf_w,
+                            m.lnf_mean, m.lnf_rstd, n, m.C);
+  } else if (unit > 0) {
+    m.block_backward(unit - 1, params[unit], grads[unit]);
+  } else {
+    SHARDLM_CHECK(batch.tokens != nullptr, "model: the micro-batch has no tokens");
+    float* g = grads[0];
+    cpu::embedding_backward(g + m.wte, g + m.wpe, m.dres, batch.tokens, m.B, m.T, m.C);
+  }
+  m.next_backward_unit = unit - 1;
+}
+
+double Gpt2Model::last_loss_sum() const { return impl_->loss_sum; }
+int64_t Gpt2Model::last_target_count() const { return impl_->target_count; }
+
+void Gpt2Model::logits_at(UnitPointers params, int t, float* out) const {
+  const Impl& m = *impl_;
+  SHARDLM_CHECK(m.final_done, "model: logits_at needs a forward of the final unit first");
+  SHARDLM_CHECK(t >= 0 && t < m.T, "model: logits_at position {} is outside [0, {})", t, m.T);
+  for (int needed : units_needed_for(m.final_unit))
+    check_pointers(params, needed, num_units(), "params", m.final_unit);
+  // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
+  sgemm(false, true, m.B, m.V, m.C, 1.0f, m.lnf + static_cast<int64_t>(t) * m.C, m.T * m.C,
+        m.head_weight(params), m.C, 0.0f, out, m.V);
+}
+
+}  // namespace shardlm
