@@ -63,6 +63,7 @@ class TokenFile {
   int64_t vocab_size() const { return vocab_size_; }
   int token_bytes() const { return token_bytes_; }  // 2 or 4
 
+  // Unchecked (hot path): index must be in [0, size()).
   int32_t operator[](int64_t index) const {
     return token_bytes_ == 2 ? static_cast<int32_t>(reinterpret_cast<const uint16_t*>(tokens_)[index])
                              : static_cast<int32_t>(reinterpret_cast<const uint32_t*>(tokens_)[index]);
