@@ -10,7 +10,7 @@ expect_error "n_embd (30) must be divisible by n_head (4)" "$SHARDLM" train --mo
 expect_error "steps must be positive" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/r" --steps 0
 expect_error "micro-batch must be positive" "$SHARDLM" train --model gpt2-tiny --micro-batch -2 --data "$D" --out "$WORK/r" --steps 1
 expect_error "n_layer must be positive" "$SHARDLM" train --model gpt2-tiny --n-layer 0 --data "$D" --out "$WORK/r" --steps 1
-expect_error "global-batch 6 is not divisible by --micro-batch 4" "$SHARDLM" train "${TINY[@]}" --global-batch 6 --data "$D" --out "$WORK/r" --steps 1
+expect_error "global batch 6 is not divisible" "$SHARDLM" train "${TINY[@]}" --global-batch 6 --data "$D" --out "$WORK/r" --steps 1
 expect_error "vocab-size 100 is smaller than the data's vocabulary (256" "$SHARDLM" train "${TINY[@]}" --vocab-size 100 --data "$D" --out "$WORK/r" --steps 1
 
 # Prepare: missing input, empty input, unreadable tokenizer files.

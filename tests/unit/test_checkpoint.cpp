@@ -8,7 +8,8 @@
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
-#include "shardlm/parallel/single_process_strategy.hpp"
+#include "shardlm/comm/single_process_communicator.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
 
 using namespace shardlm;
 namespace fs = std::filesystem;
@@ -39,6 +40,23 @@ void fill_distinct(const ParamLayout& layout, Strategy& s) {
   }
 }
 
+SingleProcessCommunicator& comm() {
+  static SingleProcessCommunicator c;
+  return c;
+}
+
+std::vector<std::vector<int>> identity_needs(const ParamLayout& layout) {
+  std::vector<std::vector<int>> needs;
+  for (int u = 0; u < layout.num_units(); ++u) needs.push_back({u});
+  return needs;
+}
+
+// The world-size-1 strategy (ddp over a single-process communicator).
+struct SingleStrategy : FlatUnitStrategy {
+  explicit SingleStrategy(const ParamLayout& layout)
+      : FlatUnitStrategy(layout, identity_needs(layout), comm(), StrategyOptions{}) {}
+};
+
 CheckpointInfo info_for(const ModelConfig& c, int64_t step) {
   return {step, step * 100, c, "byte", "single", 1, {{"options", {{"seed", 1}}}}};
 }
@@ -60,17 +78,17 @@ class CheckpointTest : public ::testing::Test {
 TEST_F(CheckpointTest, RoundTripAndLatestPointer) {
   ModelConfig c = tiny_config();
   ParamLayout layout = ParamLayout::build(c, 1);
-  SingleProcessStrategy saved(layout);
+  SingleStrategy saved(layout);
   fill_distinct(layout, saved);
-  save_checkpoint(dir_.string(), layout, saved, info_for(c, 5), 0);
-  std::string path = save_checkpoint(dir_.string(), layout, saved, info_for(c, 10), 0);
+  save_checkpoint(dir_.string(), layout, saved, info_for(c, 5), 0, comm());
+  std::string path = save_checkpoint(dir_.string(), layout, saved, info_for(c, 10), 0, comm());
   ASSERT_EQ(latest_checkpoint(dir_.string()).value(), path);
   EXPECT_EQ(resolve_checkpoint_path(dir_.string()), path);
 
   CheckpointReader reader(path);
   EXPECT_EQ(reader.info().step, 10);
   EXPECT_EQ(reader.info().model, c);
-  SingleProcessStrategy loaded(layout);
+  SingleStrategy loaded(layout);
   reader.load_into(layout, loaded);
   for (int u = 0; u < layout.num_units(); ++u) {
     OwnedSlice a = saved.owned(u), b = loaded.owned(u);
@@ -85,9 +103,9 @@ TEST_F(CheckpointTest, RoundTripAndLatestPointer) {
 TEST_F(CheckpointTest, ReadsTensorsWhateverTheWritingLayout) {
   ModelConfig c = tiny_config();
   ParamLayout layout1 = ParamLayout::build(c, 1);
-  SingleProcessStrategy saved(layout1);
+  SingleStrategy saved(layout1);
   fill_distinct(layout1, saved);
-  std::string path = save_checkpoint(dir_.string(), layout1, saved, info_for(c, 1), 0);
+  std::string path = save_checkpoint(dir_.string(), layout1, saved, info_for(c, 1), 0, comm());
   CheckpointReader reader(path);
   // Every tensor read by name comes back with the values it was written with.
   for (const auto* p : layout1.all_params()) {
@@ -102,9 +120,9 @@ TEST_F(CheckpointTest, ReadsTensorsWhateverTheWritingLayout) {
 TEST_F(CheckpointTest, DetectsCorruptionTruncationAndMissingShard) {
   ModelConfig c = tiny_config();
   ParamLayout layout = ParamLayout::build(c, 1);
-  SingleProcessStrategy s(layout);
+  SingleStrategy s(layout);
   fill_distinct(layout, s);
-  std::string path = save_checkpoint(dir_.string(), layout, s, info_for(c, 1), 0);
+  std::string path = save_checkpoint(dir_.string(), layout, s, info_for(c, 1), 0, comm());
   fs::path shard = fs::path(path) / "rank_00000.bin";
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
@@ -131,13 +149,13 @@ TEST_F(CheckpointTest, DetectsCorruptionTruncationAndMissingShard) {
 TEST_F(CheckpointTest, RejectsNewerFormatAndShapeMismatch) {
   ModelConfig c = tiny_config();
   ParamLayout layout = ParamLayout::build(c, 1);
-  SingleProcessStrategy s(layout);
-  std::string path = save_checkpoint(dir_.string(), layout, s, info_for(c, 1), 0);
+  SingleStrategy s(layout);
+  std::string path = save_checkpoint(dir_.string(), layout, s, info_for(c, 1), 0, comm());
   {
     ModelConfig wider = c;
     wider.n_embd = 64;
     ParamLayout other = ParamLayout::build(wider, 1);
-    SingleProcessStrategy target(other);
+    SingleStrategy target(other);
     CheckpointReader reader(path);
     EXPECT_THROW(reader.load_into(other, target), Error);
   }
@@ -160,8 +178,8 @@ TEST_F(CheckpointTest, RejectsNewerFormatAndShapeMismatch) {
 TEST_F(CheckpointTest, KeepPrunesOldestAfterCommit) {
   ModelConfig c = tiny_config();
   ParamLayout layout = ParamLayout::build(c, 1);
-  SingleProcessStrategy s(layout);
-  for (int step = 1; step <= 4; ++step) save_checkpoint(dir_.string(), layout, s, info_for(c, step), 2);
+  SingleStrategy s(layout);
+  for (int step = 1; step <= 4; ++step) save_checkpoint(dir_.string(), layout, s, info_for(c, step), 2, comm());
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir_ / "checkpoints"))
     if (e.is_directory()) names.push_back(e.path().filename().string());
@@ -172,13 +190,13 @@ TEST_F(CheckpointTest, KeepPrunesOldestAfterCommit) {
 TEST_F(CheckpointTest, FailureAtAnyCommitStageLeavesPreviousCheckpointLatest) {
   ModelConfig c = tiny_config();
   ParamLayout layout = ParamLayout::build(c, 1);
-  SingleProcessStrategy s(layout);
+  SingleStrategy s(layout);
   fill_distinct(layout, s);
-  std::string good = save_checkpoint(dir_.string(), layout, s, info_for(c, 1), 1);
+  std::string good = save_checkpoint(dir_.string(), layout, s, info_for(c, 1), 1, comm());
   const std::string digest = CheckpointReader(good).weights_digest();
   for (const char* point : {"ckpt_after_shard_files", "ckpt_before_rename", "ckpt_before_latest"}) {
     ::setenv("SHARDLM_FAULT", point, 1);
-    EXPECT_THROW(save_checkpoint(dir_.string(), layout, s, info_for(c, 2), 1), Error) << point;
+    EXPECT_THROW(save_checkpoint(dir_.string(), layout, s, info_for(c, 2), 1, comm()), Error) << point;
     ::unsetenv("SHARDLM_FAULT");
     ASSERT_EQ(latest_checkpoint(dir_.string()).value(), good) << point;
     CheckpointReader reader(good);  // still verifies (sizes, sha256)

@@ -52,27 +52,54 @@ void prune_old_checkpoints(const fs::path& root, int keep, const std::string& la
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layout,
-                            Strategy& strategy, const CheckpointInfo& info, int keep) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  SHARDLM_CHECK(!ec, "cannot create checkpoint directory '{}': {}", root.string(), ec.message());
-  const std::string name = step_dir_name(info.step);
-  const fs::path tmp = root / fmt::format(".tmp-{}-{}", name, ::getpid());
-  const fs::path final_dir = root / name;
-  fs::remove_all(tmp, ec);
-  fs::create_directory(tmp, ec);
-  SHARDLM_CHECK(!ec, "cannot create '{}': {}", tmp.string(), ec.message());
+namespace {
 
+// Runs `action` on this rank, then agrees with every rank on whether all succeeded:
+// a failure anywhere becomes an Error everywhere (the failing rank's own message
+// where it failed), so no rank waits for a peer that gave up.
+template <typename Action>
+void on_all_ranks(Communicator& comm, const std::string& what, Action&& action) {
+  std::string error;
+  try {
+    action();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int64_t failed = error.empty() ? 0 : 1;
+  comm.all_reduce_blocking(std::span<int64_t>(&failed, 1), ReduceOp::sum, what);
+  if (!error.empty()) throw Error(error);
+  SHARDLM_CHECK(failed == 0, "{} failed on {} other rank(s) (see their messages)", what, failed);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layout,
+                            Strategy& strategy, const CheckpointInfo& info, int keep,
+                            Communicator& comm) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const std::string name = step_dir_name(info.step);
+  const fs::path tmp = root / (".tmp-" + name);
+  const fs::path final_dir = root / name;
+  const std::string file_name = shard_file_name(comm.rank());
+  std::error_code ec;
   bool renamed = false;
   try {
-    // One file per rank: for each unit, its owned slice's master, adam_m, adam_v.
-    const std::string file_name = shard_file_name(strategy.rank());
-    nlohmann::json slices = nlohmann::json::array();
-    Sha256 hasher;
-    int64_t offset = 0;
-    {
+    on_all_ranks(comm, "checkpoint: create directory", [&] {
+      if (comm.rank() != 0) return;
+      fs::create_directories(root, ec);
+      SHARDLM_CHECK(!ec, "cannot create checkpoint directory '{}': {}", root.string(), ec.message());
+      fs::remove_all(tmp, ec);
+      fs::create_directory(tmp, ec);
+      SHARDLM_CHECK(!ec, "cannot create '{}': {}", tmp.string(), ec.message());
+    });
+
+    on_all_ranks(comm, "checkpoint: write shards", [&] {
+      if (!strategy.writes_checkpoint()) return;
+      // One file per writing rank: for each unit, its owned slice's master, adam_m,
+      // adam_v; a small sidecar tells rank 0 what the file holds.
+      nlohmann::json slices = nlohmann::json::array();
+      Sha256 hasher;
+      int64_t offset = 0;
       File file = File::create_write((tmp / file_name).string());
       for (int u = 0; u < layout.num_units(); ++u) {
         OwnedSlice s = strategy.owned(u);
@@ -86,50 +113,60 @@ std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layou
       }
       file.sync();
       file.close();
-    }
-    fault_point("ckpt_after_shard_files");
-    nlohmann::json shards = nlohmann::json::array();
-    shards.push_back({{"file", file_name},
-                      {"rank", strategy.rank()},
-                      {"bytes", offset},
-                      {"sha256", hasher.hex_digest()},
-                      {"slices", slices}});
+      nlohmann::json shard = {{"file", file_name},
+                              {"rank", comm.rank()},
+                              {"bytes", offset},
+                              {"sha256", hasher.hex_digest()},
+                              {"slices", slices}};
+      write_file_atomic((tmp / (file_name + ".json")).string(), shard.dump());
+      fault_point("ckpt_after_shard_files");
+    });
 
-    nlohmann::json manifest = {{"format", kFormatName},
-                               {"format_version", kCheckpointFormatVersion},
-                               {"step", info.step},
-                               {"tokens_seen", info.tokens_seen},
-                               {"model", info.model.to_json()},
-                               {"tokenizer", info.tokenizer},
-                               {"strategy", info.strategy},
-                               {"world_size", info.world_size},
-                               {"train", info.train},
-                               {"units", layout_to_json(layout)},
-                               {"shards", shards}};
-    {
+    on_all_ranks(comm, "checkpoint: commit", [&] {
+      if (comm.rank() != 0) return;
+      nlohmann::json shards = nlohmann::json::array();
+      for (int r = 0; r < comm.size(); ++r) {
+        const fs::path sidecar = tmp / (shard_file_name(r) + ".json");
+        if (!fs::exists(sidecar)) continue;
+        shards.push_back(nlohmann::json::parse(read_text_file(sidecar.string())));
+        fs::remove(sidecar);
+      }
+      nlohmann::json manifest = {{"format", kFormatName},
+                                 {"format_version", kCheckpointFormatVersion},
+                                 {"step", info.step},
+                                 {"tokens_seen", info.tokens_seen},
+                                 {"model", info.model.to_json()},
+                                 {"tokenizer", info.tokenizer},
+                                 {"strategy", info.strategy},
+                                 {"world_size", info.world_size},
+                                 {"train", info.train},
+                                 {"units", layout_to_json(layout)},
+                                 {"shards", shards}};
       File file = File::create_write((tmp / "manifest.json").string());
       std::string text = manifest.dump(1);
       file.write_all(text.data(), text.size());
       file.sync();
       file.close();
-    }
-    fsync_directory(tmp.string());
-    fault_point("ckpt_before_rename");
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);
-    SHARDLM_CHECK(std::rename(tmp.c_str(), final_dir.c_str()) == 0,
-                  "cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(),
-                  std::strerror(errno));
-    renamed = true;
-    fsync_directory(root.string());
-    fault_point("ckpt_before_latest");
-    write_file_atomic((root / "latest").string(), name + "\n");
+      fsync_directory(tmp.string());
+      fault_point("ckpt_before_rename");
+      if (fs::exists(final_dir)) fs::remove_all(final_dir);
+      SHARDLM_CHECK(std::rename(tmp.c_str(), final_dir.c_str()) == 0,
+                    "cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(),
+                    std::strerror(errno));
+      renamed = true;
+      fsync_directory(root.string());
+      fault_point("ckpt_before_latest");
+      write_file_atomic((root / "latest").string(), name + "\n");
+    });
   } catch (...) {
     // The previous checkpoint and `latest` are untouched; drop what this save made.
-    fs::remove_all(tmp, ec);
-    if (renamed) fs::remove_all(final_dir, ec);
+    if (comm.rank() == 0) {
+      fs::remove_all(tmp, ec);
+      if (renamed) fs::remove_all(final_dir, ec);
+    }
     throw;
   }
-  prune_old_checkpoints(root, keep, name);
+  if (comm.rank() == 0) prune_old_checkpoints(root, keep, name);
   return final_dir.string();
 }
 

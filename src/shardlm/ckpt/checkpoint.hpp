@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/comm/communicator.hpp"
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/parallel/strategy.hpp"
@@ -38,11 +39,14 @@ struct CheckpointInfo {
   nlohmann::json train;     // training options that must match on resume, and RNG states
 };
 
-// Saves the strategy's owned slices (this process is rank 0 of world size 1 for now)
-// and commits atomically; then prunes to the newest `keep` checkpoints (keep <= 0:
-// keep all). Returns the committed directory.
+// Collective over `comm`: every rank whose strategy writes_checkpoint() writes its
+// owned slices into a shared temporary directory; rank 0 writes the manifest and
+// commits atomically, then prunes to the newest `keep` checkpoints (keep <= 0: keep
+// all). A failure on any rank fails the save on every rank (Error) and leaves the
+// previous checkpoint as `latest`. Returns the committed directory.
 std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layout,
-                            Strategy& strategy, const CheckpointInfo& info, int keep);
+                            Strategy& strategy, const CheckpointInfo& info, int keep,
+                            Communicator& comm);
 
 // The checkpoint `latest` points to in RUN_DIR/checkpoints, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);

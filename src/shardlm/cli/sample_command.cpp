@@ -7,7 +7,8 @@
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/data/tokenizer.hpp"
 #include "shardlm/model/gpt2_model.hpp"
-#include "shardlm/parallel/single_process_strategy.hpp"
+#include "shardlm/comm/single_process_communicator.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
 #include "shardlm/train/model_runner.hpp"
 #include "shardlm/train/sampling.hpp"
 
@@ -43,9 +44,12 @@ void register_sample(CLI::App& app) {
     const ModelConfig& config = ckpt.info().model;
     auto tokenizer = make_tokenizer(ckpt.info().tokenizer);
     const ParamLayout layout = ParamLayout::build(config, 1);
-    SingleProcessStrategy strategy(layout);
-    ckpt.load_into(layout, strategy);
     Gpt2Model model(config, layout, 1, config.max_seq_len);
+    std::vector<std::vector<int>> needs;
+    for (int u = 0; u < layout.num_units(); ++u) needs.push_back(model.units_needed_for(u));
+    SingleProcessCommunicator comm;
+    FlatUnitStrategy strategy(layout, needs, comm, StrategyOptions{});
+    ckpt.load_into(layout, strategy);
     ModelRunner runner(model, strategy);
     std::vector<int32_t> prompt = tokenizer->encode(args->prompt);
     if (prompt.empty()) prompt.push_back(tokenizer->end_of_text().value_or(0));

@@ -47,7 +47,25 @@ void register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--keep", opts->keep, "Checkpoints to keep (0: all)")->capture_default_str();
   cmd->add_flag("--resume", opts->resume, "Continue from the run directory's latest checkpoint");
-  cmd->add_option("--threads", opts->threads, "Compute threads (default: the cores available)");
+  cmd->add_option("--strategy", opts->strategy,
+                  "ddp, zero1, zero2 (shard_grad_op), zero3 (fsdp, full_shard) or hybrid")
+      ->capture_default_str();
+  cmd->add_option("--bucket-mb", opts->bucket_mb, "ddp/zero1 gradient bucket size in MiB")
+      ->capture_default_str();
+  cmd->add_option("--prefetch", opts->prefetch, "zero3/hybrid: units gathered ahead")
+      ->capture_default_str();
+  cmd->add_option("--reshard-after-forward", opts->reshard_after_forward,
+                  "zero3/hybrid: free gathered params after forward (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--shard-group-size", opts->shard_group_size,
+                  "hybrid: ranks per shard group (parameters sharded inside, replicated across)");
+  cmd->add_option("--comm-timeout", opts->comm_timeout,
+                  "Seconds any wait on a collective may take before the job is aborted")
+      ->capture_default_str();
+  cmd->add_flag("--check-replicas", opts->check_replicas,
+                "Debug: verify after every step that replicated parameters agree across ranks");
+  cmd->add_option("--threads", opts->threads,
+                  "Compute threads per rank (default: the cores available / ranks on this host)");
   cmd->add_option("--log-every", opts->log_every,
                   "Progress line every N steps when stdout is not a terminal");
   cmd->add_option("--sample-tokens", opts->sample_tokens,

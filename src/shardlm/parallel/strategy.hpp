@@ -37,7 +37,8 @@ class Strategy {
 
   // Step loop hooks (see DESIGN.md). micro_batch counts from 0 to num_micro_batches-1.
   virtual void begin_step(int num_micro_batches) = 0;
-  virtual void before_forward(int unit) = 0;
+  // training: a backward of the same micro-batch follows (gradients are needed).
+  virtual void before_forward(int unit, bool training) = 0;
   virtual void after_forward(int unit) = 0;
   virtual void before_backward(int unit) = 0;
   virtual void after_backward(int unit, int micro_batch) = 0;
@@ -48,6 +49,10 @@ class Strategy {
   virtual void after_step() = 0;
   // After master slices were initialised or loaded: make params consistent.
   virtual void after_load() = 0;
+  // Waits for every collective still in flight (end of run, before a checkpoint).
+  virtual void synchronize() {}
+  // Whether this rank writes its owned slices into checkpoints (replicas do not).
+  virtual bool writes_checkpoint() const { return true; }
 };
 
 }  // namespace shardlm

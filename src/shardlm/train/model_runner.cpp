@@ -4,7 +4,7 @@ namespace shardlm {
 
 double ModelRunner::forward(const MicroBatch& batch, bool training, float grad_scale) {
   for (int u = 0; u < model_.num_units(); ++u) {
-    strategy_.before_forward(u);
+    strategy_.before_forward(u, training);
     model_.forward_unit(u, strategy_.params(), strategy_.grads(), batch, training, grad_scale);
     strategy_.after_forward(u);
   }

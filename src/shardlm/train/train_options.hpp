@@ -37,7 +37,16 @@ struct TrainOptions {
   int keep = 0;            // checkpoints kept; 0: all
   bool resume = false;
 
-  int threads = 0;  // 0: the cores available to this process
+  // Distribution (see parallel/strategy_options.hpp).
+  std::string strategy = "ddp";
+  double bucket_mb = 25.0;
+  int prefetch = 1;
+  bool reshard_after_forward = true;
+  int shard_group_size = 0;
+  double comm_timeout = 300.0;  // seconds any wait on a collective may take
+  bool check_replicas = false;  // debug: verify replicated params agree after every step
+
+  int threads = 0;  // 0: the cores available to this process (divided among local ranks)
   int64_t log_every = 0;  // plain progress lines when not a terminal; 0: ~20 lines per run
 
   int sample_tokens = 0;  // > 0: print a sample of this many tokens at the end

@@ -4,15 +4,19 @@
 #include <sched.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <vector>
 
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/comm/world.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/fault_injection.hpp"
 #include "shardlm/core/file_util.hpp"
 #include "shardlm/core/memory_tracker.hpp"
+#include "shardlm/core/sha256.hpp"
 #include "shardlm/core/timer.hpp"
 #include "shardlm/data/prepare.hpp"
 #include "shardlm/data/sampler.hpp"
@@ -21,7 +25,7 @@
 #include "shardlm/model/gpt2_model.hpp"
 #include "shardlm/optim/adamw.hpp"
 #include "shardlm/optim/lr_schedule.hpp"
-#include "shardlm/parallel/single_process_strategy.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
 #include "shardlm/train/metrics.hpp"
 #include "shardlm/train/model_runner.hpp"
 #include "shardlm/train/progress.hpp"
@@ -38,6 +42,12 @@ int available_cores() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   return 1;
+}
+
+// Ranks of this job on this machine (Open MPI tells; otherwise assume all).
+int local_ranks(int world_size) {
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
+  return world_size;
 }
 
 ModelConfig resolve_model_config(const TrainOptions& o, int data_vocab_size) {
@@ -65,12 +75,13 @@ void validate_options(const TrainOptions& o, const ModelConfig& config) {
   SHARDLM_CHECK(o.warmup >= 0, "--warmup must be >= 0, got {}", o.warmup);
   SHARDLM_CHECK(o.eval_batches >= 0, "--eval-batches must be >= 0, got {}", o.eval_batches);
   SHARDLM_CHECK(o.threads >= 0, "--threads must be >= 0, got {}", o.threads);
+  SHARDLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive, got {}", o.comm_timeout);
   SHARDLM_CHECK(!o.out_dir.empty(), "--out is required (the run directory)");
 }
 
 // Compares the options that fix a run's trajectory against a checkpoint's.
 void check_resume_compatible(const CheckpointReader& ckpt, const ModelConfig& config,
-                             const TrainOptions& o, const std::string& tokenizer) {
+                             const nlohmann::json& wanted, const std::string& tokenizer) {
   const auto& saved = ckpt.info();
   auto saved_model = saved.model.to_json();
   auto wanted_model = config.to_json();
@@ -83,7 +94,6 @@ void check_resume_compatible(const CheckpointReader& ckpt, const ModelConfig& co
   SHARDLM_CHECK(saved.tokenizer == tokenizer,
                 "checkpoint '{}' was trained with tokenizer '{}', the data uses '{}'", ckpt.dir(),
                 saved.tokenizer, tokenizer);
-  auto wanted = o.trajectory_json();
   const auto& saved_train = saved.train.at("options");
   for (auto it = wanted.begin(); it != wanted.end(); ++it)
     SHARDLM_CHECK(saved_train.value(it.key(), nlohmann::json()) == it.value(),
@@ -93,178 +103,274 @@ void check_resume_compatible(const CheckpointReader& ckpt, const ModelConfig& co
                   it.value().dump());
 }
 
-}  // namespace
+// Start-up agreement: rank 0's view of the run against this rank's; the first field
+// that differs is named.
+void check_ranks_agree(Communicator& comm, const nlohmann::json& mine) {
+  std::string text = mine.dump();
+  comm.broadcast_string(text, 0, "start-up agreement");
+  const nlohmann::json root = nlohmann::json::parse(text);
+  const auto flat_root = root.flatten();
+  const auto flat_mine = mine.flatten();
+  for (auto it = flat_root.begin(); it != flat_root.end(); ++it) {
+    auto other = flat_mine.value(it.key(), nlohmann::json());
+    SHARDLM_CHECK(other == it.value(),
+                  "rank {} disagrees with rank 0 on {}: {} here, {} on rank 0 (all ranks must "
+                  "run the same command on the same data)",
+                  comm.rank(), it.key(), other.dump(), it.value().dump());
+  }
+}
 
-TrainSummary run_training(const TrainOptions& o) {
+// sha256 of the replicated parameters, for --check-replicas.
+uint64_t replicated_params_digest(const ParamLayout& layout, Strategy& strategy) {
+  Sha256 hasher;
+  UnitPointers params = strategy.params();
+  for (int u = 0; u < layout.num_units(); ++u)
+    if (params[static_cast<size_t>(u)] != nullptr)
+      hasher.update(params[static_cast<size_t>(u)],
+                    static_cast<size_t>(layout.units[static_cast<size_t>(u)].padded_numel) *
+                        sizeof(float));
+  return std::stoull(hasher.hex_digest().substr(0, 16), nullptr, 16);
+}
+
+class Trainer {
+ public:
+  Trainer(const TrainOptions& o, Communicator& comm) : o_(o), comm_(comm) {}
+  TrainSummary run();
+
+ private:
+  double evaluate();
+  void save(int64_t step);
+  void print(const std::string& text) const {
+    if (is_root_) std::fputs(text.c_str(), stdout), std::fflush(stdout);
+  }
+
+  const TrainOptions& o_;
+  Communicator& comm_;
+  const bool is_root_ = comm_.rank() == 0;
+  const int world_ = comm_.size();
+  const int rank_ = comm_.rank();
+
+  DatasetMeta meta_;
+  ModelConfig config_;
+  StrategyOptions strategy_options_;
+  nlohmann::json trajectory_;
+  std::unique_ptr<TokenFile> train_tokens_, val_tokens_;
+  std::unique_ptr<EvalSampler> val_sampler_;
+  std::unique_ptr<ParamLayout> layout_;
+  std::unique_ptr<Gpt2Model> model_;
+  std::unique_ptr<FlatUnitStrategy> strategy_;
+  std::unique_ptr<ModelRunner> runner_;
+  int64_t tokens_seen_ = 0;
+};
+
+TrainSummary Trainer::run() {
   Stopwatch wall;
-  const int threads = o.threads > 0 ? o.threads : available_cores();
+  const int threads =
+      o_.threads > 0 ? o_.threads : std::max(1, available_cores() / local_ranks(world_));
   omp_set_num_threads(threads);
 
   // Inputs first: nothing in the run directory is touched until they check out.
-  const DatasetMeta meta = read_dataset_meta(o.data_dir);
-  const ModelConfig config = resolve_model_config(o, static_cast<int>(meta.vocab_size));
-  validate_options(o, config);
-  const int world_size = 1;
-  const int global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * world_size;
-  SHARDLM_CHECK(global_batch % (o.micro_batch * world_size) == 0,
-                "--global-batch {} is not divisible by --micro-batch {} x world size {}",
-                global_batch, o.micro_batch, world_size);
-  const int accumulation = global_batch / (o.micro_batch * world_size);
-  TrainOptions resolved = o;
+  meta_ = read_dataset_meta(o_.data_dir);
+  config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
+  validate_options(o_, config_);
+  strategy_options_ = {parse_strategy_kind(o_.strategy), o_.bucket_mb, o_.prefetch,
+                       o_.reshard_after_forward, o_.shard_group_size};
+  const int partition = partition_size(strategy_options_, world_);
+  const int global_batch = o_.global_batch > 0 ? o_.global_batch : o_.micro_batch * world_;
+  SHARDLM_CHECK(global_batch >= world_,
+                "world size {} is larger than the global batch of {} sequences (every rank "
+                "needs at least one sequence per step)",
+                world_, global_batch);
+  const BatchPartition batches(global_batch, world_, o_.micro_batch);
+  const int accumulation = batches.accumulation_steps();
+  TrainOptions resolved = o_;
   resolved.global_batch = global_batch;
+  trajectory_ = resolved.trajectory_json();
 
-  TokenFile train_tokens((fs::path(o.data_dir) / "train.bin").string());
-  TokenFile val_tokens((fs::path(o.data_dir) / "val.bin").string());
-  SHARDLM_CHECK(train_tokens.vocab_size() <= config.vocab_size,
-                "'{}' holds token ids up to vocab {} but the model's vocabulary is {}",
-                train_tokens.path(), train_tokens.vocab_size(), config.vocab_size);
-  BatchSampler train_sampler(train_tokens, o.seq_len, o.seed);
-  std::unique_ptr<EvalSampler> val_sampler;
-  if (val_tokens.size() > o.seq_len)
-    val_sampler = std::make_unique<EvalSampler>(val_tokens, o.seq_len);
-  auto tokenizer = make_tokenizer(meta.tokenizer);
+  train_tokens_ = std::make_unique<TokenFile>(dataset_train_path(o_.data_dir));
+  val_tokens_ = std::make_unique<TokenFile>(dataset_val_path(o_.data_dir));
+  BatchSampler train_sampler(*train_tokens_, o_.seq_len, o_.seed);
+  if (val_tokens_->size() > o_.seq_len)
+    val_sampler_ = std::make_unique<EvalSampler>(*val_tokens_, o_.seq_len);
+  auto tokenizer = make_tokenizer(meta_.tokenizer);
 
-  std::optional<std::string> existing = latest_checkpoint(o.out_dir);
-  SHARDLM_CHECK(!existing || o.resume,
+  nlohmann::json agreement = {{"model", config_.to_json()},
+                              {"options", trajectory_},
+                              {"steps", o_.steps},
+                              {"micro_batch", o_.micro_batch},
+                              {"strategy", o_.strategy},
+                              {"prefetch", o_.prefetch},
+                              {"shard_group_size", o_.shard_group_size},
+                              {"tokenizer", meta_.tokenizer},
+                              {"train_tokens", train_tokens_->size()},
+                              {"val_tokens", val_tokens_->size()},
+                              {"world_size", world_}};
+  for (const auto& src : meta_.sources) agreement["data_sha256"].push_back(src.sha256);
+  check_ranks_agree(comm_, agreement);
+
+  std::optional<std::string> existing = latest_checkpoint(o_.out_dir);
+  SHARDLM_CHECK(!existing || o_.resume,
                 "run directory '{}' already holds a run (checkpoint '{}'); pass --resume to "
                 "continue it or choose another --out",
-                o.out_dir, existing.value_or(""));
+                o_.out_dir, existing.value_or(""));
   std::unique_ptr<CheckpointReader> resume_from;
   if (existing) {
     resume_from = std::make_unique<CheckpointReader>(*existing);
-    check_resume_compatible(*resume_from, config, resolved, meta.tokenizer);
+    check_resume_compatible(*resume_from, config_, trajectory_, meta_.tokenizer);
+  }
+  if (is_root_) {
+    std::error_code ec;
+    fs::create_directories(o_.out_dir, ec);
+    SHARDLM_CHECK(!ec, "cannot create run directory '{}': {}", o_.out_dir, ec.message());
   }
 
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  SHARDLM_CHECK(!ec, "cannot create run directory '{}': {}", o.out_dir, ec.message());
-
-  const ParamLayout layout = ParamLayout::build(config, world_size);
-  SingleProcessStrategy strategy(layout);
-  Gpt2Model model(config, layout, o.micro_batch, o.seq_len);
-  ModelRunner runner(model, strategy);
+  layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition));
+  model_ = std::make_unique<Gpt2Model>(config_, *layout_, o_.micro_batch, o_.seq_len);
+  std::vector<std::vector<int>> needs;
+  for (int u = 0; u < layout_->num_units(); ++u) needs.push_back(model_->units_needed_for(u));
+  strategy_ = std::make_unique<FlatUnitStrategy>(*layout_, needs, comm_, strategy_options_);
+  runner_ = std::make_unique<ModelRunner>(*model_, *strategy_);
 
   int64_t start_step = 0;
-  int64_t tokens_seen = 0;
   if (resume_from) {
-    resume_from->load_into(layout, strategy);
+    resume_from->load_into(*layout_, *strategy_);
     start_step = resume_from->info().step;
-    tokens_seen = resume_from->info().tokens_seen;
+    tokens_seen_ = resume_from->info().tokens_seen;
     auto saved_steps = resume_from->info().train.at("options").value("steps", int64_t{0});
-    if (saved_steps != o.steps)
-      std::printf("note: --steps changed from %lld to %lld; the cosine schedule stretches\n",
-                  static_cast<long long>(saved_steps), static_cast<long long>(o.steps));
-    std::printf("resumed from %s (step %lld)\n", resume_from->dir().c_str(),
-                static_cast<long long>(start_step));
+    if (saved_steps != o_.steps)
+      print(fmt::format("note: --steps changed from {} to {}; the cosine schedule stretches\n",
+                        saved_steps, o_.steps));
+    print(fmt::format("resumed from {} (step {}, written by {} x {})\n", resume_from->dir(),
+                      start_step, resume_from->info().strategy, resume_from->info().world_size));
   } else {
-    for (int u = 0; u < layout.num_units(); ++u)
-      model.init_unit(u, o.seed, strategy.owned(u).master);
-    strategy.after_load();
+    // Init is a function of (seed, tensor name): each rank fills its owned slices.
+    int64_t largest = 0;
+    for (const auto& u : layout_->units) largest = std::max(largest, u.padded_numel);
+    TrackedBuffer scratch(MemCategory::other, static_cast<size_t>(largest) * sizeof(float));
+    for (int u = 0; u < layout_->num_units(); ++u) {
+      OwnedSlice s = strategy_->owned(u);
+      model_->init_unit(u, o_.seed, scratch.as<float>());
+      std::memcpy(s.master, scratch.as<float>() + s.begin,
+                  static_cast<size_t>(s.size()) * sizeof(float));
+    }
+    strategy_->after_load();
   }
-  SHARDLM_CHECK(start_step <= o.steps,
+  resume_from.reset();
+  SHARDLM_CHECK(start_step <= o_.steps,
                 "checkpoint is at step {}, beyond --steps {} (raise --steps to train further)",
-                start_step, o.steps);
+                start_step, o_.steps);
 
-  {
-    nlohmann::json run_config = {{"model", config.to_json()},
-                                 {"tokenizer", meta.tokenizer},
-                                 {"data", fs::absolute(o.data_dir).string()},
-                                 {"options", resolved.trajectory_json()},
-                                 {"steps", o.steps},
-                                 {"micro_batch", o.micro_batch},
+  std::unique_ptr<MetricsWriter> metrics;
+  if (is_root_) {
+    nlohmann::json run_config = {{"model", config_.to_json()},
+                                 {"tokenizer", meta_.tokenizer},
+                                 {"data", fs::absolute(o_.data_dir).string()},
+                                 {"options", trajectory_},
+                                 {"steps", o_.steps},
+                                 {"micro_batch", o_.micro_batch},
                                  {"threads", threads},
-                                 {"strategy", strategy.name()},
-                                 {"world_size", world_size}};
-    write_file_atomic((fs::path(o.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
+                                 {"strategy", strategy_->name()},
+                                 {"world_size", world_}};
+    write_file_atomic((fs::path(o_.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
+    metrics = std::make_unique<MetricsWriter>((fs::path(o_.out_dir) / "metrics.jsonl").string());
   }
-  MetricsWriter metrics((fs::path(o.out_dir) / "metrics.jsonl").string());
 
-  const LrSchedule schedule{o.lr, o.min_lr.value_or(o.lr / 10.0f), o.warmup, o.steps};
-  const AdamWConfig adam{o.beta1, o.beta2, 1e-8f, o.weight_decay};
+  const LrSchedule schedule{o_.lr, o_.min_lr.value_or(o_.lr / 10.0f), o_.warmup, o_.steps};
+  const AdamWConfig adam{o_.beta1, o_.beta2, 1e-8f, o_.weight_decay};
   std::vector<std::vector<ElementRange>> decay_ranges;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    OwnedSlice s = strategy.owned(u);
-    decay_ranges.push_back(weight_decay_ranges(layout.units[static_cast<size_t>(u)], s.begin, s.end));
+  for (int u = 0; u < layout_->num_units(); ++u) {
+    OwnedSlice s = strategy_->owned(u);
+    decay_ranges.push_back(weight_decay_ranges(layout_->units[static_cast<size_t>(u)], s.begin, s.end));
   }
 
-  // Token buffers for every micro-batch of a step, allocated once.
-  const size_t micro_tokens = static_cast<size_t>(o.micro_batch) * static_cast<size_t>(o.seq_len);
+  // This rank's tokens for every micro-batch of a step, allocated once.
+  const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
   std::vector<int32_t> tokens(micro_tokens * static_cast<size_t>(accumulation));
   std::vector<int32_t> targets(tokens.size());
 
-  auto evaluate = [&]() -> double {
-    if (!val_sampler || o.eval_batches == 0) return std::nan("");
-    double loss_sum = 0.0;
-    int64_t count = 0;
-    std::vector<int32_t> eval_tokens(micro_tokens), eval_targets(micro_tokens);
-    for (int b = 0; b < o.eval_batches; ++b) {
-      const int64_t first = static_cast<int64_t>(b) * o.micro_batch;
-      if (first + o.micro_batch > val_sampler->num_windows()) break;
-      for (int i = 0; i < o.micro_batch; ++i)
-        val_sampler->fill(first + i, eval_tokens.data() + static_cast<size_t>(i) * o.seq_len,
-                          eval_targets.data() + static_cast<size_t>(i) * o.seq_len);
-      MicroBatch batch{eval_tokens.data(), eval_targets.data(), o.micro_batch, o.seq_len};
-      loss_sum += runner.forward(batch, /*training=*/false, 0.0f);
-      count += model.last_target_count();
-    }
-    return count > 0 ? loss_sum / static_cast<double>(count) : std::nan("");
-  };
-
-  std::printf("model %s: %d layers, %d heads, %d wide, vocab %d (padded %d), %.2fM parameters\n",
-              o.model.c_str(), config.n_layer, config.n_head, config.n_embd, config.vocab_size,
-              config.padded_vocab_size(), static_cast<double>(config.num_parameters()) / 1e6);
-  std::printf("data %s: %lld train / %lld val tokens (%s)\n", o.data_dir.c_str(),
-              static_cast<long long>(train_tokens.size()),
-              static_cast<long long>(val_tokens.size()), meta.tokenizer.c_str());
-  std::printf("batch %d x %d tokens (micro-batch %d, %d accumulation steps); %d threads; GEMM %s\n",
-              global_batch, o.seq_len, o.micro_batch, accumulation, threads,
-              cpu::gemm_library_name());
-  std::fflush(stdout);
+  print(fmt::format(
+      "model {}: {} layers, {} heads, {} wide, vocab {} (padded {}), {:.2f}M parameters\n",
+      o_.model, config_.n_layer, config_.n_head, config_.n_embd, config_.vocab_size,
+      config_.padded_vocab_size(), static_cast<double>(config_.num_parameters()) / 1e6));
+  print(fmt::format("data {}: {} train / {} val tokens ({})\n", o_.data_dir,
+                    train_tokens_->size(), val_tokens_->size(), meta_.tokenizer));
+  print(fmt::format("batch {} x {} tokens (micro-batch {}, {} accumulation steps); strategy {} "
+                    "on {} rank(s) x {} threads; GEMM {}\n",
+                    global_batch, o_.seq_len, o_.micro_batch, accumulation, strategy_->name(),
+                    world_, threads, cpu::gemm_library_name()));
 
   TrainSummary summary;
   summary.first_step = start_step;
-  summary.num_parameters = config.num_parameters();
-  const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, o.steps / 20);
-  ProgressLine progress(o.steps, log_every);
+  summary.num_parameters = config_.num_parameters();
+  const int64_t log_every = o_.log_every > 0 ? o_.log_every : std::max<int64_t>(1, o_.steps / 20);
+  std::unique_ptr<ProgressLine> progress;
+  if (is_root_) progress = std::make_unique<ProgressLine>(o_.steps, log_every);
   Stopwatch train_clock;
   double ema_step_s = 0.0;
-  const int64_t tokens_per_step = static_cast<int64_t>(global_batch) * o.seq_len;
+  const int64_t tokens_per_step = static_cast<int64_t>(global_batch) * o_.seq_len;
   double last_loss = std::nan("");
+  comm_.take_counters();
 
-  for (int64_t step = start_step; step < o.steps; ++step) {
+  for (int64_t step = start_step; step < o_.steps; ++step) {
     Stopwatch step_clock;
-    const int64_t first_sample = step * global_batch;
-    int64_t target_count = 0;
-    train_sampler.fill_batch(first_sample, global_batch, tokens.data(), targets.data());
-    for (int32_t t : targets) target_count += (t != kIgnoreIndex);
-    SHARDLM_CHECK(target_count > 0, "step {} has no target tokens (all ignored)", step);
-    const float grad_scale = 1.0f / static_cast<float>(target_count);
+    if (const char* fault = std::getenv("SHARDLM_FAULT_STEP")) {
+      // Test-only: "RANK:STEP" kills that rank when it reaches that step.
+      int fault_rank = -1;
+      long long fault_step = -1;
+      if (std::sscanf(fault, "%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank_ &&
+          fault_step == step + 1) {
+        std::fprintf(stderr, "rank %d: fault injected at step %lld: exiting\n", rank_, fault_step);
+        std::_Exit(43);
+      }
+    }
+    int64_t counts[1] = {0};
+    for (int k = 0; k < accumulation; ++k) {
+      train_sampler.fill_batch(batches.first_sample(step, rank_, k), o_.micro_batch,
+                               tokens.data() + micro_tokens * static_cast<size_t>(k),
+                               targets.data() + micro_tokens * static_cast<size_t>(k));
+    }
+    for (int32_t t : targets) counts[0] += (t != kIgnoreIndex);
+    // The loss is the mean over the global batch's target tokens, not a mean of means.
+    comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "target count");
+    SHARDLM_CHECK(counts[0] > 0, "step {} has no target tokens (all ignored)", step + 1);
+    const float grad_scale = 1.0f / static_cast<float>(counts[0]);
 
-    strategy.begin_step(accumulation);
+    strategy_->begin_step(accumulation);
     double loss_sum = 0.0;
     for (int k = 0; k < accumulation; ++k) {
       MicroBatch batch{tokens.data() + micro_tokens * static_cast<size_t>(k),
-                       targets.data() + micro_tokens * static_cast<size_t>(k), o.micro_batch,
-                       o.seq_len};
-      loss_sum += runner.forward(batch, /*training=*/true, grad_scale);
-      runner.backward(batch, k);
+                       targets.data() + micro_tokens * static_cast<size_t>(k), o_.micro_batch,
+                       o_.seq_len};
+      loss_sum += runner_->forward(batch, /*training=*/true, grad_scale);
+      runner_->backward(batch, k);
     }
-    strategy.finish_gradients();
-    const double loss = loss_sum / static_cast<double>(target_count);
-    const double grad_norm = std::sqrt(strategy.global_grad_norm_squared());
+    strategy_->finish_gradients();
+    comm_.all_reduce_blocking(std::span<double>(&loss_sum, 1), ReduceOp::sum, "loss sum");
+    const double loss = loss_sum / static_cast<double>(counts[0]);
+    const double grad_norm = std::sqrt(strategy_->global_grad_norm_squared());
     SHARDLM_CHECK(std::isfinite(loss) && std::isfinite(grad_norm),
                   "training diverged at step {}: loss {} and gradient norm {} (the last "
                   "checkpoint is kept; try a lower --lr or a higher --warmup)",
                   step + 1, loss, grad_norm);
-    const float multiplier = clip_multiplier(grad_norm, o.grad_clip);
+    const float multiplier = clip_multiplier(grad_norm, o_.grad_clip);
     const float lr = schedule.at(step);
-    for (int u = 0; u < layout.num_units(); ++u) {
-      OwnedSlice s = strategy.owned(u);
+    for (int u = 0; u < layout_->num_units(); ++u) {
+      OwnedSlice s = strategy_->owned(u);
       adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(),
                    decay_ranges[static_cast<size_t>(u)], lr, multiplier, step + 1, adam);
     }
-    strategy.after_step();
-    tokens_seen += tokens_per_step;
+    strategy_->after_step();
+    if (o_.check_replicas) {
+      strategy_->synchronize();
+      auto digests = comm_.all_gather_u64(replicated_params_digest(*layout_, *strategy_),
+                                          "replica digest");
+      for (int r = 1; r < world_; ++r)
+        SHARDLM_CHECK(strategy_->name() == "zero3" || strategy_->name() == "hybrid" ||
+                          digests[static_cast<size_t>(r)] == digests[0],
+                      "replicas diverged after step {}: rank {}'s parameters differ from rank 0's",
+                      step + 1, r);
+    }
+    tokens_seen_ += tokens_per_step;
     summary.tokens += tokens_per_step;
     if (step == start_step) summary.first_loss = loss;
     last_loss = loss;
@@ -272,52 +378,119 @@ TrainSummary run_training(const TrainOptions& o) {
     const int64_t done = step + 1;
     const double step_s = step_clock.seconds();
     ema_step_s = (step == start_step) ? step_s : 0.8 * ema_step_s + 0.2 * step_s;
+    const CommCounters comm_stats = comm_.take_counters();
     nlohmann::json record = {{"step", done},
                              {"loss", loss},
                              {"lr", lr},
                              {"grad_norm", grad_norm},
                              {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s},
                              {"step_ms", step_s * 1e3},
-                             {"tokens_seen", tokens_seen},
+                             {"tokens_seen", tokens_seen_},
+                             {"world_size", world_},
+                             {"strategy", strategy_->name()},
+                             {"comm_bytes", comm_stats.total().bus_bytes},
+                             {"comm_ms", comm_stats.total().seconds * 1e3},
+                             {"exposed_comm_ms", comm_stats.exposed_seconds * 1e3},
+                             {"comm", comm_stats.to_json()},
                              {"mem", MemoryTracker::global().to_json()}};
-    if ((o.eval_every > 0 && done % o.eval_every == 0) || done == o.steps) {
+    if ((o_.eval_every > 0 && done % o_.eval_every == 0) || done == o_.steps) {
       double val_loss = evaluate();
       if (std::isfinite(val_loss)) {
         record["val_loss"] = val_loss;
         summary.final_val_loss = val_loss;
-        progress.message(fmt::format("step {}: val loss {:.4f}", done, val_loss));
+        if (progress) progress->message(fmt::format("step {}: val loss {:.4f}", done, val_loss));
       }
     }
-    metrics.write(record);
-    progress.update(done, loss, lr, static_cast<double>(tokens_per_step) / step_s,
-                    ema_step_s * static_cast<double>(o.steps - done));
-
-    if ((o.save_every > 0 && done % o.save_every == 0) || done == o.steps) {
-      CheckpointInfo info{done, tokens_seen, config, meta.tokenizer, strategy.name(), world_size,
-                          {{"options", resolved.trajectory_json()}}};
-      info.train["options"]["steps"] = o.steps;
-      summary.last_checkpoint = save_checkpoint(o.out_dir, layout, strategy, info, o.keep);
+    if (metrics) metrics->write(record);
+    if (progress)
+      progress->update(done, loss, lr, static_cast<double>(tokens_per_step) / step_s,
+                       ema_step_s * static_cast<double>(o_.steps - done));
+    if ((o_.save_every > 0 && done % o_.save_every == 0) || done == o_.steps) {
+      save(done);
+      summary.last_checkpoint = (fs::path(o_.out_dir) / "checkpoints" / fmt::format("step_{:08d}", done)).string();
     }
   }
-  progress.finish();
+  if (progress) progress->finish();
   const double train_s = train_clock.seconds();
-  summary.steps = o.steps;
+  summary.steps = o_.steps;
   summary.final_train_loss = last_loss;
   summary.tokens_per_s = train_s > 0 ? static_cast<double>(summary.tokens) / train_s : 0.0;
 
-  if (o.sample_tokens > 0) {
-    std::vector<int32_t> prompt = tokenizer->encode(o.sample_prompt);
+  if (o_.sample_tokens > 0) {
+    std::vector<int32_t> prompt = tokenizer->encode(o_.sample_prompt);
     if (prompt.empty()) prompt.push_back(tokenizer->end_of_text().value_or(0));
-    SamplingOptions sampling{o.sample_tokens, o.sample_temperature, o.sample_top_k, o.seed};
-    auto ids = generate(runner, prompt, o.seq_len, sampling);
-    summary.sample = o.sample_prompt + tokenizer->decode(ids);
+    SamplingOptions sampling{o_.sample_tokens, o_.sample_temperature, o_.sample_top_k, o_.seed};
+    auto ids = generate(*runner_, prompt, o_.seq_len, sampling);
+    summary.sample = o_.sample_prompt + tokenizer->decode(ids);
   }
+  strategy_->synchronize();
   summary.memory = MemoryTracker::global().to_json();
   summary.wall_s = wall.seconds();
   return summary;
 }
 
+double Trainer::evaluate() {
+  if (!val_sampler_ || o_.eval_batches == 0) return std::nan("");
+  // The first eval_batches x micro_batch windows of val.bin whatever the world size;
+  // each pass gives every rank micro_batch rows, rows past the end are fully ignored.
+  const int64_t windows =
+      std::min<int64_t>(static_cast<int64_t>(o_.eval_batches) * o_.micro_batch,
+                        val_sampler_->num_windows());
+  const int64_t rows_per_pass = static_cast<int64_t>(o_.micro_batch) * world_;
+  const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
+  std::vector<int32_t> tokens(micro_tokens), targets(micro_tokens);
+  double sums[1] = {0.0};
+  int64_t counts[1] = {0};
+  for (int64_t first = 0; first < windows; first += rows_per_pass) {
+    for (int i = 0; i < o_.micro_batch; ++i) {
+      const int64_t w = first + static_cast<int64_t>(rank_) * o_.micro_batch + i;
+      int32_t* tok = tokens.data() + static_cast<size_t>(i) * o_.seq_len;
+      int32_t* tgt = targets.data() + static_cast<size_t>(i) * o_.seq_len;
+      if (w < windows) {
+        val_sampler_->fill(w, tok, tgt);
+      } else {
+        std::fill(tok, tok + o_.seq_len, 0);
+        std::fill(tgt, tgt + o_.seq_len, kIgnoreIndex);
+      }
+    }
+    MicroBatch batch{tokens.data(), targets.data(), o_.micro_batch, o_.seq_len};
+    sums[0] += runner_->forward(batch, /*training=*/false, 0.0f);
+    counts[0] += model_->last_target_count();
+  }
+  comm_.all_reduce_blocking(std::span<double>(sums, 1), ReduceOp::sum, "eval loss sum");
+  comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "eval target count");
+  return counts[0] > 0 ? sums[0] / static_cast<double>(counts[0]) : std::nan("");
+}
+
+void Trainer::save(int64_t step) {
+  nlohmann::json options = trajectory_;
+  options["steps"] = o_.steps;
+  CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy_->name(), world_,
+                      {{"options", options}}};
+  save_checkpoint(o_.out_dir, *layout_, *strategy_, info, o_.keep, comm_);
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& options) {
+  CommOptions comm_options;
+  comm_options.timeout_seconds = options.comm_timeout;
+  auto comm = make_world_communicator(comm_options);
+  TrainSummary summary;
+  try {
+    summary = Trainer(options, *comm).run();
+  } catch (const std::exception& e) {
+    // One rank's error brings the whole job down (no peer left waiting).
+    if (comm->size() > 1) comm->abort_job(std::string("error: ") + e.what());
+    throw;
+  }
+  summary.is_root = comm->rank() == 0;
+  comm->finalize();
+  return summary;
+}
+
 void print_summary(const TrainSummary& s) {
+  if (!s.is_root) return;
   auto mib = [](size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); };
   std::string table;
   auto row = [&](const std::string& key, const std::string& value) {

@@ -25,6 +25,7 @@ struct TrainSummary {
   nlohmann::json memory;  // MemoryTracker::to_json() at the end
   int64_t num_parameters = 0;
   std::string last_checkpoint;
+  bool is_root = true;  // rank 0 prints; other ranks stay quiet
 };
 
 // Runs `shardlm train`. Throws Error for bad input (before touching RUN_DIR where

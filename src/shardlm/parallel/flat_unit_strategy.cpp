@@ -1,0 +1,453 @@
+#include "shardlm/parallel/flat_unit_strategy.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "shardlm/core/error.hpp"
+#include "shardlm/optim/adamw.hpp"
+
+namespace shardlm {
+
+namespace {
+
+TrackedBuffer floats(MemCategory category, int64_t count, MemoryTracker& tracker) {
+  return TrackedBuffer(category, static_cast<size_t>(count) * sizeof(float), tracker);
+}
+
+void zero_floats(float* data, int64_t count) {
+  std::memset(data, 0, static_cast<size_t>(count) * sizeof(float));
+}
+
+}  // namespace
+
+FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
+                                   std::vector<std::vector<int>> unit_needs, Communicator& world,
+                                   const StrategyOptions& options, MemoryTracker& tracker)
+    : layout_(layout),
+      unit_needs_(std::move(unit_needs)),
+      world_(world),
+      shard_(&world),
+      replica_(nullptr),
+      options_(options),
+      tracker_(tracker),
+      num_units_(layout.num_units()),
+      shard_rank_(0),
+      shard_size_(1),
+      shard_params_(options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid),
+      shard_grads_(options.kind == StrategyKind::zero2 || shard_params_),
+      shard_optimizer_(options.kind != StrategyKind::ddp) {
+  SHARDLM_ASSERT(static_cast<int>(unit_needs_.size()) == num_units_);
+  SHARDLM_CHECK(options.prefetch >= 0, "--prefetch must be >= 0, got {}", options.prefetch);
+  SHARDLM_CHECK(options.bucket_mb > 0, "--bucket-mb must be positive, got {}", options.bucket_mb);
+  if (options.kind == StrategyKind::hybrid) {
+    const int g = partition_size(options, world.size());
+    shard_group_ = world.split(world.rank() / g, world.rank(), "shard group");
+    replica_group_ = world.split(world.rank() % g, world.rank(), "replica group");
+    shard_ = shard_group_.get();
+    if (replica_group_->size() > 1) replica_ = replica_group_.get();
+  }
+  shard_rank_ = shard_->rank();
+  shard_size_ = shard_->size();
+  SHARDLM_CHECK(layout.world_size == shard_size_,
+                "internal: layout built for {} ranks, strategy partitions over {}",
+                layout.world_size, shard_size_);
+
+  shared_unit_.assign(static_cast<size_t>(num_units_), false);
+  for (int u = 0; u < num_units_; ++u)
+    for (int v : unit_needs_[static_cast<size_t>(u)])
+      if (v != u) shared_unit_[static_cast<size_t>(v)] = true;
+
+  const size_t U = static_cast<size_t>(num_units_);
+  full_params_.resize(U);
+  owned_params_.resize(U);
+  full_grads_.resize(U);
+  owned_grads_.resize(U);
+  adam_m_.resize(U);
+  adam_v_.resize(U);
+  dedicated_params_.resize(U);
+  dedicated_grads_.resize(U);
+  param_ptrs_.assign(U, nullptr);
+  grad_ptrs_.assign(U, nullptr);
+  param_buffer_of_.assign(U, -1);
+  grad_buffer_of_.assign(U, -1);
+  gather_state_.assign(U, GatherState::none);
+  gather_work_.resize(U);
+  param_sync_.resize(U);
+
+  int64_t largest_private_unit = 0;
+  int private_units = 0;
+  for (size_t u = 0; u < U; ++u) {
+    const int64_t P = layout.units[u].padded_numel;
+    const int64_t S = P / shard_size_;
+    if (shard_params_) {
+      owned_params_[u] = floats(MemCategory::params, S, tracker);
+    } else {
+      full_params_[u] = floats(MemCategory::params, P, tracker);
+      param_ptrs_[u] = full_params_[u].as<float>();
+    }
+    if (shard_grads_) {
+      owned_grads_[u] = floats(MemCategory::grads, S, tracker);
+    } else {
+      full_grads_[u] = floats(MemCategory::grads, P, tracker);
+      grad_ptrs_[u] = full_grads_[u].as<float>();
+    }
+    const int64_t optimizer_numel = shard_optimizer_ ? S : P;
+    adam_m_[u] = floats(MemCategory::optimizer, optimizer_numel, tracker);
+    adam_v_[u] = floats(MemCategory::optimizer, optimizer_numel, tracker);
+    if (shared_unit_[u]) {
+      if (shard_params_) dedicated_params_[u] = floats(MemCategory::params, P, tracker);
+      if (shard_grads_) dedicated_grads_[u] = floats(MemCategory::grads, P, tracker);
+    } else {
+      largest_private_unit = std::max(largest_private_unit, P);
+      ++private_units;
+    }
+  }
+  if (shard_params_) {
+    // With resharding, a unit in use plus `prefetch` ahead plus one being released;
+    // without it, forward keeps every unit for backward.
+    const int pool = options.reshard_after_forward ? std::min(private_units, options.prefetch + 2)
+                                                   : private_units;
+    for (int i = 0; i < pool; ++i) {
+      param_pool_.push_back(floats(MemCategory::params, largest_private_unit, tracker));
+      free_param_buffers_.push_back(i);
+    }
+  }
+  if (shard_grads_) {
+    // The unit being differentiated and the previous one still being reduced.
+    for (int i = 0; i < std::min(private_units, 2); ++i) {
+      grad_pool_.push_back(floats(MemCategory::grads, largest_private_unit, tracker));
+      free_grad_buffers_.push_back(i);
+    }
+  }
+
+  for (int u = 0; u < num_units_; ++u) train_schedule_.push_back({false, u});
+  for (int u = num_units_ - 1; u >= 0; --u) train_schedule_.push_back({true, u});
+  for (int u = 0; u < num_units_; ++u) eval_schedule_.push_back({false, u});
+
+  if (!shard_grads_) {
+    // Buckets of whole units in backward order; a small first bucket starts
+    // communication early (as PyTorch DDP does).
+    const double cap = options.bucket_mb * 1024.0 * 1024.0;
+    const double first_cap = std::min(cap, 1024.0 * 1024.0);
+    bucket_of_unit_.assign(U, -1);
+    double bytes = 0;
+    for (int u = num_units_ - 1; u >= 0; --u) {
+      if (buckets_.empty() || bytes >= (buckets_.size() == 1 ? first_cap : cap)) {
+        buckets_.emplace_back();
+        bytes = 0;
+      }
+      buckets_.back().push_back(u);
+      bucket_of_unit_[static_cast<size_t>(u)] = static_cast<int>(buckets_.size()) - 1;
+      bytes += static_cast<double>(layout.units[static_cast<size_t>(u)].padded_numel) * 4.0;
+    }
+  }
+}
+
+FlatUnitStrategy::~FlatUnitStrategy() {
+  try {
+    synchronize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "warning: strategy shutdown: %s\n", e.what());
+  }
+}
+
+OwnedSlice FlatUnitStrategy::owned(int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  const int64_t P = layout_.units[u].padded_numel;
+  const int64_t S = P / shard_size_;
+  const int64_t b = shard_rank_ * S;
+  float* m = adam_m_[u].as<float>();
+  float* v = adam_v_[u].as<float>();
+  switch (options_.kind) {
+    case StrategyKind::ddp:
+      return {0, P, full_params_[u].as<float>(), full_grads_[u].as<float>(), m, v};
+    case StrategyKind::zero1:
+      return {b, b + S, full_params_[u].as<float>() + b, full_grads_[u].as<float>() + b, m, v};
+    case StrategyKind::zero2:
+      return {b, b + S, full_params_[u].as<float>() + b, owned_grads_[u].as<float>(), m, v};
+    case StrategyKind::zero3:
+    case StrategyKind::hybrid:
+      return {b, b + S, owned_params_[u].as<float>(), owned_grads_[u].as<float>(), m, v};
+  }
+  SHARDLM_ASSERT(false);
+  return {};
+}
+
+float* FlatUnitStrategy::owned_grad_slice(int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  if (shard_grads_) return owned_grads_[u].as<float>();
+  const int64_t S = layout_.units[u].padded_numel / shard_size_;
+  return full_grads_[u].as<float>() + shard_rank_ * S;
+}
+
+void FlatUnitStrategy::begin_step(int num_micro_batches) {
+  SHARDLM_ASSERT(num_micro_batches >= 1);
+  SHARDLM_ASSERT(pending_reduces_.empty() && bucket_works_.empty());
+  num_micro_batches_ = num_micro_batches;
+  for (auto& g : shard_grads_ ? owned_grads_ : full_grads_) std::memset(g.data(), 0, g.bytes());
+}
+
+// ---- zero3: parameter gathering --------------------------------------------------
+
+size_t FlatUnitStrategy::schedule_index(bool backward, int unit) const {
+  if (!backward) return static_cast<size_t>(unit);
+  return static_cast<size_t>(num_units_) + static_cast<size_t>(num_units_ - 1 - unit);
+}
+
+bool FlatUnitStrategy::needs(size_t step, int unit) const {
+  const auto& n = unit_needs_[static_cast<size_t>((*schedule_)[step].unit)];
+  return std::find(n.begin(), n.end(), unit) != n.end();
+}
+
+void FlatUnitStrategy::start_gather(int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  float* buffer = nullptr;
+  if (shared_unit_[u]) {
+    buffer = dedicated_params_[u].as<float>();
+    param_buffer_of_[u] = -2;
+  } else {
+    SHARDLM_CHECK(!free_param_buffers_.empty(),
+                  "internal: no free gather buffer for unit {} (pool of {})", layout_.units[u].name,
+                  param_pool_.size());
+    param_buffer_of_[u] = free_param_buffers_.back();
+    free_param_buffers_.pop_back();
+    buffer = param_pool_[static_cast<size_t>(param_buffer_of_[u])].as<float>();
+  }
+  const int64_t S = layout_.units[u].padded_numel / shard_size_;
+  gather_work_[u] = shard_->all_gather(owned_params_[u].as<float>(), buffer, static_cast<size_t>(S),
+                                       "all_gather params unit " + layout_.units[u].name);
+  gather_state_[u] = GatherState::in_flight;
+  param_ptrs_[u] = buffer;
+}
+
+void FlatUnitStrategy::ensure_gathered(int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  if (gather_state_[u] == GatherState::none) start_gather(unit);
+  if (gather_state_[u] == GatherState::in_flight) {
+    gather_work_[u].wait();
+    gather_state_[u] = GatherState::ready;
+  }
+}
+
+void FlatUnitStrategy::release_params(int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  if (gather_state_[u] == GatherState::none) return;
+  gather_work_[u].wait();
+  if (param_buffer_of_[u] >= 0) free_param_buffers_.push_back(param_buffer_of_[u]);
+  param_buffer_of_[u] = -1;
+  gather_state_[u] = GatherState::none;
+  param_ptrs_[u] = nullptr;
+}
+
+void FlatUnitStrategy::prefetch_after(size_t cursor) {
+  int issued = 0;
+  for (size_t s = cursor + 1; s < schedule_->size() && issued < options_.prefetch; ++s) {
+    for (int v : unit_needs_[static_cast<size_t>((*schedule_)[s].unit)]) {
+      if (gather_state_[static_cast<size_t>(v)] != GatherState::none) continue;
+      if (!shared_unit_[static_cast<size_t>(v)] && free_param_buffers_.empty()) return;
+      start_gather(v);
+      if (++issued == options_.prefetch) return;
+    }
+  }
+}
+
+void FlatUnitStrategy::release_after(size_t cursor) {
+  const Step& step = (*schedule_)[cursor];
+  const bool last = cursor + 1 == schedule_->size();
+  for (int v : unit_needs_[static_cast<size_t>(step.unit)]) {
+    bool keep = false;
+    if (!last) {
+      if (!step.backward) {
+        keep = (training_ && !options_.reshard_after_forward) || needs(cursor + 1, v);
+      } else {
+        for (size_t s = cursor + 1; s < schedule_->size() && !keep; ++s) keep = needs(s, v);
+      }
+    }
+    if (!keep) release_params(v);
+  }
+}
+
+// ---- zero2/zero3: gradient buffers and reduce-scatter ------------------------------
+
+void FlatUnitStrategy::acquire_grads(int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  if (grad_ptrs_[u] != nullptr) return;
+  float* buffer = nullptr;
+  if (shared_unit_[u]) {
+    buffer = dedicated_grads_[u].as<float>();
+    grad_buffer_of_[u] = -2;
+  } else {
+    while (free_grad_buffers_.empty() && !pending_reduces_.empty()) consume_oldest_reduce();
+    SHARDLM_CHECK(!free_grad_buffers_.empty(), "internal: no free gradient buffer for unit {}",
+                  layout_.units[u].name);
+    grad_buffer_of_[u] = free_grad_buffers_.back();
+    free_grad_buffers_.pop_back();
+    buffer = grad_pool_[static_cast<size_t>(grad_buffer_of_[u])].as<float>();
+  }
+  zero_floats(buffer, layout_.units[u].padded_numel);
+  grad_ptrs_[u] = buffer;
+}
+
+void FlatUnitStrategy::consume_oldest_reduce() {
+  PendingReduce p = std::move(pending_reduces_.front());
+  pending_reduces_.pop_front();
+  p.work.wait();
+  const size_t u = static_cast<size_t>(p.unit);
+  const int64_t S = layout_.units[u].padded_numel / shard_size_;
+  float* reduced = grad_ptrs_[u] + shard_rank_ * S;
+  if (replica_ != nullptr)
+    replica_->all_reduce(reduced, static_cast<size_t>(S), ReduceOp::sum,
+                         "all_reduce grads across replicas unit " + layout_.units[u].name)
+        .wait();
+  float* owned = owned_grads_[u].as<float>();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < S; ++i) owned[i] += reduced[i];
+  if (grad_buffer_of_[u] >= 0) free_grad_buffers_.push_back(grad_buffer_of_[u]);
+  grad_buffer_of_[u] = -1;
+  grad_ptrs_[u] = nullptr;
+}
+
+// ---- ddp/zero1: buckets -------------------------------------------------------------
+
+void FlatUnitStrategy::launch_bucket(size_t bucket) {
+  for (int unit : buckets_[bucket]) {
+    const size_t u = static_cast<size_t>(unit);
+    const int64_t S = layout_.units[u].padded_numel / shard_size_;
+    float* grads = full_grads_[u].as<float>();
+    float* mine = grads + shard_rank_ * S;
+    const std::string& name = layout_.units[u].name;
+    bucket_works_.push_back(shard_->reduce_scatter(grads, mine, static_cast<size_t>(S),
+                                                   ReduceOp::sum, "reduce_scatter grads unit " + name));
+    // DDP's all-reduce, as reduce-scatter + all-gather over the same partition as
+    // the sharded strategies, so all of them sum each element the same way.
+    if (options_.kind == StrategyKind::ddp)
+      bucket_works_.push_back(
+          shard_->all_gather(mine, grads, static_cast<size_t>(S), "all_gather grads unit " + name));
+  }
+}
+
+// ---- hooks --------------------------------------------------------------------------
+
+void FlatUnitStrategy::before_forward(int unit, bool training) {
+  training_ = training;
+  const auto& unit_needs = unit_needs_[static_cast<size_t>(unit)];
+  if (shard_params_) {
+    schedule_ = training ? &train_schedule_ : &eval_schedule_;
+    const size_t cursor = schedule_index(false, unit);
+    for (int v : unit_needs) ensure_gathered(v);
+    prefetch_after(cursor);
+  } else {
+    for (int v : unit_needs) param_sync_[static_cast<size_t>(v)].wait();
+  }
+  // A unit that reads other units' parameters (the final unit: the tied LM head)
+  // writes their gradients, and its own, during its training forward.
+  if (shard_grads_ && training && unit_needs.size() > 1)
+    for (int v : unit_needs) acquire_grads(v);
+}
+
+void FlatUnitStrategy::after_forward(int unit) {
+  if (shard_params_) release_after(schedule_index(false, unit));
+}
+
+void FlatUnitStrategy::before_backward(int unit) {
+  const auto& unit_needs = unit_needs_[static_cast<size_t>(unit)];
+  if (shard_params_) {
+    schedule_ = &train_schedule_;
+    const size_t cursor = schedule_index(true, unit);
+    for (int v : unit_needs) ensure_gathered(v);
+    prefetch_after(cursor);
+  }
+  if (shard_grads_)
+    for (int v : unit_needs) acquire_grads(v);
+}
+
+void FlatUnitStrategy::after_backward(int unit, int micro_batch) {
+  const size_t u = static_cast<size_t>(unit);
+  if (shard_grads_) {
+    const int64_t S = layout_.units[u].padded_numel / shard_size_;
+    float* grads = grad_ptrs_[u];
+    pending_reduces_.push_back(
+        {unit, shard_->reduce_scatter(grads, grads + shard_rank_ * S, static_cast<size_t>(S),
+                                      ReduceOp::sum,
+                                      "reduce_scatter grads unit " + layout_.units[u].name)});
+  } else if (micro_batch == num_micro_batches_ - 1) {
+    // no_sync: only the last micro-batch communicates; a bucket goes as soon as its
+    // last unit (in backward order) has its gradient.
+    const int b = bucket_of_unit_[u];
+    if (buckets_[static_cast<size_t>(b)].back() == unit) launch_bucket(static_cast<size_t>(b));
+  }
+  if (shard_params_) release_after(schedule_index(true, unit));
+}
+
+void FlatUnitStrategy::finish_gradients() {
+  for (auto& w : bucket_works_) w.wait();
+  bucket_works_.clear();
+  while (!pending_reduces_.empty()) consume_oldest_reduce();
+}
+
+double FlatUnitStrategy::global_grad_norm_squared() {
+  double local = 0.0;
+  for (int u = 0; u < num_units_; ++u)
+    local += sum_of_squares(owned_grad_slice(u),
+                            layout_.units[static_cast<size_t>(u)].padded_numel / shard_size_);
+  // Replicas (hybrid) hold the same reduced values: sum over the shard group only.
+  shard_->all_reduce_blocking(std::span<double>(&local, 1), ReduceOp::sum, "grad norm");
+  return local;
+}
+
+void FlatUnitStrategy::after_step() {
+  SHARDLM_CHECK(gathered_units() == 0 && pending_reductions() == 0,
+                "internal: step ended with {} units gathered and {} reductions in flight",
+                gathered_units(), pending_reductions());
+  if (options_.kind == StrategyKind::zero1 || options_.kind == StrategyKind::zero2) {
+    // Owners updated their slices in place; gather them back, waited for lazily
+    // before each unit's next forward.
+    for (int u = 0; u < num_units_; ++u) {
+      const size_t uu = static_cast<size_t>(u);
+      const int64_t S = layout_.units[uu].padded_numel / shard_size_;
+      float* full = full_params_[uu].as<float>();
+      param_sync_[uu] = shard_->all_gather(full + shard_rank_ * S, full, static_cast<size_t>(S),
+                                           "all_gather params unit " + layout_.units[uu].name);
+    }
+  }
+}
+
+void FlatUnitStrategy::after_load() {
+  if (options_.kind == StrategyKind::ddp) {
+    // sync_module_states: every replica starts from rank 0's weights.
+    for (int u = 0; u < num_units_; ++u) {
+      const size_t uu = static_cast<size_t>(u);
+      shard_->broadcast(full_params_[uu].data(), full_params_[uu].bytes(), 0,
+                        "broadcast initial params unit " + layout_.units[uu].name)
+          .wait();
+    }
+  } else if (!shard_params_) {
+    after_step();
+    synchronize();
+  }
+}
+
+void FlatUnitStrategy::synchronize() {
+  for (auto& w : param_sync_) w.wait();
+  finish_gradients();
+  for (int u = 0; u < num_units_; ++u) release_params(u);
+}
+
+bool FlatUnitStrategy::writes_checkpoint() const {
+  if (options_.kind == StrategyKind::ddp) return world_.rank() == 0;
+  return replica_ == nullptr || replica_->rank() == 0;
+}
+
+int FlatUnitStrategy::gathered_units() const {
+  return static_cast<int>(std::count_if(gather_state_.begin(), gather_state_.end(),
+                                        [](GatherState s) { return s != GatherState::none; }));
+}
+
+int FlatUnitStrategy::pending_reductions() const {
+  int n = static_cast<int>(pending_reduces_.size());
+  for (const auto& w : bucket_works_) n += w.is_done() ? 0 : 1;
+  return n;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,134 @@
+// FlatUnitStrategy: DDP, ZeRO-1/2/3 and hybrid shard over flat units, as hooks of
+// the step loop. What differs between them is only what is sharded:
+//
+//   strategy | params (fp32)        | grads                      | AdamW m, v
+//   ddp      | full unit            | full unit                  | full unit
+//   zero1    | full unit            | full unit                  | owned slice
+//   zero2    | full unit            | owned slice (+2 transient) | owned slice
+//   zero3    | owned slice (+gather)| owned slice (+2 transient) | owned slice
+//   hybrid   | zero3 in shard groups; owned slices all-reduced across replica groups
+//
+// Every strategy reduces gradients with the same per-unit reduce-scatter over the
+// same partition (DDP's all-reduce is reduce-scatter + all-gather of each unit), the
+// global norm is summed over the same slices, and AdamW is element-wise, so at a
+// fixed world size all strategies give bitwise-identical weights (without gradient
+// accumulation; with it, zero2/zero3 reduce every micro-batch).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "shardlm/comm/communicator.hpp"
+#include "shardlm/core/memory_tracker.hpp"
+#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/strategy_options.hpp"
+
+namespace shardlm {
+
+class FlatUnitStrategy : public Strategy {
+ public:
+  // layout must be built for partition_size(options, world.size()) ranks. unit_needs[u]
+  // lists the units whose parameters unit u reads (Gpt2Model::units_needed_for).
+  FlatUnitStrategy(const ParamLayout& layout, std::vector<std::vector<int>> unit_needs,
+                   Communicator& world, const StrategyOptions& options,
+                   MemoryTracker& tracker = MemoryTracker::global());
+  ~FlatUnitStrategy() override;
+
+  std::string name() const override { return to_string(options_.kind); }
+  int world_size() const override { return world_.size(); }
+  int rank() const override { return world_.rank(); }
+  UnitPointers params() override { return param_ptrs_; }
+  UnitPointers grads() override { return grad_ptrs_; }
+  OwnedSlice owned(int unit) override;
+
+  void begin_step(int num_micro_batches) override;
+  void before_forward(int unit, bool training) override;
+  void after_forward(int unit) override;
+  void before_backward(int unit) override;
+  void after_backward(int unit, int micro_batch) override;
+  void finish_gradients() override;
+  double global_grad_norm_squared() override;
+  void after_step() override;
+  void after_load() override;
+  void synchronize() override;
+  bool writes_checkpoint() const override;
+
+  // Units whose parameters are currently gathered (zero3/hybrid), for leak checks.
+  int gathered_units() const;
+  // Gradient reductions still queued or running.
+  int pending_reductions() const;
+  // DDP/zero1 bucket assignment (units per bucket, in launch order), for tests.
+  const std::vector<std::vector<int>>& buckets() const { return buckets_; }
+
+ private:
+  struct Step {
+    bool backward;
+    int unit;
+  };
+  struct PendingReduce {
+    int unit;
+    Work work;
+  };
+  enum class GatherState { none, in_flight, ready };
+
+  // zero3: gathered parameter buffers.
+  void ensure_gathered(int unit);
+  void start_gather(int unit);
+  void release_params(int unit);
+  void prefetch_after(size_t cursor);
+  void release_after(size_t cursor);
+  size_t schedule_index(bool backward, int unit) const;
+  bool needs(size_t step, int unit) const;
+  // zero2/zero3: transient full-unit gradient buffers.
+  void acquire_grads(int unit);
+  void consume_oldest_reduce();
+  void launch_bucket(size_t bucket);
+  float* owned_grad_slice(int unit);
+
+  const ParamLayout& layout_;
+  const std::vector<std::vector<int>> unit_needs_;
+  Communicator& world_;
+  std::unique_ptr<Communicator> shard_group_, replica_group_;
+  Communicator* shard_;    // partition communicator (world unless hybrid)
+  Communicator* replica_;  // hybrid only: same shard index across groups
+  const StrategyOptions options_;
+  MemoryTracker& tracker_;
+  const int num_units_;
+  int shard_rank_, shard_size_;
+  const bool shard_params_, shard_grads_, shard_optimizer_;
+  std::vector<bool> shared_unit_;  // read by another unit (kept in dedicated buffers)
+
+  std::vector<TrackedBuffer> full_params_, owned_params_, full_grads_, owned_grads_;
+  std::vector<TrackedBuffer> adam_m_, adam_v_;
+  std::vector<float*> param_ptrs_, grad_ptrs_;
+
+  // zero3 parameter gathering
+  std::vector<TrackedBuffer> param_pool_;
+  std::vector<int> free_param_buffers_;
+  std::vector<TrackedBuffer> dedicated_params_;  // per unit; only shared units
+  std::vector<int> param_buffer_of_;             // pool index, -1 none, -2 dedicated
+  std::vector<GatherState> gather_state_;
+  std::vector<Work> gather_work_;
+  std::vector<Step> train_schedule_, eval_schedule_;
+  const std::vector<Step>* schedule_ = &train_schedule_;
+  bool training_ = false;
+
+  // zero2/zero3 gradient reduction
+  std::vector<TrackedBuffer> grad_pool_;
+  std::vector<int> free_grad_buffers_;
+  std::vector<TrackedBuffer> dedicated_grads_;
+  std::vector<int> grad_buffer_of_;
+  std::deque<PendingReduce> pending_reduces_;
+
+  // ddp/zero1 buckets
+  std::vector<std::vector<int>> buckets_;
+  std::vector<int> bucket_of_unit_;
+  std::vector<Work> bucket_works_;
+  int num_micro_batches_ = 1;
+
+  // zero1/zero2: all-gather of updated params, waited before next use
+  std::vector<Work> param_sync_;
+};
+
+}  // namespace shardlm
