@@ -2,8 +2,8 @@
 // double-precision implementation written here, every backward against central
 // finite differences of that double forward (small shapes) and against a naive
 // double backward (larger shapes, the naive backward itself checked by finite
-// differences). Shapes are odd on purpose: T = 1, 7, 13, 33, 70, 130 (one, two and
-// three key blocks), head_dim 8 and 64, LM-head chunks that split unevenly, ignored
+// differences). Shapes are odd on purpose: T = 1, 7, 13, 33, 65, 67, 70, 130 (one,
+// two and three key blocks), head_dim 8, 24, 64 and 128 (vector tails and the limit), LM-head chunks that split unevenly, ignored
 // targets, a fully ignored chunk and a padded vocabulary.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -373,7 +373,8 @@ Vec attention_input(const AttentionShape& s, uint64_t seed) {
 TEST(Attention, ForwardMatchesNaiveDouble) {
   for (const AttentionShape s : {AttentionShape{2, 1, 2, 8}, AttentionShape{2, 7, 2, 8},
                                  AttentionShape{1, 13, 3, 8}, AttentionShape{2, 33, 2, 64},
-                                 AttentionShape{1, 70, 1, 64}, AttentionShape{1, 130, 2, 8}}) {
+                                 AttentionShape{1, 70, 1, 64}, AttentionShape{1, 130, 2, 8},
+                                 AttentionShape{1, 67, 2, 24}, AttentionShape{1, 65, 1, 128}}) {
     const Vec qkv = attention_input(s, 30 + s.T);
     const int C = s.H * s.hd;
     Vec out(static_cast<size_t>(s.B) * s.T * C), lse(static_cast<size_t>(s.B) * s.H * s.T);
@@ -408,7 +409,8 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
 
 TEST(Attention, BackwardMatchesNaiveBackwardAcrossKeyBlocks) {
   for (const AttentionShape s : {AttentionShape{2, 33, 2, 64}, AttentionShape{1, 70, 1, 64},
-                                 AttentionShape{1, 130, 2, 8}, AttentionShape{1, 128, 1, 64}}) {
+                                 AttentionShape{1, 130, 2, 8}, AttentionShape{1, 128, 1, 64},
+                                 AttentionShape{1, 67, 2, 24}, AttentionShape{1, 65, 1, 128}}) {
     const Vec qkv = attention_input(s, 60 + s.T);
     const Vec dout = random_vec(static_cast<size_t>(s.B) * s.T * s.H * s.hd, 61);
     const AttentionRun r = run_attention(qkv, dout, s);

@@ -1,21 +1,108 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <vector>
 
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/cli/commands.hpp"
+#include "shardlm/core/error.hpp"
 
 namespace shardlm::cli {
 
+namespace {
+
+struct InspectArgs {
+  std::string path;
+  std::string compare;
+  double tolerance = 0.0;
+  std::string relative_to = "tensor";
+  bool quiet = false;
+};
+
+// Largest |a - b| relative to the largest |b| of the same tensor ("tensor"), or of
+// the whole model ("model"); Error when it exceeds the tolerance. Per tensor is the
+// strict measure: a tensor whose exact gradient is zero (e.g. the attention key
+// bias, to which softmax is invariant) receives pure rounding noise that Adam turns
+// into lr-sized steps, so runs that sum in another order differ there most.
+void compare_checkpoints(const CheckpointReader& a, const CheckpointReader& b, double tolerance,
+                         const std::string& relative_to) {
+  SHARDLM_CHECK(relative_to == "tensor" || relative_to == "model" || relative_to == "norm",
+                "--relative-to must be tensor, model or norm, got '{}'", relative_to);
+  SHARDLM_CHECK(a.tensors() == b.tensors(),
+                "'{}' and '{}' hold different tensors (names or shapes differ)", a.dir(), b.dir());
+  double worst = 0.0, model_diff = 0.0, model_mag = 0.0, diff_sq = 0.0, weight_sq = 0.0;
+  std::string worst_name;
+  std::vector<float> va, vb;
+  for (const auto& [name, shape] : a.tensors()) {
+    int64_t numel = 1;
+    for (auto d : shape) numel *= d;
+    va.resize(static_cast<size_t>(numel));
+    vb.resize(static_cast<size_t>(numel));
+    a.read(name, StateKind::master, 0, numel, va.data());
+    b.read(name, StateKind::master, 0, numel, vb.data());
+    double max_diff = 0.0, max_mag = 0.0;
+    for (size_t i = 0; i < va.size(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(va[i]) - vb[i]));
+      max_mag = std::max(max_mag, std::fabs(static_cast<double>(vb[i])));
+      const double d = static_cast<double>(va[i]) - vb[i];
+      diff_sq += d * d;
+      weight_sq += static_cast<double>(vb[i]) * vb[i];
+    }
+    model_diff = std::max(model_diff, max_diff);
+    model_mag = std::max(model_mag, max_mag);
+    const double relative = max_mag > 0 ? max_diff / max_mag : max_diff;
+    if (relative > worst || worst_name.empty()) {
+      worst = relative;
+      worst_name = name;
+    }
+  }
+  const double model_relative = model_mag > 0 ? model_diff / model_mag : model_diff;
+  fmt::print("max relative difference per tensor: {:.3e} (tensor {})\n", worst, worst_name);
+  const double norm_relative = weight_sq > 0 ? std::sqrt(diff_sq / weight_sq) : std::sqrt(diff_sq);
+  fmt::print("max relative difference over the model: {:.3e}\n", model_relative);
+  fmt::print("relative difference of the weight vector (L2): {:.3e}\n", norm_relative);
+  const double measured = relative_to == "tensor"  ? worst
+                          : relative_to == "model" ? model_relative
+                                                   : norm_relative;
+  SHARDLM_CHECK(measured <= tolerance,
+                "weights differ by {:.3e} relative to the {} (worst tensor {}), more than the "
+                "tolerance {:.3e}",
+                measured, relative_to, worst_name, tolerance);
+}
+
+}  // namespace
+
 void register_inspect(CLI::App& app) {
-  auto path = std::make_shared<std::string>();
+  auto args = std::make_shared<InspectArgs>();
   auto* cmd = app.add_subcommand(
       "inspect", "Print a checkpoint's config, step, tensors and weights digest");
-  cmd->add_option("path", *path, "A checkpoint directory, or a run directory (its latest)")
+  cmd->add_option("path", args->path, "A checkpoint directory, or a run directory (its latest)")
       ->required();
-  cmd->callback([path]() {
-    CheckpointReader ckpt(resolve_checkpoint_path(*path));
+  cmd->add_option("--compare", args->compare,
+                  "Another checkpoint: print the largest per-tensor relative weight difference "
+                  "and fail if it exceeds --tolerance");
+  cmd->add_option("--tolerance", args->tolerance, "For --compare (default 0: bitwise)")
+      ->capture_default_str();
+  cmd->add_option("--relative-to", args->relative_to,
+                  "For --compare: max |difference| relative to each tensor's largest weight "
+                  "(tensor), to the model's largest weight (model), or the L2 norm of the "
+                  "difference relative to the weights' (norm)")
+      ->capture_default_str();
+  cmd->add_flag("--quiet", args->quiet, "Only the digest line (and the comparison)");
+  cmd->callback([args]() {
+    CheckpointReader ckpt(resolve_checkpoint_path(args->path));
+    if (!args->compare.empty()) {
+      CheckpointReader other(resolve_checkpoint_path(args->compare));
+      compare_checkpoints(ckpt, other, args->tolerance, args->relative_to);
+      return;
+    }
+    if (args->quiet) {
+      fmt::print("digest: {}\n", ckpt.weights_digest());
+      return;
+    }
     const auto& info = ckpt.info();
     fmt::print("checkpoint: {}\n", ckpt.dir());
     fmt::print("model: {}\n", info.model.to_json().dump());

@@ -104,9 +104,10 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     }
   }
   if (shard_params_) {
-    // With resharding, a unit in use plus `prefetch` ahead plus one being released;
-    // without it, forward keeps every unit for backward.
-    const int pool = options.reshard_after_forward ? std::min(private_units, options.prefetch + 2)
+    // With resharding, the unit in use plus `prefetch` ahead (a unit is released in
+    // its after_* hook, before the next unit's prefetch asks for a buffer); without
+    // it, forward keeps every unit for backward.
+    const int pool = options.reshard_after_forward ? std::min(private_units, options.prefetch + 1)
                                                    : private_units;
     for (int i = 0; i < pool; ++i) {
       param_pool_.push_back(floats(MemCategory::params, largest_private_unit, tracker));
@@ -272,7 +273,14 @@ void FlatUnitStrategy::release_after(size_t cursor) {
 
 void FlatUnitStrategy::acquire_grads(int unit) {
   const size_t u = static_cast<size_t>(unit);
-  if (grad_ptrs_[u] != nullptr) return;
+  // A buffer still being reduced from the previous micro-batch must be consumed
+  // before this micro-batch accumulates again.
+  auto in_flight = [&] {
+    return std::any_of(pending_reduces_.begin(), pending_reduces_.end(),
+                       [&](const PendingReduce& p) { return p.unit == unit; });
+  };
+  while (in_flight()) consume_oldest_reduce();
+  if (grad_ptrs_[u] != nullptr) return;  // held for this micro-batch already
   float* buffer = nullptr;
   if (shared_unit_[u]) {
     buffer = dedicated_grads_[u].as<float>();

@@ -29,3 +29,17 @@ expect_error() {
   [ "$rc" -ne 0 ] || fail "expected failure for: $* (exit 0)"
   echo "$out" | grep -q "^error: .*$needle" || fail "expected 'error: ...$needle' for: $*; got: $out"
 }
+
+# mpirun with this machine's flags (root, oversubscription); never hangs past 300 s.
+run_mpi() {
+  local n="$1"; shift
+  timeout 300 mpirun -n "$n" --oversubscribe "$@"
+}
+
+# Field of the last metrics record: metric RUN_DIR FIELD (python3's json, stdlib only).
+metric() {
+  python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][-1]
+v=r
+for k in sys.argv[2].split("."): v=v[k]
+print(v)' "$1/metrics.jsonl" "$2"
+}
