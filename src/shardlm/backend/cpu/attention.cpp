@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/core/error.hpp"
@@ -10,30 +11,85 @@ namespace shardlm::cpu {
 
 namespace {
 
-constexpr int kBlockK = 64;  // keys per block, transposed into scratch
-constexpr int kBlockQ = 64;  // queries per forward task
+// Tiles of kBlock queries x kBlock keys. Query and key blocks are aligned to the
+// same grid, so only diagonal tiles straddle the causal boundary.
+constexpr int kBlock = 64;
 
-// dst[d * kBlockK + j] = src[j * src_stride + d] for j < rows; zero for the rest of
-// the block, so full-width dot products below stay well defined.
-void transpose_block(float* dst, const float* src, int64_t src_stride, int rows, int hd) {
-  for (int d = 0; d < hd; ++d) {
-    float* dst_row = dst + d * kBlockK;
-    for (int j = 0; j < rows; ++j) dst_row[j] = src[j * src_stride + d];
-    for (int j = rows; j < kBlockK; ++j) dst_row[j] = 0.0f;
+// 16 floats as one value (GCC/Clang vector extension): one zmm register with
+// AVX-512, split by the compiler on narrower machines. Lets the tile products below
+// keep a 4 x 64 accumulator block in registers, which plain loops do not get.
+using v16 = float __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+inline v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// C[MR x 16*NV] += A[MR x k] B[k x 16*NV], with A(r, kk) = a[r * a_rs + kk * a_cs]
+// (so A may be read transposed) and B's rows contiguous at stride ldb.
+template <int MR, int NV>
+inline void tile_kernel(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
+                        const float* b, int64_t ldb, int k) {
+  v16 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = load16(c + r * ldc + v * kLanes);
+  for (int kk = 0; kk < k; ++kk) {
+    v16 bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load16(b + kk * ldb + v * kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const float av = a[r * a_rs + kk * a_cs];
+      for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) store16(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+template <int MR>
+inline void tile_row_block(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
+                           const float* b, int64_t ldb, int n, int k) {
+  int col = 0;
+  for (; col + 4 * kLanes <= n; col += 4 * kLanes)
+    tile_kernel<MR, 4>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k);
+  switch ((n - col) / kLanes) {
+    case 3: tile_kernel<MR, 3>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k); break;
+    case 2: tile_kernel<MR, 2>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k); break;
+    case 1: tile_kernel<MR, 1>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k); break;
+    default: break;
+  }
+  col += (n - col) / kLanes * kLanes;
+  // Columns beyond a multiple of 16 (head_dim 8, 24, ...): plain loops.
+  for (int r = 0; r < MR; ++r)
+    for (int kk = 0; kk < k; ++kk) {
+      const float av = a[r * a_rs + kk * a_cs];
+      for (int j = col; j < n; ++j) c[r * ldc + j] += av * b[kk * ldb + j];
+    }
+}
+
+// C[m x n] += A[m x k] B[k x n] for the small tiles of attention (A as above).
+void tile_gemm(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+               int64_t ldb, int m, int n, int k) {
+  int r = 0;
+  for (; r + 4 <= m; r += 4) tile_row_block<4>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k);
+  switch (m - r) {
+    case 3: tile_row_block<3>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k); break;
+    case 2: tile_row_block<2>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k); break;
+    case 1: tile_row_block<1>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k); break;
+    default: break;
   }
 }
 
-// out[j] = sum_d x[d] * block_t[d][j] for all kBlockK columns: one query (or output
-// gradient) row against a transposed key (or value) block.
-inline void row_times_block(float* out, const float* x, const float* block_t, int hd) {
-  alignas(64) float acc[kBlockK] = {};
+// dst[d * kBlock + j] = src[j * src_stride + d] for j < rows; zero for the rest of
+// the block, so full-width score rows stay well defined.
+void transpose_block(float* dst, const float* src, int64_t src_stride, int rows, int hd) {
   for (int d = 0; d < hd; ++d) {
-    const float xd = x[d];
-    const float* block_row = block_t + d * kBlockK;
-#pragma omp simd aligned(acc : 64)
-    for (int j = 0; j < kBlockK; ++j) acc[j] += xd * block_row[j];
+    float* dst_row = dst + d * kBlock;
+    for (int j = 0; j < rows; ++j) dst_row[j] = src[j * src_stride + d];
+    for (int j = rows; j < kBlock; ++j) dst_row[j] = 0.0f;
   }
-  std::copy(acc, acc + kBlockK, out);
 }
 
 void check_shape(int T, int C, int H) {
@@ -43,138 +99,159 @@ void check_shape(int T, int C, int H) {
   SHARDLM_CHECK(T > 0, "attention: sequence length must be positive, got {}", T);
 }
 
-// One (batch, head, query block) of the forward.
-void forward_query_block(float* out, float* lse, const float* qkv, int b, int h, int i0, int T,
-                         int C, int H) {
+// Where one (batch, head) lives in the qkv / out / lse tensors.
+struct HeadView {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t qkv_stride;  // 3C
+  int64_t out_offset;  // of row 0, head h in out / dout
+  int64_t lse_offset;
+  int hd;
+};
+
+HeadView head_view(const float* qkv, int b, int h, int T, int C, int H) {
   const int hd = C / H;
   const int64_t stride = 3 * static_cast<int64_t>(C);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* q = qkv + static_cast<int64_t>(b) * T * stride + h * hd;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
-  const int nq = std::min(kBlockQ, T - i0);
+  return {q,
+          q + C,
+          q + 2 * C,
+          stride,
+          static_cast<int64_t>(b) * T * C + h * hd,
+          (static_cast<int64_t>(b) * H + h) * T,
+          hd};
+}
 
-  alignas(64) float k_t[kAttentionMaxHeadDim * kBlockK];
-  alignas(64) float acc[kBlockQ * kAttentionMaxHeadDim];
-  alignas(64) float p[kBlockK];
-  float row_max[kBlockQ];
-  float row_sum[kBlockQ];
+// Scores of a tile: s[ii][j] = q_{i0+ii} . k_{j0+j} for nq rows, all kBlock columns.
+void tile_scores(float* s, const HeadView& hv, const float* k_t, int i0, int nq) {
+  std::fill(s, s + nq * kBlock, 0.0f);
+  tile_gemm(s, kBlock, hv.q + i0 * hv.qkv_stride, hv.qkv_stride, 1, k_t, kBlock, nq, kBlock, hv.hd);
+}
+
+// Keys j0 + [0, valid) are visible to query i: the causal prefix within the block.
+inline int visible_keys(int i, int j0, int nk) { return std::min(nk, i - j0 + 1); }
+
+// One (batch, head, query block) of the forward, with an online softmax over key blocks.
+void forward_query_block(float* out, float* lse, const float* qkv, int b, int h, int i0, int T,
+                         int C, int H) {
+  const HeadView hv = head_view(qkv, b, h, T, C, H);
+  const int hd = hv.hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int nq = std::min(kBlock, T - i0);
+
+  alignas(64) float k_t[kAttentionMaxHeadDim * kBlock];
+  alignas(64) float s[kBlock * kBlock];
+  alignas(64) float acc[kBlock * kAttentionMaxHeadDim];
+  float row_max[kBlock];
+  float row_sum[kBlock];
   std::fill(acc, acc + nq * hd, 0.0f);
   std::fill(row_max, row_max + nq, -INFINITY);
   std::fill(row_sum, row_sum + nq, 0.0f);
 
-  const int key_end = i0 + nq;  // causal: no query in this block sees keys >= key_end
-  for (int j0 = 0; j0 < key_end; j0 += kBlockK) {
-    const int nk = std::min(kBlockK, key_end - j0);
-    transpose_block(k_t, k + j0 * stride, stride, nk, hd);
+  for (int j0 = 0; j0 <= i0; j0 += kBlock) {
+    const int nk = std::min(kBlock, T - j0);
+    transpose_block(k_t, hv.k + j0 * hv.qkv_stride, hv.qkv_stride, nk, hd);
+    tile_scores(s, hv, k_t, i0, nq);
     for (int ii = 0; ii < nq; ++ii) {
-      const int i = i0 + ii;
-      const int valid = std::min(nk, i - j0 + 1);
-      if (valid <= 0) continue;
-      row_times_block(p, q + i * stride, k_t, hd);
+      float* p = s + ii * kBlock;
+      const int valid = visible_keys(i0 + ii, j0, nk);
       float block_max = -INFINITY;
-      for (int j = 0; j < valid; ++j) {
-        p[j] *= scale;
-        block_max = std::max(block_max, p[j]);
-      }
+#pragma omp simd reduction(max : block_max)
+      for (int j = 0; j < valid; ++j) block_max = std::max(block_max, p[j] * scale);
       const float new_max = std::max(row_max[ii], block_max);
-      const float correction = exp_approx(row_max[ii] - new_max);
       float block_sum = 0.0f;
 #pragma omp simd reduction(+ : block_sum)
       for (int j = 0; j < valid; ++j) {
-        p[j] = exp_approx(p[j] - new_max);
+        p[j] = exp_approx(p[j] * scale - new_max);
         block_sum += p[j];
       }
+      std::fill(p + valid, p + kBlock, 0.0f);
+      const float correction = exp_approx(row_max[ii] - new_max);  // 0 on the first block
       row_sum[ii] = row_sum[ii] * correction + block_sum;
       row_max[ii] = new_max;
       float* a = acc + ii * hd;
 #pragma omp simd
       for (int d = 0; d < hd; ++d) a[d] *= correction;
-      for (int j = 0; j < valid; ++j) {
-        const float pj = p[j];
-        const float* v_row = v + (j0 + j) * stride;
-#pragma omp simd
-        for (int d = 0; d < hd; ++d) a[d] += pj * v_row[d];
-      }
     }
+    // acc += P V over the block's keys (masked probabilities are zero).
+    tile_gemm(acc, hd, s, kBlock, 1, hv.v + j0 * hv.qkv_stride, hv.qkv_stride, nq, hd, nk);
   }
   for (int ii = 0; ii < nq; ++ii) {
     const int i = i0 + ii;
     const float inv_sum = 1.0f / row_sum[ii];
-    float* out_row = out + (static_cast<int64_t>(b) * T + i) * C + h * hd;
+    float* out_row = out + hv.out_offset + static_cast<int64_t>(i) * C;
     const float* a = acc + ii * hd;
 #pragma omp simd
     for (int d = 0; d < hd; ++d) out_row[d] = a[d] * inv_sum;
-    lse[(static_cast<int64_t>(b) * H + h) * T + i] = row_max[ii] + std::log(row_sum[ii]);
+    lse[hv.lse_offset + i] = row_max[ii] + std::log(row_sum[ii]);
   }
 }
 
-// One (batch, head) of the backward: key blocks outer, so dk and dv of a block are
-// accumulated in scratch and written once; dq accumulates in place.
+// One (batch, head) of the backward. Key blocks outer: a block's dk and dv
+// accumulate in scratch over the query blocks that see it and are written once; dq
+// accumulates in place. Probabilities are recomputed from the saved log-sum-exp.
 void backward_head(float* dqkv, const float* dout, const float* qkv, const float* out,
                    const float* lse, int b, int h, int T, int C, int H) {
-  const int hd = C / H;
-  const int64_t stride = 3 * static_cast<int64_t>(C);
+  const HeadView hv = head_view(qkv, b, h, T, C, H);
+  const int hd = hv.hd;
+  const int64_t stride = hv.qkv_stride;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t batch_offset = static_cast<int64_t>(b) * T;
-  const float* q = qkv + batch_offset * stride + h * hd;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
-  float* dq = dqkv + batch_offset * stride + h * hd;
+  float* dq = dqkv + (hv.q - qkv);
   float* dk = dq + C;
   float* dv = dq + 2 * C;
-  const float* head_lse = lse + (static_cast<int64_t>(b) * H + h) * T;
-  const float* head_dout = dout + batch_offset * C + h * hd;
-  const float* head_out = out + batch_offset * C + h * hd;
+  const float* head_dout = dout + hv.out_offset;
+  const float* head_out = out + hv.out_offset;
+  const float* head_lse = lse + hv.lse_offset;
 
-  alignas(64) float k_t[kAttentionMaxHeadDim * kBlockK];
-  alignas(64) float v_t[kAttentionMaxHeadDim * kBlockK];
-  alignas(64) float dk_acc[kBlockK * kAttentionMaxHeadDim];
-  alignas(64) float dv_acc[kBlockK * kAttentionMaxHeadDim];
-  alignas(64) float p[kBlockK];
-  alignas(64) float dp[kBlockK];
+  alignas(64) float k_t[kAttentionMaxHeadDim * kBlock];
+  alignas(64) float v_t[kAttentionMaxHeadDim * kBlock];
+  alignas(64) float p[kBlock * kBlock];
+  alignas(64) float ds[kBlock * kBlock];
+  alignas(64) float dk_acc[kBlock * kAttentionMaxHeadDim];
+  alignas(64) float dv_acc[kBlock * kAttentionMaxHeadDim];
 
   for (int i = 0; i < T; ++i) std::fill(dq + i * stride, dq + i * stride + hd, 0.0f);
 
-  for (int j0 = 0; j0 < T; j0 += kBlockK) {
-    const int nk = std::min(kBlockK, T - j0);
-    transpose_block(k_t, k + j0 * stride, stride, nk, hd);
-    transpose_block(v_t, v + j0 * stride, stride, nk, hd);
+  for (int j0 = 0; j0 < T; j0 += kBlock) {
+    const int nk = std::min(kBlock, T - j0);
+    transpose_block(k_t, hv.k + j0 * stride, stride, nk, hd);
+    transpose_block(v_t, hv.v + j0 * stride, stride, nk, hd);
     std::fill(dk_acc, dk_acc + nk * hd, 0.0f);
     std::fill(dv_acc, dv_acc + nk * hd, 0.0f);
-    for (int i = j0; i < T; ++i) {
-      const int valid = std::min(nk, i - j0 + 1);
-      const float* q_row = q + i * stride;
-      const float* dout_row = head_dout + static_cast<int64_t>(i) * C;
-      const float* out_row = head_out + static_cast<int64_t>(i) * C;
-      row_times_block(p, q_row, k_t, hd);
-      row_times_block(dp, dout_row, v_t, hd);
-      // D_i = dout_i . out_i = sum_j p_ij (dout_i . v_j): the softmax Jacobian's
-      // row term, without materializing the row.
-      float d_i = 0.0f;
+    for (int i0 = j0; i0 < T; i0 += kBlock) {
+      const int nq = std::min(kBlock, T - i0);
+      const float* dout_rows = head_dout + static_cast<int64_t>(i0) * C;
+      tile_scores(p, hv, k_t, i0, nq);
+      // dP = dO V^T
+      std::fill(ds, ds + nq * kBlock, 0.0f);
+      tile_gemm(ds, kBlock, dout_rows, C, 1, v_t, kBlock, nq, kBlock, hd);
+      for (int ii = 0; ii < nq; ++ii) {
+        const int i = i0 + ii;
+        const int valid = visible_keys(i, j0, nk);
+        const float* dout_row = dout_rows + static_cast<int64_t>(ii) * C;
+        const float* out_row = head_out + static_cast<int64_t>(i) * C;
+        // D_i = dout_i . out_i = sum_j p_ij (dout_i . v_j): the softmax Jacobian's
+        // row term, without the full row of probabilities.
+        float d_i = 0.0f;
 #pragma omp simd reduction(+ : d_i)
-      for (int d = 0; d < hd; ++d) d_i += dout_row[d] * out_row[d];
-      const float row_lse = head_lse[i];
+        for (int d = 0; d < hd; ++d) d_i += dout_row[d] * out_row[d];
+        const float row_lse = head_lse[i];
+        float* p_row = p + ii * kBlock;
+        float* ds_row = ds + ii * kBlock;
 #pragma omp simd
-      for (int j = 0; j < valid; ++j) {
-        const float pj = exp_approx(p[j] * scale - row_lse);
-        p[j] = pj;
-        dp[j] = pj * (dp[j] - d_i) * scale;  // dS, with the 1/sqrt(hd) of the scores
-      }
-      float* dq_row = dq + i * stride;
-      for (int j = 0; j < valid; ++j) {
-        const float pj = p[j];
-        const float dsj = dp[j];
-        const float* k_row = k + (j0 + j) * stride;
-        float* dv_row = dv_acc + j * hd;
-        float* dk_row = dk_acc + j * hd;
-#pragma omp simd
-        for (int d = 0; d < hd; ++d) {
-          dv_row[d] += pj * dout_row[d];
-          dk_row[d] += dsj * q_row[d];
-          dq_row[d] += dsj * k_row[d];
+        for (int j = 0; j < valid; ++j) {
+          const float pj = exp_approx(p_row[j] * scale - row_lse);
+          p_row[j] = pj;
+          ds_row[j] = pj * (ds_row[j] - d_i) * scale;  // dS, with the scores' 1/sqrt(hd)
         }
+        std::fill(p_row + valid, p_row + kBlock, 0.0f);
+        std::fill(ds_row + valid, ds_row + kBlock, 0.0f);
       }
+      // dV += P^T dO;  dK += dS^T Q;  dQ += dS K.
+      tile_gemm(dv_acc, hd, p, 1, kBlock, dout_rows, C, nk, hd, nq);
+      tile_gemm(dk_acc, hd, ds, 1, kBlock, hv.q + i0 * stride, stride, nk, hd, nq);
+      tile_gemm(dq + i0 * stride, stride, ds, kBlock, 1, hv.k + j0 * stride, stride, nq, hd, nk);
     }
     for (int j = 0; j < nk; ++j) {
       std::copy(dk_acc + j * hd, dk_acc + (j + 1) * hd, dk + (j0 + j) * stride);
@@ -187,7 +264,7 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H) {
   check_shape(T, C, H);
-  const int num_query_blocks = (T + kBlockQ - 1) / kBlockQ;
+  const int num_query_blocks = (T + kBlock - 1) / kBlock;
   const int64_t num_tasks = static_cast<int64_t>(B) * H * num_query_blocks;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t task = 0; task < num_tasks; ++task) {
@@ -196,7 +273,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     const int query_block = num_query_blocks - 1 - static_cast<int>(task % num_query_blocks);
     const int64_t bh = task / num_query_blocks;
     forward_query_block(out, lse, qkv, static_cast<int>(bh / H), static_cast<int>(bh % H),
-                        query_block * kBlockQ, T, C, H);
+                        query_block * kBlock, T, C, H);
   }
 }
 

@@ -18,7 +18,11 @@ namespace shardlm::cpu {
 inline float exp_approx(float x) {
   x = x < -87.0f ? -87.0f : x;
   x = x > 88.0f ? 88.0f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  // Round x / ln2 to the nearest integer by adding and subtracting 1.5 * 2^23 (the
+  // float's ulp is 1 there): plain arithmetic, so it stays inline and vectorizes
+  // where std::floor / std::nearbyint may become library calls.
+  constexpr float kRoundMagic = 12582912.0f;
+  const float n = (x * 1.44269504088896341f + kRoundMagic) - kRoundMagic;
   // x - n ln2 in two parts so the reduced argument keeps full precision.
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
