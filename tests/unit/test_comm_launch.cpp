@@ -44,7 +44,7 @@ TEST(CommCounters, BusBytesFollowTheNcclConventions) {
   EXPECT_EQ(bus_bytes_for(CollectiveKind::barrier, 1000, 2), 0u);
   EXPECT_EQ(bus_bytes_for(CollectiveKind::all_reduce, 1000, 1), 0u);
   EXPECT_EQ(bus_bytes_for(CollectiveKind::all_reduce, uint64_t{1} << 62, 3),
-            2 * ((uint64_t{1} << 62) / 3 * 2));  // no overflow in the product
+            (uint64_t{1} << 62) / 3 * 4 + 1);  // floor(2 * 2^62 * 2 / 3), no overflow
 }
 
 TEST(CommCounters, AddAndJson) {

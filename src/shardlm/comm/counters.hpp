@@ -1,0 +1,76 @@
+// Collective kinds, reduction operators and the per-kind counters a communicator
+// keeps (calls, bytes, seconds, and the compute thread's exposed wait time).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace shardlm {
+
+enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, count };
+inline constexpr int kNumCollectiveKinds = static_cast<int>(CollectiveKind::count);
+std::string_view to_string(CollectiveKind kind);
+
+// Element-wise reduction. Every implementation combines the ranks' values in rank
+// order, left to right: ((x_0 op x_1) op x_2) ... (see docs/communication.md).
+enum class ReduceOp : int { sum = 0, max, min };
+std::string_view to_string(ReduceOp op);
+
+// Byte conventions (the ones nccl-tests uses, so figures compare with published ones):
+// - bytes: "algorithm bytes", the size of the collective's full buffer as one rank sees
+//   it: all_reduce count*4; reduce_scatter the send buffer (size * recv_count * 4);
+//   all_gather the receive buffer (size * send_count * 4); broadcast its bytes;
+//   barrier 0.
+// - bus_bytes: what each rank must send at least under an optimal algorithm:
+//   all_reduce 2(N-1)/N * bytes, reduce_scatter and all_gather (N-1)/N * bytes,
+//   broadcast bytes; 0 when N == 1.
+struct CollectiveStats {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;
+  uint64_t bus_bytes = 0;
+  // Seconds the communication thread spent executing collectives of this kind (MPI
+  // calls plus the reduction arithmetic), whether or not anyone waited on them.
+  double seconds = 0.0;
+};
+
+uint64_t bus_bytes_for(CollectiveKind kind, uint64_t bytes, int world_size);
+
+struct CommCounters {
+  std::array<CollectiveStats, kNumCollectiveKinds> by_kind{};
+  // Seconds the calling (compute) thread spent blocked in Work::wait(): the part of
+  // the communication that was not hidden behind computation.
+  double exposed_seconds = 0.0;
+
+  CollectiveStats& operator[](CollectiveKind kind) { return by_kind[static_cast<int>(kind)]; }
+  const CollectiveStats& operator[](CollectiveKind kind) const {
+    return by_kind[static_cast<int>(kind)];
+  }
+  CollectiveStats total() const;
+  CommCounters& operator+=(const CommCounters& other);
+  // {"all_reduce": {"calls":..,"bytes":..,"bus_bytes":..,"seconds":..}, ...,
+  //  "total": {...}, "exposed_seconds": ..}
+  nlohmann::json to_json() const;
+};
+
+// The thread-safe accumulator behind Communicator::counters(): the compute thread
+// adds calls and exposed time, the communication thread adds seconds.
+class CounterBlock {
+ public:
+  void add_call(CollectiveKind kind, uint64_t bytes, uint64_t bus_bytes);
+  void add_seconds(CollectiveKind kind, double seconds);
+  void add_exposed_seconds(double seconds);
+  CommCounters snapshot() const;
+  // Snapshot and reset (one call per training step). A collective still running is
+  // charged to whichever step reads the counters after it finishes.
+  CommCounters take();
+
+ private:
+  mutable std::mutex mutex_;
+  CommCounters counters_;
+};
+
+}  // namespace shardlm

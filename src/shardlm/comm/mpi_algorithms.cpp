@@ -1,0 +1,167 @@
+#include "shardlm/comm/mpi_algorithms.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <fmt/format.h>
+#include <vector>
+
+#include "shardlm/comm/reduce_kernels.hpp"
+#include "shardlm/core/error.hpp"
+
+namespace shardlm::mpi {
+
+namespace {
+
+// One tag per algorithm: the communication thread runs one collective at a time and
+// MPI keeps messages between two ranks in order, so fixed tags cannot mix up rounds.
+constexpr int kReduceScatterTag = 7101;
+constexpr int kAllGatherTag = 7102;
+
+struct CommShape {
+  int size = 1;
+  int rank = 0;
+};
+
+CommShape shape_of(MPI_Comm comm) {
+  CommShape s;
+  check(MPI_Comm_size(comm, &s.size), "MPI_Comm_size");
+  check(MPI_Comm_rank(comm, &s.rank), "MPI_Comm_rank");
+  return s;
+}
+
+}  // namespace
+
+void check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  throw Error(fmt::format("{} failed: {}", call, std::string(text, length)));
+}
+
+void reduce_scatter_rank_order(MPI_Comm comm, const float* send, float* recv, size_t recv_count,
+                               ReduceOp op, Scratch scratch) {
+  const auto [n, r] = shape_of(comm);
+  const float* own = send + static_cast<size_t>(r) * recv_count;
+  if (n == 1) {
+    if (recv != own && recv_count > 0) std::memcpy(recv, own, recv_count * sizeof(float));
+    return;
+  }
+  if (recv_count == 0) return;
+  const size_t chunk = std::min({recv_count, scratch.floats / (n - 1), size_t{INT_MAX}});
+  SHARDLM_CHECK(chunk >= 1, "reduce-scatter scratch of {} floats is too small for {} ranks",
+                scratch.floats, n);
+  std::vector<MPI_Request> requests(2 * (n - 1));
+  std::vector<const float*> inputs(n);
+  for (size_t offset = 0; offset < recv_count; offset += chunk) {
+    const size_t c = std::min(chunk, recv_count - offset);
+    const int count = static_cast<int>(c);
+    int k = 0;
+    // Receives first, from the nearest peers downwards; sends to the nearest upwards,
+    // so every round pairs each sender with a posted receive.
+    for (int step = 1; step < n; ++step) {
+      const int from = (r - step + n) % n;
+      float* slot = scratch.data + static_cast<size_t>(step - 1) * chunk;
+      inputs[from] = slot;
+      check(MPI_Irecv(slot, count, MPI_FLOAT, from, kReduceScatterTag, comm, &requests[k++]),
+            "MPI_Irecv");
+    }
+    for (int step = 1; step < n; ++step) {
+      const int to = (r + step) % n;
+      check(MPI_Isend(send + static_cast<size_t>(to) * recv_count + offset, count, MPI_FLOAT, to,
+                      kReduceScatterTag, comm, &requests[k++]),
+            "MPI_Isend");
+    }
+    inputs[r] = own + offset;
+    check(MPI_Waitall(k, requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    reduce_in_rank_order(inputs.data(), n, recv + offset, c, op);
+  }
+}
+
+// All-gather `count` floats from every rank into the scratch and reduce them in rank
+// order into data.
+static void all_reduce_by_gathering(MPI_Comm comm, int n, float* data, size_t count, ReduceOp op,
+                                    Scratch scratch) {
+  SHARDLM_ASSERT(count * n <= scratch.floats && count <= size_t{INT_MAX});
+  const int c = static_cast<int>(count);
+  check(MPI_Allgather(data, c, MPI_FLOAT, scratch.data, c, MPI_FLOAT, comm), "MPI_Allgather");
+  reduce_gathered(scratch.data, n, count, data, op);
+}
+
+void all_reduce_rank_order(MPI_Comm comm, float* data, size_t count, ReduceOp op, Scratch scratch,
+                           size_t small_all_reduce_bytes) {
+  const auto [n, r] = shape_of(comm);
+  if (n == 1 || count == 0) return;
+  const size_t gathered = count * n;
+  if (gathered * sizeof(float) <= small_all_reduce_bytes && gathered <= scratch.floats) {
+    all_reduce_by_gathering(comm, n, data, count, op, scratch);
+    return;
+  }
+  const size_t block = count / n;
+  const size_t leftover = count % n;
+  if (block > 0) {
+    float* own = data + static_cast<size_t>(r) * block;
+    reduce_scatter_rank_order(comm, data, own, block, op, scratch);
+    all_gather(comm, own, data, block * sizeof(float));
+  }
+  if (leftover > 0) {
+    SHARDLM_CHECK(leftover * n <= scratch.floats,
+                  "all-reduce scratch of {} floats is too small for {} ranks", scratch.floats, n);
+    all_reduce_by_gathering(comm, n, data + block * n, leftover, op, scratch);
+  }
+}
+
+void all_gather(MPI_Comm comm, const void* send, void* recv, size_t bytes_per_rank) {
+  const auto [n, r] = shape_of(comm);
+  char* own = static_cast<char*>(recv) + static_cast<size_t>(r) * bytes_per_rank;
+  if (n == 1) {
+    if (send != own && bytes_per_rank > 0) std::memcpy(own, send, bytes_per_rank);
+    return;
+  }
+  if (bytes_per_rank == 0) return;
+  if (bytes_per_rank > size_t{INT_MAX}) {
+    all_gather_direct(comm, send, recv, bytes_per_rank);
+    return;
+  }
+  const int b = static_cast<int>(bytes_per_rank);
+  check(MPI_Allgather(send == own ? MPI_IN_PLACE : send, b, MPI_BYTE, recv, b, MPI_BYTE, comm),
+        "MPI_Allgather");
+}
+
+void all_gather_direct(MPI_Comm comm, const void* send, void* recv, size_t bytes_per_rank,
+                       size_t chunk_bytes) {
+  const auto [n, r] = shape_of(comm);
+  char* base = static_cast<char*>(recv);
+  char* own = base + static_cast<size_t>(r) * bytes_per_rank;
+  if (send != own && bytes_per_rank > 0) std::memcpy(own, send, bytes_per_rank);
+  if (n == 1 || bytes_per_rank == 0) return;
+  const size_t chunk = std::clamp<size_t>(chunk_bytes, 1, size_t{INT_MAX});
+  std::vector<MPI_Request> requests(2 * (n - 1));
+  for (size_t offset = 0; offset < bytes_per_rank; offset += chunk) {
+    const int count = static_cast<int>(std::min(chunk, bytes_per_rank - offset));
+    int k = 0;
+    for (int step = 1; step < n; ++step) {
+      const int from = (r - step + n) % n;
+      check(MPI_Irecv(base + static_cast<size_t>(from) * bytes_per_rank + offset, count, MPI_BYTE,
+                      from, kAllGatherTag, comm, &requests[k++]),
+            "MPI_Irecv");
+    }
+    for (int step = 1; step < n; ++step) {
+      const int to = (r + step) % n;
+      check(MPI_Isend(own + offset, count, MPI_BYTE, to, kAllGatherTag, comm, &requests[k++]),
+            "MPI_Isend");
+    }
+    check(MPI_Waitall(k, requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+}
+
+void broadcast(MPI_Comm comm, void* data, size_t bytes, int root) {
+  constexpr size_t kPiece = size_t{1} << 30;
+  for (size_t offset = 0; offset < bytes; offset += kPiece) {
+    const int count = static_cast<int>(std::min(kPiece, bytes - offset));
+    check(MPI_Bcast(static_cast<char*>(data) + offset, count, MPI_BYTE, root, comm), "MPI_Bcast");
+  }
+}
+
+}  // namespace shardlm::mpi

@@ -1,0 +1,57 @@
+// The MPI algorithms behind MpiCommunicator, as plain functions on an MPI_Comm so the
+// benchmark can time them against the library's own collectives. Called from one
+// thread at a time (the communication thread); they throw shardlm::Error when an MPI
+// call fails (the communicator sets MPI_ERRORS_RETURN).
+//
+// Reductions follow reduce_kernels.hpp (rank order), so results do not depend on
+// message size, chunking or how a buffer is split into collectives. Choices and
+// measurements: docs/communication.md.
+#pragma once
+
+#include "shardlm/comm/mpi_include.hpp"
+
+#include <cstddef>
+
+#include "shardlm/comm/counters.hpp"
+
+namespace shardlm::mpi {
+
+// Throws "<call> failed: <MPI error string>" unless rc == MPI_SUCCESS.
+void check(int rc, const char* call);
+
+// Reduction scratch owned by the caller and allocated once; it bounds the chunk a
+// reduce-scatter exchanges per round to floats / (size - 1) elements.
+struct Scratch {
+  float* data = nullptr;
+  size_t floats = 0;
+};
+
+// Gathered bytes (count * size * 4) at or below which an all-reduce is one all-gather
+// plus a local reduction instead of reduce-scatter + all-gather (fewer round trips).
+inline constexpr size_t kSmallAllReduceBytes = size_t{64} << 10;
+
+// Reduce-scatter by direct exchange: for each chunk, every rank sends block p's chunk
+// to rank p and receives its own block's chunk from every peer (point-to-point,
+// (N-1)/N of the buffer each way, like a ring), then reduces the N chunks in rank
+// order. recv may be send + rank * recv_count.
+void reduce_scatter_rank_order(MPI_Comm comm, const float* send, float* recv, size_t recv_count,
+                               ReduceOp op, Scratch scratch);
+
+// All-reduce in place, bitwise equal to reduce_scatter_rank_order + all_gather on the
+// same elements: the first size*floor(count/size) elements go through exactly that,
+// the last count % size (and whole buffers up to kSmallAllReduceBytes gathered) are
+// all-gathered into the scratch and reduced locally in rank order.
+void all_reduce_rank_order(MPI_Comm comm, float* data, size_t count, ReduceOp op, Scratch scratch,
+                           size_t small_all_reduce_bytes = kSmallAllReduceBytes);
+
+// All-gather of bytes_per_rank bytes per rank; send may be recv + rank * bytes_per_rank.
+// The library's MPI_Allgather, or the direct exchange when a block exceeds INT_MAX.
+void all_gather(MPI_Comm comm, const void* send, void* recv, size_t bytes_per_rank);
+// The direct-exchange all-gather (point-to-point, chunk_bytes per message).
+void all_gather_direct(MPI_Comm comm, const void* send, void* recv, size_t bytes_per_rank,
+                       size_t chunk_bytes = size_t{64} << 20);
+
+// MPI_Bcast in pieces of at most 1 GiB (MPI counts are int).
+void broadcast(MPI_Comm comm, void* data, size_t bytes, int root);
+
+}  // namespace shardlm::mpi

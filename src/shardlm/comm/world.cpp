@@ -1,0 +1,26 @@
+#include "shardlm/comm/world.hpp"
+
+#include <cstdlib>
+#include <string_view>
+
+#include "shardlm/comm/mpi_communicator.hpp"
+#include "shardlm/comm/single_process_communicator.hpp"
+
+namespace shardlm {
+
+bool launched_by_mpi_launcher() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+std::unique_ptr<Communicator> make_world_communicator(CommOptions options, CommBackend backend) {
+  if (const char* check = std::getenv("SHARDLM_COMM_CHECK"); check && std::string_view(check) == "1")
+    options.check_sequence = true;
+  if (backend == CommBackend::automatic)
+    backend = launched_by_mpi_launcher() ? CommBackend::mpi : CommBackend::single_process;
+  if (backend == CommBackend::mpi) return MpiCommunicator::create_world(options);
+  return std::make_unique<SingleProcessCommunicator>(options);
+}
+
+}  // namespace shardlm
