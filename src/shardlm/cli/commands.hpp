@@ -9,5 +9,6 @@ void register_prepare(CLI::App& app);
 void register_train(CLI::App& app);
 void register_sample(CLI::App& app);
 void register_inspect(CLI::App& app);
+void register_launch(CLI::App& app);
 
 }  // namespace shardlm::cli

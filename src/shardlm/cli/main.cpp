@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_train(app);
   shardlm::cli::register_sample(app);
   shardlm::cli::register_inspect(app);
+  shardlm::cli::register_launch(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

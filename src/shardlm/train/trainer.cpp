@@ -314,11 +314,17 @@ TrainSummary Trainer::run() {
   for (int64_t step = start_step; step < o_.steps; ++step) {
     Stopwatch step_clock;
     if (const char* fault = std::getenv("SHARDLM_FAULT_STEP")) {
-      // Test-only: "RANK:STEP" kills that rank when it reaches that step.
+      // Test-only: "RANK:STEP[:always]" kills that rank when it reaches that step, in
+      // the first attempt of a `shardlm launch` job only (so a restart can get past
+      // it) unless ":always".
       int fault_rank = -1;
       long long fault_step = -1;
-      if (std::sscanf(fault, "%d:%lld", &fault_rank, &fault_step) == 2 && fault_rank == rank_ &&
-          fault_step == step + 1) {
+      char mode[16] = "";
+      const char* restart = std::getenv("SHARDLM_RESTART_COUNT");
+      const bool first_attempt = restart == nullptr || std::string_view(restart) == "0";
+      if (std::sscanf(fault, "%d:%lld:%15s", &fault_rank, &fault_step, mode) >= 2 &&
+          fault_rank == rank_ && fault_step == step + 1 &&
+          (first_attempt || std::string_view(mode) == "always")) {
         std::fprintf(stderr, "rank %d: fault injected at step %lld: exiting\n", rank_, fault_step);
         std::_Exit(43);
       }
