@@ -181,6 +181,57 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   return (fs::path(run_dir) / "checkpoints" / name).string();
 }
 
+std::vector<std::string> list_checkpoints(const std::string& run_dir) {
+  std::vector<std::string> names;
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    auto name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0) names.push_back(name);
+  }
+  std::sort(names.rbegin(), names.rend());
+  std::vector<std::string> paths;
+  for (const auto& n : names) paths.push_back((root / n).string());
+  return paths;
+}
+
+std::unique_ptr<CheckpointReader> open_newest_valid_checkpoint(
+    const std::string& run_dir, const std::function<void(const std::string&)>& warn) {
+  // `latest` is the commit record: a newer directory it does not name was never
+  // committed (a crash between rename and pointer update) and is not trusted.
+  std::optional<std::string> latest;
+  try {
+    latest = latest_checkpoint(run_dir);
+  } catch (const Error& e) {
+    warn(e.what());
+  }
+  std::vector<std::string> candidates;
+  if (latest) candidates.push_back(*latest);
+  const std::string latest_name = latest ? fs::path(*latest).filename().string() : "";
+  for (const auto& path : list_checkpoints(run_dir)) {
+    const std::string name = fs::path(path).filename().string();
+    if (latest && name > latest_name) {
+      warn(fmt::format("ignoring checkpoint '{}': newer than checkpoints/latest, never committed",
+                       path));
+    } else if (!latest || name != latest_name) {
+      candidates.push_back(path);
+    }
+  }
+  if (candidates.empty()) return nullptr;
+  for (const auto& path : candidates) {
+    try {
+      SHARDLM_CHECK(fs::exists(path), "checkpoint '{}' named by checkpoints/latest is missing", path);
+      return std::make_unique<CheckpointReader>(path);
+    } catch (const Error& e) {
+      warn(fmt::format("skipping checkpoint '{}': {}", path, e.what()));
+    }
+  }
+  throw Error(fmt::format("run directory '{}' has checkpoints but none is valid (see the warnings "
+                          "above)",
+                          run_dir));
+}
+
 std::string resolve_checkpoint_path(const std::string& path) {
   SHARDLM_CHECK(fs::exists(path), "checkpoint path '{}' does not exist", path);
   if (fs::exists(fs::path(path) / "manifest.json")) return path;
@@ -314,6 +365,20 @@ void CheckpointReader::load_into(const ParamLayout& layout, Strategy& strategy) 
     }
   }
   strategy.after_load();
+}
+
+std::string CheckpointReader::optimizer_digest() const {
+  Sha256 hasher;
+  std::vector<float> buffer;
+  for (StateKind kind : {StateKind::adam_m, StateKind::adam_v}) {
+    for (const auto& [name, shape] : tensors_) {
+      const auto& loc = locate(name);
+      buffer.resize(static_cast<size_t>(loc.numel));
+      read(name, kind, 0, loc.numel, buffer.data());
+      hasher.update(buffer.data(), buffer.size() * sizeof(float));
+    }
+  }
+  return hasher.hex_digest();
 }
 
 std::string CheckpointReader::weights_digest() const {

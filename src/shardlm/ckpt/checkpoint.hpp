@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +54,8 @@ std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layou
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 // A path that is a checkpoint directory, or a run directory meaning its latest one.
 std::string resolve_checkpoint_path(const std::string& path);
+// Every committed checkpoint directory of RUN_DIR, newest step first.
+std::vector<std::string> list_checkpoints(const std::string& run_dir);
 
 // Reads a committed checkpoint: verifies the manifest and the shard files' sizes and
 // checksums on open (Error naming the file otherwise).
@@ -71,6 +75,8 @@ class CheckpointReader {
   void load_into(const ParamLayout& layout, Strategy& strategy) const;
   // sha256 over the fp32 master weights of every tensor in canonical order.
   std::string weights_digest() const;
+  // sha256 over the AdamW moments (m then v of every tensor, canonical order).
+  std::string optimizer_digest() const;
 
  private:
   struct TensorLocation {
@@ -95,5 +101,16 @@ class CheckpointReader {
   const TensorLocation& locate(const std::string& name) const;
   void read_unit_range(int unit, StateKind kind, int64_t begin, int64_t count, float* out) const;
 };
+
+}  // namespace shardlm
+
+namespace shardlm {
+
+// For --resume: the newest checkpoint of RUN_DIR that opens and verifies. Each one
+// skipped (corrupt, truncated, missing shard, unreadable manifest) is reported
+// through `warn` with the reason. nullopt when RUN_DIR has no checkpoint at all;
+// Error when it has some but none is valid.
+std::unique_ptr<CheckpointReader> open_newest_valid_checkpoint(
+    const std::string& run_dir, const std::function<void(const std::string&)>& warn);
 
 }  // namespace shardlm

@@ -100,7 +100,8 @@ void register_inspect(CLI::App& app) {
       return;
     }
     if (args->quiet) {
-      fmt::print("digest: {}\n", ckpt.weights_digest());
+      fmt::print("digest: {}\noptimizer digest: {}\n", ckpt.weights_digest(),
+                 ckpt.optimizer_digest());
       return;
     }
     const auto& info = ckpt.info();
@@ -118,6 +119,7 @@ void register_inspect(CLI::App& app) {
     }
     fmt::print("tensors: {}, elements: {}\n", ckpt.tensors().size(), total);
     fmt::print("digest: {}\n", ckpt.weights_digest());
+    fmt::print("optimizer digest: {}\n", ckpt.optimizer_digest());
   });
 }
 

@@ -139,7 +139,7 @@ class Trainer {
 
  private:
   double evaluate();
-  void save(int64_t step);
+  void save(int64_t step, const std::string& run_dir);
   void print(const std::string& text) const {
     if (is_root_) std::fputs(text.c_str(), stdout), std::fflush(stdout);
   }
@@ -208,15 +208,17 @@ TrainSummary Trainer::run() {
   for (const auto& src : meta_.sources) agreement["data_sha256"].push_back(src.sha256);
   check_ranks_agree(comm_, agreement);
 
-  std::optional<std::string> existing = latest_checkpoint(o_.out_dir);
-  SHARDLM_CHECK(!existing || o_.resume,
-                "run directory '{}' already holds a run (checkpoint '{}'); pass --resume to "
-                "continue it or choose another --out",
-                o_.out_dir, existing.value_or(""));
   std::unique_ptr<CheckpointReader> resume_from;
-  if (existing) {
-    resume_from = std::make_unique<CheckpointReader>(*existing);
-    check_resume_compatible(*resume_from, config_, trajectory_, meta_.tokenizer);
+  if (!o_.resume) {
+    const auto existing = list_checkpoints(o_.out_dir);
+    SHARDLM_CHECK(existing.empty(),
+                  "run directory '{}' already holds a run (checkpoint '{}'); pass --resume to "
+                  "continue it or choose another --out",
+                  o_.out_dir, existing.empty() ? "" : existing.front());
+  } else {
+    resume_from = open_newest_valid_checkpoint(
+        o_.out_dir, [&](const std::string& warning) { print("warning: " + warning + "\n"); });
+    if (resume_from) check_resume_compatible(*resume_from, config_, trajectory_, meta_.tokenizer);
   }
   if (is_root_) {
     std::error_code ec;
@@ -242,6 +244,9 @@ TrainSummary Trainer::run() {
                         saved_steps, o_.steps));
     print(fmt::format("resumed from {} (step {}, written by {} x {})\n", resume_from->dir(),
                       start_step, resume_from->info().strategy, resume_from->info().world_size));
+    // Test-only: write the state just loaded (under this run's layout) elsewhere, so a
+    // test can check that resharding on load changed no bit.
+    if (const char* dir = std::getenv("SHARDLM_TEST_SAVE_AFTER_LOAD")) save(start_step, dir);
   } else {
     // Init is a function of (seed, tensor name): each rank fills its owned slices.
     int64_t largest = 0;
@@ -412,7 +417,7 @@ TrainSummary Trainer::run() {
       progress->update(done, loss, lr, static_cast<double>(tokens_per_step) / step_s,
                        ema_step_s * static_cast<double>(o_.steps - done));
     if ((o_.save_every > 0 && done % o_.save_every == 0) || done == o_.steps) {
-      save(done);
+      save(done, o_.out_dir);
       summary.last_checkpoint = (fs::path(o_.out_dir) / "checkpoints" / fmt::format("step_{:08d}", done)).string();
     }
   }
@@ -468,12 +473,12 @@ double Trainer::evaluate() {
   return counts[0] > 0 ? sums[0] / static_cast<double>(counts[0]) : std::nan("");
 }
 
-void Trainer::save(int64_t step) {
+void Trainer::save(int64_t step, const std::string& run_dir) {
   nlohmann::json options = trajectory_;
   options["steps"] = o_.steps;
   CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy_->name(), world_,
                       {{"options", options}}};
-  save_checkpoint(o_.out_dir, *layout_, *strategy_, info, o_.keep, comm_);
+  save_checkpoint(run_dir, *layout_, *strategy_, info, o_.keep, comm_);
 }
 
 }  // namespace
