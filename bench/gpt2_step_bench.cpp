@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <ctime>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
   std::vector<double> fwd(U), bwd(U);
   for (int step = 0; step <= steps; ++step) {  // step 0 warms up
     shardlm::Stopwatch total;
+    const std::clock_t cpu_start = std::clock();
     for (int u = 0; u < U; ++u) {
       shardlm::Stopwatch w;
       model.forward_unit(u, param_ptrs, grad_ptrs, batch, true, scale);
@@ -60,8 +62,11 @@ int main(int argc, char** argv) {
       if (step > 0) bwd[u] += w.seconds() / steps;
     }
     const double s = total.seconds();
-    std::printf("step %d: %.3f s (%.0f tok/s, %.1f GFLOP/s model), loss %.4f\n", step, s,
-                B * T / s, config.train_flops_per_token(T) * B * T / s / 1e9,
+    // CPU time of all threads: on a shared machine wall time also counts the time a
+    // thread waited for a core.
+    const double cpu = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
+    std::printf("step %d: %.3f s wall, %.3f s cpu (%.0f tok/s, %.1f GFLOP/s model), loss %.4f\n",
+                step, s, cpu, B * T / s, config.train_flops_per_token(T) * B * T / s / 1e9,
                 model.last_loss_sum() / static_cast<double>(B * T));
   }
   std::printf("%-12s %10s %10s\n", "unit", "fwd ms", "bwd ms");
