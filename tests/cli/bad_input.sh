@@ -7,7 +7,7 @@ expect_error "does not exist\|cannot\|missing" "$SHARDLM" train "${TINY[@]}" --d
 expect_error "unknown model preset 'gpt5'" "$SHARDLM" train --model gpt5 --data "$D" --out "$WORK/r" --steps 1
 expect_error "seq-len 512 is longer than the model's context (256" "$SHARDLM" train --model gpt2-tiny --data "$D" --out "$WORK/r" --steps 1 --seq-len 512
 expect_error "n_embd (30) must be divisible by n_head (4)" "$SHARDLM" train --model gpt2-tiny --n-embd 30 --data "$D" --out "$WORK/r" --steps 1
-expect_error "steps must be positive" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/r" --steps 0
+expect_error "steps must be >= 0" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/r" --steps -1
 expect_error "micro-batch must be positive" "$SHARDLM" train --model gpt2-tiny --micro-batch -2 --data "$D" --out "$WORK/r" --steps 1
 expect_error "n_layer must be positive" "$SHARDLM" train --model gpt2-tiny --n-layer 0 --data "$D" --out "$WORK/r" --steps 1
 expect_error "global batch 6 is not divisible" "$SHARDLM" train "${TINY[@]}" --global-batch 6 --data "$D" --out "$WORK/r" --steps 1

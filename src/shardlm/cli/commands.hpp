@@ -10,5 +10,7 @@ void register_train(CLI::App& app);
 void register_sample(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_launch(CLI::App& app);
+void register_export(CLI::App& app);
+void register_eval(CLI::App& app);
 
 }  // namespace shardlm::cli

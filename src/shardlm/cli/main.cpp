@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   shardlm::cli::register_sample(app);
   shardlm::cli::register_inspect(app);
   shardlm::cli::register_launch(app);
+  shardlm::cli::register_export(app);
+  shardlm::cli::register_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

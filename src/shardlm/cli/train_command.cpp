@@ -22,7 +22,9 @@ void register_train(CLI::App& app) {
                   "Override the vocabulary size (default: the data's)");
   cmd->add_option("--data", opts->data_dir, "Directory written by `shardlm prepare`")->required();
   cmd->add_option("--out", opts->out_dir, "Run directory (metrics, checkpoints)")->required();
-  cmd->add_option("--steps", opts->steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--steps", opts->steps,
+                  "Optimizer steps (0: only initialise/import and save a step-0 checkpoint)")
+      ->capture_default_str();
   cmd->add_option("--micro-batch", opts->micro_batch, "Sequences per forward/backward")
       ->capture_default_str();
   cmd->add_option("--seq-len", opts->seq_len, "Tokens per sequence")->capture_default_str();
@@ -47,6 +49,9 @@ void register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--keep", opts->keep, "Checkpoints to keep (0: all)")->capture_default_str();
   cmd->add_flag("--resume", opts->resume, "Continue from the run directory's latest checkpoint");
+  cmd->add_option("--init-from", opts->init_from,
+                  "Start from Hugging Face GPT-2 weights (a directory with model.safetensors, or "
+                  "a .safetensors file) instead of random init");
   cmd->add_option("--strategy", opts->strategy,
                   "ddp, zero1, zero2 (shard_grad_op), zero3 (fsdp, full_shard) or hybrid")
       ->capture_default_str();

@@ -17,7 +17,7 @@ struct TrainOptions {
   std::string data_dir;  // from `shardlm prepare`: train.bin, val.bin, meta.json
   std::string out_dir;   // run directory: metrics.jsonl, checkpoints/
 
-  int64_t steps = 100;
+  int64_t steps = 100;  // 0: only initialise (or import) and write a step-0 checkpoint
   int micro_batch = 8;
   int seq_len = 256;
   int global_batch = 0;  // sequences per optimizer step; 0: micro_batch x world size
@@ -36,6 +36,7 @@ struct TrainOptions {
   int64_t save_every = 0;  // 0: save at the end only
   int keep = 0;            // checkpoints kept; 0: all
   bool resume = false;
+  std::string init_from;  // Hugging Face weights (directory or .safetensors) to start from
 
   // Distribution (see parallel/strategy_options.hpp).
   std::string strategy = "ddp";

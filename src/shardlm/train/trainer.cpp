@@ -11,6 +11,7 @@
 
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/ckpt/hf_export.hpp"
 #include "shardlm/comm/world.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/fault_injection.hpp"
@@ -64,7 +65,7 @@ ModelConfig resolve_model_config(const TrainOptions& o, int data_vocab_size) {
 }
 
 void validate_options(const TrainOptions& o, const ModelConfig& config) {
-  SHARDLM_CHECK(o.steps > 0, "--steps must be positive, got {}", o.steps);
+  SHARDLM_CHECK(o.steps >= 0, "--steps must be >= 0, got {}", o.steps);
   SHARDLM_CHECK(o.micro_batch > 0, "--micro-batch must be positive, got {}", o.micro_batch);
   SHARDLM_CHECK(o.seq_len > 0, "--seq-len must be positive, got {}", o.seq_len);
   SHARDLM_CHECK(o.seq_len <= config.max_seq_len,
@@ -247,6 +248,9 @@ TrainSummary Trainer::run() {
     // Test-only: write the state just loaded (under this run's layout) elsewhere, so a
     // test can check that resharding on load changed no bit.
     if (const char* dir = std::getenv("SHARDLM_TEST_SAVE_AFTER_LOAD")) save(start_step, dir);
+  } else if (!o_.init_from.empty()) {
+    import_hugging_face(o_.init_from, config_, *layout_, *strategy_);
+    print(fmt::format("initialised from {}\n", o_.init_from));
   } else {
     // Init is a function of (seed, tensor name): each rank fills its owned slices.
     int64_t largest = 0;
@@ -260,6 +264,7 @@ TrainSummary Trainer::run() {
     }
     strategy_->after_load();
   }
+  const bool resume_from_checkpoint = resume_from != nullptr;
   resume_from.reset();
   SHARDLM_CHECK(start_step <= o_.steps,
                 "checkpoint is at step {}, beyond --steps {} (raise --steps to train further)",
@@ -422,6 +427,10 @@ TrainSummary Trainer::run() {
     }
   }
   if (progress) progress->finish();
+  if (start_step == o_.steps && !resume_from_checkpoint) {
+    save(start_step, o_.out_dir);  // --steps 0: the initial (or imported) state
+    summary.last_checkpoint = (fs::path(o_.out_dir) / "checkpoints" / "step_00000000").string();
+  }
   const double train_s = train_clock.seconds();
   summary.steps = o_.steps;
   summary.final_train_loss = last_loss;
@@ -514,7 +523,7 @@ void print_summary(const TrainSummary& s) {
   row("parameters", fmt::format("{:.2f}M", static_cast<double>(s.num_parameters) / 1e6));
   row("tokens trained", fmt::format("{}", s.tokens));
   row("first train loss", fmt::format("{:.4f}", s.first_loss));
-  row("final train loss", fmt::format("{:.4f}", s.final_train_loss));
+  row("final train loss", std::isfinite(s.final_train_loss) ? fmt::format("{:.4f}", s.final_train_loss) : "-");
   row("final val loss", s.final_val_loss > 0 ? fmt::format("{:.4f}", s.final_val_loss) : "-");
   row("tokens/s", fmt::format("{:.0f}", s.tokens_per_s));
   row("wall time", fmt::format("{:.1f} s", s.wall_s));

@@ -1,0 +1,91 @@
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/cli/commands.hpp"
+#include "shardlm/comm/single_process_communicator.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/data/prepare.hpp"
+#include "shardlm/data/sampler.hpp"
+#include "shardlm/data/token_file.hpp"
+#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/train/model_runner.hpp"
+
+namespace shardlm::cli {
+
+namespace {
+struct EvalArgs {
+  std::string checkpoint;
+  std::string data;
+  std::string split = "val";
+  int seq_len = 256;
+  int windows = 32;
+  int micro_batch = 4;
+  int threads = 0;
+};
+}  // namespace
+
+void register_eval(CLI::App& app) {
+  auto args = std::make_shared<EvalArgs>();
+  auto* cmd = app.add_subcommand(
+      "eval", "Mean cross-entropy of a checkpoint on the first windows of a token file");
+  cmd->add_option("--checkpoint", args->checkpoint, "Checkpoint directory or run directory")
+      ->required();
+  cmd->add_option("--data", args->data, "Directory written by `shardlm prepare`")->required();
+  cmd->add_option("--split", args->split, "val or train")->capture_default_str();
+  cmd->add_option("--seq-len", args->seq_len, "Tokens per window")->capture_default_str();
+  cmd->add_option("--windows", args->windows, "Windows evaluated, from the start of the file")
+      ->capture_default_str();
+  cmd->add_option("--micro-batch", args->micro_batch, "Windows per forward pass")
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Compute threads (default: all cores)");
+  cmd->callback([args]() {
+    if (args->threads > 0) omp_set_num_threads(args->threads);
+    SHARDLM_CHECK(args->split == "val" || args->split == "train",
+                  "--split must be val or train, got '{}'", args->split);
+    SHARDLM_CHECK(args->windows > 0 && args->micro_batch > 0 && args->seq_len > 0,
+                  "--windows, --micro-batch and --seq-len must be positive");
+    CheckpointReader ckpt(resolve_checkpoint_path(args->checkpoint));
+    const ModelConfig& config = ckpt.info().model;
+    SHARDLM_CHECK(args->seq_len <= config.max_seq_len,
+                  "--seq-len {} is longer than the model's context ({})", args->seq_len,
+                  config.max_seq_len);
+    TokenFile tokens(args->split == "val" ? dataset_val_path(args->data)
+                                          : dataset_train_path(args->data));
+    SHARDLM_CHECK(tokens.vocab_size() <= config.vocab_size,
+                  "'{}' has vocabulary {}, larger than the model's {}", tokens.path(),
+                  tokens.vocab_size(), config.vocab_size);
+    EvalSampler sampler(tokens, args->seq_len);
+    const int64_t windows = std::min<int64_t>(args->windows, sampler.num_windows());
+    const ParamLayout layout = ParamLayout::build(config, 1);
+    Gpt2Model model(config, layout, args->micro_batch, args->seq_len);
+    std::vector<std::vector<int>> needs;
+    for (int u = 0; u < layout.num_units(); ++u) needs.push_back(model.units_needed_for(u));
+    SingleProcessCommunicator comm;
+    FlatUnitStrategy strategy(layout, needs, comm, StrategyOptions{});
+    ckpt.load_into(layout, strategy);
+    ModelRunner runner(model, strategy);
+    const size_t window_tokens = static_cast<size_t>(args->seq_len);
+    std::vector<int32_t> in(window_tokens * static_cast<size_t>(args->micro_batch));
+    std::vector<int32_t> target(in.size());
+    double loss_sum = 0.0;
+    int64_t count = 0;
+    for (int64_t first = 0; first < windows; first += args->micro_batch) {
+      const int rows = static_cast<int>(std::min<int64_t>(args->micro_batch, windows - first));
+      for (int i = 0; i < rows; ++i)
+        sampler.fill(first + i, in.data() + static_cast<size_t>(i) * window_tokens,
+                     target.data() + static_cast<size_t>(i) * window_tokens);
+      loss_sum += runner.forward({in.data(), target.data(), rows, args->seq_len}, false, 0.0f);
+      count += model.last_target_count();
+    }
+    fmt::print("windows: {}\ntokens: {}\nloss: {:.8f}\n", windows, count,
+               loss_sum / static_cast<double>(count));
+  });
+}
+
+}  // namespace shardlm::cli
