@@ -1,5 +1,5 @@
 // Multi-rank tests of MpiCommunicator, run by CTest as `mpirun -n N mpi_test_comm
-// [--check-sequence]`. Every rank runs every test; expectations are computed from
+// [--check-sequence] [--start-on-wait]`. Every rank runs every test; expectations are computed from
 // formulas (integer-valued floats, so sums are exact) or from an independent scalar
 // reduction of all ranks' inputs, never from the communicator's own output alone.
 #include <gtest/gtest.h>
@@ -299,6 +299,7 @@ int main(int argc, char** argv) {
   options.scratch_bytes = shardlm::kScratchBytes;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--check-sequence") options.check_sequence = true;
+    else if (std::string(argv[i]) == "--start-on-wait") options.overlap = false;
   auto world = shardlm::MpiCommunicator::create_world(options);
   shardlm::world = world.get();
   auto& listeners = testing::UnitTest::GetInstance()->listeners();

@@ -71,6 +71,26 @@ TEST(CommThread, ComputeThreadKeepsWorkingWhileACollectiveRuns) {
   EXPECT_TRUE(work.is_done());
 }
 
+TEST(CommThread, StartOnWaitRunsCollectivesOnlyOnceWaitedForInOrder) {
+  CommThread thread(test_policy(30), CommStart::on_wait);
+  std::atomic<int> ran{0};
+  std::vector<Work> works;
+  for (int i = 0; i < 3; ++i)
+    works.push_back(thread.submit(info(CollectiveKind::all_reduce, "bucket", i), nullptr,
+                                  [&ran, i] { EXPECT_EQ(ran++, i); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(ran.load(), 0);  // nobody waited yet
+  works[1].wait();           // releases #0 and #1, in order
+  EXPECT_EQ(ran.load(), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(ran.load(), 2);
+  EXPECT_FALSE(works[2].is_done());  // polling does not start it
+  thread.shutdown();                 // the drain runs what is left
+  EXPECT_EQ(ran.load(), 3);
+  EXPECT_TRUE(works[2].is_done());
+  works[0].wait();
+}
+
 TEST(CommThread, FailureIsThrownFromWaitNamingRankAndCollective) {
   CommThread thread(test_policy(30));
   Work work = thread.submit(info(CollectiveKind::reduce_scatter, "reduce_scatter unit h.3", 5),

@@ -7,10 +7,11 @@
 
 namespace shardlm {
 
-CommThread::CommThread(WaitPolicy policy) {
+CommThread::CommThread(WaitPolicy policy, CommStart start) : start_(start) {
   // Work handles may outlive this object, but they only ask for the activity while
   // they are pending, and nothing is pending once shutdown() has drained the queue.
   policy.describe_activity = [this] { return describe_activity(); };
+  policy.on_wait = [this](uint64_t ticket) { release_through(ticket); };
   policy_ = std::make_shared<const WaitPolicy>(std::move(policy));
   thread_ = std::thread([this] { loop(); });
 }
@@ -28,11 +29,14 @@ CommThread::~CommThread() {
 
 Work CommThread::submit(CollectiveInfo info, std::shared_ptr<CounterBlock> counters,
                         std::function<void()> run) {
-  auto state = std::make_shared<detail::WorkState>(std::move(info), counters, policy_);
+  std::shared_ptr<detail::WorkState> state;
   {
     std::lock_guard lock(mutex_);
     SHARDLM_CHECK(!stopping_, "{}: {} submitted after the communicator was shut down",
-                  policy_->who, describe(state->info()));
+                  policy_->who, describe(info));
+    const uint64_t ticket = next_ticket_++;
+    state = std::make_shared<detail::WorkState>(std::move(info), counters, policy_, ticket);
+    if (start_ == CommStart::at_once) released_end_ = next_ticket_;
     queue_.push_back(Task{state, std::move(counters), std::move(run)});
   }
   queue_changed_.notify_all();
@@ -42,7 +46,10 @@ Work CommThread::submit(CollectiveInfo info, std::shared_ptr<CounterBlock> count
 void CommThread::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    queue_changed_.wait(lock, [&] {
+      return (stopping_ && queue_.empty()) ||
+             (!queue_.empty() && queue_.front().state->ticket() < released_end_);
+    });
     if (queue_.empty()) return;  // stopping and drained
     Task task = std::move(queue_.front());
     queue_.pop_front();
@@ -71,10 +78,20 @@ void CommThread::loop() {
   }
 }
 
+void CommThread::release_through(uint64_t ticket) {
+  {
+    std::lock_guard lock(mutex_);
+    if (ticket < released_end_) return;
+    released_end_ = ticket + 1;
+  }
+  queue_changed_.notify_all();
+}
+
 void CommThread::shutdown() {
   std::unique_lock lock(mutex_);
   if (joined_) return;
   stopping_ = true;
+  released_end_ = next_ticket_;  // whatever is still queued runs now
   queue_changed_.notify_all();
   Stopwatch draining;
   const bool drained = queue_changed_.wait_for(

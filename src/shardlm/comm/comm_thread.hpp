@@ -18,11 +18,23 @@
 
 namespace shardlm {
 
+// When collectives start.
+enum class CommStart {
+  // As soon as they reach the front of the queue, overlapping with whatever the
+  // compute thread does next (the point of the thread).
+  at_once,
+  // Only once some thread waits for them or for a later one. No overlap: while a
+  // collective runs the compute thread is blocked, so MPI's busy-polling does not
+  // compete with computation for cores (see docs/communication.md: on machines with
+  // no spare core per rank, overlap made the step slower).
+  on_wait,
+};
+
 class CommThread {
  public:
   // `policy` decides what a wait (and the drain at shutdown) does when its deadline
-  // passes; its describe_activity is filled in here.
-  explicit CommThread(WaitPolicy policy);
+  // passes; its describe_activity and on_wait are filled in here.
+  explicit CommThread(WaitPolicy policy, CommStart start = CommStart::at_once);
   // Shuts down if shutdown() was not called (errors are printed, not thrown).
   ~CommThread();
   CommThread(const CommThread&) = delete;
@@ -43,6 +55,8 @@ class CommThread {
   std::string describe_activity() const;
 
  private:
+  void release_through(uint64_t ticket);
+
   struct Task {
     std::shared_ptr<detail::WorkState> state;
     std::shared_ptr<CounterBlock> counters;
@@ -51,7 +65,10 @@ class CommThread {
   void loop();
 
   std::shared_ptr<const WaitPolicy> policy_;
+  const CommStart start_;
   mutable std::mutex mutex_;
+  uint64_t next_ticket_ = 0;
+  uint64_t released_end_ = 0;  // tasks with ticket < released_end_ may start
   std::condition_variable queue_changed_;
   std::deque<Task> queue_;
   bool running_task_ = false;

@@ -91,7 +91,8 @@ class MpiRuntime {
     policy.who = fmt::format("rank {}", rank_);
     policy.timeout_seconds = options.timeout_seconds;
     policy.on_timeout = [](const std::string& line) { abort_with_line(line); };
-    thread_ = std::make_unique<CommThread>(std::move(policy));
+    thread_ = std::make_unique<CommThread>(
+        std::move(policy), options.overlap ? CommStart::at_once : CommStart::on_wait);
   }
 
   ~MpiRuntime() {

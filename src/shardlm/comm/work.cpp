@@ -15,8 +15,11 @@ std::string describe(const CollectiveInfo& info) {
 namespace detail {
 
 WorkState::WorkState(CollectiveInfo info, std::shared_ptr<CounterBlock> counters,
-                     std::shared_ptr<const WaitPolicy> policy)
-    : info_(std::move(info)), counters_(std::move(counters)), policy_(std::move(policy)) {}
+                     std::shared_ptr<const WaitPolicy> policy, uint64_t ticket)
+    : info_(std::move(info)),
+      counters_(std::move(counters)),
+      policy_(std::move(policy)),
+      ticket_(ticket) {}
 
 void WorkState::complete() {
   {
@@ -39,6 +42,9 @@ void WorkState::wait() {
   Stopwatch blocked;
   std::unique_lock lock(mutex_);
   if (status_ == Status::pending) {
+    // Only while pending: the communication thread is then alive (it drains its queue
+    // before it ends). Lock order: this state's mutex, then the thread's.
+    if (policy_ && policy_->on_wait) policy_->on_wait(ticket_);
     const double timeout = policy_ ? policy_->timeout_seconds : 0.0;
     const bool finished =
         policy_ == nullptr ||  // nothing will ever complete it: a bug, reported below

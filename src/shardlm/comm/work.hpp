@@ -36,6 +36,9 @@ struct WaitPolicy {
   std::function<void(const std::string& line)> on_timeout;
   // What the communication thread is busy with right now (added to the line).
   std::function<std::string()> describe_activity;
+  // Called with the Work's ticket when a wait begins (the communication thread's
+  // start-on-wait mode starts queued collectives up to that ticket).
+  std::function<void(uint64_t ticket)> on_wait;
 };
 
 class CommTimeout : public Error {
@@ -50,9 +53,10 @@ namespace detail {
 class WorkState {
  public:
   WorkState(CollectiveInfo info, std::shared_ptr<CounterBlock> counters,
-            std::shared_ptr<const WaitPolicy> policy);
+            std::shared_ptr<const WaitPolicy> policy, uint64_t ticket = 0);
 
   const CollectiveInfo& info() const { return info_; }
+  uint64_t ticket() const { return ticket_; }
 
   // Called once by whoever executed the collective.
   void complete();
@@ -69,6 +73,7 @@ class WorkState {
   const CollectiveInfo info_;
   const std::shared_ptr<CounterBlock> counters_;
   const std::shared_ptr<const WaitPolicy> policy_;
+  const uint64_t ticket_;  // position in the communication thread's queue
   mutable std::mutex mutex_;
   std::condition_variable finished_;
   Status status_ = Status::pending;
