@@ -162,10 +162,12 @@ class Trainer {
   std::unique_ptr<FlatUnitStrategy> strategy_;
   std::unique_ptr<ModelRunner> runner_;
   int64_t tokens_seen_ = 0;
+  nlohmann::json last_save_;  // timing of the last checkpoint save, for the metrics
+  Stopwatch wall_;  // since the trainer started (restart-to-first-step, save and load times)
 };
 
 TrainSummary Trainer::run() {
-  Stopwatch wall;
+  Stopwatch& wall = wall_;
   const int threads =
       o_.threads > 0 ? o_.threads : std::max(1, available_cores() / local_ranks(world_));
   omp_set_num_threads(threads);
@@ -236,15 +238,18 @@ TrainSummary Trainer::run() {
 
   int64_t start_step = 0;
   if (resume_from) {
+    Stopwatch load_clock;
     resume_from->load_into(*layout_, *strategy_);
+    const double load_s = load_clock.seconds();
     start_step = resume_from->info().step;
     tokens_seen_ = resume_from->info().tokens_seen;
     auto saved_steps = resume_from->info().train.at("options").value("steps", int64_t{0});
     if (saved_steps != o_.steps)
       print(fmt::format("note: --steps changed from {} to {}; the cosine schedule stretches\n",
                         saved_steps, o_.steps));
-    print(fmt::format("resumed from {} (step {}, written by {} x {})\n", resume_from->dir(),
-                      start_step, resume_from->info().strategy, resume_from->info().world_size));
+    print(fmt::format("resumed from {} (step {}, written by {} x {}; loaded in {:.2f} s)\n",
+                      resume_from->dir(), start_step, resume_from->info().strategy,
+                      resume_from->info().world_size, load_s));
     // Test-only: write the state just loaded (under this run's layout) elsewhere, so a
     // test can check that resharding on load changed no bit.
     if (const char* dir = std::getenv("SHARDLM_TEST_SAVE_AFTER_LOAD")) save(start_step, dir);
@@ -402,6 +407,7 @@ TrainSummary Trainer::run() {
                              {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s},
                              {"step_ms", step_s * 1e3},
                              {"tokens_seen", tokens_seen_},
+                             {"since_start_s", wall_.seconds()},
                              {"world_size", world_},
                              {"strategy", strategy_->name()},
                              {"comm_bytes", comm_stats.total().bus_bytes},
@@ -417,14 +423,15 @@ TrainSummary Trainer::run() {
         if (progress) progress->message(fmt::format("step {}: val loss {:.4f}", done, val_loss));
       }
     }
+    if ((o_.save_every > 0 && done % o_.save_every == 0) || done == o_.steps) {
+      save(done, o_.out_dir);
+      summary.last_checkpoint = (fs::path(o_.out_dir) / "checkpoints" / fmt::format("step_{:08d}", done)).string();
+      record.update(last_save_);
+    }
     if (metrics) metrics->write(record);
     if (progress)
       progress->update(done, loss, lr, static_cast<double>(tokens_per_step) / step_s,
                        ema_step_s * static_cast<double>(o_.steps - done));
-    if ((o_.save_every > 0 && done % o_.save_every == 0) || done == o_.steps) {
-      save(done, o_.out_dir);
-      summary.last_checkpoint = (fs::path(o_.out_dir) / "checkpoints" / fmt::format("step_{:08d}", done)).string();
-    }
   }
   if (progress) progress->finish();
   if (start_step == o_.steps && !resume_from_checkpoint) {
@@ -487,7 +494,13 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
   options["steps"] = o_.steps;
   CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy_->name(), world_,
                       {{"options", options}}};
-  save_checkpoint(run_dir, *layout_, *strategy_, info, o_.keep, comm_);
+  Stopwatch clock;
+  const std::string dir = save_checkpoint(run_dir, *layout_, *strategy_, info, o_.keep, comm_);
+  if (is_root_) {
+    uintmax_t bytes = 0;
+    for (const auto& entry : fs::directory_iterator(dir)) bytes += entry.file_size();
+    last_save_ = {{"save_ms", clock.millis()}, {"checkpoint_bytes", bytes}};
+  }
 }
 
 }  // namespace
