@@ -426,7 +426,7 @@ TrainSummary Trainer::run() {
     if ((o_.save_every > 0 && done % o_.save_every == 0) || done == o_.steps) {
       save(done, o_.out_dir);
       summary.last_checkpoint = (fs::path(o_.out_dir) / "checkpoints" / fmt::format("step_{:08d}", done)).string();
-      record.update(last_save_);
+      if (last_save_.is_object()) record.update(last_save_);
     }
     if (metrics) metrics->write(record);
     if (progress)
