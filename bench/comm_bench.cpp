@@ -58,12 +58,18 @@ Args parse_args(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
-    if (a == "--sizes-mib" && has_value) args.sizes_mib = parse_list(argv[++i]);
-    else if (a == "--scratch-mib" && has_value) args.scratch_mib = parse_list(argv[++i]);
-    else if (a == "--reps" && has_value) args.reps = std::atoi(argv[++i]);
-    else if (a == "--library-only") args.library_only = true;
-    else if (a == "--overlap") args.overlap = true;
-    else if (a == "--start-on-wait") args.start_on_wait = true;
+    if (a == "--sizes-mib" && has_value)
+      args.sizes_mib = parse_list(argv[++i]);
+    else if (a == "--scratch-mib" && has_value)
+      args.scratch_mib = parse_list(argv[++i]);
+    else if (a == "--reps" && has_value)
+      args.reps = std::atoi(argv[++i]);
+    else if (a == "--library-only")
+      args.library_only = true;
+    else if (a == "--overlap")
+      args.overlap = true;
+    else if (a == "--start-on-wait")
+      args.start_on_wait = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       std::exit(2);
@@ -92,8 +98,8 @@ double time_median_ms(int reps, const std::function<void()>& run, const std::fun
 void print_row(int rank, const char* collective, const std::string& variant, double size_mib,
                double ms, uint64_t bus_bytes) {
   if (rank != 0) return;
-  std::printf("| %-14s | %-34s | %7.3f | %9.3f | %6.2f |\n", collective, variant.c_str(), size_mib, ms,
-              bus_bytes / (ms * 1e-3) / 1e9);
+  std::printf("| %-14s | %-34s | %7.3f | %9.3f | %6.2f |\n", collective, variant.c_str(), size_mib,
+              ms, bus_bytes / (ms * 1e-3) / 1e9);
   std::fflush(stdout);
 }
 
@@ -143,7 +149,9 @@ int main(int argc, char** argv) {
       if (std::strncmp(*e, "OMPI_MCA_coll", 13) == 0 || std::strncmp(*e, "OMPI_MCA_btl", 12) == 0 ||
           std::strncmp(*e, "MALLOC_", 7) == 0 || std::strncmp(*e, "GLIBC_TUNABLES", 14) == 0)
         std::printf("  env %s\n", *e);
-    std::printf("\n| collective     | variant                            |     MiB |    ms     | bus GB/s |\n");
+    std::printf(
+        "\n| collective     | variant                            |     MiB |    ms     | bus GB/s "
+        "|\n");
     std::printf("|---|---|---|---|---|\n");
   }
 
@@ -177,53 +185,90 @@ int main(int argc, char** argv) {
     const int int_block = static_cast<int>(block);
 
     print_row(rank, "all_reduce", "MPI_Allreduce", mib,
-              time_median_ms(args.reps, [&] {
-                MPI_Allreduce(MPI_IN_PLACE, data, int_count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-              }, sync, slowest), ar_bus);
+              time_median_ms(
+                  args.reps,
+                  [&] {
+                    MPI_Allreduce(MPI_IN_PLACE, data, int_count, MPI_FLOAT, MPI_SUM,
+                                  MPI_COMM_WORLD);
+                  },
+                  sync, slowest),
+              ar_bus);
     print_row(rank, "reduce_scatter", "MPI_Reduce_scatter_block", mib,
-              time_median_ms(args.reps, [&] {
-                MPI_Reduce_scatter_block(data, other, int_block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-              }, sync, slowest), rs_bus);
+              time_median_ms(
+                  args.reps,
+                  [&] {
+                    MPI_Reduce_scatter_block(data, other, int_block, MPI_FLOAT, MPI_SUM,
+                                             MPI_COMM_WORLD);
+                  },
+                  sync, slowest),
+              rs_bus);
     print_row(rank, "all_gather", "MPI_Allgather (in place)", mib,
-              time_median_ms(args.reps, [&] {
-                MPI_Allgather(MPI_IN_PLACE, int_block, MPI_FLOAT, data, int_block, MPI_FLOAT,
-                              MPI_COMM_WORLD);
-              }, sync, slowest), rs_bus);
+              time_median_ms(
+                  args.reps,
+                  [&] {
+                    MPI_Allgather(MPI_IN_PLACE, int_block, MPI_FLOAT, data, int_block, MPI_FLOAT,
+                                  MPI_COMM_WORLD);
+                  },
+                  sync, slowest),
+              rs_bus);
     if (args.library_only) continue;
 
     for (double s : args.scratch_mib) {
-      const std::string tag = " (chunk " + std::to_string(static_cast<int>(s * 1024 / std::max(1, n - 1))) + " KiB)";
+      const std::string tag =
+          " (chunk " + std::to_string(static_cast<int>(s * 1024 / std::max(1, n - 1))) + " KiB)";
       print_row(rank, "all_reduce", "rank-order RS+AG" + tag, mib,
-                time_median_ms(args.reps, [&] {
-                  mpi::all_reduce_rank_order(MPI_COMM_WORLD, data, count, ReduceOp::sum, scratch_of(s));
-                }, sync, slowest), ar_bus);
-      print_row(rank, "reduce_scatter", "rank-order direct" + tag, mib,
-                time_median_ms(args.reps, [&] {
-                  mpi::reduce_scatter_rank_order(MPI_COMM_WORLD, data, other, block, ReduceOp::sum,
+                time_median_ms(
+                    args.reps,
+                    [&] {
+                      mpi::all_reduce_rank_order(MPI_COMM_WORLD, data, count, ReduceOp::sum,
                                                  scratch_of(s));
-                }, sync, slowest), rs_bus);
+                    },
+                    sync, slowest),
+                ar_bus);
+      print_row(rank, "reduce_scatter", "rank-order direct" + tag, mib,
+                time_median_ms(
+                    args.reps,
+                    [&] {
+                      mpi::reduce_scatter_rank_order(MPI_COMM_WORLD, data, other, block,
+                                                     ReduceOp::sum, scratch_of(s));
+                    },
+                    sync, slowest),
+                rs_bus);
     }
     // Small buffers: one all-gather + local reduction against reduce-scatter +
     // all-gather (what kSmallAllReduceBytes chooses between).
     const mpi::Scratch big_scratch = scratch_of(max_scratch);
     if (count * n <= big_scratch.floats)
       print_row(rank, "all_reduce", "rank-order by gathering", mib,
-                time_median_ms(args.reps, [&] {
-                  mpi::all_reduce_rank_order(MPI_COMM_WORLD, data, count, ReduceOp::sum, big_scratch,
-                                             SIZE_MAX);
-                }, sync, slowest), ar_bus);
+                time_median_ms(
+                    args.reps,
+                    [&] {
+                      mpi::all_reduce_rank_order(MPI_COMM_WORLD, data, count, ReduceOp::sum,
+                                                 big_scratch, SIZE_MAX);
+                    },
+                    sync, slowest),
+                ar_bus);
     print_row(rank, "all_reduce", "rank-order RS+AG (no gathering)", mib,
-              time_median_ms(args.reps, [&] {
-                mpi::all_reduce_rank_order(MPI_COMM_WORLD, data, count, ReduceOp::sum, big_scratch, 0);
-              }, sync, slowest), ar_bus);
+              time_median_ms(
+                  args.reps,
+                  [&] {
+                    mpi::all_reduce_rank_order(MPI_COMM_WORLD, data, count, ReduceOp::sum,
+                                               big_scratch, 0);
+                  },
+                  sync, slowest),
+              ar_bus);
     for (double chunk_mib : {1.0, 64.0}) {
       print_row(rank, "all_gather",
                 "direct p2p (chunk " + std::to_string(static_cast<int>(chunk_mib)) + " MiB)", mib,
-                time_median_ms(args.reps, [&] {
-                  mpi::all_gather_direct(MPI_COMM_WORLD, data + rank * block, data,
-                                         block * sizeof(float),
-                                         static_cast<size_t>(chunk_mib * (1 << 20)));
-                }, sync, slowest), rs_bus);
+                time_median_ms(
+                    args.reps,
+                    [&] {
+                      mpi::all_gather_direct(MPI_COMM_WORLD, data + rank * block, data,
+                                             block * sizeof(float),
+                                             static_cast<size_t>(chunk_mib * (1 << 20)));
+                    },
+                    sync, slowest),
+                rs_bus);
     }
   }
 
@@ -244,47 +289,59 @@ int main(int argc, char** argv) {
       const size_t count = static_cast<size_t>(mib * (1 << 20)) / sizeof(float) / n * n;
       const size_t block = count / n;
       const uint64_t bytes = count * sizeof(float);
-      print_row(rank, "all_reduce", "MpiCommunicator (queued)", mib,
-                time_median_ms(args.reps, [&] {
-                  world->all_reduce(data, count, ReduceOp::sum, "bench").wait();
-                }, queued_sync, queued_slowest), bus_bytes_for(CollectiveKind::all_reduce, bytes, n));
-      print_row(rank, "reduce_scatter", "MpiCommunicator (queued)", mib,
-                time_median_ms(args.reps, [&] {
-                  world->reduce_scatter(data, other, block, ReduceOp::sum, "bench").wait();
-                }, queued_sync, queued_slowest), bus_bytes_for(CollectiveKind::reduce_scatter, bytes, n));
-      print_row(rank, "all_gather", "MpiCommunicator (queued)", mib,
-                time_median_ms(args.reps, [&] {
-                  world->all_gather(data + world->rank() * block, data, block, "bench").wait();
-                }, queued_sync, queued_slowest), bus_bytes_for(CollectiveKind::all_gather, bytes, n));
+      print_row(
+          rank, "all_reduce", "MpiCommunicator (queued)", mib,
+          time_median_ms(
+              args.reps, [&] { world->all_reduce(data, count, ReduceOp::sum, "bench").wait(); },
+              queued_sync, queued_slowest),
+          bus_bytes_for(CollectiveKind::all_reduce, bytes, n));
+      print_row(
+          rank, "reduce_scatter", "MpiCommunicator (queued)", mib,
+          time_median_ms(
+              args.reps,
+              [&] { world->reduce_scatter(data, other, block, ReduceOp::sum, "bench").wait(); },
+              queued_sync, queued_slowest),
+          bus_bytes_for(CollectiveKind::reduce_scatter, bytes, n));
+      print_row(
+          rank, "all_gather", "MpiCommunicator (queued)", mib,
+          time_median_ms(
+              args.reps,
+              [&] { world->all_gather(data + world->rank() * block, data, block, "bench").wait(); },
+              queued_sync, queued_slowest),
+          bus_bytes_for(CollectiveKind::all_gather, bytes, n));
     }
     if (args.overlap) {
       // Calibrate a compute block of about the 16 MiB all-reduce's own duration.
       const size_t count = (size_t{16} << 20) / sizeof(float) / n * n;
       volatile float sink = 0;
-      const double comm_ms = time_median_ms(args.reps, [&] {
-        world->all_reduce(data, count, ReduceOp::sum, "overlap").wait();
-      }, queued_sync, queued_slowest);
+      const double comm_ms = time_median_ms(
+          args.reps, [&] { world->all_reduce(data, count, ReduceOp::sum, "overlap").wait(); },
+          queued_sync, queued_slowest);
       long iterations = 10000;
       for (int round = 0; round < 6; ++round) {  // scale until one block takes ~comm_ms
         Stopwatch block;
         sink = sink + compute_for(iterations);
         iterations = std::max(1L, static_cast<long>(iterations * comm_ms / block.millis()));
       }
-      const double compute_ms = time_median_ms(args.reps, [&] { sink = sink + compute_for(iterations); },
-                                               queued_sync, queued_slowest);
+      const double compute_ms = time_median_ms(
+          args.reps, [&] { sink = sink + compute_for(iterations); }, queued_sync, queued_slowest);
       double exposed_ms = 0;
-      const double both_ms = time_median_ms(args.reps, [&] {
-        Work w = world->all_reduce(data, count, ReduceOp::sum, "overlap");
-        sink = sink + compute_for(iterations);
-        Stopwatch waiting;
-        w.wait();
-        exposed_ms = waiting.millis();
-      }, queued_sync, queued_slowest);
+      const double both_ms = time_median_ms(
+          args.reps,
+          [&] {
+            Work w = world->all_reduce(data, count, ReduceOp::sum, "overlap");
+            sink = sink + compute_for(iterations);
+            Stopwatch waiting;
+            w.wait();
+            exposed_ms = waiting.millis();
+          },
+          queued_sync, queued_slowest);
       if (rank == 0)
-        std::printf("\n%s (rank 0 CPUs %s): 16 MiB all_reduce alone %.2f ms, compute alone %.2f ms, "
-                    "both %.2f ms (last wait %.2f ms); hidden %.0f%% of the all-reduce\n",
-                    args.start_on_wait ? "start on wait" : "overlap", allowed_cpus().c_str(), comm_ms, compute_ms, both_ms, exposed_ms,
-                    100.0 * (comm_ms + compute_ms - both_ms) / comm_ms);
+        std::printf(
+            "\n%s (rank 0 CPUs %s): 16 MiB all_reduce alone %.2f ms, compute alone %.2f ms, "
+            "both %.2f ms (last wait %.2f ms); hidden %.0f%% of the all-reduce\n",
+            args.start_on_wait ? "start on wait" : "overlap", allowed_cpus().c_str(), comm_ms,
+            compute_ms, both_ms, exposed_ms, 100.0 * (comm_ms + compute_ms - both_ms) / comm_ms);
     }
     world->finalize();
   }

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
 
   if (scenario == "skip-collective") {
     if (world->rank() != 1)
-      world->all_reduce(gradients.data(), gradients.size(), ReduceOp::sum, "gradients bucket 0").wait();
+      world->all_reduce(gradients.data(), gradients.size(), ReduceOp::sum, "gradients bucket 0")
+          .wait();
     else
       std::this_thread::sleep_for(std::chrono::seconds(30));  // busy elsewhere; must be killed
   } else if (scenario == "abort-job") {

@@ -23,11 +23,17 @@ Communicator* world = nullptr;
 constexpr size_t kScratchBytes = 48 << 10;
 
 // Rank r's value for element i of a buffer: small integers, exact in float sums.
-float value(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 13 + 1)); }
+float value(int rank, size_t i) {
+  return static_cast<float>((rank + 1) * static_cast<int>(i % 13 + 1));
+}
 
 std::vector<size_t> interesting_counts(int n) {
   const size_t chunk = kScratchBytes / sizeof(float) / std::max(1, n - 1);
-  return {0, 1, static_cast<size_t>(n) - 1, static_cast<size_t>(n) * 5 + 1, 4096,
+  return {0,
+          1,
+          static_cast<size_t>(n) - 1,
+          static_cast<size_t>(n) * 5 + 1,
+          4096,
           static_cast<size_t>(n) * chunk * 2 + 3};
 }
 
@@ -60,8 +66,9 @@ TEST(MpiCollectives, ReduceScatterIsExactSeparateAndInPlace) {
     for (size_t i = 0; i < send.size(); ++i) send[i] = value(r, i);
     std::vector<float> recv(recv_count, -1.0f);
     world->reduce_scatter(send.data(), recv.data(), recv_count, ReduceOp::sum, "rs").wait();
-    world->reduce_scatter(send.data(), send.data() + r * recv_count, recv_count, ReduceOp::sum,
-                          "rs in place")
+    world
+        ->reduce_scatter(send.data(), send.data() + r * recv_count, recv_count, ReduceOp::sum,
+                         "rs in place")
         .wait();
     for (size_t j = 0; j < recv_count; ++j) {
       const size_t i = r * recv_count + j;
@@ -162,7 +169,8 @@ TEST(MpiCollectives, RandomFloatsAreBitwiseTheSameHoweverTheyAreReduced) {
   second.wait();
   // 3. reduce-scatter, then all-gather of the owned blocks (the sharded strategies).
   std::vector<float> sharded = mine;
-  world->reduce_scatter(sharded.data(), sharded.data() + r * block, block, ReduceOp::sum, "rs").wait();
+  world->reduce_scatter(sharded.data(), sharded.data() + r * block, block, ReduceOp::sum, "rs")
+      .wait();
   world->all_gather(sharded.data() + r * block, sharded.data(), block, "ag").wait();
   // 4. The independent reference from every rank's inputs.
   std::vector<float> everyone(count * n);
@@ -173,8 +181,8 @@ TEST(MpiCollectives, RandomFloatsAreBitwiseTheSameHoweverTheyAreReduced) {
   EXPECT_EQ(0, std::memcmp(halves.data(), expected.data(), count * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(sharded.data(), expected.data(), count * sizeof(float)));
   // Every rank holds the same bits.
-  const uint64_t head = std::stoull(sha256_hex(whole.data(), count * sizeof(float)).substr(0, 16),
-                                    nullptr, 16);
+  const uint64_t head =
+      std::stoull(sha256_hex(whole.data(), count * sizeof(float)).substr(0, 16), nullptr, 16);
   for (uint64_t d : world->all_gather_u64(head, "result digest")) EXPECT_EQ(d, head);
 }
 
@@ -184,7 +192,8 @@ TEST(MpiCollectives, CountersCountCallsBytesAndTime) {
   world->barrier("settle").wait();
   world->take_counters();
   world->all_reduce(data.data(), 1000, ReduceOp::sum, "ar").wait();
-  world->reduce_scatter(data.data(), data.data() + world->rank() * 100, 100, ReduceOp::sum, "rs").wait();
+  world->reduce_scatter(data.data(), data.data() + world->rank() * 100, 100, ReduceOp::sum, "rs")
+      .wait();
   world->all_gather(data.data(), data.data() + 200 * n, 200, "ag").wait();
   world->broadcast(data.data(), 10, 0, "bc").wait();
   world->barrier("b").wait();
@@ -264,10 +273,11 @@ TEST(MpiCollectives, SequenceCheckFailsEveryRankWhenRanksFallOutOfStep) {
     FAIL() << "the sequence check should have failed";
   } catch (const Error& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("collectives out of step on checked group: rank 0 of checked group issued "
-                           "all_reduce 'gradients bucket 1' (#0, 64 bytes, sum) but rank 1 issued "
-                           "all_reduce 'gradients bucket 0' (#0, 64 bytes, sum)"),
-              std::string::npos)
+    EXPECT_NE(
+        message.find("collectives out of step on checked group: rank 0 of checked group issued "
+                     "all_reduce 'gradients bucket 1' (#0, 64 bytes, sum) but rank 1 issued "
+                     "all_reduce 'gradients bucket 0' (#0, 64 bytes, sum)"),
+        std::string::npos)
         << message;
   }
   EXPECT_EQ(data[0], 1.0f);  // the collective itself never ran
@@ -281,8 +291,9 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const testing::TestPartResult& result) override {
     if (result.failed())
-      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank_, result.file_name() ? result.file_name() : "?",
-                   result.line_number(), result.summary());
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank_,
+                   result.file_name() ? result.file_name() : "?", result.line_number(),
+                   result.summary());
   }
 
  private:
@@ -298,8 +309,10 @@ int main(int argc, char** argv) {
   options.timeout_seconds = 60;  // a bug that hangs aborts the job well inside CTest's limit
   options.scratch_bytes = shardlm::kScratchBytes;
   for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--check-sequence") options.check_sequence = true;
-    else if (std::string(argv[i]) == "--start-on-wait") options.overlap = false;
+    if (std::string(argv[i]) == "--check-sequence")
+      options.check_sequence = true;
+    else if (std::string(argv[i]) == "--start-on-wait")
+      options.overlap = false;
   auto world = shardlm::MpiCommunicator::create_world(options);
   shardlm::world = world.get();
   auto& listeners = testing::UnitTest::GetInstance()->listeners();

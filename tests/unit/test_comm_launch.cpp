@@ -17,7 +17,8 @@ TEST(MpirunCommand, AddsOnlyTheFlagsThisMachineNeeds) {
   EXPECT_EQ(mpirun_command(4, {"/bin/shardlm", "train", "--steps", "10"}, plain),
             (Args{"mpirun", "-n", "4", "/bin/shardlm", "train", "--steps", "10"}));
 
-  LaunchEnvironment container{.physical_cores = 2, .running_as_root = true, .single_copy_works = false};
+  LaunchEnvironment container{
+      .physical_cores = 2, .running_as_root = true, .single_copy_works = false};
   EXPECT_EQ(mpirun_command(2, {"prog"}, container),
             (Args{"mpirun", "-n", "2", "--allow-run-as-root", "--mca",
                   "btl_vader_single_copy_mechanism", "none", "prog"}));
@@ -37,7 +38,7 @@ TEST(MpirunCommand, ProbesThisMachine) {
 }
 
 TEST(CommCounters, BusBytesFollowTheNcclConventions) {
-  EXPECT_EQ(bus_bytes_for(CollectiveKind::all_reduce, 1000, 4), 1500u);   // 2 (N-1)/N
+  EXPECT_EQ(bus_bytes_for(CollectiveKind::all_reduce, 1000, 4), 1500u);     // 2 (N-1)/N
   EXPECT_EQ(bus_bytes_for(CollectiveKind::reduce_scatter, 1000, 4), 750u);  // (N-1)/N
   EXPECT_EQ(bus_bytes_for(CollectiveKind::all_gather, 1000, 2), 500u);
   EXPECT_EQ(bus_bytes_for(CollectiveKind::broadcast, 1000, 2), 1000u);

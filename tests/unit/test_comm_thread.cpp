@@ -64,7 +64,8 @@ TEST(CommThread, RunsCollectivesInSubmissionOrder) {
 TEST(CommThread, ComputeThreadKeepsWorkingWhileACollectiveRuns) {
   CommThread thread(test_policy(30));
   Gate gate;
-  Work work = thread.submit(info(CollectiveKind::all_reduce, "slow", 0), nullptr, [&] { gate.pass(); });
+  Work work =
+      thread.submit(info(CollectiveKind::all_reduce, "slow", 0), nullptr, [&] { gate.pass(); });
   EXPECT_FALSE(work.is_done());  // submit returned while the collective is still blocked
   gate.open();
   work.wait();
@@ -115,14 +116,16 @@ TEST(CommThread, WaitPastDeadlineReportsRankLabelAndWhatTheThreadIsStuckIn) {
   Gate gate;
   Work stuck = thread.submit(info(CollectiveKind::all_reduce, "gradients bucket 0", 7), nullptr,
                              [&] { gate.pass(); });
-  Work behind = thread.submit(info(CollectiveKind::all_gather, "params unit h.1", 8), nullptr, [] {});
+  Work behind =
+      thread.submit(info(CollectiveKind::all_gather, "params unit h.1", 8), nullptr, [] {});
   try {
     behind.wait();
     FAIL() << "wait() should time out";
   } catch (const CommTimeout& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find("rank 3: timed out after 0."), std::string::npos) << message;
-    EXPECT_NE(message.find("waiting for all_gather 'params unit h.1' (#8 on world)"), std::string::npos)
+    EXPECT_NE(message.find("waiting for all_gather 'params unit h.1' (#8 on world)"),
+              std::string::npos)
         << message;
     EXPECT_NE(message.find("busy for"), std::string::npos) << message;
     EXPECT_NE(message.find("in all_reduce 'gradients bucket 0' (#7 on world), 1 more queued"),
@@ -163,7 +166,8 @@ TEST(CommThread, ShutdownDrainIsBoundedByTheDeadline) {
   std::vector<std::string> timeouts;
   CommThread thread(test_policy(0.2, &timeouts));
   Gate gate;
-  Work stuck = thread.submit(info(CollectiveKind::broadcast, "config", 0), nullptr, [&] { gate.pass(); });
+  Work stuck =
+      thread.submit(info(CollectiveKind::broadcast, "config", 0), nullptr, [&] { gate.pass(); });
   EXPECT_THROW(thread.shutdown(), CommTimeout);
   ASSERT_EQ(timeouts.size(), 1u);
   EXPECT_NE(timeouts[0].find("at shutdown"), std::string::npos) << timeouts[0];

@@ -1,7 +1,8 @@
 #include "shardlm/comm/comm_thread.hpp"
 
-#include <cstdio>
 #include <fmt/format.h>
+
+#include <cstdio>
 
 #include "shardlm/core/timer.hpp"
 
@@ -32,8 +33,8 @@ Work CommThread::submit(CollectiveInfo info, std::shared_ptr<CounterBlock> count
   std::shared_ptr<detail::WorkState> state;
   {
     std::lock_guard lock(mutex_);
-    SHARDLM_CHECK(!stopping_, "{}: {} submitted after the communicator was shut down",
-                  policy_->who, describe(info));
+    SHARDLM_CHECK(!stopping_, "{}: {} submitted after the communicator was shut down", policy_->who,
+                  describe(info));
     const uint64_t ticket = next_ticket_++;
     state = std::make_shared<detail::WorkState>(std::move(info), counters, policy_, ticket);
     if (start_ == CommStart::at_once) released_end_ = next_ticket_;
@@ -63,7 +64,8 @@ void CommThread::loop() {
     try {
       task.run();
     } catch (const std::exception& e) {
-      error = fmt::format("{}: {} failed: {}", policy_->who, describe(task.state->info()), e.what());
+      error =
+          fmt::format("{}: {} failed: {}", policy_->who, describe(task.state->info()), e.what());
     }
     // Counters first, so a caller that returns from wait() sees this collective's time.
     if (task.counters) task.counters->add_seconds(task.state->info().kind, elapsed.seconds());
@@ -94,14 +96,15 @@ void CommThread::shutdown() {
   released_end_ = next_ticket_;  // whatever is still queued runs now
   queue_changed_.notify_all();
   Stopwatch draining;
-  const bool drained = queue_changed_.wait_for(
-      lock, std::chrono::duration<double>(policy_->timeout_seconds),
-      [&] { return queue_.empty() && !running_task_; });
+  const bool drained =
+      queue_changed_.wait_for(lock, std::chrono::duration<double>(policy_->timeout_seconds),
+                              [&] { return queue_.empty() && !running_task_; });
   lock.unlock();
   if (!drained) {
-    std::string line = fmt::format("{}: timed out after {:.1f} s finishing queued collectives at shutdown; "
-                                   "communication thread {}",
-                                   policy_->who, draining.seconds(), describe_activity());
+    std::string line = fmt::format(
+        "{}: timed out after {:.1f} s finishing queued collectives at shutdown; "
+        "communication thread {}",
+        policy_->who, draining.seconds(), describe_activity());
     if (policy_->on_timeout) policy_->on_timeout(line);
     throw CommTimeout(line);
   }

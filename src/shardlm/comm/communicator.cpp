@@ -1,8 +1,9 @@
 #include "shardlm/comm/communicator.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
-#include <fmt/format.h>
 
 #include "shardlm/comm/reduce_kernels.hpp"
 
@@ -88,7 +89,8 @@ Work Communicator::reduce_scatter(const float* send, float* recv, size_t recv_co
   return track(start_reduce_scatter(send, recv, recv_count, op, c));
 }
 
-Work Communicator::all_gather(const float* send, float* recv, size_t send_count, std::string label) {
+Work Communicator::all_gather(const float* send, float* recv, size_t send_count,
+                              std::string label) {
   return all_gather_bytes(send, recv, send_count * sizeof(float), std::move(label));
 }
 
@@ -96,7 +98,8 @@ Work Communicator::all_gather_bytes(const void* send, void* recv, size_t bytes_p
                                     std::string label) {
   SHARDLM_CHECK((send != nullptr && recv != nullptr) || bytes_per_rank == 0,
                 "all_gather '{}': null buffer", label);
-  const auto* own_block = static_cast<const char*>(recv) + static_cast<size_t>(rank_) * bytes_per_rank;
+  const auto* own_block =
+      static_cast<const char*>(recv) + static_cast<size_t>(rank_) * bytes_per_rank;
   SHARDLM_CHECK(send == own_block || !overlaps(send, bytes_per_rank, recv, bytes_per_rank * size_),
                 "all_gather '{}': send must be recv + rank * count or not overlap recv", label);
   auto c = begin(CollectiveKind::all_gather, std::move(label), bytes_per_rank * size_, -1, -1);

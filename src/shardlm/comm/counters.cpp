@@ -7,21 +7,30 @@ namespace shardlm {
 
 std::string_view to_string(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::broadcast: return "broadcast";
-    case CollectiveKind::barrier: return "barrier";
-    case CollectiveKind::count: break;
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::barrier:
+      return "barrier";
+    case CollectiveKind::count:
+      break;
   }
   return "unknown";
 }
 
 std::string_view to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "unknown";
 }
@@ -33,12 +42,16 @@ uint64_t bus_bytes_for(CollectiveKind kind, uint64_t bytes, int world_size) {
     return static_cast<uint64_t>(static_cast<__uint128_t>(bytes) * times * (n - 1) / n);
   };
   switch (kind) {
-    case CollectiveKind::all_reduce: return fraction(2);
+    case CollectiveKind::all_reduce:
+      return fraction(2);
     case CollectiveKind::reduce_scatter:
-    case CollectiveKind::all_gather: return fraction(1);
-    case CollectiveKind::broadcast: return bytes;
+    case CollectiveKind::all_gather:
+      return fraction(1);
+    case CollectiveKind::broadcast:
+      return bytes;
     case CollectiveKind::barrier:
-    case CollectiveKind::count: break;
+    case CollectiveKind::count:
+      break;
   }
   return 0;
 }
@@ -66,7 +79,8 @@ CommCounters& CommCounters::operator+=(const CommCounters& other) {
 }
 
 static nlohmann::json stats_json(const CollectiveStats& s) {
-  return {{"calls", s.calls}, {"bytes", s.bytes}, {"bus_bytes", s.bus_bytes}, {"seconds", s.seconds}};
+  return {
+      {"calls", s.calls}, {"bytes", s.bytes}, {"bus_bytes", s.bus_bytes}, {"seconds", s.seconds}};
 }
 
 nlohmann::json CommCounters::to_json() const {

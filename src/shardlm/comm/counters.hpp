@@ -5,13 +5,19 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
-#include <string_view>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string_view>
 
 namespace shardlm {
 
-enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, count };
+enum class CollectiveKind : int {
+  all_reduce = 0,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  barrier,
+  count
+};
 inline constexpr int kNumCollectiveKinds = static_cast<int>(CollectiveKind::count);
 std::string_view to_string(CollectiveKind kind);
 

@@ -8,9 +8,9 @@
 namespace shardlm {
 
 struct LaunchEnvironment {
-  int physical_cores = 1;          // Open MPI's default slot count on a plain machine
-  bool running_as_root = false;    // Open MPI refuses root without a flag
-  bool single_copy_works = true;   // process_vm_readv between sibling processes (CMA)
+  int physical_cores = 1;         // Open MPI's default slot count on a plain machine
+  bool running_as_root = false;   // Open MPI refuses root without a flag
+  bool single_copy_works = true;  // process_vm_readv between sibling processes (CMA)
 };
 
 // Probes this machine (sysfs topology, euid, a CMA read between two forked processes).

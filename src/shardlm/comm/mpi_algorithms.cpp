@@ -1,9 +1,10 @@
 #include "shardlm/comm/mpi_algorithms.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <fmt/format.h>
 #include <vector>
 
 #include "shardlm/comm/reduce_kernels.hpp"

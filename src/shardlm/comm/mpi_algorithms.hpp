@@ -8,11 +8,10 @@
 // measurements: docs/communication.md.
 #pragma once
 
-#include "shardlm/comm/mpi_include.hpp"
-
 #include <cstddef>
 
 #include "shardlm/comm/counters.hpp"
+#include "shardlm/comm/mpi_include.hpp"
 
 namespace shardlm::mpi {
 

@@ -1,9 +1,10 @@
 #include "shardlm/comm/mpi_communicator.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fmt/format.h>
 #include <vector>
 
 #include "shardlm/comm/comm_thread.hpp"
@@ -52,8 +53,9 @@ struct Fingerprint {
            kind == o.kind && root == o.root && op == o.op;
   }
   std::string describe() const {
-    std::string text = fmt::format("{} '{}' (#{}, {} bytes", to_string(static_cast<CollectiveKind>(kind)),
-                                   std::string(label, strnlen(label, sizeof(label))), sequence, bytes);
+    std::string text =
+        fmt::format("{} '{}' (#{}, {} bytes", to_string(static_cast<CollectiveKind>(kind)),
+                    std::string(label, strnlen(label, sizeof(label))), sequence, bytes);
     if (root >= 0) text += fmt::format(", root {}", root);
     if (op >= 0) text += fmt::format(", {}", to_string(static_cast<ReduceOp>(op)));
     return text + ")";
@@ -152,8 +154,9 @@ void verify_in_step(MpiCommunicator::State& state, const Fingerprint& mine) {
   for (int r = 1; r < state.size; ++r) {
     if (all[r].same_collective(all[0])) continue;
     // Every rank sees the same table, so every rank fails here with the same text.
-    state.out_of_step = fmt::format("collectives out of step on {}: rank 0 of {} issued {} but rank {} issued {}",
-                                    state.name, state.name, all[0].describe(), r, all[r].describe());
+    state.out_of_step =
+        fmt::format("collectives out of step on {}: rank 0 of {} issued {} but rank {} issued {}",
+                    state.name, state.name, all[0].describe(), r, all[r].describe());
     throw Error(state.out_of_step);
   }
 }
@@ -212,12 +215,13 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::st
   auto child = std::make_shared<State>();
   child->scratch = state_->scratch;
   child->name = name;
-  CollectiveInfo info{CollectiveKind::barrier, fmt::format("split into '{}'", name), next_sequence(),
-                      this->name()};
+  CollectiveInfo info{CollectiveKind::barrier, fmt::format("split into '{}'", name),
+                      next_sequence(), this->name()};
   runtime_->thread()
       .submit(info, nullptr,
               [parent = state_, child, color, key] {
-                mpi::check(MPI_Comm_split(parent->comm, color, key, &child->comm), "MPI_Comm_split");
+                mpi::check(MPI_Comm_split(parent->comm, color, key, &child->comm),
+                           "MPI_Comm_split");
                 mpi::check(MPI_Comm_rank(child->comm, &child->rank), "MPI_Comm_rank");
                 mpi::check(MPI_Comm_size(child->comm, &child->size), "MPI_Comm_size");
               })
@@ -247,9 +251,11 @@ Work MpiCommunicator::submit(const Collective& c, std::function<void(MPI_Comm)> 
       });
 }
 
-Work MpiCommunicator::start_all_reduce(float* data, size_t count, ReduceOp op, const Collective& c) {
+Work MpiCommunicator::start_all_reduce(float* data, size_t count, ReduceOp op,
+                                       const Collective& c) {
   const mpi::Scratch scratch = state_->scratch;
-  return submit(c, [=](MPI_Comm comm) { mpi::all_reduce_rank_order(comm, data, count, op, scratch); });
+  return submit(c,
+                [=](MPI_Comm comm) { mpi::all_reduce_rank_order(comm, data, count, op, scratch); });
 }
 
 Work MpiCommunicator::start_reduce_scatter(const float* send, float* recv, size_t recv_count,

@@ -5,12 +5,11 @@
 // MPI_Finalize) happen on the thread that creates and destroys the world.
 #pragma once
 
-#include "shardlm/comm/mpi_include.hpp"
-
 #include <memory>
 #include <string>
 
 #include "shardlm/comm/communicator.hpp"
+#include "shardlm/comm/mpi_include.hpp"
 
 namespace shardlm {
 

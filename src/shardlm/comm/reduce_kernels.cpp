@@ -30,7 +30,8 @@ void reduce_gathered_impl(const T* gathered, int num_ranks, size_t count, T* out
   SHARDLM_ASSERT(num_ranks >= 1);
   if (count == 0) return;
   std::memcpy(out, gathered, count * sizeof(T));
-  for (int r = 1; r < num_ranks; ++r) accumulate(out, gathered + static_cast<size_t>(r) * count, count, op);
+  for (int r = 1; r < num_ranks; ++r)
+    accumulate(out, gathered + static_cast<size_t>(r) * count, count, op);
 }
 
 }  // namespace
@@ -53,7 +54,8 @@ void reduce_in_rank_order(const float* const* inputs, int num_inputs, float* out
 void reduce_gathered(const float* gathered, int num_ranks, size_t count, float* out, ReduceOp op) {
   reduce_gathered_impl(gathered, num_ranks, count, out, op);
 }
-void reduce_gathered(const double* gathered, int num_ranks, size_t count, double* out, ReduceOp op) {
+void reduce_gathered(const double* gathered, int num_ranks, size_t count, double* out,
+                     ReduceOp op) {
   reduce_gathered_impl(gathered, num_ranks, count, out, op);
 }
 void reduce_gathered(const int64_t* gathered, int num_ranks, size_t count, int64_t* out,

@@ -24,7 +24,8 @@ SingleProcessCommunicator::~SingleProcessCommunicator() {
   }
 }
 
-std::unique_ptr<Communicator> SingleProcessCommunicator::split(int color, int key, std::string name) {
+std::unique_ptr<Communicator> SingleProcessCommunicator::split(int color, int key,
+                                                               std::string name) {
   SHARDLM_CHECK(color >= 0, "split '{}': color must be >= 0, got {}", name, color);
   (void)key;
   return std::make_unique<SingleProcessCommunicator>(options(), std::move(name));
@@ -47,7 +48,8 @@ Work SingleProcessCommunicator::finish_copy(const void* from, void* to, size_t b
   return Work(state);
 }
 
-Work SingleProcessCommunicator::start_all_reduce(float* data, size_t, ReduceOp, const Collective& c) {
+Work SingleProcessCommunicator::start_all_reduce(float* data, size_t, ReduceOp,
+                                                 const Collective& c) {
   return finish_copy(data, data, 0, c);
 }
 
@@ -57,8 +59,8 @@ Work SingleProcessCommunicator::start_reduce_scatter(const float* send, float* r
   return finish_copy(send, recv, recv_count * sizeof(float), c);
 }
 
-Work SingleProcessCommunicator::start_all_gather(const void* send, void* recv, size_t bytes_per_rank,
-                                                 const Collective& c) {
+Work SingleProcessCommunicator::start_all_gather(const void* send, void* recv,
+                                                 size_t bytes_per_rank, const Collective& c) {
   return finish_copy(send, recv, bytes_per_rank, c);
 }
 

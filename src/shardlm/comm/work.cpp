@@ -1,7 +1,8 @@
 #include "shardlm/comm/work.hpp"
 
-#include <chrono>
 #include <fmt/format.h>
+
+#include <chrono>
 
 #include "shardlm/core/timer.hpp"
 
@@ -54,7 +55,8 @@ void WorkState::wait() {
       lock.unlock();
       std::string line = fmt::format("{}: timed out after {:.1f} s waiting for {}", policy_->who,
                                      blocked.seconds(), describe(info_));
-      if (policy_->describe_activity) line += "; communication thread " + policy_->describe_activity();
+      if (policy_->describe_activity)
+        line += "; communication thread " + policy_->describe_activity();
       if (policy_->on_timeout) policy_->on_timeout(line);
       throw CommTimeout(line);
     }

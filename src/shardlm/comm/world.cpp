@@ -15,7 +15,8 @@ bool launched_by_mpi_launcher() {
 }
 
 std::unique_ptr<Communicator> make_world_communicator(CommOptions options, CommBackend backend) {
-  if (const char* check = std::getenv("SHARDLM_COMM_CHECK"); check && std::string_view(check) == "1")
+  if (const char* check = std::getenv("SHARDLM_COMM_CHECK");
+      check && std::string_view(check) == "1")
     options.check_sequence = true;
   if (backend == CommBackend::automatic)
     backend = launched_by_mpi_launcher() ? CommBackend::mpi : CommBackend::single_process;
