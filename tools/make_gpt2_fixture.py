@@ -48,6 +48,8 @@ ADAMW = {
     "eps": 1e-8,
     "weight_decay": 0.1,  # decoupled, 2-D weights only (wte, wpe, c_attn/c_proj/c_fc weights)
     "grad_clip": 0.05,  # global L2 norm, so clipping is active
+    "clip_formula": "torch.nn.utils.clip_grad_norm_: g *= grad_clip / (norm + 1e-6) if that is < 1",
+    "update": "torch.optim.AdamW (bias-corrected; decay p *= 1 - lr * weight_decay before the step)",
     "steps": 3,
     "lr_schedule": "constant",
 }
