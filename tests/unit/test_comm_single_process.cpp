@@ -142,6 +142,12 @@ TEST(MakeWorldCommunicator, IsSingleProcessWithoutAnMpiLauncher) {
   EXPECT_TRUE(make_world_communicator()->options().check_sequence);
   unsetenv("SHARDLM_COMM_CHECK");
   EXPECT_FALSE(make_world_communicator()->options().check_sequence);
+  setenv("SHARDLM_COMM_OVERLAP", "0", 1);
+  EXPECT_FALSE(make_world_communicator()->options().overlap);
+  setenv("SHARDLM_COMM_OVERLAP", "1", 1);
+  EXPECT_TRUE(make_world_communicator(CommOptions{.overlap = false})->options().overlap);
+  unsetenv("SHARDLM_COMM_OVERLAP");
+  EXPECT_TRUE(make_world_communicator()->options().overlap);
 
   setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
   EXPECT_TRUE(launched_by_mpi_launcher());

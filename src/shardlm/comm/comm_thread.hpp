@@ -24,9 +24,8 @@ enum class CommStart {
   // compute thread does next (the point of the thread).
   at_once,
   // Only once some thread waits for them or for a later one. No overlap: while a
-  // collective runs the compute thread is blocked, so MPI's busy-polling does not
-  // compete with computation for cores (see docs/communication.md: on machines with
-  // no spare core per rank, overlap made the step slower).
+  // collective runs the compute thread is blocked, so MPI's busy-polling never
+  // competes with computation for cores (docs/communication.md, "Overlap").
   on_wait,
 };
 

@@ -18,6 +18,8 @@ std::unique_ptr<Communicator> make_world_communicator(CommOptions options, CommB
   if (const char* check = std::getenv("SHARDLM_COMM_CHECK");
       check && std::string_view(check) == "1")
     options.check_sequence = true;
+  if (const char* overlap = std::getenv("SHARDLM_COMM_OVERLAP"))
+    options.overlap = std::string_view(overlap) != "0";
   if (backend == CommBackend::automatic)
     backend = launched_by_mpi_launcher() ? CommBackend::mpi : CommBackend::single_process;
   if (backend == CommBackend::mpi) return MpiCommunicator::create_world(options);

@@ -15,8 +15,9 @@ enum class CommBackend { automatic, single_process, mpi };
 // (OMPI_COMM_WORLD_SIZE), MPICH's Hydra (PMI_SIZE) or a PMIx launcher (PMIX_RANK).
 bool launched_by_mpi_launcher();
 
-// `automatic` chooses by launched_by_mpi_launcher(). SHARDLM_COMM_CHECK=1 in the
-// environment turns on options.check_sequence (debugging a job without new flags).
+// `automatic` chooses by launched_by_mpi_launcher(). Environment overrides, for
+// debugging and measuring a job without new flags: SHARDLM_COMM_CHECK=1 turns on
+// options.check_sequence; SHARDLM_COMM_OVERLAP=0 / 1 sets options.overlap.
 std::unique_ptr<Communicator> make_world_communicator(CommOptions options = {},
                                                       CommBackend backend = CommBackend::automatic);
 
