@@ -22,4 +22,19 @@ for n in 2 3 4; do
     "$WORK/n${n}_ddp/metrics.jsonl" || fail "clipping never active at N=$n"
   echo "N=$n: 8 strategy configurations bitwise identical ($reference)"
 done
+# The same with one flat unit per model unit (the default merges this tiny model's
+# small units; merging changes the partition, so the two layouts are compared only
+# within themselves).
+reference=""
+for strategy in ddp zero1 zero2 "zero3 --prefetch 2"; do
+  out="$WORK/unmerged_${strategy// /_}"
+  # shellcheck disable=SC2086
+  run_mpi 3 "$SHARDLM" train "${TINY[@]}" --micro-batch 4 --global-batch 12 --steps 10 \
+    --min-unit-params 0 --data "$WORK/data" --out "$out" --strategy $strategy > "$out.log" 2>&1 \
+    || { cat "$out.log"; fail "unmerged N=3 $strategy failed"; }
+  d="$(digest_of "$out")"
+  [ -n "$reference" ] || reference="$d"
+  [ "$d" = "$reference" ] || fail "unmerged N=3: $strategy differs"
+done
+echo "N=3, one flat unit per model unit: 4 strategy configurations bitwise identical"
 echo "1 passed, 0 failed"

@@ -47,7 +47,7 @@ SingleProcessCommunicator& comm() {
 
 std::vector<std::vector<int>> identity_needs(const ParamLayout& layout) {
   std::vector<std::vector<int>> needs;
-  for (int u = 0; u < layout.num_units(); ++u) needs.push_back({u});
+  for (int m = 0; m < layout.num_model_units(); ++m) needs.push_back({m});
   return needs;
 }
 

@@ -84,3 +84,29 @@ TEST(ModelConfig, JsonRoundTrip) {
   j.erase("n_head");
   EXPECT_THROW(ModelConfig::from_json(j), Error);
 }
+
+TEST(ParamLayout, SmallModelUnitsMergeWithANeighbour) {
+  ModelConfig c = model_preset("gpt2");
+  ParamLayout separate = ParamLayout::build(c, 2, 0);
+  ParamLayout merged = ParamLayout::build(c, 2, 65536);
+  ASSERT_EQ(separate.num_units(), c.n_layer + 2);
+  // The final norm (2 x 768 values) joins the last block; nothing else merges.
+  ASSERT_EQ(merged.num_units(), c.n_layer + 1);
+  ASSERT_EQ(merged.num_model_units(), c.n_layer + 2);
+  EXPECT_EQ(merged.units.back().name, "h.11+final");
+  EXPECT_EQ(merged.model_units.back().unit, c.n_layer);
+  EXPECT_GT(merged.model_units.back().base, 0);
+  // A parameter's offset within its model unit does not depend on merging.
+  for (int m = 0; m < merged.num_model_units(); ++m)
+    for (const auto& p : separate.units[static_cast<size_t>(m)].params)
+      EXPECT_EQ(merged.offset_in_model_unit(m, p.name), separate.offset_in_model_unit(m, p.name))
+          << p.name;
+  EXPECT_EQ(merged.total_numel(), separate.total_numel());
+  // Tiny models merge whole runs of units; every unit still pads to 2 x alignment.
+  ModelConfig tiny = model_preset("gpt2-tiny");
+  tiny.vocab_size = 256;
+  ParamLayout t = ParamLayout::build(tiny, 2, 1 << 20);
+  EXPECT_EQ(t.num_units(), 1);
+  EXPECT_EQ(t.units[0].padded_numel % (2 * ParamLayout::kParamAlignment), 0);
+  EXPECT_THROW(ParamLayout::build(tiny, 2, -1), Error);
+}

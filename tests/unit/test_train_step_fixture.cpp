@@ -34,7 +34,7 @@ TEST(TrainStepFixture, ThreeAdamWStepsWithClippingMatchPyTorch) {
   const ParamLayout layout = ParamLayout::build(config, 1);
   Gpt2Model model(config, layout, B, T);
   std::vector<std::vector<int>> needs;
-  for (int u = 0; u < layout.num_units(); ++u) needs.push_back(model.units_needed_for(u));
+  for (int m = 0; m < model.num_units(); ++m) needs.push_back(model.units_needed_for(m));
   SingleProcessCommunicator comm;
   FlatUnitStrategy strategy(layout, needs, comm, StrategyOptions{});
   for (const auto* p : layout.all_params()) {

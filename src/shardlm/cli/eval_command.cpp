@@ -65,7 +65,7 @@ void register_eval(CLI::App& app) {
     const ParamLayout layout = ParamLayout::build(config, 1);
     Gpt2Model model(config, layout, args->micro_batch, args->seq_len);
     std::vector<std::vector<int>> needs;
-    for (int u = 0; u < layout.num_units(); ++u) needs.push_back(model.units_needed_for(u));
+    for (int m = 0; m < model.num_units(); ++m) needs.push_back(model.units_needed_for(m));
     SingleProcessCommunicator comm;
     FlatUnitStrategy strategy(layout, needs, comm, StrategyOptions{});
     ckpt.load_into(layout, strategy);

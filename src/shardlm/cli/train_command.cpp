@@ -64,6 +64,10 @@ void register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--shard-group-size", opts->shard_group_size,
                   "hybrid: ranks per shard group (parameters sharded inside, replicated across)");
+  cmd->add_option("--min-unit-params", opts->min_unit_params,
+                  "Model units with fewer parameters are merged with a neighbour into one flat "
+                  "unit (fewer, larger messages)")
+      ->capture_default_str();
   cmd->add_option("--comm-timeout", opts->comm_timeout,
                   "Seconds any wait on a collective may take before the job is aborted")
       ->capture_default_str();

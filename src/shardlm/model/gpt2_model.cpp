@@ -161,24 +161,28 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
   SHARDLM_CHECK(config.head_dim() <= cpu::kAttentionMaxHeadDim,
                 "model: head_dim {} exceeds the CPU attention kernel's limit {}",
                 config.head_dim(), cpu::kAttentionMaxHeadDim);
-  SHARDLM_CHECK(layout.num_units() == m.L + 2, "model: layout has {} units, the config needs {}",
-                layout.num_units(), m.L + 2);
+  SHARDLM_CHECK(layout.num_model_units() == m.L + 2,
+                "model: layout has {} model units, the config needs {}", layout.num_model_units(),
+                m.L + 2);
 
-  m.wte = layout.units[0].param("transformer.wte.weight").offset;
-  m.wpe = layout.units[0].param("transformer.wpe.weight").offset;
+  // Offsets are relative to each model unit's pointer (the strategy hands the model
+  // one pointer per model unit, wherever the layout placed it).
+  m.wte = layout.offset_in_model_unit(0, "transformer.wte.weight");
+  m.wpe = layout.offset_in_model_unit(0, "transformer.wpe.weight");
   for (int l = 0; l < m.L; ++l) {
-    const UnitLayout& u = layout.units[l + 1];
-    auto off = [&](const char* suffix) { return u.param(gpt2_param_name(l, suffix)).offset; };
+    auto off = [&](const char* suffix) {
+      return layout.offset_in_model_unit(l + 1, gpt2_param_name(l, suffix));
+    };
     m.block_offsets.push_back({off("ln_1.weight"), off("ln_1.bias"), off("attn.c_attn.weight"),
                                off("attn.c_attn.bias"), off("attn.c_proj.weight"),
                                off("attn.c_proj.bias"), off("ln_2.weight"), off("ln_2.bias"),
                                off("mlp.c_fc.weight"), off("mlp.c_fc.bias"),
                                off("mlp.c_proj.weight"), off("mlp.c_proj.bias")});
   }
-  const UnitLayout& final_layout = layout.units[m.final_unit];
-  m.lnf_w = final_layout.param("transformer.ln_f.weight").offset;
-  m.lnf_b = final_layout.param("transformer.ln_f.bias").offset;
-  if (!config.tie_embeddings) m.lm_head = final_layout.param("lm_head.weight").offset;
+  m.lnf_w = layout.offset_in_model_unit(m.final_unit, "transformer.ln_f.weight");
+  m.lnf_b = layout.offset_in_model_unit(m.final_unit, "transformer.ln_f.bias");
+  if (!config.tie_embeddings)
+    m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
 
   const int64_t N = static_cast<int64_t>(max_batch) * max_seq;
   const int64_t C = m.C;
@@ -231,8 +235,8 @@ std::vector<int> Gpt2Model::units_needed_for(int unit) const {
 }
 
 void Gpt2Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
-  SHARDLM_CHECK(unit >= 0 && unit < num_units(), "model: unit {} out of range [0, {})", unit,
-                num_units());
+  SHARDLM_CHECK(unit >= 0 && unit < impl_->layout.num_units(),
+                "model: layout unit {} out of range [0, {})", unit, impl_->layout.num_units());
   const UnitLayout& u = impl_->layout.units[unit];
   std::fill(unit_params, unit_params + u.padded_numel, 0.0f);
   for (const ParamInfo& p : u.params) {

@@ -53,13 +53,15 @@ class Gpt2Model {
 
   const ModelConfig& config() const;
   const ParamLayout& layout() const;
-  int num_units() const;  // n_layer + 2
-  // Units whose parameters unit u's forward/backward read (final unit: {0, final}).
+  int num_units() const;  // model units: n_layer + 2
+  // Model units whose parameters model unit u's forward/backward read (final unit:
+  // {0, final}). The per-unit pointers of every call are indexed by model unit.
   std::vector<int> units_needed_for(int unit) const;
 
-  // Fill unit `unit`'s full flat buffer with GPT-2 init (per ParamInfo::init); padding
-  // and padded vocabulary rows are zero. Deterministic in (seed, parameter name)
-  // only, so it does not depend on world size or unit boundaries.
+  // Fill flat layout unit `unit`'s buffer (ParamLayout::units, which may hold several
+  // model units) with GPT-2 init (per ParamInfo::init); padding and padded vocabulary
+  // rows are zero. Deterministic in (seed, parameter name) only, so it does not
+  // depend on world size or unit boundaries.
   void init_unit(int unit, uint64_t seed, float* unit_params) const;
 
   // Forward of one unit for micro-batch `batch`. For the final unit with

@@ -28,10 +28,7 @@ class UnitBuilder {
     unit_.params.push_back(std::move(p));
     return unit_.params.back();
   }
-  UnitLayout finish(int world_size) {
-    unit_.padded_numel = round_up(unit_.numel, ParamLayout::kParamAlignment * world_size);
-    return std::move(unit_);
-  }
+  UnitLayout finish() { return std::move(unit_); }
 
  private:
   UnitLayout unit_;
@@ -49,21 +46,21 @@ const ParamInfo& UnitLayout::param(const std::string& param_name) const {
   throw Error("unit '" + name + "' has no parameter '" + param_name + "'");
 }
 
-ParamLayout ParamLayout::build(const ModelConfig& config, int world_size) {
+ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_t min_unit_params) {
   config.validate();
   SHARDLM_CHECK(world_size > 0, "world size must be positive, got {}", world_size);
+  SHARDLM_CHECK(min_unit_params >= 0, "--min-unit-params must be >= 0, got {}", min_unit_params);
   const int64_t C = config.n_embd;
   const int64_t V = config.padded_vocab_size();
   const float std = config.init_std;
   const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config.n_layer));
 
-  ParamLayout layout;
-  layout.world_size = world_size;
-
+  // The model units, each laid out from offset 0.
+  std::vector<UnitLayout> model_units;
   UnitBuilder embeddings("embeddings");
   embeddings.add("transformer.wte.weight", {V, C}, "normal", std).valid_rows = config.vocab_size;
   embeddings.add("transformer.wpe.weight", {config.max_seq_len, C}, "normal", std);
-  layout.units.push_back(embeddings.finish(world_size));
+  model_units.push_back(embeddings.finish());
 
   for (int l = 0; l < config.n_layer; ++l) {
     UnitBuilder block("h." + std::to_string(l));
@@ -80,7 +77,7 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size) {
     block.add(gpt2_param_name(l, "mlp.c_fc.bias"), {4 * C}, "zeros");
     block.add(gpt2_param_name(l, "mlp.c_proj.weight"), {4 * C, C}, "normal", residual_std);
     block.add(gpt2_param_name(l, "mlp.c_proj.bias"), {C}, "zeros");
-    layout.units.push_back(block.finish(world_size));
+    model_units.push_back(block.finish());
   }
 
   UnitBuilder final_unit("final");
@@ -88,8 +85,53 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size) {
   final_unit.add("transformer.ln_f.bias", {C}, "zeros");
   if (!config.tie_embeddings)
     final_unit.add("lm_head.weight", {V, C}, "normal", std).valid_rows = config.vocab_size;
-  layout.units.push_back(final_unit.finish(world_size));
+  model_units.push_back(final_unit.finish());
+
+  // Group consecutive model units until a group reaches min_unit_params; a small
+  // last group joins the one before it.
+  std::vector<std::vector<int>> groups;
+  int64_t group_numel = 0;
+  for (int m = 0; m < static_cast<int>(model_units.size()); ++m) {
+    if (groups.empty() || group_numel >= min_unit_params) {
+      groups.emplace_back();
+      group_numel = 0;
+    }
+    groups.back().push_back(m);
+    group_numel += model_units[static_cast<size_t>(m)].numel;
+  }
+  if (groups.size() > 1 && group_numel < min_unit_params) {
+    auto last = groups.back();
+    groups.pop_back();
+    groups.back().insert(groups.back().end(), last.begin(), last.end());
+  }
+
+  ParamLayout layout;
+  layout.world_size = world_size;
+  layout.model_units.resize(model_units.size());
+  for (const auto& group : groups) {
+    UnitLayout unit;
+    for (int m : group) {
+      const UnitLayout& part = model_units[static_cast<size_t>(m)];
+      const int64_t base = round_up(unit.numel, kParamAlignment);
+      layout.model_units[static_cast<size_t>(m)] = {static_cast<int>(layout.units.size()), base};
+      unit.name += (unit.name.empty() ? "" : "+") + part.name;
+      for (ParamInfo p : part.params) {
+        p.offset += base;
+        unit.params.push_back(std::move(p));
+      }
+      unit.numel = base + part.numel;
+    }
+    unit.padded_numel = round_up(unit.numel, kParamAlignment * world_size);
+    layout.units.push_back(std::move(unit));
+  }
   return layout;
+}
+
+int64_t ParamLayout::offset_in_model_unit(int model_unit, const std::string& name) const {
+  SHARDLM_ASSERT(model_unit >= 0 && model_unit < num_model_units());
+  const ModelUnitPlacement& place = model_units[static_cast<size_t>(model_unit)];
+  const ParamInfo& p = units[static_cast<size_t>(place.unit)].param(name);
+  return p.offset - place.base;
 }
 
 int64_t ParamLayout::total_numel() const {

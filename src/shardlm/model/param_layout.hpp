@@ -1,12 +1,15 @@
 // ParamLayout: the flat-unit data layout (DESIGN.md "Flat units"), as pure functions.
 //
-// The model is cut into units: unit 0 holds the embeddings, units 1..n_layer the
-// transformer blocks, and the last unit the final norm (and an untied LM head). A
-// unit's parameters live in one contiguous buffer; each parameter is a view
-// (offset, shape) into it, named as Hugging Face names it, so import/export is a
-// table. Offsets are aligned to kParamAlignment elements (cache lines, SIMD), and
-// the unit is padded to a multiple of world_size * kParamAlignment so every rank
-// owns an equal, aligned slice [r*S, (r+1)*S).
+// The model is cut into model units: 0 the embeddings, 1..n_layer the transformer
+// blocks, n_layer+1 the final norm (and an untied LM head). Parameters live in flat
+// units: one contiguous buffer per unit, the granularity of all-gather,
+// reduce-scatter and prefetch. Usually a unit holds one model unit; model units
+// smaller than min_unit_params are merged with a neighbour into one unit so tiny
+// layers (GPT-2's final norm: 2 x n_embd values) do not become tiny messages. Each
+// parameter is a view (offset, shape) into its unit's buffer, named as Hugging Face
+// names it, so import/export is a table. Offsets are aligned to kParamAlignment
+// elements (cache lines, SIMD), and a unit is padded to a multiple of world_size *
+// kParamAlignment so every rank owns an equal, aligned slice [r*S, (r+1)*S).
 #pragma once
 
 #include <cstdint>
@@ -39,15 +42,26 @@ struct UnitLayout {
   const ParamInfo& param(const std::string& name) const;  // throws Error if absent
 };
 
+// Where a model unit's parameters live: in unit `unit`, from element `base` on. A
+// model unit's parameter offsets relative to `base` do not depend on merging.
+struct ModelUnitPlacement {
+  int unit = 0;
+  int64_t base = 0;
+};
+
 struct ParamLayout {
   static constexpr int64_t kParamAlignment = 16;  // elements (64 bytes of fp32)
 
-  std::vector<UnitLayout> units;
+  std::vector<UnitLayout> units;                  // flat (communication) units
+  std::vector<ModelUnitPlacement> model_units;    // indexed by model unit
   int world_size = 1;
 
-  static ParamLayout build(const ModelConfig& config, int world_size);
+  static ParamLayout build(const ModelConfig& config, int world_size, int64_t min_unit_params = 0);
 
   int num_units() const { return static_cast<int>(units.size()); }
+  int num_model_units() const { return static_cast<int>(model_units.size()); }
+  // Offset of parameter `name` relative to its model unit's base.
+  int64_t offset_in_model_unit(int model_unit, const std::string& name) const;
   int64_t total_numel() const;         // real parameters (excluding alignment padding)
   int64_t total_padded_numel() const;  // what the flat buffers hold
   // Every parameter, in canonical order (unit order, then offset order).

@@ -25,19 +25,32 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
                                    std::vector<std::vector<int>> unit_needs, Communicator& world,
                                    const StrategyOptions& options, MemoryTracker& tracker)
     : layout_(layout),
-      unit_needs_(std::move(unit_needs)),
       world_(world),
       shard_(&world),
       replica_(nullptr),
       options_(options),
       tracker_(tracker),
       num_units_(layout.num_units()),
+      num_model_units_(layout.num_model_units()),
       shard_rank_(0),
       shard_size_(1),
       shard_params_(options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid),
       shard_grads_(options.kind == StrategyKind::zero2 || shard_params_),
       shard_optimizer_(options.kind != StrategyKind::ddp) {
-  SHARDLM_ASSERT(static_cast<int>(unit_needs_.size()) == num_units_);
+  SHARDLM_CHECK(static_cast<int>(unit_needs.size()) == num_model_units_,
+                "internal: {} model units need lists for a layout of {} model units",
+                unit_needs.size(), num_model_units_);
+  for (const auto& placement : layout.model_units) unit_of_.push_back(placement.unit);
+  first_model_unit_.assign(static_cast<size_t>(num_units_), -1);
+  for (int m = num_model_units_ - 1; m >= 0; --m) first_model_unit_[static_cast<size_t>(unit_of_[static_cast<size_t>(m)])] = m;
+  for (const auto& model_needs : unit_needs) {
+    reads_other_units_.push_back(model_needs.size() > 1);
+    std::vector<int> flat;
+    for (int v : model_needs) flat.push_back(unit_of_[static_cast<size_t>(v)]);
+    std::sort(flat.begin(), flat.end());
+    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
+    unit_needs_.push_back(std::move(flat));
+  }
   SHARDLM_CHECK(options.prefetch >= 0, "--prefetch must be >= 0, got {}", options.prefetch);
   SHARDLM_CHECK(options.bucket_mb > 0, "--bucket-mb must be positive, got {}", options.bucket_mb);
   if (options.kind == StrategyKind::hybrid) {
@@ -54,9 +67,11 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
                 layout.world_size, shard_size_);
 
   shared_unit_.assign(static_cast<size_t>(num_units_), false);
-  for (int u = 0; u < num_units_; ++u)
-    for (int v : unit_needs_[static_cast<size_t>(u)])
-      if (v != u) shared_unit_[static_cast<size_t>(v)] = true;
+  for (int m = 0; m < num_model_units_; ++m)
+    for (int v : unit_needs_[static_cast<size_t>(m)])
+      if (v != unit_of_[static_cast<size_t>(m)]) shared_unit_[static_cast<size_t>(v)] = true;
+  model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
+  model_grad_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
 
   const size_t U = static_cast<size_t>(num_units_);
   full_params_.resize(U);
@@ -122,9 +137,9 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     }
   }
 
-  for (int u = 0; u < num_units_; ++u) train_schedule_.push_back({false, u});
-  for (int u = num_units_ - 1; u >= 0; --u) train_schedule_.push_back({true, u});
-  for (int u = 0; u < num_units_; ++u) eval_schedule_.push_back({false, u});
+  for (int m = 0; m < num_model_units_; ++m) train_schedule_.push_back({false, m});
+  for (int m = num_model_units_ - 1; m >= 0; --m) train_schedule_.push_back({true, m});
+  for (int m = 0; m < num_model_units_; ++m) eval_schedule_.push_back({false, m});
 
   if (!shard_grads_) {
     // Buckets of whole units in backward order; a small first bucket starts
@@ -151,6 +166,28 @@ FlatUnitStrategy::~FlatUnitStrategy() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "warning: strategy shutdown: %s\n", e.what());
   }
+}
+
+UnitPointers FlatUnitStrategy::params() {
+  for (int m = 0; m < num_model_units_; ++m) {
+    const auto& place = layout_.model_units[static_cast<size_t>(m)];
+    float* base = param_ptrs_[static_cast<size_t>(place.unit)];
+    model_param_ptrs_[static_cast<size_t>(m)] = base != nullptr ? base + place.base : nullptr;
+  }
+  return model_param_ptrs_;
+}
+
+UnitPointers FlatUnitStrategy::grads() {
+  for (int m = 0; m < num_model_units_; ++m) {
+    const auto& place = layout_.model_units[static_cast<size_t>(m)];
+    float* base = grad_ptrs_[static_cast<size_t>(place.unit)];
+    model_grad_ptrs_[static_cast<size_t>(m)] = base != nullptr ? base + place.base : nullptr;
+  }
+  return model_grad_ptrs_;
+}
+
+const float* FlatUnitStrategy::replicated_params(int unit) const {
+  return shard_params_ ? nullptr : full_params_[static_cast<size_t>(unit)].as<float>();
 }
 
 OwnedSlice FlatUnitStrategy::owned(int unit) {
@@ -191,13 +228,13 @@ void FlatUnitStrategy::begin_step(int num_micro_batches) {
 
 // ---- zero3: parameter gathering --------------------------------------------------
 
-size_t FlatUnitStrategy::schedule_index(bool backward, int unit) const {
-  if (!backward) return static_cast<size_t>(unit);
-  return static_cast<size_t>(num_units_) + static_cast<size_t>(num_units_ - 1 - unit);
+size_t FlatUnitStrategy::schedule_index(bool backward, int model_unit) const {
+  if (!backward) return static_cast<size_t>(model_unit);
+  return static_cast<size_t>(num_model_units_) + static_cast<size_t>(num_model_units_ - 1 - model_unit);
 }
 
 bool FlatUnitStrategy::needs(size_t step, int unit) const {
-  const auto& n = unit_needs_[static_cast<size_t>((*schedule_)[step].unit)];
+  const auto& n = unit_needs_[static_cast<size_t>((*schedule_)[step].model_unit)];
   return std::find(n.begin(), n.end(), unit) != n.end();
 }
 
@@ -244,7 +281,7 @@ void FlatUnitStrategy::release_params(int unit) {
 void FlatUnitStrategy::prefetch_after(size_t cursor) {
   int issued = 0;
   for (size_t s = cursor + 1; s < schedule_->size() && issued < options_.prefetch; ++s) {
-    for (int v : unit_needs_[static_cast<size_t>((*schedule_)[s].unit)]) {
+    for (int v : unit_needs_[static_cast<size_t>((*schedule_)[s].model_unit)]) {
       if (gather_state_[static_cast<size_t>(v)] != GatherState::none) continue;
       if (!shared_unit_[static_cast<size_t>(v)] && free_param_buffers_.empty()) return;
       start_gather(v);
@@ -256,7 +293,7 @@ void FlatUnitStrategy::prefetch_after(size_t cursor) {
 void FlatUnitStrategy::release_after(size_t cursor) {
   const Step& step = (*schedule_)[cursor];
   const bool last = cursor + 1 == schedule_->size();
-  for (int v : unit_needs_[static_cast<size_t>(step.unit)]) {
+  for (int v : unit_needs_[static_cast<size_t>(step.model_unit)]) {
     bool keep = false;
     if (!last) {
       if (!step.backward) {
@@ -337,32 +374,32 @@ void FlatUnitStrategy::launch_bucket(size_t bucket) {
 
 // ---- hooks --------------------------------------------------------------------------
 
-void FlatUnitStrategy::before_forward(int unit, bool training) {
+void FlatUnitStrategy::before_forward(int model_unit, bool training) {
   training_ = training;
-  const auto& unit_needs = unit_needs_[static_cast<size_t>(unit)];
+  const auto& unit_needs = unit_needs_[static_cast<size_t>(model_unit)];
   if (shard_params_) {
     schedule_ = training ? &train_schedule_ : &eval_schedule_;
-    const size_t cursor = schedule_index(false, unit);
+    const size_t cursor = schedule_index(false, model_unit);
     for (int v : unit_needs) ensure_gathered(v);
     prefetch_after(cursor);
   } else {
     for (int v : unit_needs) param_sync_[static_cast<size_t>(v)].wait();
   }
-  // A unit that reads other units' parameters (the final unit: the tied LM head)
-  // writes their gradients, and its own, during its training forward.
-  if (shard_grads_ && training && unit_needs.size() > 1)
+  // A model unit that reads other units' parameters (the final unit: the tied LM
+  // head) writes their gradients, and its own, during its training forward.
+  if (shard_grads_ && training && reads_other_units_[static_cast<size_t>(model_unit)])
     for (int v : unit_needs) acquire_grads(v);
 }
 
-void FlatUnitStrategy::after_forward(int unit) {
-  if (shard_params_) release_after(schedule_index(false, unit));
+void FlatUnitStrategy::after_forward(int model_unit) {
+  if (shard_params_) release_after(schedule_index(false, model_unit));
 }
 
-void FlatUnitStrategy::before_backward(int unit) {
-  const auto& unit_needs = unit_needs_[static_cast<size_t>(unit)];
+void FlatUnitStrategy::before_backward(int model_unit) {
+  const auto& unit_needs = unit_needs_[static_cast<size_t>(model_unit)];
   if (shard_params_) {
     schedule_ = &train_schedule_;
-    const size_t cursor = schedule_index(true, unit);
+    const size_t cursor = schedule_index(true, model_unit);
     for (int v : unit_needs) ensure_gathered(v);
     prefetch_after(cursor);
   }
@@ -370,22 +407,25 @@ void FlatUnitStrategy::before_backward(int unit) {
     for (int v : unit_needs) acquire_grads(v);
 }
 
-void FlatUnitStrategy::after_backward(int unit, int micro_batch) {
+void FlatUnitStrategy::after_backward(int model_unit, int micro_batch) {
+  const int unit = unit_of_[static_cast<size_t>(model_unit)];
   const size_t u = static_cast<size_t>(unit);
-  if (shard_grads_) {
+  // A flat unit's gradient is complete once backward reached its first model unit.
+  const bool complete = first_model_unit_[u] == model_unit;
+  if (complete && shard_grads_) {
     const int64_t S = layout_.units[u].padded_numel / shard_size_;
     float* grads = grad_ptrs_[u];
     pending_reduces_.push_back(
         {unit, shard_->reduce_scatter(grads, grads + shard_rank_ * S, static_cast<size_t>(S),
                                       ReduceOp::sum,
                                       "reduce_scatter grads unit " + layout_.units[u].name)});
-  } else if (micro_batch == num_micro_batches_ - 1) {
+  } else if (complete && micro_batch == num_micro_batches_ - 1) {
     // no_sync: only the last micro-batch communicates; a bucket goes as soon as its
     // last unit (in backward order) has its gradient.
     const int b = bucket_of_unit_[u];
     if (buckets_[static_cast<size_t>(b)].back() == unit) launch_bucket(static_cast<size_t>(b));
   }
-  if (shard_params_) release_after(schedule_index(true, unit));
+  if (shard_params_) release_after(schedule_index(true, model_unit));
 }
 
 void FlatUnitStrategy::finish_gradients() {

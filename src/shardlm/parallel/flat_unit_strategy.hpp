@@ -28,8 +28,10 @@ namespace shardlm {
 
 class FlatUnitStrategy : public Strategy {
  public:
-  // layout must be built for partition_size(options, world.size()) ranks. unit_needs[u]
-  // lists the units whose parameters unit u reads (Gpt2Model::units_needed_for).
+  // layout must be built for partition_size(options, world.size()) ranks. unit_needs[m]
+  // lists the model units whose parameters model unit m reads
+  // (Gpt2Model::units_needed_for). Hooks take model units; buffers, collectives and
+  // owned slices are per flat layout unit (one or more model units).
   FlatUnitStrategy(const ParamLayout& layout, std::vector<std::vector<int>> unit_needs,
                    Communicator& world, const StrategyOptions& options,
                    MemoryTracker& tracker = MemoryTracker::global());
@@ -38,15 +40,18 @@ class FlatUnitStrategy : public Strategy {
   std::string name() const override { return to_string(options_.kind); }
   int world_size() const override { return world_.size(); }
   int rank() const override { return world_.rank(); }
-  UnitPointers params() override { return param_ptrs_; }
-  UnitPointers grads() override { return grad_ptrs_; }
+  UnitPointers params() override;
+  UnitPointers grads() override;
+  // The full fp32 buffer of a flat unit when parameters are replicated (ddp, zero1,
+  // zero2), else nullptr: what --check-replicas compares.
+  const float* replicated_params(int unit) const;
   OwnedSlice owned(int unit) override;
 
   void begin_step(int num_micro_batches) override;
-  void before_forward(int unit, bool training) override;
-  void after_forward(int unit) override;
-  void before_backward(int unit) override;
-  void after_backward(int unit, int micro_batch) override;
+  void before_forward(int model_unit, bool training) override;
+  void after_forward(int model_unit) override;
+  void before_backward(int model_unit) override;
+  void after_backward(int model_unit, int micro_batch) override;
   void finish_gradients() override;
   double global_grad_norm_squared() override;
   void after_step() override;
@@ -64,7 +69,7 @@ class FlatUnitStrategy : public Strategy {
  private:
   struct Step {
     bool backward;
-    int unit;
+    int model_unit;
   };
   struct PendingReduce {
     int unit;
@@ -78,7 +83,7 @@ class FlatUnitStrategy : public Strategy {
   void release_params(int unit);
   void prefetch_after(size_t cursor);
   void release_after(size_t cursor);
-  size_t schedule_index(bool backward, int unit) const;
+  size_t schedule_index(bool backward, int model_unit) const;
   bool needs(size_t step, int unit) const;
   // zero2/zero3: transient full-unit gradient buffers.
   void acquire_grads(int unit);
@@ -87,7 +92,10 @@ class FlatUnitStrategy : public Strategy {
   float* owned_grad_slice(int unit);
 
   const ParamLayout& layout_;
-  const std::vector<std::vector<int>> unit_needs_;
+  std::vector<std::vector<int>> unit_needs_;  // per model unit: flat units it reads
+  std::vector<int> unit_of_;                  // model unit -> flat unit
+  std::vector<int> first_model_unit_;         // flat unit -> its first model unit
+  std::vector<bool> reads_other_units_;       // model unit reads other model units' params
   Communicator& world_;
   std::unique_ptr<Communicator> shard_group_, replica_group_;
   Communicator* shard_;    // partition communicator (world unless hybrid)
@@ -95,13 +103,15 @@ class FlatUnitStrategy : public Strategy {
   const StrategyOptions options_;
   MemoryTracker& tracker_;
   const int num_units_;
+  const int num_model_units_;
   int shard_rank_, shard_size_;
   const bool shard_params_, shard_grads_, shard_optimizer_;
   std::vector<bool> shared_unit_;  // read by another unit (kept in dedicated buffers)
 
   std::vector<TrackedBuffer> full_params_, owned_params_, full_grads_, owned_grads_;
   std::vector<TrackedBuffer> adam_m_, adam_v_;
-  std::vector<float*> param_ptrs_, grad_ptrs_;
+  std::vector<float*> param_ptrs_, grad_ptrs_;              // per flat unit
+  std::vector<float*> model_param_ptrs_, model_grad_ptrs_;  // per model unit (what the model reads)
 
   // zero3 parameter gathering
   std::vector<TrackedBuffer> param_pool_;

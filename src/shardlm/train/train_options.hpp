@@ -44,6 +44,8 @@ struct TrainOptions {
   int prefetch = 1;
   bool reshard_after_forward = true;
   int shard_group_size = 0;
+  // Model units smaller than this are merged with a neighbour into one flat unit.
+  int64_t min_unit_params = 65536;
   double comm_timeout = 300.0;  // seconds any wait on a collective may take
   bool check_replicas = false;  // debug: verify replicated params agree after every step
 

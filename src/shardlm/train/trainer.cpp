@@ -122,14 +122,12 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& mine) {
 }
 
 // sha256 of the replicated parameters, for --check-replicas.
-uint64_t replicated_params_digest(const ParamLayout& layout, Strategy& strategy) {
+uint64_t replicated_params_digest(const ParamLayout& layout, const FlatUnitStrategy& strategy) {
   Sha256 hasher;
-  UnitPointers params = strategy.params();
   for (int u = 0; u < layout.num_units(); ++u)
-    if (params[static_cast<size_t>(u)] != nullptr)
-      hasher.update(params[static_cast<size_t>(u)],
-                    static_cast<size_t>(layout.units[static_cast<size_t>(u)].padded_numel) *
-                        sizeof(float));
+    if (const float* params = strategy.replicated_params(u))
+      hasher.update(params, static_cast<size_t>(layout.units[static_cast<size_t>(u)].padded_numel) *
+                                sizeof(float));
   return std::stoull(hasher.hex_digest().substr(0, 16), nullptr, 16);
 }
 
@@ -204,6 +202,7 @@ TrainSummary Trainer::run() {
                               {"strategy", o_.strategy},
                               {"prefetch", o_.prefetch},
                               {"shard_group_size", o_.shard_group_size},
+                              {"min_unit_params", o_.min_unit_params},
                               {"tokenizer", meta_.tokenizer},
                               {"train_tokens", train_tokens_->size()},
                               {"val_tokens", val_tokens_->size()},
@@ -229,10 +228,10 @@ TrainSummary Trainer::run() {
     SHARDLM_CHECK(!ec, "cannot create run directory '{}': {}", o_.out_dir, ec.message());
   }
 
-  layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition));
+  layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
   model_ = std::make_unique<Gpt2Model>(config_, *layout_, o_.micro_batch, o_.seq_len);
   std::vector<std::vector<int>> needs;
-  for (int u = 0; u < layout_->num_units(); ++u) needs.push_back(model_->units_needed_for(u));
+  for (int m = 0; m < model_->num_units(); ++m) needs.push_back(model_->units_needed_for(m));
   strategy_ = std::make_unique<FlatUnitStrategy>(*layout_, needs, comm_, strategy_options_);
   runner_ = std::make_unique<ModelRunner>(*model_, *strategy_);
 
@@ -386,8 +385,7 @@ TrainSummary Trainer::run() {
       auto digests = comm_.all_gather_u64(replicated_params_digest(*layout_, *strategy_),
                                           "replica digest");
       for (int r = 1; r < world_; ++r)
-        SHARDLM_CHECK(strategy_->name() == "zero3" || strategy_->name() == "hybrid" ||
-                          digests[static_cast<size_t>(r)] == digests[0],
+        SHARDLM_CHECK(digests[static_cast<size_t>(r)] == digests[0],
                       "replicas diverged after step {}: rank {}'s parameters differ from rank 0's",
                       step + 1, r);
     }
