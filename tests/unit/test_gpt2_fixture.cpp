@@ -1,8 +1,9 @@
 // The GPT-2 model against an independent PyTorch reference
 // (tools/make_gpt2_fixture.py: float64 autograd, stored as float32): loss,
 // every parameter gradient and last-position logits; then the same numbers must not
-// change with the world size's padding or when the batch is split into
-// micro-batches that accumulate into the same gradient buffers.
+// change with the world size's padding, with model units merged into one flat unit,
+// or when the batch is split into micro-batches that accumulate into the same
+// gradient buffers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,6 +42,7 @@ const Reference& reference() {
 }
 
 // Flat unit buffers for parameters and gradients, filled from the fixture by name.
+// The model takes one pointer per MODEL unit: where the layout placed it.
 struct UnitBuffers {
   std::vector<std::vector<float>> params, grads;
   std::vector<float*> param_ptrs, grad_ptrs;
@@ -50,9 +52,9 @@ struct UnitBuffers {
       params.emplace_back(unit.padded_numel, 0.0f);
       grads.emplace_back(unit.padded_numel, 0.0f);
     }
-    for (size_t u = 0; u < params.size(); ++u) {
-      param_ptrs.push_back(params[u].data());
-      grad_ptrs.push_back(grads[u].data());
+    for (const auto& place : layout.model_units) {
+      param_ptrs.push_back(params[place.unit].data() + place.base);
+      grad_ptrs.push_back(grads[place.unit].data() + place.base);
     }
     for (const auto* p : layout.all_params()) {
       const auto [unit, info] = layout.find(p->name);
@@ -137,7 +139,7 @@ TEST(Gpt2Fixture, LossGradientsAndLogitsMatchPyTorch) {
   EXPECT_LT(relative_to_max_error(logits, ref.file.at("logits_last").to_f32()), 1e-4);
 }
 
-TEST(Gpt2Fixture, WorldSizePaddingDoesNotChangeAnything) {
+TEST(Gpt2Fixture, WorldSizePaddingAndMergedUnitsDoNotChangeAnything) {
   const Reference& ref = reference();
   const float scale = 1.0f / static_cast<float>(count_targets());
   const auto layout1 = shardlm::ParamLayout::build(ref.config, 1);
@@ -146,15 +148,23 @@ TEST(Gpt2Fixture, WorldSizePaddingDoesNotChangeAnything) {
   for (int u = 0; u < layout1.num_units(); ++u)
     padding_differs |= layout1.units[u].padded_numel != layout3.units[u].padded_numel;
   ASSERT_TRUE(padding_differs) << "world size 3 should pad some unit differently";
+  // Blocks here hold ~3.3k values: 3000 merges the embeddings with block 0 and the
+  // final norm with block 1, so the tied head reads wte from a merged unit.
+  const auto merged = shardlm::ParamLayout::build(ref.config, 3, 3000);
+  ASSERT_EQ(merged.num_units(), 2);
+  ASSERT_EQ(merged.num_model_units(), layout1.num_model_units());
 
   shardlm::Gpt2Model model1(ref.config, layout1, ref.B, ref.T);
-  shardlm::Gpt2Model model3(ref.config, layout3, ref.B, ref.T);
-  UnitBuffers buf1(layout1), buf3(layout3);
+  UnitBuffers buf1(layout1);
   train_micro_batch(model1, buf1, ref.tokens.data(), ref.targets.data(), ref.B, ref.T, scale);
-  train_micro_batch(model3, buf3, ref.tokens.data(), ref.targets.data(), ref.B, ref.T, scale);
-  EXPECT_EQ(model1.last_loss_sum(), model3.last_loss_sum());
-  for (const auto* p : layout1.all_params())
-    EXPECT_EQ(buf1.grad(layout1, p->name), buf3.grad(layout3, p->name)) << p->name;
+  for (const shardlm::ParamLayout* other : {&layout3, &merged}) {
+    shardlm::Gpt2Model model(ref.config, *other, ref.B, ref.T);
+    UnitBuffers buf(*other);
+    train_micro_batch(model, buf, ref.tokens.data(), ref.targets.data(), ref.B, ref.T, scale);
+    EXPECT_EQ(model1.last_loss_sum(), model.last_loss_sum());
+    for (const auto* p : layout1.all_params())
+      EXPECT_EQ(buf1.grad(layout1, p->name), buf.grad(*other, p->name)) << p->name;
+  }
 }
 
 TEST(Gpt2Fixture, MicroBatchesAccumulateToTheFullBatchGradient) {

@@ -28,15 +28,15 @@ struct Buffers {
   std::vector<std::vector<float>> params, grads;
   std::vector<float*> param_ptrs, grad_ptrs;
   Buffers(const shardlm::Gpt2Model& model, uint64_t seed) {
-    for (int u = 0; u < model.num_units(); ++u) {
-      const auto n = model.layout().units[u].padded_numel;
-      params.emplace_back(n, -1.0f);  // init must overwrite everything, padding included
-      grads.emplace_back(n, 0.0f);
+    const shardlm::ParamLayout& layout = model.layout();
+    for (int u = 0; u < layout.num_units(); ++u) {
+      params.emplace_back(layout.units[u].padded_numel, -1.0f);  // init must overwrite it all
+      grads.emplace_back(layout.units[u].padded_numel, 0.0f);
       model.init_unit(u, seed, params.back().data());
     }
-    for (int u = 0; u < model.num_units(); ++u) {
-      param_ptrs.push_back(params[u].data());
-      grad_ptrs.push_back(grads[u].data());
+    for (const auto& place : layout.model_units) {  // the model takes model-unit pointers
+      param_ptrs.push_back(params[place.unit].data() + place.base);
+      grad_ptrs.push_back(grads[place.unit].data() + place.base);
     }
   }
   std::vector<float> param(const shardlm::ParamLayout& layout, const std::string& name) const {
@@ -70,14 +70,18 @@ void train_step(shardlm::Gpt2Model& model, Buffers& buf, const shardlm::MicroBat
     model.backward_unit(u, buf.param_ptrs, buf.grad_ptrs, batch);
 }
 
-TEST(Gpt2Model, InitDependsOnSeedAndNameOnlyNotWorldSize) {
+TEST(Gpt2Model, InitDependsOnSeedAndNameOnlyNotWorldSizeOrMerging) {
   const auto config = small_config();
   const auto layout1 = shardlm::ParamLayout::build(config, 1);
   const auto layout3 = shardlm::ParamLayout::build(config, 3);
-  shardlm::Gpt2Model model1(config, layout1, 1, 4), model3(config, layout3, 1, 4);
-  const Buffers a(model1, 7), b(model3, 7), other_seed(model1, 8);
+  const auto merged = shardlm::ParamLayout::build(config, 3, 3000);  // 2 flat units
+  ASSERT_LT(merged.num_units(), layout1.num_units());
+  shardlm::Gpt2Model model1(config, layout1, 1, 4), model3(config, layout3, 1, 4),
+      model_merged(config, merged, 1, 4);
+  const Buffers a(model1, 7), b(model3, 7), c(model_merged, 7), other_seed(model1, 8);
   for (const auto* p : layout1.all_params()) {
     EXPECT_EQ(a.param(layout1, p->name), b.param(layout3, p->name)) << p->name;
+    EXPECT_EQ(a.param(layout1, p->name), c.param(merged, p->name)) << p->name;
     if (p->init == "normal") {
       EXPECT_NE(a.param(layout1, p->name), other_seed.param(layout1, p->name)) << p->name;
     }
