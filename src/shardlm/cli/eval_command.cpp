@@ -7,14 +7,11 @@
 
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/cli/commands.hpp"
-#include "shardlm/comm/single_process_communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/data/prepare.hpp"
 #include "shardlm/data/sampler.hpp"
 #include "shardlm/data/token_file.hpp"
-#include "shardlm/model/gpt2_model.hpp"
-#include "shardlm/parallel/flat_unit_strategy.hpp"
-#include "shardlm/train/model_runner.hpp"
+#include "shardlm/train/loaded_model.hpp"
 
 namespace shardlm::cli {
 
@@ -62,14 +59,7 @@ void register_eval(CLI::App& app) {
                   tokens.vocab_size(), config.vocab_size);
     EvalSampler sampler(tokens, args->seq_len);
     const int64_t windows = std::min<int64_t>(args->windows, sampler.num_windows());
-    const ParamLayout layout = ParamLayout::build(config, 1);
-    Gpt2Model model(config, layout, args->micro_batch, args->seq_len);
-    std::vector<std::vector<int>> needs;
-    for (int m = 0; m < model.num_units(); ++m) needs.push_back(model.units_needed_for(m));
-    SingleProcessCommunicator comm;
-    FlatUnitStrategy strategy(layout, needs, comm, StrategyOptions{});
-    ckpt.load_into(layout, strategy);
-    ModelRunner runner(model, strategy);
+    LoadedModel loaded(ckpt, args->micro_batch, args->seq_len);
     const size_t window_tokens = static_cast<size_t>(args->seq_len);
     std::vector<int32_t> in(window_tokens * static_cast<size_t>(args->micro_batch));
     std::vector<int32_t> target(in.size());
@@ -80,8 +70,8 @@ void register_eval(CLI::App& app) {
       for (int i = 0; i < rows; ++i)
         sampler.fill(first + i, in.data() + static_cast<size_t>(i) * window_tokens,
                      target.data() + static_cast<size_t>(i) * window_tokens);
-      loss_sum += runner.forward({in.data(), target.data(), rows, args->seq_len}, false, 0.0f);
-      count += model.last_target_count();
+      loss_sum += loaded.runner().forward({in.data(), target.data(), rows, args->seq_len}, false, 0.0f);
+      count += loaded.model().last_target_count();
     }
     fmt::print("windows: {}\ntokens: {}\nloss: {:.8f}\n", windows, count,
                loss_sum / static_cast<double>(count));

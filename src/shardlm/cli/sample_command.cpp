@@ -6,10 +6,7 @@
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/data/tokenizer.hpp"
-#include "shardlm/model/gpt2_model.hpp"
-#include "shardlm/comm/single_process_communicator.hpp"
-#include "shardlm/parallel/flat_unit_strategy.hpp"
-#include "shardlm/train/model_runner.hpp"
+#include "shardlm/train/loaded_model.hpp"
 #include "shardlm/train/sampling.hpp"
 
 namespace shardlm::cli {
@@ -43,17 +40,10 @@ void register_sample(CLI::App& app) {
     CheckpointReader ckpt(resolve_checkpoint_path(args->checkpoint));
     const ModelConfig& config = ckpt.info().model;
     auto tokenizer = make_tokenizer(ckpt.info().tokenizer);
-    const ParamLayout layout = ParamLayout::build(config, 1);
-    Gpt2Model model(config, layout, 1, config.max_seq_len);
-    std::vector<std::vector<int>> needs;
-    for (int m = 0; m < model.num_units(); ++m) needs.push_back(model.units_needed_for(m));
-    SingleProcessCommunicator comm;
-    FlatUnitStrategy strategy(layout, needs, comm, StrategyOptions{});
-    ckpt.load_into(layout, strategy);
-    ModelRunner runner(model, strategy);
+    LoadedModel loaded(ckpt, 1, config.max_seq_len);
     std::vector<int32_t> prompt = tokenizer->encode(args->prompt);
     if (prompt.empty()) prompt.push_back(tokenizer->end_of_text().value_or(0));
-    auto ids = generate(runner, prompt, config.max_seq_len, args->sampling);
+    auto ids = generate(loaded.runner(), prompt, config.max_seq_len, args->sampling);
     std::printf("%s%s\n", args->prompt.c_str(), tokenizer->decode(ids).c_str());
   });
 }

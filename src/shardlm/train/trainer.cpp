@@ -27,6 +27,7 @@
 #include "shardlm/optim/adamw.hpp"
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/train/loaded_model.hpp"
 #include "shardlm/train/metrics.hpp"
 #include "shardlm/train/model_runner.hpp"
 #include "shardlm/train/progress.hpp"
@@ -230,9 +231,8 @@ TrainSummary Trainer::run() {
 
   layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
   model_ = std::make_unique<Gpt2Model>(config_, *layout_, o_.micro_batch, o_.seq_len);
-  std::vector<std::vector<int>> needs;
-  for (int m = 0; m < model_->num_units(); ++m) needs.push_back(model_->units_needed_for(m));
-  strategy_ = std::make_unique<FlatUnitStrategy>(*layout_, needs, comm_, strategy_options_);
+  strategy_ = std::make_unique<FlatUnitStrategy>(*layout_, model_unit_needs(*model_), comm_,
+                                                 strategy_options_);
   runner_ = std::make_unique<ModelRunner>(*model_, *strategy_);
 
   int64_t start_step = 0;
