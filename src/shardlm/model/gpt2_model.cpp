@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "shardlm/backend/cpu/attention.hpp"
 #include "shardlm/backend/cpu/bias.hpp"
 #include "shardlm/backend/cpu/embedding.hpp"
 #include "shardlm/backend/cpu/gelu.hpp"
-#include "shardlm/backend/cpu/gemm.hpp"
+#include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
 #include "shardlm/core/error.hpp"
@@ -17,7 +18,9 @@ namespace shardlm {
 
 namespace {
 
-using cpu::sgemm;
+using cpu::ConstTypedPtr;
+using cpu::gemm;
+using cpu::TypedPtr;
 
 // Target size of one chunk of logits in the fused LM head + loss. Each chunk
 // re-reads the [V, C] head weight twice and read-modify-writes its gradient once,
@@ -44,45 +47,58 @@ struct BlockOffsets {
   int64_t ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
 };
 
-// What a block's backward reads, saved by its forward. All layers have their own
-// set today; activation checkpointing would give every layer the same set and
-// re-run the block's forward from its input (residual[l]) before its backward.
+// What a block's backward reads, saved by its forward. Without activation
+// checkpointing every layer has its own set; with it all layers share one set, which
+// block l's backward refills by recomputing block l's forward from residual[l].
+// GEMM inputs are in the compute type; the rest is fp32.
 struct BlockActivations {
-  float* ln1 = nullptr;       // [N, C]
+  TypedPtr ln1;               // [N, C] compute type
   float* ln1_mean = nullptr;  // [N]
   float* ln1_rstd = nullptr;  // [N]
-  float* qkv = nullptr;       // [N, 3C] (biased)
-  float* att = nullptr;       // [N, C] attention output, before c_proj
+  float* qkv = nullptr;       // [N, 3C] (biased) fp32: the attention kernel's input
+  TypedPtr att;               // [N, C] compute type: attention output, before c_proj
   float* att_lse = nullptr;   // [B, H, T]
   float* res2 = nullptr;      // [N, C] residual after the attention branch
-  float* ln2 = nullptr;       // [N, C]
+  TypedPtr ln2;               // [N, C] compute type
   float* ln2_mean = nullptr;  // [N]
   float* ln2_rstd = nullptr;  // [N]
-  float* fc_pre = nullptr;    // [N, 4C] c_fc output with bias (GELU input)
-  float* fc_act = nullptr;    // [N, 4C] GELU output
+  float* fc_pre = nullptr;    // [N, 4C] fp32: c_fc output with bias (GELU input)
+  TypedPtr fc_act;            // [N, 4C] compute type: GELU output
 };
 
-// Carves 64-byte aligned float arrays out of one tracked allocation: requests are
+// A block's four GEMM weights as the GEMMs read them (the parameters themselves in
+// fp32, else their rounded copies in the weight scratch).
+struct BlockWeights {
+  ConstTypedPtr attn, attn_proj, fc, fc_proj;
+};
+
+// Carves 64-byte aligned arrays out of one tracked allocation: requests are
 // recorded first, then one buffer of the summed size is allocated and handed out.
 class ArenaCarver {
  public:
   void request(float** slot, int64_t count) {
-    requests_.push_back({slot, offset_});
-    offset_ += (count + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    add([slot](std::byte* p) { *slot = reinterpret_cast<float*>(p); }, count * 4);
+  }
+  void request(TypedPtr* slot, DType dtype, int64_t count) {
+    add([slot, dtype](std::byte* p) { *slot = TypedPtr(p, dtype); },
+        count * static_cast<int64_t>(dtype_bytes(dtype)));
   }
   TrackedBuffer allocate(MemoryTracker& tracker) {
-    TrackedBuffer buffer(MemCategory::activations, static_cast<size_t>(offset_) * sizeof(float),
-                         tracker);
-    for (const auto& r : requests_) *r.slot = buffer.as<float>() + r.offset;
+    TrackedBuffer buffer(MemCategory::activations, static_cast<size_t>(offset_), tracker);
+    for (const auto& r : requests_) r.assign(buffer.as<std::byte>() + r.offset);
     return buffer;
   }
 
  private:
-  static constexpr int64_t kAlignFloats = 16;
+  static constexpr int64_t kAlignBytes = 64;
   struct Request {
-    float** slot;
+    std::function<void(std::byte*)> assign;
     int64_t offset;
   };
+  void add(std::function<void(std::byte*)> assign, int64_t bytes) {
+    requests_.push_back({std::move(assign), offset_});
+    offset_ += (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+  }
   std::vector<Request> requests_;
   int64_t offset_ = 0;
 };
@@ -92,10 +108,16 @@ class ArenaCarver {
 struct Gpt2Model::Impl {
   ModelConfig config;
   ParamLayout layout;
+  ModelOptions options;
   int max_batch = 0;
   int max_seq = 0;
   int L = 0, C = 0, H = 0, V = 0, Vp = 0;
   int final_unit = 0;
+  // Type of the GEMM inputs kept as activations and of the activation gradients
+  // that feed GEMMs; and the type the GEMMs read weights in (fp16 compute keeps
+  // fp16-rounded weights in fp32: there is no fp16 GEMM to feed here).
+  DType compute = DType::fp32;
+  DType weight_type = DType::fp32;
 
   // Parameter offsets.
   int64_t wte = 0, wpe = 0;
@@ -106,9 +128,9 @@ struct Gpt2Model::Impl {
   // Activations (one arena).
   TrackedBuffer arena;
   std::vector<float*> residual;  // L + 1 unit boundaries, [N, C] each: the unit inputs
-  std::vector<BlockActivations> blocks;
+  std::vector<BlockActivations> blocks;  // L sets, or 1 with activation checkpointing
   float* branch = nullptr;       // [N, C] forward scratch: c_proj outputs before the residual add
-  float* lnf = nullptr;          // [N, C]
+  TypedPtr lnf;                  // [N, C] compute type
   float* lnf_mean = nullptr;
   float* lnf_rstd = nullptr;
   float* dlnf = nullptr;         // [N, C] gradient at ln_f's output, from the fused head
@@ -118,6 +140,15 @@ struct Gpt2Model::Impl {
   float* dsmall = nullptr;       // [N, C] backward scratch
   float* dbig = nullptr;         // [N, 4C] backward scratch (also dqkv [N, 3C])
   int chunk_rows = 0;
+  // Compute-type scratch (compute != fp32 only; in fp32 the GEMMs read the fp32
+  // buffers above directly).
+  float* att_f32 = nullptr;      // [N, C] attention output in fp32 (forward: before
+                                 // rounding; backward: the stored one widened)
+  TypedPtr dres_c;               // [N, C]  dres rounded for the GEMMs
+  TypedPtr dbig_c;               // [N, 4C] dbig rounded for the GEMMs
+  TypedPtr dlogits_c;            // [chunk_rows, Vp] the head's dlogits rounded
+  TrackedBuffer weight_buffer;   // one unit's rounded weights (MemCategory::params)
+  TypedPtr weights_c;
 
   // State of the current micro-batch.
   int B = 0, T = 0;
@@ -132,20 +163,41 @@ struct Gpt2Model::Impl {
   const float* head_weight(UnitPointers params) const {
     return lm_head < 0 ? params[0] + wte : params[final_unit] + lm_head;
   }
+  BlockActivations& acts(int l) {
+    return blocks[options.activation_checkpointing ? 0 : static_cast<size_t>(l)];
+  }
 
-  void block_forward(int l, const float* p);
-  void block_backward(int l, const float* p, float* g);
+  // Weights as the GEMMs read them: fp32 parameters as they are, else rounded into
+  // the weight scratch (which holds one unit's weights at a time).
+  void round_weights(TypedPtr dst, const float* src, int64_t count) const;
+  BlockWeights block_weights(int l, const float* p) const;
+  ConstTypedPtr head_weights(UnitPointers params) const;
+  // src as a GEMM input: itself in fp32, else rounded into `scratch`.
+  ConstTypedPtr for_gemm(const float* src, TypedPtr scratch, int64_t count) const;
+
+  // recompute: refill the activations block_backward reads (activation
+  // checkpointing); skips the last GEMM and the residual add, which backward does
+  // not need, and leaves residual[l + 1] alone.
+  void block_forward(int l, const float* p, const BlockWeights& w, bool recompute);
+  void block_backward(int l, const float* p, const BlockWeights& w, float* g);
   void final_forward(UnitPointers params, UnitPointers grads, const MicroBatch& batch,
                      bool training, float grad_scale);
 };
 
 Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch,
                      int max_seq, MemoryTracker& tracker)
+    : Gpt2Model(config, layout, max_batch, max_seq, ModelOptions{}, tracker) {}
+
+Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch,
+                     int max_seq, const ModelOptions& options, MemoryTracker& tracker)
     : impl_(std::make_unique<Impl>()) {
   config.validate();
   Impl& m = *impl_;
   m.config = config;
   m.layout = layout;
+  m.options = options;
+  m.compute = options.precision;
+  m.weight_type = m.compute == DType::fp16 ? DType::fp32 : m.compute;
   m.max_batch = max_batch;
   m.max_seq = max_seq;
   m.L = config.n_layer;
@@ -190,26 +242,27 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
       std::clamp<int64_t>(kLogitsChunkBytes / (static_cast<int64_t>(m.Vp) * 4), 1, N));
   if (m.chunk_rows >= 16) m.chunk_rows = m.chunk_rows / 16 * 16;
 
+  const DType ct = m.compute;
   ArenaCarver carver;
   m.residual.assign(m.L + 1, nullptr);
   for (auto& r : m.residual) carver.request(&r, N * C);
-  m.blocks.resize(m.L);
+  m.blocks.resize(options.activation_checkpointing ? 1 : m.L);
   for (auto& a : m.blocks) {
-    carver.request(&a.ln1, N * C);
+    carver.request(&a.ln1, ct, N * C);
     carver.request(&a.ln1_mean, N);
     carver.request(&a.ln1_rstd, N);
     carver.request(&a.qkv, 3 * N * C);
-    carver.request(&a.att, N * C);
+    carver.request(&a.att, ct, N * C);
     carver.request(&a.att_lse, N * m.H);
     carver.request(&a.res2, N * C);
-    carver.request(&a.ln2, N * C);
+    carver.request(&a.ln2, ct, N * C);
     carver.request(&a.ln2_mean, N);
     carver.request(&a.ln2_rstd, N);
     carver.request(&a.fc_pre, 4 * N * C);
-    carver.request(&a.fc_act, 4 * N * C);
+    carver.request(&a.fc_act, ct, 4 * N * C);
   }
   carver.request(&m.branch, N * C);
-  carver.request(&m.lnf, N * C);
+  carver.request(&m.lnf, ct, N * C);
   carver.request(&m.lnf_mean, N);
   carver.request(&m.lnf_rstd, N);
   carver.request(&m.dlnf, N * C);
@@ -218,13 +271,27 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
   carver.request(&m.dres, N * C);
   carver.request(&m.dsmall, N * C);
   carver.request(&m.dbig, 4 * N * C);
+  if (ct != DType::fp32) {
+    carver.request(&m.att_f32, N * C);
+    carver.request(&m.dres_c, ct, N * C);
+    carver.request(&m.dbig_c, ct, 4 * N * C);
+    carver.request(&m.dlogits_c, ct, static_cast<int64_t>(m.chunk_rows) * m.Vp);
+  }
   m.arena = carver.allocate(tracker);
+  if (ct != DType::fp32) {
+    const int64_t weight_elements = std::max<int64_t>(12 * C * C, static_cast<int64_t>(m.V) * C);
+    m.weight_buffer = TrackedBuffer(
+        MemCategory::params, static_cast<size_t>(weight_elements) * dtype_bytes(m.weight_type),
+        tracker);
+    m.weights_c = TypedPtr(m.weight_buffer.data(), m.weight_type);
+  }
 }
 
 Gpt2Model::~Gpt2Model() = default;
 
 const ModelConfig& Gpt2Model::config() const { return impl_->config; }
 const ParamLayout& Gpt2Model::layout() const { return impl_->layout; }
+const ModelOptions& Gpt2Model::options() const { return impl_->options; }
 int Gpt2Model::num_units() const { return impl_->L + 2; }
 
 std::vector<int> Gpt2Model::units_needed_for(int unit) const {
@@ -255,59 +322,102 @@ void Gpt2Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
   }
 }
 
-void Gpt2Model::Impl::block_forward(int l, const float* p) {
-  const BlockOffsets& o = block_offsets[l];
-  BlockActivations& a = blocks[l];
-  const float* x = residual[l];
-  float* y = residual[l + 1];
+void Gpt2Model::Impl::round_weights(TypedPtr dst, const float* src, int64_t count) const {
+  if (dst.dtype == DType::fp32) {
+    cpu::round_to(compute, dst.f32(), src, count);
+  } else {
+    cpu::convert(dst, src, count);
+  }
+}
+
+BlockWeights Gpt2Model::Impl::block_weights(int l, const float* p) const {
+  const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
+  if (compute == DType::fp32) return {p + o.attn_w, p + o.attn_proj_w, p + o.fc_w, p + o.fc_proj_w};
+  const int64_t cc = static_cast<int64_t>(C) * C;
+  const TypedPtr w = weights_c;
+  round_weights(w, p + o.attn_w, 3 * cc);
+  round_weights(w.at(3 * cc), p + o.attn_proj_w, cc);
+  round_weights(w.at(4 * cc), p + o.fc_w, 4 * cc);
+  round_weights(w.at(8 * cc), p + o.fc_proj_w, 4 * cc);
+  return {w, w.at(3 * cc), w.at(4 * cc), w.at(8 * cc)};
+}
+
+ConstTypedPtr Gpt2Model::Impl::head_weights(UnitPointers params) const {
+  const float* w = head_weight(params);
+  if (compute == DType::fp32) return w;
+  round_weights(weights_c, w, static_cast<int64_t>(V) * C);  // padded rows are never read
+  return weights_c;
+}
+
+ConstTypedPtr Gpt2Model::Impl::for_gemm(const float* src, TypedPtr scratch, int64_t count) const {
+  if (compute == DType::fp32) return src;
+  cpu::convert(scratch, src, count);
+  return scratch;
+}
+
+void Gpt2Model::Impl::block_forward(int l, const float* p, const BlockWeights& w, bool recompute) {
+  const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
+  BlockActivations& a = acts(l);
+  const float* x = residual[static_cast<size_t>(l)];
   const int64_t n = N();
   const int rows = static_cast<int>(n);
   cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + o.ln1_w, p + o.ln1_b, n, C);
-  sgemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, p + o.attn_w, 3 * C, 0.0f, a.qkv, 3 * C);
+  gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, a.qkv, 3 * C);
   cpu::add_bias(a.qkv, p + o.attn_b, n, 3 * C);
-  cpu::attention_forward(a.att, a.att_lse, a.qkv, B, T, C, H);
-  sgemm(false, false, rows, C, C, 1.0f, a.att, C, p + o.attn_proj_w, C, 0.0f, branch, C);
+  float* att_out = compute == DType::fp32 ? a.att.f32() : att_f32;
+  cpu::attention_forward(att_out, a.att_lse, a.qkv, B, T, C, H);
+  if (compute != DType::fp32) cpu::convert(a.att, att_out, n * C);
+  gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
   cpu::residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
                                   p + o.attn_proj_b, p + o.ln2_w, p + o.ln2_b, n, C);
-  sgemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, p + o.fc_w, 4 * C, 0.0f, a.fc_pre, 4 * C);
+  gemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, w.fc, 4 * C, 0.0f, a.fc_pre, 4 * C);
   cpu::bias_gelu_forward(a.fc_act, a.fc_pre, p + o.fc_b, n, 4 * C);
-  sgemm(false, false, rows, C, 4 * C, 1.0f, a.fc_act, 4 * C, p + o.fc_proj_w, C, 0.0f, branch, C);
-  cpu::residual_add_bias(y, a.res2, branch, p + o.fc_proj_b, n, C);
+  if (recompute) return;
+  gemm(false, false, rows, C, 4 * C, 1.0f, a.fc_act, 4 * C, w.fc_proj, C, 0.0f, branch, C);
+  cpu::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, p + o.fc_proj_b, n,
+                         C);
 }
 
 // On entry dres holds dLoss/d(block output); on exit dLoss/d(block input). Weight
-// gradients accumulate straight into g through the GEMMs' beta = 1.
-void Gpt2Model::Impl::block_backward(int l, const float* p, float* g) {
-  const BlockOffsets& o = block_offsets[l];
-  const BlockActivations& a = blocks[l];
-  const float* x = residual[l];
+// gradients accumulate straight into g through the GEMMs' beta = 1. Bias and
+// LayerNorm gradients are reduced from the fp32 activation gradients.
+void Gpt2Model::Impl::block_backward(int l, const float* p, const BlockWeights& w, float* g) {
+  const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
+  const BlockActivations& a = acts(l);
+  const float* x = residual[static_cast<size_t>(l)];
   const int64_t n = N();
   const int rows = static_cast<int>(n);
 
   // MLP: y = res2 + gelu(ln2 Wfc + bfc) Wproj + bproj
-  sgemm(true, false, 4 * C, C, rows, 1.0f, a.fc_act, 4 * C, dres, C, 1.0f, g + o.fc_proj_w, C);
+  ConstTypedPtr dy = for_gemm(dres, dres_c, n * C);
+  gemm(true, false, 4 * C, C, rows, 1.0f, a.fc_act, 4 * C, dy, C, 1.0f, g + o.fc_proj_w, C);
   cpu::bias_backward(g + o.fc_proj_b, dres, n, C);
   float* dfc = dbig;
-  sgemm(false, true, rows, 4 * C, C, 1.0f, dres, C, p + o.fc_proj_w, C, 0.0f, dfc, 4 * C);
+  gemm(false, true, rows, 4 * C, C, 1.0f, dy, C, w.fc_proj, C, 0.0f, dfc, 4 * C);
   cpu::gelu_backward(dfc, dfc, a.fc_pre, n * 4 * C);
-  sgemm(true, false, C, 4 * C, rows, 1.0f, a.ln2, C, dfc, 4 * C, 1.0f, g + o.fc_w, 4 * C);
+  const ConstTypedPtr dfc_g = for_gemm(dfc, dbig_c, n * 4 * C);
+  gemm(true, false, C, 4 * C, rows, 1.0f, a.ln2, C, dfc_g, 4 * C, 1.0f, g + o.fc_w, 4 * C);
   cpu::bias_backward(g + o.fc_b, dfc, n, 4 * C);
   float* dln2 = dsmall;
-  sgemm(false, true, rows, C, 4 * C, 1.0f, dfc, 4 * C, p + o.fc_w, 4 * C, 0.0f, dln2, C);
+  gemm(false, true, rows, C, 4 * C, 1.0f, dfc_g, 4 * C, w.fc, 4 * C, 0.0f, dln2, C);
   cpu::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln2, a.res2, p + o.ln2_w, a.ln2_mean,
                           a.ln2_rstd, n, C);
 
   // Attention: res2 = x + attn(ln1 Wqkv + bqkv) Wproj + bproj
-  sgemm(true, false, C, C, rows, 1.0f, a.att, C, dres, C, 1.0f, g + o.attn_proj_w, C);
+  dy = for_gemm(dres, dres_c, n * C);
+  gemm(true, false, C, C, rows, 1.0f, a.att, C, dy, C, 1.0f, g + o.attn_proj_w, C);
   cpu::bias_backward(g + o.attn_proj_b, dres, n, C);
   float* datt = dsmall;
-  sgemm(false, true, rows, C, C, 1.0f, dres, C, p + o.attn_proj_w, C, 0.0f, datt, C);
+  gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
+  const float* att_out = a.att.dtype == DType::fp32 ? a.att.f32() : att_f32;
+  if (a.att.dtype != DType::fp32) cpu::convert(att_f32, a.att, n * C);
   float* dqkv = dbig;
-  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, B, T, C, H);
-  sgemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv, 3 * C, 1.0f, g + o.attn_w, 3 * C);
+  cpu::attention_backward(dqkv, datt, a.qkv, att_out, a.att_lse, B, T, C, H);
+  const ConstTypedPtr dqkv_g = for_gemm(dqkv, dbig_c, n * 3 * C);
+  gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
   cpu::bias_backward(g + o.attn_b, dqkv, n, 3 * C);
   float* dln1 = dsmall;
-  sgemm(false, true, rows, C, 3 * C, 1.0f, dqkv, 3 * C, p + o.attn_w, 3 * C, 0.0f, dln1, C);
+  gemm(false, true, rows, C, 3 * C, 1.0f, dqkv_g, 3 * C, w.attn, 3 * C, 0.0f, dln1, C);
   cpu::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dln1, x, p + o.ln1_w, a.ln1_mean,
                           a.ln1_rstd, n, C);
 }
@@ -343,7 +453,7 @@ void Gpt2Model::Impl::final_forward(UnitPointers params, UnitPointers grads,
   }
   cpu::LmHeadLossArgs args;
   args.x = lnf;
-  args.weight = head_weight(params);
+  args.weight = head_weights(params);
   args.targets = batch.targets;
   args.N = n;
   args.C = C;
@@ -351,6 +461,7 @@ void Gpt2Model::Impl::final_forward(UnitPointers params, UnitPointers grads,
   args.grad_scale = grad_scale;
   args.logits_scratch = logits_chunk;
   args.logits_stride = Vp;
+  args.dlogits_scratch = dlogits_c;
   args.chunk_rows = chunk_rows;
   cpu::lm_head_cross_entropy(args, row_loss, training ? dlnf : nullptr, dhead);
   loss_sum = 0.0;
@@ -403,7 +514,8 @@ void Gpt2Model::forward_unit(int unit, UnitPointers params, UnitPointers grads,
                 "model: forward of unit {} got a {}x{} batch; unit 0 last ran {}x{}", unit, batch.B,
                 batch.T, m.B, m.T);
   if (unit < m.final_unit) {
-    m.block_forward(unit - 1, params[unit]);
+    const float* p = params[unit];
+    m.block_forward(unit - 1, p, m.block_weights(unit - 1, p), /*recompute=*/false);
   } else {
     SHARDLM_CHECK(unit == m.final_unit, "model: unit {} out of range [0, {})", unit, num_units());
     m.final_forward(params, grads, batch, training, grad_scale);
@@ -431,7 +543,10 @@ void Gpt2Model::backward_unit(int unit, UnitPointers params, UnitPointers grads,
     cpu::layernorm_backward(m.dres, g + m.lnf_w, g + m.lnf_b, m.dlnf, m.residual[m.L], p + m.lnf_w,
                             m.lnf_mean, m.lnf_rstd, n, m.C);
   } else if (unit > 0) {
-    m.block_backward(unit - 1, params[unit], grads[unit]);
+    const float* p = params[unit];
+    const BlockWeights w = m.block_weights(unit - 1, p);  // serves recompute and backward
+    if (m.options.activation_checkpointing) m.block_forward(unit - 1, p, w, /*recompute=*/true);
+    m.block_backward(unit - 1, p, w, grads[unit]);
   } else {
     SHARDLM_CHECK(batch.tokens != nullptr, "model: the micro-batch has no tokens");
     float* g = grads[0];
@@ -450,8 +565,8 @@ void Gpt2Model::logits_at(UnitPointers params, int t, float* out) const {
   for (int needed : units_needed_for(m.final_unit))
     check_pointers(params, needed, num_units(), "params", m.final_unit);
   // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
-  sgemm(false, true, m.B, m.V, m.C, 1.0f, m.lnf + static_cast<int64_t>(t) * m.C, m.T * m.C,
-        m.head_weight(params), m.C, 0.0f, out, m.V);
+  gemm(false, true, m.B, m.V, m.C, 1.0f, m.lnf.at(static_cast<int64_t>(t) * m.C), m.T * m.C,
+       m.head_weights(params), m.C, 0.0f, out, m.V);
 }
 
 }  // namespace shardlm

@@ -13,7 +13,24 @@
 //   for u in L+1..0:   backward_unit(u, ...)    // gradients ACCUMULATE (+=) into grads
 // The loss is the sum of cross-entropy over targets != kIgnoreIndex, multiplied by
 // grad_scale for the gradient (grad_scale = 1 / global count of target tokens, so
-// that micro-batches and ranks sum to the global mean).
+// that micro-batches and ranks sum to the global mean; times the loss scale in fp16).
+//
+// ModelOptions (properties of the run, fixed at construction):
+//  - precision: fp32, or bf16/fp16 compute. Weights arrive fp32 and are rounded to
+//    the compute type once per use of a unit (forward; backward, which also serves
+//    the recompute). GEMMs read compute-type inputs and accumulate and write fp32;
+//    the activations kept for backward that are GEMM inputs (ln_1, attention output,
+//    ln_2, GELU output, ln_f) are stored in the compute type, the rest (residual
+//    stream, qkv, GELU input, LayerNorm and softmax statistics) stay fp32, as do all
+//    reductions, the loss and the parameter gradients. The activation gradients that
+//    feed GEMMs are rounded to the compute type too (as autocast does). fp16 keeps
+//    weights as fp32 values rounded to fp16 (no CPU here multiplies fp16; the GEMM
+//    widens its fp16 activations), so it saves activation memory, not time.
+//  - activation_checkpointing: only the unit boundaries (each block's input, the
+//    residual stream) are kept per layer; one shared set of block activations is
+//    refilled by recomputing block l's forward (all but its last GEMM, whose output
+//    backward does not need) right before block l's backward. Same kernels in the
+//    same order: gradients are bitwise identical to running without it.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +38,7 @@
 #include <span>
 #include <vector>
 
+#include "shardlm/backend/cpu/dtype.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/param_layout.hpp"
@@ -41,18 +59,29 @@ struct MicroBatch {
   int T = 0;
 };
 
+struct ModelOptions {
+  DType precision = DType::fp32;
+  bool activation_checkpointing = false;
+};
+
 class Gpt2Model {
  public:
   // Activation memory is sized once for (max_batch, max_seq) and tracked under
-  // MemCategory::activations; no allocation happens in forward/backward.
+  // MemCategory::activations; no allocation happens in forward/backward. With a
+  // compute type other than fp32 the rounded weights of one unit live in a scratch
+  // tracked under MemCategory::params (sized for the larger of a block's matrices and
+  // the LM head).
   Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch, int max_seq,
             MemoryTracker& tracker = MemoryTracker::global());
+  Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch, int max_seq,
+            const ModelOptions& options, MemoryTracker& tracker = MemoryTracker::global());
   ~Gpt2Model();
   Gpt2Model(const Gpt2Model&) = delete;
   Gpt2Model& operator=(const Gpt2Model&) = delete;
 
   const ModelConfig& config() const;
   const ParamLayout& layout() const;
+  const ModelOptions& options() const;
   int num_units() const;  // model units: n_layer + 2
   // Model units whose parameters model unit u's forward/backward read (final unit:
   // {0, final}). The per-unit pointers of every call are indexed by model unit.
@@ -78,7 +107,8 @@ class Gpt2Model {
   int64_t last_target_count() const;
 
   // After forward of the final unit with targets == null: logits of position t of each
-  // row, [B, vocab_size] (padded columns excluded), for sampling.
+  // row, [B, vocab_size] (padded columns excluded), for sampling. Computed in the
+  // compute type like the training head.
   void logits_at(UnitPointers params, int t, float* out) const;
 
  private:

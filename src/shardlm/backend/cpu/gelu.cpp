@@ -9,19 +9,21 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 }  // namespace
 
-void bias_gelu_forward(float* out, float* pre, const float* bias, int64_t N, int M) {
+void bias_gelu_forward(TypedPtr out, float* pre, const float* bias, int64_t N, int M) {
+  with_writer(out, [&](auto writer) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* pre_row = pre + n * M;
-    float* out_row = out + n * M;
+    for (int64_t n = 0; n < N; ++n) {
+      float* pre_row = pre + n * M;
+      const auto out_row = writer.at(n * M);
 #pragma omp simd
-    for (int m = 0; m < M; ++m) {
-      const float x = bias != nullptr ? pre_row[m] + bias[m] : pre_row[m];
-      pre_row[m] = x;
-      const float t = tanh_approx(kSqrt2OverPi * (x + kCubic * x * x * x));
-      out_row[m] = 0.5f * x * (1.0f + t);
+      for (int m = 0; m < M; ++m) {
+        const float x = bias != nullptr ? pre_row[m] + bias[m] : pre_row[m];
+        pre_row[m] = x;
+        const float t = tanh_approx(kSqrt2OverPi * (x + kCubic * x * x * x));
+        out_row(m, 0.5f * x * (1.0f + t));
+      }
     }
-  }
+  });
 }
 
 void gelu_backward(float* dinp, const float* dout, const float* pre, int64_t count) {

@@ -8,7 +8,8 @@ namespace shardlm::cpu {
 namespace {
 
 // Normalizes one row that is already in `x`; writes out and returns (mean, rstd).
-inline void normalize_row(float* out_row, float* mean_out, float* rstd_out, const float* x,
+template <typename Writer>
+inline void normalize_row(Writer out_row, float* mean_out, float* rstd_out, const float* x,
                           const float* weight, const float* bias, int C) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -22,37 +23,41 @@ inline void normalize_row(float* out_row, float* mean_out, float* rstd_out, cons
   }
   const float r = 1.0f / std::sqrt(sum_sq / static_cast<float>(C) + kLayerNormEps);
 #pragma omp simd
-  for (int c = 0; c < C; ++c) out_row[c] = (x[c] - m) * r * weight[c] + bias[c];
+  for (int c = 0; c < C; ++c) out_row(c, (x[c] - m) * r * weight[c] + bias[c]);
   *mean_out = m;
   *rstd_out = r;
 }
 
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C) {
+void layernorm_forward(TypedPtr out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int64_t N, int C) {
+  with_writer(out, [&](auto writer) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    normalize_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C);
+    for (int64_t n = 0; n < N; ++n)
+      normalize_row(writer.at(n * C), mean + n, rstd + n, inp + n * C, weight, bias, C);
+  });
 }
 
-void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd,
+void residual_layernorm_forward(float* residual, TypedPtr out, float* mean, float* rstd,
                                 const float* a, const float* branch, const float* branch_bias,
                                 const float* weight, const float* bias, int64_t N, int C) {
+  with_writer(out, [&](auto writer) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* res_row = residual + n * C;
-    const float* a_row = a + n * C;
-    const float* branch_row = branch + n * C;
-    if (branch_bias != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      float* res_row = residual + n * C;
+      const float* a_row = a + n * C;
+      const float* branch_row = branch + n * C;
+      if (branch_bias != nullptr) {
 #pragma omp simd
-      for (int c = 0; c < C; ++c) res_row[c] = a_row[c] + branch_row[c] + branch_bias[c];
-    } else {
+        for (int c = 0; c < C; ++c) res_row[c] = a_row[c] + branch_row[c] + branch_bias[c];
+      } else {
 #pragma omp simd
-      for (int c = 0; c < C; ++c) res_row[c] = a_row[c] + branch_row[c];
+        for (int c = 0; c < C; ++c) res_row[c] = a_row[c] + branch_row[c];
+      }
+      normalize_row(writer.at(n * C), mean + n, rstd + n, res_row, weight, bias, C);
     }
-    normalize_row(out + n * C, mean + n, rstd + n, res_row, weight, bias, C);
-  }
+  });
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,

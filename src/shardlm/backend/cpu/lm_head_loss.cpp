@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "shardlm/backend/cpu/fast_math.hpp"
-#include "shardlm/backend/cpu/gemm.hpp"
+#include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/core/error.hpp"
 
 namespace shardlm::cpu {
@@ -45,11 +45,15 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
                 "lm head: bad chunking (chunk_rows {}, stride {}, vocab {})", a.chunk_rows,
                 a.logits_stride, a.V);
   const bool want_grad = dx != nullptr;
+  const bool round_dlogits = a.x.dtype != DType::fp32;
+  SHARDLM_CHECK(!(want_grad && round_dlogits) || a.dlogits_scratch.dtype == a.x.dtype,
+                "lm head: {} inputs need a {} dlogits scratch, got {}", dtype_name(a.x.dtype),
+                dtype_name(a.x.dtype), dtype_name(a.dlogits_scratch.dtype));
   const int ld = static_cast<int>(a.logits_stride);
   for (int64_t r0 = 0; r0 < a.N; r0 += a.chunk_rows) {
     const int rows = static_cast<int>(std::min<int64_t>(a.chunk_rows, a.N - r0));
     const int32_t* targets = a.targets + r0;
-    const float* x = a.x + r0 * a.C;
+    const ConstTypedPtr x = a.x.at(r0 * a.C);
     bool any_target = false;
     for (int r = 0; r < rows; ++r) any_target |= targets[r] >= 0;
     if (!any_target) {  // fully masked chunk (e.g. a prompt in SFT): nothing to compute
@@ -58,7 +62,7 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
       continue;
     }
     float* logits = a.logits_scratch;
-    sgemm(false, true, rows, a.V, a.C, 1.0f, x, a.C, a.weight, a.C, 0.0f, logits, ld);
+    gemm(false, true, rows, a.V, a.C, 1.0f, x, a.C, a.weight, a.C, 0.0f, logits, ld);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; ++r) {
       float* row = logits + static_cast<int64_t>(r) * ld;
@@ -71,9 +75,14 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
     }
     if (want_grad) {
       // dx_rows = dlogits W;  dW += dlogits^T x_rows.
-      sgemm(false, false, rows, a.C, a.V, 1.0f, logits, ld, a.weight, a.C, 0.0f, dx + r0 * a.C,
-            a.C);
-      sgemm(true, false, a.V, a.C, rows, 1.0f, logits, ld, x, a.C, 1.0f, dweight, a.C);
+      ConstTypedPtr dlogits = logits;
+      if (round_dlogits) {
+        convert_rows(a.dlogits_scratch, ld, logits, ld, rows, a.V);
+        dlogits = a.dlogits_scratch;
+      }
+      gemm(false, false, rows, a.C, a.V, 1.0f, dlogits, ld, a.weight, a.C, 0.0f, dx + r0 * a.C,
+           a.C);
+      gemm(true, false, a.V, a.C, rows, 1.0f, dlogits, ld, x, a.C, 1.0f, dweight, a.C);
     }
   }
 }
