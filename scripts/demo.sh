@@ -7,7 +7,7 @@ SHARDLM="${1:-build/shardlm}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SHARED_DATA="${SHARDLM_SHARED_DATA:-$ROOT/../shared/data}"
 OUT="$ROOT/runs/demo"
-STEPS="${DEMO_STEPS:-150}"
+STEPS="${DEMO_STEPS:-120}"
 
 [ -f "$SHARED_DATA/tinyshakespeare.txt" ] || {
   echo "error: $SHARED_DATA/tinyshakespeare.txt not found (expected ../shared/data beside the checkout)" >&2
@@ -19,4 +19,4 @@ mkdir -p "$OUT"
 rm -rf "$OUT/run"  # the demo's own previous run
 "$SHARDLM" train --model gpt2-small-30m --data "$OUT/data" --out "$OUT/run" \
   --steps "$STEPS" --micro-batch 8 --seq-len 256 --lr 1e-3 --min-lr 1e-4 --warmup 15 \
-  --eval-every 50 --eval-batches 4 --sample-tokens 120 --sample-prompt $'ROMEO:\n'
+  --eval-every 40 --eval-batches 4 --sample-tokens 120 --sample-prompt $'ROMEO:\n'
