@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "shardlm/backend/cpu/embedding.hpp"
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/backend/cpu/gelu.hpp"
+#include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
 #include "shardlm/core/error.hpp"
@@ -574,6 +576,70 @@ TEST(LmHeadLoss, ChunkingIgnoredRowsAndPaddingMatchNaiveDouble) {
     const HeadRun eval = run_head(in, c, grad_scale, dw0, false);
     EXPECT_EQ(eval.losses, r.losses) << "chunk " << chunk_rows;
     EXPECT_EQ(eval.dw, dw0);
+  }
+}
+
+// The unfused head a framework would run: the full [N, V] logits from one GEMM,
+// softmax and cross-entropy per row (double), dlogits = scale (softmax - onehot) as a
+// full [N, V] fp32 tensor, then dx = dlogits W and dW += dlogits^T x as whole-batch
+// GEMMs.
+struct UnfusedHead {
+  Vec losses, dx, dw;
+};
+
+UnfusedHead unfused_head(const HeadInputs& in, const HeadCase& c, float grad_scale, const Vec& dw0) {
+  Vec logits(static_cast<size_t>(c.N) * c.V);
+  shardlm::cpu::sgemm(false, true, c.N, c.V, c.C, 1.0f, in.x.data(), c.C, in.w.data(), c.C, 0.0f,
+                      logits.data(), c.V);
+  UnfusedHead r{Vec(c.N, 0.0f), Vec(static_cast<size_t>(c.N) * c.C), dw0};
+  Vec dlogits(logits.size(), 0.0f);
+  for (int n = 0; n < c.N; ++n) {
+    if (in.targets[n] < 0) continue;
+    const float* row = logits.data() + static_cast<size_t>(n) * c.V;
+    double mx = -1e300, sum = 0.0;
+    for (int v = 0; v < c.V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
+    for (int v = 0; v < c.V; ++v) sum += std::exp(row[v] - mx);
+    r.losses[n] = static_cast<float>(mx + std::log(sum) - row[in.targets[n]]);
+    for (int v = 0; v < c.V; ++v)
+      dlogits[static_cast<size_t>(n) * c.V + v] = static_cast<float>(
+          grad_scale * (std::exp(row[v] - mx) / sum - (v == in.targets[n] ? 1.0 : 0.0)));
+  }
+  shardlm::cpu::sgemm(false, false, c.N, c.C, c.V, 1.0f, dlogits.data(), c.V, in.w.data(), c.C,
+                      0.0f, r.dx.data(), c.C);
+  shardlm::cpu::sgemm(true, false, c.V, c.C, c.N, 1.0f, dlogits.data(), c.V, in.x.data(), c.C,
+                      1.0f, r.dw.data(), c.C);
+  return r;
+}
+
+TEST(LmHeadLoss, ChunkedFusedEqualsUnfusedFullLogitsWithin1e6Relative) {
+  // 300 rows, a 2000-token vocabulary padded to 2048; chunks of 64 rows (the last
+  // one partial) and of 7 rows. One chunk's logits are 64 x 2048 floats (512 KiB)
+  // where the unfused head holds all 300 x 2000 (2.3 MiB) and as many dlogits.
+  for (int chunk_rows : {64, 7}) {
+    const HeadCase c{300, 64, 2000, 2048, chunk_rows};
+    const HeadInputs in = head_inputs(c, 95);
+    const float grad_scale = 1.0f / 225.0f;
+    // The weight gradient starts at zero here (accumulation is checked above), so
+    // the comparison measures the head, not the cancellation of a starting value.
+    const Vec dw0(static_cast<size_t>(c.Vp) * c.C, 0.0f);
+    const HeadRun fused = run_head(in, c, grad_scale, dw0, true);
+    const UnfusedHead unfused = unfused_head(in, c, grad_scale, dw0);
+    // Relative error of the total loss, and relative-to-max of each tensor.
+    double fused_sum = 0.0, unfused_sum = 0.0;
+    for (int n = 0; n < c.N; ++n) fused_sum += fused.losses[n], unfused_sum += unfused.losses[n];
+    EXPECT_LT(std::fabs(fused_sum - unfused_sum) / unfused_sum, 1e-6) << "chunk " << chunk_rows;
+    EXPECT_LT(relative_to_max_error(fused.losses, unfused.losses), 1e-6) << "chunk " << chunk_rows;
+    EXPECT_LT(relative_to_max_error(fused.dx, unfused.dx), 1e-6) << "chunk " << chunk_rows;
+    const Vec fused_dw(fused.dw.begin(), fused.dw.begin() + static_cast<int64_t>(c.V) * c.C);
+    const Vec unfused_dw(unfused.dw.begin(), unfused.dw.begin() + static_cast<int64_t>(c.V) * c.C);
+    EXPECT_LT(relative_to_max_error(fused_dw, unfused_dw), 1e-6) << "chunk " << chunk_rows;
+    std::printf("chunk %d rows: loss rel. error %.2e, dx %.2e, dW %.2e; logits held %zu bytes "
+                "instead of %zu\n",
+                chunk_rows, std::fabs(fused_sum - unfused_sum) / unfused_sum,
+                relative_to_max_error(fused.dx, unfused.dx),
+                relative_to_max_error(fused_dw, unfused_dw),
+                static_cast<size_t>(chunk_rows) * c.Vp * sizeof(float),
+                static_cast<size_t>(c.N) * c.V * sizeof(float));
   }
 }
 

@@ -73,6 +73,19 @@ void register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--check-replicas", opts->check_replicas,
                 "Debug: verify after every step that replicated parameters agree across ranks");
+  cmd->add_option("--precision", opts->precision,
+                  "Compute type: fp32, bf16 or fp16 (GEMM inputs and the activations that feed "
+                  "them; master weights, AdamW state and gradients stay fp32; fp16 uses dynamic "
+                  "loss scaling)")
+      ->capture_default_str();
+  cmd->add_flag("--activation-checkpointing", opts->activation_checkpointing,
+                "Keep only each block's input and recompute the block's forward in backward "
+                "(activation memory of ~1 block instead of all; same gradients)");
+  cmd->add_option("--loss-scale", opts->loss_scale, "fp16: initial dynamic loss scale")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale-growth-interval", opts->loss_scale_growth_interval,
+                  "fp16: steps without overflow before the loss scale doubles")
+      ->capture_default_str();
   cmd->add_option("--threads", opts->threads,
                   "Compute threads per rank (default: the cores available / ranks on this host)");
   cmd->add_option("--log-every", opts->log_every,

@@ -49,6 +49,13 @@ struct TrainOptions {
   double comm_timeout = 300.0;  // seconds any wait on a collective may take
   bool check_replicas = false;  // debug: verify replicated params agree after every step
 
+  // Numerics and memory (model/gpt2_model.hpp, ModelOptions). Master weights, AdamW
+  // state and gradients stay fp32 whatever the precision.
+  std::string precision = "fp32";         // compute type: fp32, bf16 or fp16
+  bool activation_checkpointing = false;  // keep unit inputs only; recompute in backward
+  double loss_scale = 65536.0;            // fp16: initial dynamic loss scale
+  int64_t loss_scale_growth_interval = 1000;  // fp16: good steps before the scale doubles
+
   int threads = 0;  // 0: the cores available to this process (divided among local ranks)
   int64_t log_every = 0;  // plain progress lines when not a terminal; 0: ~20 lines per run
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "shardlm/backend/cpu/gemm.hpp"
@@ -25,6 +26,7 @@
 #include "shardlm/data/tokenizer.hpp"
 #include "shardlm/model/gpt2_model.hpp"
 #include "shardlm/optim/adamw.hpp"
+#include "shardlm/optim/loss_scaler.hpp"
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
 #include "shardlm/train/loaded_model.hpp"
@@ -79,6 +81,11 @@ void validate_options(const TrainOptions& o, const ModelConfig& config) {
   SHARDLM_CHECK(o.threads >= 0, "--threads must be >= 0, got {}", o.threads);
   SHARDLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive, got {}", o.comm_timeout);
   SHARDLM_CHECK(!o.out_dir.empty(), "--out is required (the run directory)");
+  parse_dtype(o.precision, "--precision");
+  SHARDLM_CHECK(o.loss_scale > 0, "--loss-scale must be positive, got {}", o.loss_scale);
+  SHARDLM_CHECK(o.loss_scale_growth_interval > 0,
+                "--loss-scale-growth-interval must be positive, got {}",
+                o.loss_scale_growth_interval);
 }
 
 // Compares the options that fix a run's trajectory against a checkpoint's.
@@ -160,6 +167,7 @@ class Trainer {
   std::unique_ptr<Gpt2Model> model_;
   std::unique_ptr<FlatUnitStrategy> strategy_;
   std::unique_ptr<ModelRunner> runner_;
+  std::optional<LossScaler> loss_scaler_;  // fp16 only
   int64_t tokens_seen_ = 0;
   nlohmann::json last_save_;  // timing of the last checkpoint save, for the metrics
   Stopwatch wall_;  // since the trainer started (restart-to-first-step, save and load times)
@@ -230,7 +238,16 @@ TrainSummary Trainer::run() {
   }
 
   layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
-  model_ = std::make_unique<Gpt2Model>(config_, *layout_, o_.micro_batch, o_.seq_len);
+  const ModelOptions model_options{parse_dtype(o_.precision, "--precision"),
+                                   o_.activation_checkpointing};
+  model_ = std::make_unique<Gpt2Model>(config_, *layout_, o_.micro_batch, o_.seq_len,
+                                       model_options);
+  if (model_options.precision == DType::fp16) {
+    LossScalerConfig scaler_config;
+    scaler_config.initial_scale = o_.loss_scale;
+    scaler_config.growth_interval = o_.loss_scale_growth_interval;
+    loss_scaler_.emplace(scaler_config);
+  }
   strategy_ = std::make_unique<FlatUnitStrategy>(*layout_, model_unit_needs(*model_), comm_,
                                                  strategy_options_);
   runner_ = std::make_unique<ModelRunner>(*model_, *strategy_);
@@ -242,6 +259,8 @@ TrainSummary Trainer::run() {
     const double load_s = load_clock.seconds();
     start_step = resume_from->info().step;
     tokens_seen_ = resume_from->info().tokens_seen;
+    if (loss_scaler_ && resume_from->info().train.contains("loss_scaler"))
+      loss_scaler_->load_json(resume_from->info().train.at("loss_scaler"));
     auto saved_steps = resume_from->info().train.at("options").value("steps", int64_t{0});
     if (saved_steps != o_.steps)
       print(fmt::format("note: --steps changed from {} to {}; the cosine schedule stretches\n",
@@ -283,6 +302,7 @@ TrainSummary Trainer::run() {
                                  {"steps", o_.steps},
                                  {"micro_batch", o_.micro_batch},
                                  {"threads", threads},
+                                 {"activation_checkpointing", o_.activation_checkpointing},
                                  {"strategy", strategy_->name()},
                                  {"world_size", world_}};
     write_file_atomic((fs::path(o_.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
@@ -312,6 +332,9 @@ TrainSummary Trainer::run() {
                     "on {} rank(s) x {} threads; GEMM {}\n",
                     global_batch, o_.seq_len, o_.micro_batch, accumulation, strategy_->name(),
                     world_, threads, cpu::gemm_library_name()));
+  if (model_options.precision != DType::fp32 || o_.activation_checkpointing)
+    print(fmt::format("precision {} (fp32 master weights and gradients){}\n", o_.precision,
+                      o_.activation_checkpointing ? "; activation checkpointing" : ""));
 
   TrainSummary summary;
   summary.first_step = start_step;
@@ -353,7 +376,10 @@ TrainSummary Trainer::run() {
     // The loss is the mean over the global batch's target tokens, not a mean of means.
     comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "target count");
     SHARDLM_CHECK(counts[0] > 0, "step {} has no target tokens (all ignored)", step + 1);
-    const float grad_scale = 1.0f / static_cast<float>(counts[0]);
+    // fp16: the loss (so every gradient) is multiplied by the loss scale, and the
+    // optimizer divides it out again through the gradient multiplier.
+    const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
+    const float grad_scale = static_cast<float>(loss_scale / static_cast<double>(counts[0]));
 
     strategy_->begin_step(accumulation);
     double loss_sum = 0.0;
@@ -367,17 +393,36 @@ TrainSummary Trainer::run() {
     strategy_->finish_gradients();
     comm_.all_reduce_blocking(std::span<double>(&loss_sum, 1), ReduceOp::sum, "loss sum");
     const double loss = loss_sum / static_cast<double>(counts[0]);
-    const double grad_norm = std::sqrt(strategy_->global_grad_norm_squared());
-    SHARDLM_CHECK(std::isfinite(loss) && std::isfinite(grad_norm),
+    // All-reduced, so every rank sees the same (possibly non-finite) value.
+    const double grad_norm = std::sqrt(strategy_->global_grad_norm_squared()) / loss_scale;
+    bool apply_step = true;
+    if (loss_scaler_) {
+      // An overflow anywhere (a scaled gradient beyond fp16's range) skips the step
+      // on every rank and backs the scale off.
+      const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+      SHARDLM_CHECK(finite || loss_scale > 1.0,
+                    "training diverged at step {}: loss {} and gradient norm {} are not finite "
+                    "even at loss scale {} (the last checkpoint is kept; try a lower --lr or "
+                    "bf16)",
+                    step + 1, loss, grad_norm, loss_scale);
+      apply_step = loss_scaler_->update(finite);
+    }
+    SHARDLM_CHECK(!apply_step || (std::isfinite(loss) && std::isfinite(grad_norm)),
                   "training diverged at step {}: loss {} and gradient norm {} (the last "
                   "checkpoint is kept; try a lower --lr or a higher --warmup)",
                   step + 1, loss, grad_norm);
-    const float multiplier = clip_multiplier(grad_norm, o_.grad_clip);
     const float lr = schedule.at(step);
-    for (int u = 0; u < layout_->num_units(); ++u) {
-      OwnedSlice s = strategy_->owned(u);
-      adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(),
-                   decay_ranges[static_cast<size_t>(u)], lr, multiplier, step + 1, adam);
+    if (apply_step) {
+      const float multiplier =
+          static_cast<float>(clip_multiplier(grad_norm, o_.grad_clip) / loss_scale);
+      // AdamW's step count (bias correction) counts the steps it took.
+      const int64_t adam_step =
+          step + 1 - (loss_scaler_ ? loss_scaler_->skipped_steps() : int64_t{0});
+      for (int u = 0; u < layout_->num_units(); ++u) {
+        OwnedSlice s = strategy_->owned(u);
+        adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(),
+                     decay_ranges[static_cast<size_t>(u)], lr, multiplier, adam_step, adam);
+      }
     }
     strategy_->after_step();
     if (o_.check_replicas) {
@@ -401,7 +446,8 @@ TrainSummary Trainer::run() {
     nlohmann::json record = {{"step", done},
                              {"loss", loss},
                              {"lr", lr},
-                             {"grad_norm", grad_norm},
+                             {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm)
+                                                                    : nlohmann::json()},
                              {"tokens_per_s", static_cast<double>(tokens_per_step) / step_s},
                              {"step_ms", step_s * 1e3},
                              {"tokens_seen", tokens_seen_},
@@ -413,6 +459,11 @@ TrainSummary Trainer::run() {
                              {"exposed_comm_ms", comm_stats.exposed_seconds * 1e3},
                              {"comm", comm_stats.to_json()},
                              {"mem", MemoryTracker::global().to_json()}};
+    if (loss_scaler_) {
+      record["loss_scale"] = loss_scale;  // the scale this step ran with
+      record["skipped_steps"] = loss_scaler_->skipped_steps();
+      if (!apply_step) record["skipped"] = true;
+    }
     if ((o_.eval_every > 0 && done % o_.eval_every == 0) || done == o_.steps) {
       double val_loss = evaluate();
       if (std::isfinite(val_loss)) {
@@ -492,6 +543,7 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
   options["steps"] = o_.steps;
   CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy_->name(), world_,
                       {{"options", options}}};
+  if (loss_scaler_) info.train["loss_scaler"] = loss_scaler_->to_json();
   Stopwatch clock;
   const std::string dir = save_checkpoint(run_dir, *layout_, *strategy_, info, o_.keep, comm_);
   if (is_root_) {
