@@ -208,13 +208,12 @@ TEST(ActivationCheckpointing, ActivationBytesDropToOneBlockPlusBoundaries) {
 
   for (shardlm::DType precision : {shardlm::DType::fp32, shardlm::DType::bf16}) {
     const size_t ct = shardlm::dtype_bytes(precision);
-    // One block's saved activations: ln1, att, ln2 (C each) and the GELU output (4C)
-    // in the compute type; qkv (3C), res2 (C), GELU input (4C), two LayerNorms'
-    // mean and rstd and the attention's log-sum-exp (H) in fp32.
+    // One block's saved activations: ln1 (C), qkv (3C), att (C), ln2 (C), the GELU
+    // input and output (4C each) in the compute type; res2 (C), two LayerNorms' mean
+    // and rstd and the attention's log-sum-exp (H) in fp32.
     ByteCount block;
-    for (int64_t cols : {C, C, C, 4 * C}) block.add(N * cols, ct);
-    for (int64_t cols : {3 * C, C, 4 * C, int64_t{1}, int64_t{1}, int64_t{1}, int64_t{1}, H})
-      block.add(N * cols, 4);
+    for (int64_t cols : {C, 3 * C, C, C, 4 * C, 4 * C}) block.add(N * cols, ct);
+    for (int64_t cols : {C, int64_t{1}, int64_t{1}, int64_t{1}, int64_t{1}, H}) block.add(N * cols, 4);
     // Everything else, whatever the mode: the L + 1 unit boundaries, the final norm
     // and the head (at most N rows of logits), the backward scratch.
     ByteCount rest;
@@ -223,7 +222,8 @@ TEST(ActivationCheckpointing, ActivationBytesDropToOneBlockPlusBoundaries) {
     for (int64_t elements : {N * C, N, N, N * C, N * Vp, N, N * C, N * C, 4 * N * C})
       rest.add(elements, 4);  // branch, ln_f stats, dlnf, logits, row loss, dres, dsmall, dbig
     if (precision != shardlm::DType::fp32) {
-      rest.add(N * C, 4);  // attention output in fp32
+      rest.add(3 * N * C, 4);  // qkv in fp32
+      rest.add(N * C, 4);      // attention output in fp32
       for (int64_t elements : {N * C, 4 * N * C, N * Vp}) rest.add(elements, ct);
     }
 

@@ -183,7 +183,7 @@ TEST(Gelu, BiasGeluForwardMatchesNaiveDouble) {
   const int N = 9, M = 67;
   const Vec pre0 = random_vec(N * M, 16, 2.5), bias = random_vec(M, 17);
   Vec pre = pre0, out(N * M);
-  shardlm::cpu::bias_gelu_forward(out.data(), pre.data(), bias.data(), N, M);
+  shardlm::cpu::bias_gelu_forward(out.data(), pre.data(), pre.data(), bias.data(), N, M);
   DVec want_pre(N * M), want_out(N * M);
   for (int n = 0; n < N; ++n)
     for (int m = 0; m < M; ++m) {

@@ -312,11 +312,31 @@ TEST(ComputeTypeKernels, StoreTheFp32ResultRoundedOnce) {
     cpu::residual_layernorm_forward(residual.data(), out, mean.data(), rstd.data(), x.data(),
                                     branch.data(), bias.data(), w.data(), bias.data(), N, C);
   }, N * C, "residual layernorm");
+  // GELU: the pre-activation is rounded first and GELU runs on the rounded value,
+  // i.e. the compute-type result is the fp32 kernel's on the rounded input.
   const auto pre0 = random_vec(N * 4 * C, 304, 2.0), fc_bias = random_vec(4 * C, 305);
-  expect_rounded_once([&](cpu::TypedPtr out) {
-    std::vector<float> pre = pre0;
-    cpu::bias_gelu_forward(out, pre.data(), fc_bias.data(), N, 4 * C);
-  }, N * 4 * C, "bias gelu");
+  for (DType t : {DType::bf16, DType::fp16}) {
+    std::vector<float> x(pre0.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = cpu::round_to(t, pre0[i] + fc_bias[i % (4 * C)]);
+    std::vector<float> want_pre = x, want_out(x.size());
+    cpu::bias_gelu_forward(want_out.data(), want_pre.data(), want_pre.data(), nullptr, N, 4 * C);
+    std::vector<uint16_t> pre16(x.size()), out16(x.size());
+    cpu::bias_gelu_forward(cpu::TypedPtr(out16.data(), t), cpu::TypedPtr(pre16.data(), t),
+                           pre0.data(), fc_bias.data(), N, 4 * C);
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(cpu::round_to(t, want_pre[i]), want_pre[i]);
+      const auto to_t = [&](float v) { return t == DType::bf16 ? cpu::float_to_bf16(v) : cpu::float_to_fp16(v); };
+      ASSERT_EQ(pre16[i], to_t(want_pre[i])) << i;
+      ASSERT_EQ(out16[i], to_t(want_out[i])) << i;
+    }
+    // The backward reads the stored pre-activation: the same as fp32 on the rounded values.
+    const auto dout = random_vec(x.size(), 306);
+    std::vector<float> want_din(x.size()), din(x.size());
+    cpu::gelu_backward(want_din.data(), dout.data(), want_pre.data(), static_cast<int64_t>(x.size()));
+    cpu::gelu_backward(din.data(), dout.data(), cpu::ConstTypedPtr(pre16.data(), t),
+                       static_cast<int64_t>(x.size()));
+    EXPECT_EQ(din, want_din) << shardlm::dtype_name(t);
+  }
 }
 
 // ---------------------------------------------------------------- fused head in bf16
@@ -421,8 +441,11 @@ FixtureRun run_fixture(DType precision) {
   for (int32_t t : targets) count += t != shardlm::kIgnoreIndex;
   shardlm::Gpt2Model model(config, layout, B, T, {precision, false});
   const shardlm::MicroBatch micro{tokens.data(), targets.data(), B, T};
+  // As training runs fp16: the loss scaled by a power of two (exact), so small
+  // activation gradients stay above fp16's normal range; divided out below.
+  const float loss_scale = 1024.0f;
   for (int u = 0; u < model.num_units(); ++u)
-    model.forward_unit(u, pp, gp, micro, true, 1.0f / static_cast<float>(count));
+    model.forward_unit(u, pp, gp, micro, true, loss_scale / static_cast<float>(count));
   for (int u = model.num_units() - 1; u >= 0; --u) model.backward_unit(u, pp, gp, micro);
   FixtureRun r;
   r.loss = model.last_loss_sum() / static_cast<double>(count);
@@ -432,7 +455,8 @@ FixtureRun run_fixture(DType precision) {
     double max_ref = 0.0, max_diff = 0.0;
     for (int64_t i = 0; i < info->numel; ++i) {
       max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
-      max_diff = std::max(max_diff, std::fabs(static_cast<double>(grads[unit][info->offset + i]) - want[i]));
+      const double got = static_cast<double>(grads[unit][info->offset + i]) / loss_scale;
+      max_diff = std::max(max_diff, std::fabs(got - want[i]));
     }
     r.grad_errors.push_back({p->name, max_diff / max_ref});
   }
@@ -449,17 +473,19 @@ TEST(MixedPrecisionModel, Bf16AndFp16GradientsMatchPyTorchWithinTheFormatsPrecis
     // The loss is a mean over tokens of values each perturbed by a few roundings of
     // u in random directions: well within u.
     EXPECT_NEAR(r.loss, want_loss, u * want_loss) << shardlm::dtype_name(precision);
-    // A gradient passes through up to ~20 rounded GEMM operands (forward and
-    // backward of the blocks above it), errors of up to u each, partly cancelling:
-    // 8 u relative to the tensor's largest gradient (3.1% in bf16, 0.4% in fp16).
+    // The longest path (the first block's gradients) crosses ~30 roundings of at
+    // most u each (every stored activation and rounded weight of the blocks above
+    // it, forward and backward, and the head's). Independent roundings add like a
+    // random walk, sqrt(30) u ~ 5.5 u, and a tensor's worst element sits in the
+    // tail: 16 u relative to the tensor's largest gradient (6.3% bf16, 0.8% fp16).
     double worst = 0.0;
     for (const auto& [name, err] : r.grad_errors) {
-      EXPECT_LT(err, 8 * u) << shardlm::dtype_name(precision) << " " << name;
+      EXPECT_LT(err, 16 * u) << shardlm::dtype_name(precision) << " " << name;
       worst = std::max(worst, err);
     }
     std::printf("%s: loss %.6f (PyTorch %.6f), worst gradient error %.4f (bound %.4f)\n",
                 std::string(shardlm::dtype_name(precision)).c_str(), r.loss, want_loss, worst,
-                8 * u);
+                16 * u);
   }
 }
 

@@ -50,20 +50,20 @@ struct BlockOffsets {
 // What a block's backward reads, saved by its forward. Without activation
 // checkpointing every layer has its own set; with it all layers share one set, which
 // block l's backward refills by recomputing block l's forward from residual[l].
-// GEMM inputs are in the compute type; the rest is fp32.
+// Tensors are in the compute type except the residual stream and the statistics.
 struct BlockActivations {
-  TypedPtr ln1;               // [N, C] compute type
+  TypedPtr ln1;               // [N, C]
   float* ln1_mean = nullptr;  // [N]
   float* ln1_rstd = nullptr;  // [N]
-  float* qkv = nullptr;       // [N, 3C] (biased) fp32: the attention kernel's input
-  TypedPtr att;               // [N, C] compute type: attention output, before c_proj
+  TypedPtr qkv;               // [N, 3C] (biased)
+  TypedPtr att;               // [N, C] attention output, before c_proj
   float* att_lse = nullptr;   // [B, H, T]
-  float* res2 = nullptr;      // [N, C] residual after the attention branch
-  TypedPtr ln2;               // [N, C] compute type
+  float* res2 = nullptr;      // [N, C] fp32: residual after the attention branch
+  TypedPtr ln2;               // [N, C]
   float* ln2_mean = nullptr;  // [N]
   float* ln2_rstd = nullptr;  // [N]
-  float* fc_pre = nullptr;    // [N, 4C] fp32: c_fc output with bias (GELU input)
-  TypedPtr fc_act;            // [N, 4C] compute type: GELU output
+  TypedPtr fc_pre;            // [N, 4C] c_fc output with bias (GELU input)
+  TypedPtr fc_act;            // [N, 4C] GELU output
 };
 
 // A block's four GEMM weights as the GEMMs read them (the parameters themselves in
@@ -140,8 +140,11 @@ struct Gpt2Model::Impl {
   float* dsmall = nullptr;       // [N, C] backward scratch
   float* dbig = nullptr;         // [N, 4C] backward scratch (also dqkv [N, 3C])
   int chunk_rows = 0;
-  // Compute-type scratch (compute != fp32 only; in fp32 the GEMMs read the fp32
-  // buffers above directly).
+  // Compute-type scratch (compute != fp32 only; in fp32 the kernels read and write
+  // the stored activations directly). In the forward, dbig also holds the c_fc
+  // GEMM's fp32 output before it is rounded into fc_pre.
+  float* qkv_f32 = nullptr;      // [N, 3C] qkv in fp32 for the attention kernels (the
+                                 // rounded values: forward and backward see the same)
   float* att_f32 = nullptr;      // [N, C] attention output in fp32 (forward: before
                                  // rounding; backward: the stored one widened)
   TypedPtr dres_c;               // [N, C]  dres rounded for the GEMMs
@@ -251,14 +254,14 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
     carver.request(&a.ln1, ct, N * C);
     carver.request(&a.ln1_mean, N);
     carver.request(&a.ln1_rstd, N);
-    carver.request(&a.qkv, 3 * N * C);
+    carver.request(&a.qkv, ct, 3 * N * C);
     carver.request(&a.att, ct, N * C);
     carver.request(&a.att_lse, N * m.H);
     carver.request(&a.res2, N * C);
     carver.request(&a.ln2, ct, N * C);
     carver.request(&a.ln2_mean, N);
     carver.request(&a.ln2_rstd, N);
-    carver.request(&a.fc_pre, 4 * N * C);
+    carver.request(&a.fc_pre, ct, 4 * N * C);
     carver.request(&a.fc_act, ct, 4 * N * C);
   }
   carver.request(&m.branch, N * C);
@@ -272,6 +275,7 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
   carver.request(&m.dsmall, N * C);
   carver.request(&m.dbig, 4 * N * C);
   if (ct != DType::fp32) {
+    carver.request(&m.qkv_f32, 3 * N * C);
     carver.request(&m.att_f32, N * C);
     carver.request(&m.dres_c, ct, N * C);
     carver.request(&m.dbig_c, ct, 4 * N * C);
@@ -292,6 +296,7 @@ Gpt2Model::~Gpt2Model() = default;
 const ModelConfig& Gpt2Model::config() const { return impl_->config; }
 const ParamLayout& Gpt2Model::layout() const { return impl_->layout; }
 const ModelOptions& Gpt2Model::options() const { return impl_->options; }
+int Gpt2Model::logits_chunk_rows() const { return impl_->chunk_rows; }
 int Gpt2Model::num_units() const { return impl_->L + 2; }
 
 std::vector<int> Gpt2Model::units_needed_for(int unit) const {
@@ -361,17 +366,24 @@ void Gpt2Model::Impl::block_forward(int l, const float* p, const BlockWeights& w
   const float* x = residual[static_cast<size_t>(l)];
   const int64_t n = N();
   const int rows = static_cast<int>(n);
+  const bool fp32 = compute == DType::fp32;
   cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + o.ln1_w, p + o.ln1_b, n, C);
-  gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, a.qkv, 3 * C);
-  cpu::add_bias(a.qkv, p + o.attn_b, n, 3 * C);
-  float* att_out = compute == DType::fp32 ? a.att.f32() : att_f32;
-  cpu::attention_forward(att_out, a.att_lse, a.qkv, B, T, C, H);
-  if (compute != DType::fp32) cpu::convert(a.att, att_out, n * C);
+  float* qkv = fp32 ? a.qkv.f32() : qkv_f32;
+  gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv, 3 * C);
+  cpu::add_bias(qkv, p + o.attn_b, n, 3 * C);
+  if (!fp32) {  // attention runs on the rounded qkv that backward will see
+    cpu::convert(a.qkv, qkv, n * 3 * C);
+    cpu::convert(qkv, a.qkv, n * 3 * C);
+  }
+  float* att_out = fp32 ? a.att.f32() : att_f32;
+  cpu::attention_forward(att_out, a.att_lse, qkv, B, T, C, H);
+  if (!fp32) cpu::convert(a.att, att_out, n * C);
   gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
   cpu::residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
                                   p + o.attn_proj_b, p + o.ln2_w, p + o.ln2_b, n, C);
-  gemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, w.fc, 4 * C, 0.0f, a.fc_pre, 4 * C);
-  cpu::bias_gelu_forward(a.fc_act, a.fc_pre, p + o.fc_b, n, 4 * C);
+  float* fc_out = fp32 ? a.fc_pre.f32() : dbig;
+  gemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, w.fc, 4 * C, 0.0f, fc_out, 4 * C);
+  cpu::bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, p + o.fc_b, n, 4 * C);
   if (recompute) return;
   gemm(false, false, rows, C, 4 * C, 1.0f, a.fc_act, 4 * C, w.fc_proj, C, 0.0f, branch, C);
   cpu::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, p + o.fc_proj_b, n,
@@ -409,10 +421,15 @@ void Gpt2Model::Impl::block_backward(int l, const float* p, const BlockWeights& 
   cpu::bias_backward(g + o.attn_proj_b, dres, n, C);
   float* datt = dsmall;
   gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
-  const float* att_out = a.att.dtype == DType::fp32 ? a.att.f32() : att_f32;
-  if (a.att.dtype != DType::fp32) cpu::convert(att_f32, a.att, n * C);
+  const bool fp32 = compute == DType::fp32;
+  const float* qkv = fp32 ? a.qkv.f32() : qkv_f32;
+  const float* att_out = fp32 ? a.att.f32() : att_f32;
+  if (!fp32) {
+    cpu::convert(qkv_f32, a.qkv, n * 3 * C);
+    cpu::convert(att_f32, a.att, n * C);
+  }
   float* dqkv = dbig;
-  cpu::attention_backward(dqkv, datt, a.qkv, att_out, a.att_lse, B, T, C, H);
+  cpu::attention_backward(dqkv, datt, qkv, att_out, a.att_lse, B, T, C, H);
   const ConstTypedPtr dqkv_g = for_gemm(dqkv, dbig_c, n * 3 * C);
   gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
   cpu::bias_backward(g + o.attn_b, dqkv, n, 3 * C);

@@ -18,14 +18,15 @@
 // ModelOptions (properties of the run, fixed at construction):
 //  - precision: fp32, or bf16/fp16 compute. Weights arrive fp32 and are rounded to
 //    the compute type once per use of a unit (forward; backward, which also serves
-//    the recompute). GEMMs read compute-type inputs and accumulate and write fp32;
-//    the activations kept for backward that are GEMM inputs (ln_1, attention output,
-//    ln_2, GELU output, ln_f) are stored in the compute type, the rest (residual
-//    stream, qkv, GELU input, LayerNorm and softmax statistics) stay fp32, as do all
-//    reductions, the loss and the parameter gradients. The activation gradients that
-//    feed GEMMs are rounded to the compute type too (as autocast does). fp16 keeps
-//    weights as fp32 values rounded to fp16 (no CPU here multiplies fp16; the GEMM
-//    widens its fp16 activations), so it saves activation memory, not time.
+//    the recompute). GEMMs read compute-type inputs and accumulate and write fp32.
+//    The activations kept for backward are stored in the compute type (ln_1, qkv,
+//    attention output, ln_2, GELU input and output, ln_f), except the residual
+//    stream; LayerNorm and softmax statistics, the loss, all reductions and the
+//    parameter gradients are fp32. Kernels compute in fp32 on the stored (rounded)
+//    values, so backward sees exactly what forward used. The activation gradients
+//    that feed GEMMs are rounded to the compute type too (as autocast does). fp16
+//    keeps weights as fp32 values rounded to fp16 (no CPU here multiplies fp16; the
+//    GEMM widens its fp16 activations), so it saves activation memory, not time.
 //  - activation_checkpointing: only the unit boundaries (each block's input, the
 //    residual stream) are kept per layer; one shared set of block activations is
 //    refilled by recomputing block l's forward (all but its last GEMM, whose output
@@ -82,6 +83,9 @@ class Gpt2Model {
   const ModelConfig& config() const;
   const ParamLayout& layout() const;
   const ModelOptions& options() const;
+  // Rows of logits the fused LM head computes at a time (its [rows, padded vocab]
+  // fp32 chunk is all of the logits that ever exist).
+  int logits_chunk_rows() const;
   int num_units() const;  // model units: n_layer + 2
   // Model units whose parameters model unit u's forward/backward read (final unit:
   // {0, final}). The per-unit pointers of every call are indexed by model unit.

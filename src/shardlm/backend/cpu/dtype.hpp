@@ -92,18 +92,22 @@ inline float round_to(DType dtype, float value) {
 // Element writers for kernels that compute in fp32 and store in the output's type:
 // a kernel templated on the writer stays one loop the compiler vectorizes, and its
 // fp32 instance is the plain store. with_writer() picks the instance for a TypedPtr.
+// round(v) is v rounded to the writer's type (what a store and reload would give).
 struct Fp32Writer {
   float* p;
+  static float round(float v) { return v; }
   void operator()(int64_t i, float v) const { p[i] = v; }
   Fp32Writer at(int64_t offset) const { return {p + offset}; }
 };
 struct Bf16Writer {
   uint16_t* p;
+  static float round(float v) { return bf16_to_float(float_to_bf16(v)); }
   void operator()(int64_t i, float v) const { p[i] = float_to_bf16(v); }
   Bf16Writer at(int64_t offset) const { return {p + offset}; }
 };
 struct Fp16Writer {
   uint16_t* p;
+  static float round(float v) { return fp16_to_float(float_to_fp16(v)); }
   void operator()(int64_t i, float v) const { p[i] = float_to_fp16(v); }
   Fp16Writer at(int64_t offset) const { return {p + offset}; }
 };
@@ -114,6 +118,30 @@ void with_writer(TypedPtr out, F&& f) {
     case DType::fp32: f(Fp32Writer{static_cast<float*>(out.data)}); return;
     case DType::bf16: f(Bf16Writer{static_cast<uint16_t*>(out.data)}); return;
     case DType::fp16: f(Fp16Writer{static_cast<uint16_t*>(out.data)}); return;
+  }
+}
+
+// Element readers, the counterpart for kernels that read a compute-type input and
+// compute in fp32.
+struct Fp32Reader {
+  const float* p;
+  float operator()(int64_t i) const { return p[i]; }
+};
+struct Bf16Reader {
+  const uint16_t* p;
+  float operator()(int64_t i) const { return bf16_to_float(p[i]); }
+};
+struct Fp16Reader {
+  const uint16_t* p;
+  float operator()(int64_t i) const { return fp16_to_float(p[i]); }
+};
+
+template <typename F>
+void with_reader(ConstTypedPtr in, F&& f) {
+  switch (in.dtype) {
+    case DType::fp32: f(Fp32Reader{static_cast<const float*>(in.data)}); return;
+    case DType::bf16: f(Bf16Reader{static_cast<const uint16_t*>(in.data)}); return;
+    case DType::fp16: f(Fp16Reader{static_cast<const uint16_t*>(in.data)}); return;
   }
 }
 

@@ -7,13 +7,17 @@
 
 namespace shardlm::cpu {
 
-// pre += bias (per column) in place, then out = gelu(pre): the MLP's c_fc bias and
-// activation in one pass. pre keeps the biased pre-activation for the backward.
-// pre and out are [N, M]; bias is [M] (may be null). out may be in a compute type
-// (GELU runs in fp32; the result is rounded once when stored).
-void bias_gelu_forward(TypedPtr out, float* pre, const float* bias, int64_t N, int M);
+// x = pre_in + bias (per column); pre_out = x and out = gelu(x): the MLP's c_fc bias
+// and activation in one pass, keeping the biased pre-activation for the backward.
+// pre_out and out may be in a compute type; then x is rounded to pre_out's type
+// first and GELU runs (in fp32) on the rounded value, so the backward's gelu'(pre)
+// is the derivative at exactly the input the forward used. pre_in may be
+// pre_out.data (in place, fp32). All are [N, M]; bias is [M] (may be null).
+void bias_gelu_forward(TypedPtr out, TypedPtr pre_out, const float* pre_in, const float* bias,
+                       int64_t N, int M);
 
-// dinp = dout * gelu'(pre), elementwise over count values; dinp may alias dout.
-void gelu_backward(float* dinp, const float* dout, const float* pre, int64_t count);
+// dinp = dout * gelu'(pre), elementwise over count values; dinp may alias dout; pre
+// may be in a compute type.
+void gelu_backward(float* dinp, const float* dout, ConstTypedPtr pre, int64_t count);
 
 }  // namespace shardlm::cpu
