@@ -21,8 +21,10 @@ $1" "${@:2}"; }
 
 # 1. Final loss within 2% of fp32's.
 for p in fp32 bf16 fp16; do
-  "$SHARDLM" train "${SMALL[@]}" --steps 200 --precision "$p" --out "$WORK/$p" > "$WORK/$p.log" 2>&1 \
-    || { cat "$WORK/$p.log"; fail "$p run failed"; }
+  # (The final sample runs the head's logits in the compute type too.)
+  "$SHARDLM" train "${SMALL[@]}" --steps 200 --precision "$p" --out "$WORK/$p" --sample-tokens 24 \
+    > "$WORK/$p.log" 2>&1 || { cat "$WORK/$p.log"; fail "$p run failed"; }
+  grep -q -- "--- sample ---" "$WORK/$p.log" || fail "$p: no sample"
 done
 for p in bf16 fp16; do
   py '

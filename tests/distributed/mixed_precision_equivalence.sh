@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Strategy equivalence holds under mixed precision: at a fixed world size every
 # strategy gives bitwise-identical weights with --precision bf16 (N = 2 and 3, 3
-# exercises padding), with activation checkpointing mixed in; and with fp16 and a
+# exercises padding), with activation checkpointing mixed in and with gradient
+# accumulation; and with fp16 and a
 # loss scale that overflows at first, so the skip decision (taken from the
 # all-reduced gradient norm) must be the same on every rank for the weights to agree.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
@@ -28,6 +29,13 @@ run_set() {
 run_set bf16_n2 2 "--precision bf16" ddp zero1 zero2 "zero3 --prefetch 1" \
   "zero3 --activation-checkpointing" "ddp --activation-checkpointing"
 run_set bf16_n3 3 "--precision bf16" ddp zero2 "zero3 --prefetch 2"
+# With gradient accumulation (2 micro-batches per rank and step): the strategies
+# that reduce once per step, and those that reduce every micro-batch, agree within
+# their group (as in fp32: tests/distributed/accumulation.sh).
+run_set bf16_accumulation_n2 2 "--precision bf16 --global-batch 24" ddp zero1 \
+  "ddp --activation-checkpointing"
+run_set bf16_accumulation_sharded_n2 2 "--precision bf16 --global-batch 24" zero2 \
+  "zero3 --activation-checkpointing"
 STEPS=12 run_set fp16_n2 2 "--precision fp16 --loss-scale 5e7 --loss-scale-growth-interval 3" \
   ddp zero1 "zero3 --activation-checkpointing"
 # The fp16 runs skipped some steps (on every rank alike, or the digests would
