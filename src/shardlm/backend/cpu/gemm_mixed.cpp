@@ -76,8 +76,10 @@ const Bf16Matmul& cached_matmul(const ShapeKey& key) {
 // One per thread, so concurrent callers do not share it.
 float* widening_scratch(size_t floats) {
   thread_local TrackedBuffer buffer;
-  if (buffer.bytes() < floats * sizeof(float))
+  if (buffer.bytes() < floats * sizeof(float)) {
+    buffer.release();  // first, so the peak never holds both
     buffer = TrackedBuffer(MemCategory::other, floats * sizeof(float));
+  }
   return buffer.as<float>();
 }
 
