@@ -104,12 +104,17 @@ void check_resume_compatible(const CheckpointReader& ckpt, const ModelConfig& co
                 "checkpoint '{}' was trained with tokenizer '{}', the data uses '{}'", ckpt.dir(),
                 saved.tokenizer, tokenizer);
   const auto& saved_train = saved.train.at("options");
-  for (auto it = wanted.begin(); it != wanted.end(); ++it)
-    SHARDLM_CHECK(saved_train.value(it.key(), nlohmann::json()) == it.value(),
+  // A key the checkpoint lacks was written before that option existed: it ran with
+  // the option's default.
+  const nlohmann::json defaults = TrainOptions{}.trajectory_json();
+  for (auto it = wanted.begin(); it != wanted.end(); ++it) {
+    const nlohmann::json saved_value =
+        saved_train.contains(it.key()) ? saved_train.at(it.key()) : defaults.value(it.key(), nlohmann::json());
+    SHARDLM_CHECK(saved_value == it.value(),
                   "checkpoint '{}' was trained with {}={}, but this run asks for {} (resume "
                   "needs the same value)",
-                  ckpt.dir(), it.key(), saved_train.value(it.key(), nlohmann::json()).dump(),
-                  it.value().dump());
+                  ckpt.dir(), it.key(), saved_value.dump(), it.value().dump());
+  }
 }
 
 // Start-up agreement: rank 0's view of the run against this rank's; the first field
