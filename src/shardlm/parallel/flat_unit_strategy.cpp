@@ -168,22 +168,23 @@ FlatUnitStrategy::~FlatUnitStrategy() {
   }
 }
 
-UnitPointers FlatUnitStrategy::params() {
-  for (int m = 0; m < num_model_units_; ++m) {
-    const auto& place = layout_.model_units[static_cast<size_t>(m)];
-    float* base = param_ptrs_[static_cast<size_t>(place.unit)];
-    model_param_ptrs_[static_cast<size_t>(m)] = base != nullptr ? base + place.base : nullptr;
+// The model reads one pointer per model unit: its flat unit's buffer plus its base.
+static UnitPointers model_unit_pointers(const ParamLayout& layout, const std::vector<float*>& unit_ptrs,
+                                        std::vector<float*>& out) {
+  for (size_t m = 0; m < out.size(); ++m) {
+    const auto& place = layout.model_units[m];
+    float* base = unit_ptrs[static_cast<size_t>(place.unit)];
+    out[m] = base != nullptr ? base + place.base : nullptr;
   }
-  return model_param_ptrs_;
+  return out;
+}
+
+UnitPointers FlatUnitStrategy::params() {
+  return model_unit_pointers(layout_, param_ptrs_, model_param_ptrs_);
 }
 
 UnitPointers FlatUnitStrategy::grads() {
-  for (int m = 0; m < num_model_units_; ++m) {
-    const auto& place = layout_.model_units[static_cast<size_t>(m)];
-    float* base = grad_ptrs_[static_cast<size_t>(place.unit)];
-    model_grad_ptrs_[static_cast<size_t>(m)] = base != nullptr ? base + place.base : nullptr;
-  }
-  return model_grad_ptrs_;
+  return model_unit_pointers(layout_, grad_ptrs_, model_grad_ptrs_);
 }
 
 const float* FlatUnitStrategy::replicated_params(int unit) const {
