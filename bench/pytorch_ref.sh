@@ -13,6 +13,7 @@
 #
 # usage: bench/pytorch_ref.sh [--steps N] [--warmup N] [--threads N]
 #                             [--configs small,124m] [--dtypes fp32,bf16] [--envs default,tuned]
+#                             [--results FILE]   (also keep the JSON result lines in FILE)
 set -euo pipefail
 
 steps=10
@@ -21,6 +22,7 @@ threads=2
 configs=small,124m
 dtypes=fp32,bf16
 envs=default,tuned
+keep_results=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -29,6 +31,7 @@ while [ $# -gt 0 ]; do
     --configs) configs=$2; shift 2 ;;
     --dtypes) dtypes=$2; shift 2 ;;
     --envs) envs=$2; shift 2 ;;
+    --results) keep_results=$2; shift 2 ;;
     *) echo "pytorch_ref.sh: unknown argument $1 (see the usage line at the top of $0)" >&2; exit 2 ;;
   esac
 done
@@ -101,6 +104,7 @@ for config in "${config_list[@]}"; do
   done
 done
 
+[ -z "$keep_results" ] || cp "$results" "$keep_results"
 "$python" - "$results" <<'EOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
