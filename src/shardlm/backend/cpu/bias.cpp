@@ -16,18 +16,8 @@ void add_bias(float* out, const float* bias, int64_t N, int M) {
 void residual_add_bias(float* out, const float* a, const float* branch, const float* bias,
                        int64_t N, int M) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* out_row = out + n * M;
-    const float* a_row = a + n * M;
-    const float* branch_row = branch + n * M;
-    if (bias != nullptr) {
-#pragma omp simd
-      for (int m = 0; m < M; ++m) out_row[m] = a_row[m] + branch_row[m] + bias[m];
-    } else {
-#pragma omp simd
-      for (int m = 0; m < M; ++m) out_row[m] = a_row[m] + branch_row[m];
-    }
-  }
+  for (int64_t n = 0; n < N; ++n)
+    residual_add_bias_row(out + n * M, a + n * M, branch + n * M, bias, M);
 }
 
 void bias_backward(float* dbias, const float* dout, int64_t N, int M) {

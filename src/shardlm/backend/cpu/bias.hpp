@@ -8,6 +8,18 @@ namespace shardlm::cpu {
 // out[n, :] += bias, for an [N, M] matrix.
 void add_bias(float* out, const float* bias, int64_t N, int M);
 
+// One row of residual_add_bias; also used by the fused residual + LayerNorm.
+inline void residual_add_bias_row(float* out, const float* a, const float* branch,
+                                  const float* bias, int M) {
+  if (bias != nullptr) {
+#pragma omp simd
+    for (int m = 0; m < M; ++m) out[m] = a[m] + branch[m] + bias[m];
+  } else {
+#pragma omp simd
+    for (int m = 0; m < M; ++m) out[m] = a[m] + branch[m];
+  }
+}
+
 // out = a + branch + bias (bias per column, may be null): closes a residual block.
 void residual_add_bias(float* out, const float* a, const float* branch, const float* bias,
                        int64_t N, int M);

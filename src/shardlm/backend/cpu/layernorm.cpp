@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "shardlm/backend/cpu/bias.hpp"
+
 namespace shardlm::cpu {
 
 namespace {
@@ -46,15 +48,7 @@ void residual_layernorm_forward(float* residual, TypedPtr out, float* mean, floa
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       float* res_row = residual + n * C;
-      const float* a_row = a + n * C;
-      const float* branch_row = branch + n * C;
-      if (branch_bias != nullptr) {
-#pragma omp simd
-        for (int c = 0; c < C; ++c) res_row[c] = a_row[c] + branch_row[c] + branch_bias[c];
-      } else {
-#pragma omp simd
-        for (int c = 0; c < C; ++c) res_row[c] = a_row[c] + branch_row[c];
-      }
+      residual_add_bias_row(res_row, a + n * C, branch + n * C, branch_bias, C);
       normalize_row(writer.at(n * C), mean + n, rstd + n, res_row, weight, bias, C);
     }
   });
