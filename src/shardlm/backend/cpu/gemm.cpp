@@ -73,15 +73,20 @@ const char* gemm_library_name(GemmLibrary library) {
 
 const char* gemm_library_name() { return gemm_library_name(active_gemm_library()); }
 
-void sgemm_on(GemmLibrary library, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-              const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  SHARDLM_CHECK(M >= 0 && N >= 0 && K >= 0, "sgemm: sizes M={} N={} K={} must be >= 0", M, N, K);
+void check_gemm_arguments(const char* what, bool trans_a, bool trans_b, int M, int N, int K,
+                          int lda, int ldb, int ldc) {
+  SHARDLM_CHECK(M >= 0 && N >= 0 && K >= 0, "{}: sizes M={} N={} K={} must be >= 0", what, M, N, K);
   const int a_cols = trans_a ? M : K;
   const int b_cols = trans_b ? K : N;
   SHARDLM_CHECK(lda >= std::max(1, a_cols) && ldb >= std::max(1, b_cols) && ldc >= std::max(1, N),
-                "sgemm: row strides lda={} ldb={} ldc={} must be >= the stored row lengths "
+                "{}: row strides lda={} ldb={} ldc={} must be >= the stored row lengths "
                 "{} {} {}",
-                lda, ldb, ldc, a_cols, b_cols, N);
+                what, lda, ldb, ldc, a_cols, b_cols, N);
+}
+
+void sgemm_on(GemmLibrary library, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+              const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  check_gemm_arguments("sgemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // C = beta * C; libraries differ on whether they accept K = 0
     scale_rows(M, N, beta, C, ldc);

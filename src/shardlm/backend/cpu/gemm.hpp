@@ -10,6 +10,10 @@
 
 namespace shardlm::cpu {
 
+// Error naming `what` unless sizes are >= 0 and row strides cover the stored rows.
+void check_gemm_arguments(const char* what, bool trans_a, bool trans_b, int M, int N, int K,
+                          int lda, int ldb, int ldc);
+
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* C, int ldc);
 

@@ -147,19 +147,13 @@ const char* onednn_bf16_matmul_impl() { return bf16_support().impl.c_str(); }
 
 void gemm_on(Bf16GemmPath path, bool ta, bool tb, int M, int N, int K, float alpha,
              ConstTypedPtr A, int lda, ConstTypedPtr B, int ldb, float beta, float* C, int ldc) {
-  SHARDLM_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: sizes M={} N={} K={} must be >= 0", M, N, K);
-  const int a_cols = ta ? M : K;
-  const int b_cols = tb ? K : N;
-  SHARDLM_CHECK(lda >= std::max(1, a_cols) && ldb >= std::max(1, b_cols) && ldc >= std::max(1, N),
-                "gemm: row strides lda={} ldb={} ldc={} must be >= the stored row lengths "
-                "{} {} {}",
-                lda, ldb, ldc, a_cols, b_cols, N);
+  check_gemm_arguments("gemm", ta, tb, M, N, K, lda, ldb, ldc);
   if (A.dtype == DType::fp32 && B.dtype == DType::fp32) {
     sgemm(ta, tb, M, N, K, alpha, A.f32(), lda, B.f32(), ldb, beta, C, ldc);
     return;
   }
   if (M == 0 || N == 0 || K == 0) {  // sgemm handles the degenerate cases
-    sgemm(ta, tb, M, N, K, alpha, nullptr, std::max(1, a_cols), nullptr, std::max(1, b_cols),
+    sgemm(ta, tb, M, N, K, alpha, nullptr, lda, nullptr, ldb,
           beta, C, ldc);
     return;
   }
