@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "shardlm/core/phase_profile.hpp"
+
 namespace shardlm {
 
 std::vector<ElementRange> weight_decay_ranges(const UnitLayout& unit, int64_t slice_begin,
@@ -44,6 +46,7 @@ void adam_range(float* params, const float* grads, float* m, float* v, int64_t b
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                   std::span<const ElementRange> decay_ranges, float lr, float grad_multiplier,
                   int64_t step, const AdamWConfig& config) {
+  const PhaseScope phase(Phase::optimizer);
   const double bias1 = 1.0 - std::pow(static_cast<double>(config.beta1), static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(static_cast<double>(config.beta2), static_cast<double>(step));
   const float step_size = static_cast<float>(lr / bias1);
@@ -64,6 +67,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
 }
 
 double sum_of_squares(const float* data, int64_t n) {
+  const PhaseScope phase(Phase::optimizer);
   // Fixed-size blocks summed in order: the result does not depend on the thread
   // count, so runs with different --threads agree bitwise.
   constexpr int64_t kBlock = 4096;

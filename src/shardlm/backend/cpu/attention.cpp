@@ -6,6 +6,7 @@
 
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm::cpu {
 
@@ -263,6 +264,7 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H) {
+  const PhaseScope phase(Phase::attention);
   check_shape(T, C, H);
   const int num_query_blocks = (T + kBlock - 1) / kBlock;
   const int64_t num_tasks = static_cast<int64_t>(B) * H * num_query_blocks;
@@ -279,6 +281,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int H) {
+  const PhaseScope phase(Phase::attention);
   check_shape(T, C, H);
   const int64_t num_tasks = static_cast<int64_t>(B) * H;
 #pragma omp parallel for schedule(dynamic, 1)

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 
+#include "shardlm/core/phase_profile.hpp"
+
 namespace shardlm::cpu {
 
 void add_bias(float* out, const float* bias, int64_t N, int M) {
+  const PhaseScope phase(Phase::norms_elementwise);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float* row = out + n * M;
@@ -15,12 +18,14 @@ void add_bias(float* out, const float* bias, int64_t N, int M) {
 
 void residual_add_bias(float* out, const float* a, const float* branch, const float* bias,
                        int64_t N, int M) {
+  const PhaseScope phase(Phase::norms_elementwise);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     residual_add_bias_row(out + n * M, a + n * M, branch + n * M, bias, M);
 }
 
 void bias_backward(float* dbias, const float* dout, int64_t N, int M) {
+  const PhaseScope phase(Phase::norms_elementwise);
   constexpr int kColumnBlock = 64;
   const int num_blocks = (M + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)

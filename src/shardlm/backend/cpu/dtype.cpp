@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm {
 
@@ -87,10 +88,14 @@ void convert_contiguous(TypedPtr dst, ConstTypedPtr src, int64_t n, bool may_thr
 
 }  // namespace
 
-void convert(TypedPtr dst, ConstTypedPtr src, int64_t n) { convert_contiguous(dst, src, n); }
+void convert(TypedPtr dst, ConstTypedPtr src, int64_t n) {
+  const PhaseScope phase(Phase::norms_elementwise);
+  convert_contiguous(dst, src, n);
+}
 
 void convert_rows(TypedPtr dst, int64_t ld_dst, ConstTypedPtr src, int64_t ld_src, int64_t rows,
                   int64_t cols) {
+  const PhaseScope phase(Phase::norms_elementwise);
   if (ld_dst == cols && ld_src == cols) return convert_contiguous(dst, src, rows * cols);
   if (rows * cols < kParallelThreshold) {
     for (int64_t r = 0; r < rows; ++r) convert_contiguous(dst.at(r * ld_dst), src.at(r * ld_src), cols);
@@ -102,6 +107,7 @@ void convert_rows(TypedPtr dst, int64_t ld_dst, ConstTypedPtr src, int64_t ld_sr
 }
 
 void round_to(DType dtype, float* dst, const float* src, int64_t n) {
+  const PhaseScope phase(Phase::norms_elementwise);
   switch (dtype) {
     case DType::bf16:
       return map_elements(dst, src, n, [](float v) { return bf16_to_float(float_to_bf16(v)); });

@@ -1,6 +1,7 @@
 #include "shardlm/backend/cpu/gelu.hpp"
 
 #include "shardlm/backend/cpu/fast_math.hpp"
+#include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm::cpu {
 
@@ -11,6 +12,7 @@ constexpr float kCubic = 0.044715f;
 
 void bias_gelu_forward(TypedPtr out, TypedPtr pre_out, const float* pre_in, const float* bias,
                        int64_t N, int M) {
+  const PhaseScope phase(Phase::norms_elementwise);
   with_writer(out, [&](auto out_writer) {
     with_writer(pre_out, [&](auto pre_writer) {
 #pragma omp parallel for schedule(static)
@@ -32,6 +34,7 @@ void bias_gelu_forward(TypedPtr out, TypedPtr pre_out, const float* pre_in, cons
 }
 
 void gelu_backward(float* dinp, const float* dout, ConstTypedPtr pre, int64_t count) {
+  const PhaseScope phase(Phase::norms_elementwise);
   constexpr int64_t kGrain = 4096;
   const int64_t num_chunks = (count + kGrain - 1) / kGrain;
   with_reader(pre, [&](auto read_pre) {

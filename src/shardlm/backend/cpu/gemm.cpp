@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm::cpu {
 namespace {
@@ -86,6 +87,7 @@ void check_gemm_arguments(const char* what, bool trans_a, bool trans_b, int M, i
 
 void sgemm_on(GemmLibrary library, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
               const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  const PhaseScope phase(Phase::gemm);
   check_gemm_arguments("sgemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // C = beta * C; libraries differ on whether they accept K = 0

@@ -13,6 +13,7 @@
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/memory_tracker.hpp"
+#include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm::cpu {
 namespace {
@@ -111,6 +112,9 @@ void gemm_widened(bool ta, bool tb, int M, int N, int K, float alpha, ConstTyped
 
 bool run_onednn_bf16(bool ta, bool tb, int M, int N, int K, float alpha, ConstTypedPtr A, int lda,
                      ConstTypedPtr B, int ldb, float beta, float* C, int ldc) {
+  // The fp32 and widened paths are charged to gemm inside sgemm (the widening
+  // conversion to norms_elementwise), so each library call is counted once.
+  const PhaseScope phase(Phase::gemm);
   const Bf16Matmul& m = cached_matmul({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta});
   if (!m.primitive) return false;
   thread_local dnnl::stream stream(cpu_engine());

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "shardlm/backend/cpu/bias.hpp"
+#include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm::cpu {
 
@@ -34,6 +35,7 @@ inline void normalize_row(Writer out_row, float* mean_out, float* rstd_out, cons
 
 void layernorm_forward(TypedPtr out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t N, int C) {
+  const PhaseScope phase(Phase::norms_elementwise);
   with_writer(out, [&](auto writer) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n)
@@ -44,6 +46,7 @@ void layernorm_forward(TypedPtr out, float* mean, float* rstd, const float* inp,
 void residual_layernorm_forward(float* residual, TypedPtr out, float* mean, float* rstd,
                                 const float* a, const float* branch, const float* branch_bias,
                                 const float* weight, const float* bias, int64_t N, int C) {
+  const PhaseScope phase(Phase::norms_elementwise);
   with_writer(out, [&](auto writer) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
@@ -57,6 +60,7 @@ void residual_layernorm_forward(float* residual, TypedPtr out, float* mean, floa
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean,
                         const float* rstd, int64_t N, int C) {
+  const PhaseScope phase(Phase::norms_elementwise);
   constexpr int kColumnBlock = 64;
   const int num_blocks = (C + kColumnBlock - 1) / kColumnBlock;
   const float inv_c = 1.0f / static_cast<float>(C);

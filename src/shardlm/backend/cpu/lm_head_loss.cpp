@@ -7,6 +7,7 @@
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm::cpu {
 
@@ -41,6 +42,8 @@ float row_cross_entropy(float* logits, int V, int32_t target, bool want_grad, fl
 }  // namespace
 
 void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, float* dweight) {
+  // Its GEMMs (and dlogits rounding) are charged to their own phases by nesting.
+  const PhaseScope phase(Phase::loss);
   SHARDLM_CHECK(a.chunk_rows > 0 && a.logits_stride >= a.V && a.V > 0,
                 "lm head: bad chunking (chunk_rows {}, stride {}, vocab {})", a.chunk_rows,
                 a.logits_stride, a.V);
