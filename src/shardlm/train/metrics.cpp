@@ -16,6 +16,16 @@ MetricsWriter::~MetricsWriter() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
+nlohmann::json phase_ms_json(const PhaseTotals& phases, double step_seconds,
+                             double exposed_comm_seconds) {
+  nlohmann::json out = nlohmann::json::object();
+  for (int p = 0; p < kNumPhases; ++p)
+    out[std::string(phase_name(static_cast<Phase>(p)))] = phases.seconds[p] * 1e3;
+  out["communication"] = exposed_comm_seconds * 1e3;
+  out["other"] = (step_seconds - phases.total_seconds() - exposed_comm_seconds) * 1e3;
+  return out;
+}
+
 void MetricsWriter::write(const nlohmann::json& record) {
   if (file_ == nullptr) return;
   std::string line = record.dump() + "\n";

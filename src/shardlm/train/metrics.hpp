@@ -7,7 +7,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/core/phase_profile.hpp"
+
 namespace shardlm {
+
+// A step's "phase_ms" record: milliseconds per profiled phase (exclusive times, see
+// core/phase_profile.hpp), "communication" = the compute thread's exposed wait for
+// collectives, and "other" = the step's wall time minus all of those (the trainer's
+// own work: sampling, gradient zeroing, strategy hooks, unprofiled code).
+nlohmann::json phase_ms_json(const PhaseTotals& phases, double step_seconds,
+                             double exposed_comm_seconds);
 
 class MetricsWriter {
  public:

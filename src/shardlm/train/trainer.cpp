@@ -18,6 +18,7 @@
 #include "shardlm/core/fault_injection.hpp"
 #include "shardlm/core/file_util.hpp"
 #include "shardlm/core/memory_tracker.hpp"
+#include "shardlm/core/phase_profile.hpp"
 #include "shardlm/core/sha256.hpp"
 #include "shardlm/core/timer.hpp"
 #include "shardlm/data/prepare.hpp"
@@ -355,6 +356,7 @@ TrainSummary Trainer::run() {
 
   for (int64_t step = start_step; step < o_.steps; ++step) {
     Stopwatch step_clock;
+    take_phase_totals();  // drop what ran between steps (eval, checkpoint save)
     if (const char* fault = std::getenv("SHARDLM_FAULT_STEP")) {
       // Test-only: "RANK:STEP[:always]" kills that rank when it reaches that step, in
       // the first attempt of a `shardlm launch` job only (so a restart can get past
@@ -448,6 +450,7 @@ TrainSummary Trainer::run() {
     const double step_s = step_clock.seconds();
     ema_step_s = (step == start_step) ? step_s : 0.8 * ema_step_s + 0.2 * step_s;
     const CommCounters comm_stats = comm_.take_counters();
+    const PhaseTotals phases = take_phase_totals();
     nlohmann::json record = {{"step", done},
                              {"loss", loss},
                              {"lr", lr},
@@ -464,6 +467,7 @@ TrainSummary Trainer::run() {
                              {"exposed_comm_ms", comm_stats.exposed_seconds * 1e3},
                              {"comm", comm_stats.to_json()},
                              {"mem", MemoryTracker::global().to_json()}};
+    record["phase_ms"] = phase_ms_json(phases, step_s, comm_stats.exposed_seconds);
     if (loss_scaler_) {
       record["loss_scale"] = loss_scale;  // the scale this step ran with
       record["skipped_steps"] = loss_scaler_->skipped_steps();
