@@ -5,11 +5,17 @@ Trains the same GPT-2 shapes with shardlm (default environment, nothing tuned) a
 with the PyTorch reference (tools/pytorch_gpt2_ref.py through bench/pytorch_ref.sh,
 PyTorch run "default" and "tuned"), then prints tokens/s, peak RSS and the ratios.
 
+Right after each shardlm training it times the GEMM library alone on exactly the GEMM
+calls of that step (bench/step_gemm_rate, same precision and threads) and prints the
+step's achieved model GFLOP/s as a fraction of the library's rate, and the median
+step's breakdown by phase (metrics.jsonl "phase_ms"; docs/profiling.md).
+
   small  gpt2-small-30m: 6 layers x 384, vocab 50304, B=8, T=256
   124m   gpt2 124M: 12 layers x 768, B=1, T=1024
 
 usage: bench/speed_vs_pytorch.py [--configs small,124m] [--dtypes fp32,bf16]
                                  [--steps 10] [--warmup 2] [--threads 2]
+                                 [--shardlm build/shardlm] [--step-gemm-rate PATH]
 Standard library only; PyTorch comes from Debian's python3-torch (bench/pytorch_ref.sh
 installs the tuned environment's packages if missing).
 """
@@ -42,9 +48,67 @@ def run_shardlm(shardlm, data, work, config, dtype, args):
         sys.exit(f"shardlm failed: {' '.join(cmd)}\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     peak_rss_mib = int(result.stdout.strip().splitlines()[-1]) / 1024
     records = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
-    median_ms = statistics.median(r["step_ms"] for r in records[args.warmup:])
+    timed = records[args.warmup:]
+    median_ms = statistics.median(r["step_ms"] for r in timed)
+    # The breakdown comes from one real step: the median one (the upper median when
+    # the count is even), so its phases add up to its own step time.
+    median_step = sorted(timed, key=lambda r: r["step_ms"])[len(timed) // 2]
     return {"tokens_per_s": batch * seq / median_ms * 1e3, "median_step_ms": median_ms,
-            "peak_rss_mib": peak_rss_mib}
+            "peak_rss_mib": peak_rss_mib, "median_step": median_step}
+
+
+def run_step_gemm_rate(binary, config, dtype, args):
+    """The GEMM library alone on the step's own GEMM calls: one JSON object."""
+    preset, batch, seq = CONFIGS[config]
+    cmd = [binary, "--model", preset, "--batch", str(batch), "--seq", str(seq), "--precision",
+           dtype, "--threads", str(args.threads)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"step_gemm_rate failed: {' '.join(cmd)}\n{result.stdout[-2000:]}"
+                 f"{result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+PHASES = ["gemm", "attention", "norms_elementwise", "loss", "optimizer", "communication", "other"]
+
+
+def print_efficiency(runs):
+    """Model GFLOP/s of the shardlm step against the library on the step's GEMMs."""
+    print("\nModel FLOPs per step = the step's GEMM FLOPs (2 M N K summed over every linear-layer "
+          "and LM-head GEMM call of forward and backward, LM head over the real vocabulary) + "
+          "causal attention matmul FLOPs (6 C T (T+1) per layer and sequence: QK^T, PV forward; "
+          "dP, dV, dQ, dK backward; visible pairs only). Achieved = model FLOPs / median step "
+          "time. Library = FLOP-weighted GFLOP/s of the GEMM library alone on exactly the "
+          "step's GEMM calls (bench/step_gemm_rate, same precision and threads, best of 3 "
+          "passes). Fraction = achieved / library (target >= 0.85).\n")
+    print("| config | dtype | model GFLOP/step | median step ms | achieved GFLOP/s | library "
+          "GFLOP/s on step GEMMs | fraction | step GEMM ms (phase) | same GEMMs alone ms | "
+          "GEMM library | LM head chunk rows |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (config, dtype), (ours, rate) in runs.items():
+        achieved = rate["model_flops"] / ours["median_step_ms"] * 1e-6
+        gemm_ms = ours["median_step"].get("phase_ms", {}).get("gemm", float("nan"))
+        print(f"| {config} | {dtype} | {rate['model_flops'] * 1e-9:.1f} | "
+              f"{ours['median_step_ms']:.0f} | {achieved:.1f} | {rate['gemm_gflops']:.1f} | "
+              f"{achieved / rate['gemm_gflops']:.2f} | {gemm_ms:.0f} | "
+              f"{rate['step_gemm_seconds'] * 1e3:.0f} | {rate['library']} | "
+              f"{rate['head_chunk_rows']} |")
+
+
+def print_breakdown(runs):
+    """The median step's phase_ms: exclusive wall time per phase, ms and % of the step."""
+    labels = [f"{config} {dtype}" for config, dtype in runs]
+    print("\nBreakdown of the median step (metrics.jsonl phase_ms: exclusive wall ms per "
+          "phase; communication = exposed wait; other = step minus the rest)\n")
+    print("| phase | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for phase in PHASES + ["step"]:
+        cells = []
+        for ours, _ in runs.values():
+            step = ours["median_step"]
+            ms = step["step_ms"] if phase == "step" else step.get("phase_ms", {}).get(phase)
+            cells.append("-" if ms is None else f"{ms:.0f} ({ms / step['step_ms'] * 100:.0f}%)")
+        print(f"| {phase} | " + " | ".join(cells) + " |")
 
 
 def main():
@@ -55,7 +119,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shardlm", default=os.path.join(ROOT, "build", "shardlm"))
+    ap.add_argument("--step-gemm-rate", default=None,
+                    help="bench/step_gemm_rate binary (default: bench/ next to --shardlm)")
     args = ap.parse_args()
+    rate_binary = args.step_gemm_rate or os.path.join(os.path.dirname(args.shardlm), "bench",
+                                                       "step_gemm_rate")
+    print(f"load average at start: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     with tempfile.TemporaryDirectory(prefix="shardlm-speed-") as work:
         data = os.path.join(work, "data")
         subprocess.run([args.shardlm, "prepare", "--tokenizer", f"gpt2:{SHARED}/gpt2", "--input",
@@ -74,9 +143,11 @@ def main():
         print("| config | dtype | shardlm tok/s | PyTorch default | PyTorch tuned | vs default | "
               "vs tuned | shardlm RSS MiB | tuned RSS MiB | RSS ratio |")
         print("|---|---|---|---|---|---|---|---|---|---|")
+        runs = {}
         for config in args.configs.split(","):
             for dtype in args.dtypes.split(","):
                 ours = run_shardlm(args.shardlm, data, work, config, dtype, args)
+                runs[(config, dtype)] = (ours, run_step_gemm_rate(rate_binary, config, dtype, args))
                 d = torch[(config, dtype, "default")]
                 t = torch[(config, dtype, "tuned")]
                 print(f"| {config} | {dtype} | {ours['tokens_per_s']:.0f} | {d['tokens_per_s']:.0f} | "
@@ -84,6 +155,9 @@ def main():
                       f"{ours['tokens_per_s'] / t['tokens_per_s']:.2f}x | {ours['peak_rss_mib']:.0f} | "
                       f"{t['peak_rss_mib']:.0f} | {ours['peak_rss_mib'] / t['peak_rss_mib']:.2f} |",
                       flush=True)
+        print_efficiency(runs)
+        print_breakdown(runs)
+        print(f"\nload average at end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
 
 
 if __name__ == "__main__":
