@@ -78,6 +78,10 @@ void register_train(CLI::App& app) {
                   "them; master weights, AdamW state and gradients stay fp32; fp16 uses dynamic "
                   "loss scaling)")
       ->capture_default_str();
+  cmd->add_option("--reduce-dtype", opts->reduce_dtype,
+                  "Type gradients travel in when reduced across ranks: fp32, or bf16 (half the "
+                  "bytes; contributions rounded to bf16, summed in fp32)")
+      ->capture_default_str();
   cmd->add_flag("--activation-checkpointing", opts->activation_checkpointing,
                 "Keep only each block's input and recompute the block's forward in backward "
                 "(activation memory of ~1 block instead of all; same gradients)");

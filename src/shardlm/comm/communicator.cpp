@@ -76,7 +76,7 @@ Work Communicator::all_reduce(float* data, size_t count, ReduceOp op, std::strin
 }
 
 Work Communicator::reduce_scatter(const float* send, float* recv, size_t recv_count, ReduceOp op,
-                                  std::string label) {
+                                  std::string label, WireType wire) {
   const size_t block_bytes = recv_count * sizeof(float);
   SHARDLM_CHECK((send != nullptr && recv != nullptr) || recv_count == 0,
                 "reduce_scatter '{}': null buffer", label);
@@ -84,9 +84,9 @@ Work Communicator::reduce_scatter(const float* send, float* recv, size_t recv_co
                     !overlaps(send, block_bytes * size_, recv, block_bytes),
                 "reduce_scatter '{}': recv must be send + rank * recv_count or not overlap send",
                 label);
-  auto c = begin(CollectiveKind::reduce_scatter, std::move(label), block_bytes * size_, -1,
-                 static_cast<int>(op));
-  return track(start_reduce_scatter(send, recv, recv_count, op, c));
+  auto c = begin(CollectiveKind::reduce_scatter, std::move(label),
+                 recv_count * wire_bytes(wire) * size_, -1, static_cast<int>(op));
+  return track(start_reduce_scatter(send, recv, recv_count, op, wire, c));
 }
 
 Work Communicator::all_gather(const float* send, float* recv, size_t send_count,

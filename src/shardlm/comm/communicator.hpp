@@ -60,9 +60,11 @@ class Communicator {
   Work all_reduce(float* data, size_t count, ReduceOp op, std::string label);
   // `send` holds size() blocks of recv_count elements; this rank receives the
   // reduction of block rank(). recv may be send + rank() * recv_count (in place);
-  // otherwise the buffers must not overlap.
+  // otherwise the buffers must not overlap. With WireType::bf16 every rank's values
+  // (its own too, so the result does not depend on which rank owns a block) are
+  // rounded to bf16 and travel at half the bytes; the reduction is fp32.
   Work reduce_scatter(const float* send, float* recv, size_t recv_count, ReduceOp op,
-                      std::string label);
+                      std::string label, WireType wire = WireType::fp32);
   // `recv` holds size() blocks of send_count elements; block r is rank r's `send`.
   // send may be recv + rank() * send_count (in place); otherwise no overlap.
   Work all_gather(const float* send, float* recv, size_t send_count, std::string label);
@@ -116,7 +118,7 @@ class Communicator {
   // already validated arguments, assigned the sequence number and counted the call.
   virtual Work start_all_reduce(float* data, size_t count, ReduceOp op, const Collective& c) = 0;
   virtual Work start_reduce_scatter(const float* send, float* recv, size_t recv_count, ReduceOp op,
-                                    const Collective& c) = 0;
+                                    WireType wire, const Collective& c) = 0;
   virtual Work start_all_gather(const void* send, void* recv, size_t bytes_per_rank,
                                 const Collective& c) = 0;
   virtual Work start_broadcast(void* data, size_t bytes, int root, const Collective& c) = 0;

@@ -35,6 +35,8 @@ std::string_view to_string(ReduceOp op) {
   return "unknown";
 }
 
+size_t wire_bytes(WireType wire) { return wire == WireType::bf16 ? 2 : 4; }
+
 uint64_t bus_bytes_for(CollectiveKind kind, uint64_t bytes, int world_size) {
   if (world_size <= 1) return 0;
   const auto n = static_cast<__uint128_t>(world_size);

@@ -26,6 +26,11 @@ std::string_view to_string(CollectiveKind kind);
 enum class ReduceOp : int { sum = 0, max, min };
 std::string_view to_string(ReduceOp op);
 
+// How a reduce-scatter's values travel: as fp32, or rounded to bf16 (half the bytes).
+// Either way every rank's contribution is reduced in fp32, in rank order.
+enum class WireType : int { fp32 = 0, bf16 };
+size_t wire_bytes(WireType wire);  // bytes per element on the wire
+
 // Byte conventions (the ones nccl-tests uses, so figures compare with published ones):
 // - bytes: "algorithm bytes", the size of the collective's full buffer as one rank sees
 //   it: all_reduce count*4; reduce_scatter the send buffer (size * recv_count * 4);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "shardlm/backend/cpu/dtype.hpp"
 #include "shardlm/comm/reduce_kernels.hpp"
 #include "shardlm/core/error.hpp"
 
@@ -41,10 +42,66 @@ void check(int rc, const char* call) {
   throw Error(fmt::format("{} failed: {}", call, std::string(text, length)));
 }
 
+namespace {
+
+// The bf16 wire: per chunk, the outgoing blocks and this rank's own are rounded into
+// the scratch (the upper half), peers' chunks arrive in the lower half, and the N
+// chunks are reduced in fp32 in rank order. Same message pattern as the fp32 path.
+void reduce_scatter_bf16_wire(MPI_Comm comm, int n, int r, const float* send, float* recv,
+                              size_t recv_count, ReduceOp op, Scratch scratch) {
+  // Scratch bytes = 4 * floats hold 2n - 1 bf16 chunks: n - 1 received, n - 1 sent, own.
+  const size_t chunk =
+      std::min({recv_count, 2 * scratch.floats / (2 * static_cast<size_t>(n) - 1), size_t{INT_MAX}});
+  SHARDLM_CHECK(chunk >= 1, "reduce-scatter scratch of {} floats is too small for {} ranks",
+                scratch.floats, n);
+  auto* slots = reinterpret_cast<uint16_t*>(scratch.data);
+  uint16_t* received = slots;
+  uint16_t* outgoing = slots + static_cast<size_t>(n - 1) * chunk;
+  uint16_t* own = slots + 2 * static_cast<size_t>(n - 1) * chunk;
+  const auto round = [](uint16_t* dst, const float* src, size_t count) {
+    for (size_t i = 0; i < count; ++i) dst[i] = cpu::float_to_bf16(src[i]);
+  };
+  std::vector<MPI_Request> requests(2 * (n - 1));
+  std::vector<const uint16_t*> inputs(n);
+  for (size_t offset = 0; offset < recv_count; offset += chunk) {
+    const size_t c = std::min(chunk, recv_count - offset);
+    const int count = static_cast<int>(c);
+    int k = 0;
+    for (int step = 1; step < n; ++step) {
+      const int from = (r - step + n) % n;
+      uint16_t* slot = received + static_cast<size_t>(step - 1) * chunk;
+      inputs[from] = slot;
+      check(MPI_Irecv(slot, count, MPI_UINT16_T, from, kReduceScatterTag, comm, &requests[k++]),
+            "MPI_Irecv");
+    }
+    for (int step = 1; step < n; ++step) {
+      const int to = (r + step) % n;
+      uint16_t* slot = outgoing + static_cast<size_t>(step - 1) * chunk;
+      round(slot, send + static_cast<size_t>(to) * recv_count + offset, c);
+      check(MPI_Isend(slot, count, MPI_UINT16_T, to, kReduceScatterTag, comm, &requests[k++]),
+            "MPI_Isend");
+    }
+    round(own, send + static_cast<size_t>(r) * recv_count + offset, c);
+    inputs[r] = own;
+    check(MPI_Waitall(k, requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    reduce_in_rank_order(inputs.data(), n, recv + offset, c, op);
+  }
+}
+
+}  // namespace
+
 void reduce_scatter_rank_order(MPI_Comm comm, const float* send, float* recv, size_t recv_count,
-                               ReduceOp op, Scratch scratch) {
+                               ReduceOp op, Scratch scratch, WireType wire) {
   const auto [n, r] = shape_of(comm);
   const float* own = send + static_cast<size_t>(r) * recv_count;
+  if (wire == WireType::bf16 && recv_count > 0) {
+    if (n == 1) {
+      for (size_t i = 0; i < recv_count; ++i) recv[i] = cpu::round_to(DType::bf16, own[i]);
+    } else {
+      reduce_scatter_bf16_wire(comm, n, r, send, recv, recv_count, op, scratch);
+    }
+    return;
+  }
   if (n == 1) {
     if (recv != own && recv_count > 0) std::memcpy(recv, own, recv_count * sizeof(float));
     return;

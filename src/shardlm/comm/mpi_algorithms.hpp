@@ -32,9 +32,10 @@ inline constexpr size_t kSmallAllReduceBytes = size_t{64} << 10;
 // Reduce-scatter by direct exchange: for each chunk, every rank sends block p's chunk
 // to rank p and receives its own block's chunk from every peer (point-to-point,
 // (N-1)/N of the buffer each way, like a ring), then reduces the N chunks in rank
-// order. recv may be send + rank * recv_count.
+// order. recv may be send + rank * recv_count. WireType::bf16 rounds every outgoing
+// chunk (and this rank's own) to bf16 in the scratch and sends half the bytes.
 void reduce_scatter_rank_order(MPI_Comm comm, const float* send, float* recv, size_t recv_count,
-                               ReduceOp op, Scratch scratch);
+                               ReduceOp op, Scratch scratch, WireType wire = WireType::fp32);
 
 // All-reduce in place, bitwise equal to reduce_scatter_rank_order + all_gather on the
 // same elements: the first size*floor(count/size) elements go through exactly that,

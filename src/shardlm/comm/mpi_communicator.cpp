@@ -259,10 +259,10 @@ Work MpiCommunicator::start_all_reduce(float* data, size_t count, ReduceOp op,
 }
 
 Work MpiCommunicator::start_reduce_scatter(const float* send, float* recv, size_t recv_count,
-                                           ReduceOp op, const Collective& c) {
+                                           ReduceOp op, WireType wire, const Collective& c) {
   const mpi::Scratch scratch = state_->scratch;
   return submit(c, [=](MPI_Comm comm) {
-    mpi::reduce_scatter_rank_order(comm, send, recv, recv_count, op, scratch);
+    mpi::reduce_scatter_rank_order(comm, send, recv, recv_count, op, scratch, wire);
   });
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "shardlm/backend/cpu/dtype.hpp"
 #include "shardlm/core/error.hpp"
 
 namespace shardlm {
@@ -48,6 +49,24 @@ void reduce_in_rank_order(const float* const* inputs, int num_inputs, float* out
     std::memcpy(acc, inputs[0] + base, n * sizeof(float));
     for (int r = 1; r < num_inputs; ++r) accumulate(acc, inputs[r] + base, n, op);
     std::memcpy(out + base, acc, n * sizeof(float));
+  }
+}
+
+void reduce_in_rank_order(const uint16_t* const* bf16_inputs, int num_inputs, float* out,
+                          size_t count, ReduceOp op) {
+  SHARDLM_ASSERT(num_inputs >= 1);
+  constexpr size_t kTile = 2048;
+  alignas(64) float widened[kTile];
+  const auto widen = [](float* dst, const uint16_t* src, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = cpu::bf16_to_float(src[i]);
+  };
+  for (size_t base = 0; base < count; base += kTile) {
+    const size_t n = std::min(kTile, count - base);
+    widen(out + base, bf16_inputs[0] + base, n);
+    for (int r = 1; r < num_inputs; ++r) {
+      widen(widened, bf16_inputs[r] + base, n);
+      accumulate(out + base, widened, n, op);
+    }
   }
 }
 

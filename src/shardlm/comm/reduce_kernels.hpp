@@ -18,6 +18,11 @@ namespace shardlm {
 void reduce_in_rank_order(const float* const* inputs, int num_inputs, float* out, size_t count,
                           ReduceOp op);
 
+// The same with bf16 inputs (widened exactly), reduced in fp32. `out` must not
+// overlap the inputs.
+void reduce_in_rank_order(const uint16_t* const* bf16_inputs, int num_inputs, float* out,
+                          size_t count, ReduceOp op);
+
 // Same order over values gathered rank-major: gathered[r * count + i] is rank r's
 // element i. `out` must not overlap `gathered`.
 void reduce_gathered(const float* gathered, int num_ranks, size_t count, float* out, ReduceOp op);

@@ -19,7 +19,7 @@ class SingleProcessCommunicator final : public Communicator {
  protected:
   Work start_all_reduce(float* data, size_t count, ReduceOp op, const Collective& c) override;
   Work start_reduce_scatter(const float* send, float* recv, size_t recv_count, ReduceOp op,
-                            const Collective& c) override;
+                            WireType wire, const Collective& c) override;
   Work start_all_gather(const void* send, void* recv, size_t bytes_per_rank,
                         const Collective& c) override;
   Work start_broadcast(void* data, size_t bytes, int root, const Collective& c) override;

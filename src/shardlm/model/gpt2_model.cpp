@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <span>
+#include <type_traits>
 
 #include "shardlm/backend/cpu/attention.hpp"
 #include "shardlm/backend/cpu/bias.hpp"
@@ -66,10 +68,17 @@ struct BlockActivations {
   TypedPtr fc_act;            // [N, 4C] GELU output
 };
 
-// A block's four GEMM weights as the GEMMs read them (the parameters themselves in
-// fp32, else their rounded copies in the weight scratch).
+// A block's four GEMM weights as the GEMMs read them: the parameters themselves when
+// they arrive in the weight type, else their converted copies in the weight scratch.
 struct BlockWeights {
   ConstTypedPtr attn, attn_proj, fc, fc_proj;
+};
+
+// A block's vectors (biases, LayerNorm weights) as fp32 values of the compute type:
+// the parameters themselves in an fp32 run, else rounded or widened copies in the
+// vector scratch.
+struct BlockVectors {
+  const float *ln1_w, *ln1_b, *attn_b, *attn_proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b;
 };
 
 // Carves 64-byte aligned arrays out of one tracked allocation: requests are
@@ -152,6 +161,7 @@ struct Gpt2Model::Impl {
   TypedPtr dlogits_c;            // [chunk_rows, Vp] the head's dlogits rounded
   TrackedBuffer weight_buffer;   // one unit's rounded weights (MemCategory::params)
   TypedPtr weights_c;
+  TrackedBuffer vector_buffer;   // one unit's rounded vectors, fp32 (MemCategory::params)
 
   // State of the current micro-batch.
   int B = 0, T = 0;
@@ -163,27 +173,35 @@ struct Gpt2Model::Impl {
 
   int64_t N() const { return static_cast<int64_t>(B) * T; }
 
-  const float* head_weight(UnitPointers params) const {
-    return lm_head < 0 ? params[0] + wte : params[final_unit] + lm_head;
+  ConstTypedPtr head_weight(ParamPointers params) const {
+    return lm_head < 0 ? params[0].at(wte) : params[final_unit].at(lm_head);
   }
   BlockActivations& acts(int l) {
     return blocks[options.activation_checkpointing ? 0 : static_cast<size_t>(l)];
   }
 
-  // Weights as the GEMMs read them: fp32 parameters as they are, else rounded into
-  // the weight scratch (which holds one unit's weights at a time).
-  void round_weights(TypedPtr dst, const float* src, int64_t count) const;
-  BlockWeights block_weights(int l, const float* p) const;
-  ConstTypedPtr head_weights(UnitPointers params) const;
+  // Weights as the GEMMs read them: parameters already in the weight type as they
+  // are, else converted into `scratch` (the weight scratch holds one unit's weights
+  // at a time).
+  ConstTypedPtr gemm_weight(ConstTypedPtr src, TypedPtr scratch, int64_t count) const;
+  BlockWeights block_weights(int l, ConstTypedPtr p) const;
+  ConstTypedPtr head_weights(ParamPointers params) const;
+  // count parameters from src as fp32 values of the compute type: src itself in an
+  // fp32 run, else rounded or widened into *scratch (which then moves past them).
+  const float* vector_values(ConstTypedPtr src, int64_t count, float** scratch) const;
+  BlockVectors block_vectors(int l, ConstTypedPtr p) const;
+  std::vector<int> needed_units(int unit) const;
+  // Every unit `unit` reads is present, fp32 or in the compute type.
+  void check_params(ParamPointers params, int unit, const std::vector<int>& units) const;
   // src as a GEMM input: itself in fp32, else rounded into `scratch`.
   ConstTypedPtr for_gemm(const float* src, TypedPtr scratch, int64_t count) const;
 
   // recompute: refill the activations block_backward reads (activation
   // checkpointing); skips the last GEMM and the residual add, which backward does
   // not need, and leaves residual[l + 1] alone.
-  void block_forward(int l, const float* p, const BlockWeights& w, bool recompute);
-  void block_backward(int l, const float* p, const BlockWeights& w, float* g);
-  void final_forward(UnitPointers params, UnitPointers grads, const MicroBatch& batch,
+  void block_forward(int l, const BlockVectors& v, const BlockWeights& w, bool recompute);
+  void block_backward(int l, const BlockVectors& v, const BlockWeights& w, float* g);
+  void final_forward(ParamPointers params, UnitPointers grads, const MicroBatch& batch,
                      bool training, float grad_scale);
 };
 
@@ -288,6 +306,7 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
         MemCategory::params, static_cast<size_t>(weight_elements) * dtype_bytes(m.weight_type),
         tracker);
     m.weights_c = TypedPtr(m.weight_buffer.data(), m.weight_type);
+    m.vector_buffer = TrackedBuffer(MemCategory::params, sizeof(float) * 13 * C, tracker);
   }
 }
 
@@ -298,13 +317,6 @@ const ParamLayout& Gpt2Model::layout() const { return impl_->layout; }
 const ModelOptions& Gpt2Model::options() const { return impl_->options; }
 int Gpt2Model::logits_chunk_rows() const { return impl_->chunk_rows; }
 int Gpt2Model::num_units() const { return impl_->L + 2; }
-
-std::vector<int> Gpt2Model::units_needed_for(int unit) const {
-  SHARDLM_CHECK(unit >= 0 && unit < num_units(), "model: unit {} out of range [0, {})", unit,
-                num_units());
-  if (unit == impl_->final_unit && impl_->lm_head < 0) return {0, unit};
-  return {unit};
-}
 
 void Gpt2Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
   SHARDLM_CHECK(unit >= 0 && unit < impl_->layout.num_units(),
@@ -327,31 +339,58 @@ void Gpt2Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
   }
 }
 
-void Gpt2Model::Impl::round_weights(TypedPtr dst, const float* src, int64_t count) const {
-  if (dst.dtype == DType::fp32) {
-    cpu::round_to(compute, dst.f32(), src, count);
+ConstTypedPtr Gpt2Model::Impl::gemm_weight(ConstTypedPtr src, TypedPtr scratch,
+                                           int64_t count) const {
+  const bool ready = src.dtype == weight_type && (compute == DType::fp32 || src.dtype != DType::fp32);
+  if (ready) return src;
+  if (src.dtype == DType::fp32 && weight_type == DType::fp32) {
+    cpu::round_to(compute, scratch.f32(), src.f32(), count);  // fp16 values kept in fp32
+  } else {
+    cpu::convert(scratch, src, count);  // rounds fp32 to bf16, or widens fp16 exactly
+  }
+  return scratch;
+}
+
+BlockWeights Gpt2Model::Impl::block_weights(int l, ConstTypedPtr p) const {
+  const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
+  const int64_t cc = static_cast<int64_t>(C) * C;
+  const TypedPtr w = weights_c;
+  return {gemm_weight(p.at(o.attn_w), w, 3 * cc), gemm_weight(p.at(o.attn_proj_w), w.at(3 * cc), cc),
+          gemm_weight(p.at(o.fc_w), w.at(4 * cc), 4 * cc),
+          gemm_weight(p.at(o.fc_proj_w), w.at(8 * cc), 4 * cc)};
+}
+
+ConstTypedPtr Gpt2Model::Impl::head_weights(ParamPointers params) const {
+  // Padded vocabulary rows are never read.
+  return gemm_weight(head_weight(params), weights_c, static_cast<int64_t>(V) * C);
+}
+
+const float* Gpt2Model::Impl::vector_values(ConstTypedPtr src, int64_t count,
+                                            float** scratch) const {
+  if (compute == DType::fp32) return src.f32();
+  float* dst = *scratch;
+  *scratch += count;
+  if (src.dtype == DType::fp32) {
+    cpu::round_to(compute, dst, src.f32(), count);
   } else {
     cpu::convert(dst, src, count);
   }
+  return dst;
 }
 
-BlockWeights Gpt2Model::Impl::block_weights(int l, const float* p) const {
+BlockVectors Gpt2Model::Impl::block_vectors(int l, ConstTypedPtr p) const {
   const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
-  if (compute == DType::fp32) return {p + o.attn_w, p + o.attn_proj_w, p + o.fc_w, p + o.fc_proj_w};
-  const int64_t cc = static_cast<int64_t>(C) * C;
-  const TypedPtr w = weights_c;
-  round_weights(w, p + o.attn_w, 3 * cc);
-  round_weights(w.at(3 * cc), p + o.attn_proj_w, cc);
-  round_weights(w.at(4 * cc), p + o.fc_w, 4 * cc);
-  round_weights(w.at(8 * cc), p + o.fc_proj_w, 4 * cc);
-  return {w, w.at(3 * cc), w.at(4 * cc), w.at(8 * cc)};
-}
-
-ConstTypedPtr Gpt2Model::Impl::head_weights(UnitPointers params) const {
-  const float* w = head_weight(params);
-  if (compute == DType::fp32) return w;
-  round_weights(weights_c, w, static_cast<int64_t>(V) * C);  // padded rows are never read
-  return weights_c;
+  float* scratch = vector_buffer.as<float>();  // 13 C floats: all of a block's vectors
+  BlockVectors v{};
+  v.ln1_w = vector_values(p.at(o.ln1_w), C, &scratch);
+  v.ln1_b = vector_values(p.at(o.ln1_b), C, &scratch);
+  v.attn_b = vector_values(p.at(o.attn_b), 3 * C, &scratch);
+  v.attn_proj_b = vector_values(p.at(o.attn_proj_b), C, &scratch);
+  v.ln2_w = vector_values(p.at(o.ln2_w), C, &scratch);
+  v.ln2_b = vector_values(p.at(o.ln2_b), C, &scratch);
+  v.fc_b = vector_values(p.at(o.fc_b), 4 * C, &scratch);
+  v.fc_proj_b = vector_values(p.at(o.fc_proj_b), C, &scratch);
+  return v;
 }
 
 ConstTypedPtr Gpt2Model::Impl::for_gemm(const float* src, TypedPtr scratch, int64_t count) const {
@@ -360,17 +399,17 @@ ConstTypedPtr Gpt2Model::Impl::for_gemm(const float* src, TypedPtr scratch, int6
   return scratch;
 }
 
-void Gpt2Model::Impl::block_forward(int l, const float* p, const BlockWeights& w, bool recompute) {
-  const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
+void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWeights& w,
+                                    bool recompute) {
   BlockActivations& a = acts(l);
   const float* x = residual[static_cast<size_t>(l)];
   const int64_t n = N();
   const int rows = static_cast<int>(n);
   const bool fp32 = compute == DType::fp32;
-  cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + o.ln1_w, p + o.ln1_b, n, C);
+  cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, v.ln1_w, v.ln1_b, n, C);
   float* qkv = fp32 ? a.qkv.f32() : qkv_f32;
   gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv, 3 * C);
-  cpu::add_bias(qkv, p + o.attn_b, n, 3 * C);
+  cpu::add_bias(qkv, v.attn_b, n, 3 * C);
   if (!fp32) {  // attention runs on the rounded qkv that backward will see
     cpu::convert(a.qkv, qkv, n * 3 * C);
     cpu::convert(qkv, a.qkv, n * 3 * C);
@@ -380,20 +419,21 @@ void Gpt2Model::Impl::block_forward(int l, const float* p, const BlockWeights& w
   if (!fp32) cpu::convert(a.att, att_out, n * C);
   gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
   cpu::residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
-                                  p + o.attn_proj_b, p + o.ln2_w, p + o.ln2_b, n, C);
+                                  v.attn_proj_b, v.ln2_w, v.ln2_b, n, C);
   float* fc_out = fp32 ? a.fc_pre.f32() : dbig;
   gemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, w.fc, 4 * C, 0.0f, fc_out, 4 * C);
-  cpu::bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, p + o.fc_b, n, 4 * C);
+  cpu::bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, v.fc_b, n, 4 * C);
   if (recompute) return;
   gemm(false, false, rows, C, 4 * C, 1.0f, a.fc_act, 4 * C, w.fc_proj, C, 0.0f, branch, C);
-  cpu::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, p + o.fc_proj_b, n,
+  cpu::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, v.fc_proj_b, n,
                          C);
 }
 
 // On entry dres holds dLoss/d(block output); on exit dLoss/d(block input). Weight
 // gradients accumulate straight into g through the GEMMs' beta = 1. Bias and
 // LayerNorm gradients are reduced from the fp32 activation gradients.
-void Gpt2Model::Impl::block_backward(int l, const float* p, const BlockWeights& w, float* g) {
+void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWeights& w,
+                                     float* g) {
   const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
   const BlockActivations& a = acts(l);
   const float* x = residual[static_cast<size_t>(l)];
@@ -412,7 +452,7 @@ void Gpt2Model::Impl::block_backward(int l, const float* p, const BlockWeights& 
   cpu::bias_backward(g + o.fc_b, dfc, n, 4 * C);
   float* dln2 = dsmall;
   gemm(false, true, rows, C, 4 * C, 1.0f, dfc_g, 4 * C, w.fc, 4 * C, 0.0f, dln2, C);
-  cpu::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln2, a.res2, p + o.ln2_w, a.ln2_mean,
+  cpu::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln2, a.res2, v.ln2_w, a.ln2_mean,
                           a.ln2_rstd, n, C);
 
   // Attention: res2 = x + attn(ln1 Wqkv + bqkv) Wproj + bproj
@@ -435,15 +475,18 @@ void Gpt2Model::Impl::block_backward(int l, const float* p, const BlockWeights& 
   cpu::bias_backward(g + o.attn_b, dqkv, n, 3 * C);
   float* dln1 = dsmall;
   gemm(false, true, rows, C, 3 * C, 1.0f, dqkv_g, 3 * C, w.attn, 3 * C, 0.0f, dln1, C);
-  cpu::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dln1, x, p + o.ln1_w, a.ln1_mean,
+  cpu::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dln1, x, v.ln1_w, a.ln1_mean,
                           a.ln1_rstd, n, C);
 }
 
-void Gpt2Model::Impl::final_forward(UnitPointers params, UnitPointers grads,
+void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
                                     const MicroBatch& batch, bool training, float grad_scale) {
-  const float* p = params[final_unit];
+  const ConstTypedPtr p = params[final_unit];
+  float* scratch = vector_buffer.as<float>();
+  const float* weight = vector_values(p.at(lnf_w), C, &scratch);
+  const float* bias = vector_values(p.at(lnf_b), C, &scratch);
   const int64_t n = N();
-  cpu::layernorm_forward(lnf, lnf_mean, lnf_rstd, residual[L], p + lnf_w, p + lnf_b, n, C);
+  cpu::layernorm_forward(lnf, lnf_mean, lnf_rstd, residual[L], weight, bias, n, C);
   final_done = true;
   if (batch.targets == nullptr) {
     SHARDLM_CHECK(!training, "model: a training forward needs targets");
@@ -488,21 +531,68 @@ void Gpt2Model::Impl::final_forward(UnitPointers params, UnitPointers grads,
 
 namespace {
 
-void check_pointers(UnitPointers pointers, int needed_unit, int num_units, const char* what,
-                    int unit) {
+template <typename Pointer>
+void check_pointers(std::span<const Pointer> pointers, int needed_unit, int num_units,
+                    const char* what, int unit) {
   SHARDLM_CHECK(static_cast<int>(pointers.size()) == num_units,
                 "model: {} for unit {} must have one entry per unit ({}), got {}", what, unit,
                 num_units, pointers.size());
-  SHARDLM_CHECK(pointers[needed_unit] != nullptr, "model: {} of unit {} is null (needed by unit {})",
-                what, needed_unit, unit);
+  const void* p = nullptr;
+  if constexpr (std::is_pointer_v<Pointer>) {
+    p = pointers[needed_unit];
+  } else {
+    p = pointers[needed_unit].data;
+  }
+  SHARDLM_CHECK(p != nullptr, "model: {} of unit {} is null (needed by unit {})", what,
+                needed_unit, unit);
+}
+
+std::vector<ConstTypedPtr> typed(UnitPointers params) {
+  return std::vector<ConstTypedPtr>(params.begin(), params.end());
 }
 
 }  // namespace
 
+void Gpt2Model::Impl::check_params(ParamPointers params, int unit,
+                                   const std::vector<int>& units) const {
+  for (int needed : units) {
+    check_pointers(params, needed, L + 2, "params", unit);
+    const DType type = params[needed].dtype;
+    SHARDLM_CHECK(type == DType::fp32 || type == compute,
+                  "model: params of unit {} are {}; a {} run takes fp32 or {}", needed,
+                  dtype_name(type), dtype_name(compute), dtype_name(compute));
+  }
+}
+
+std::vector<int> Gpt2Model::Impl::needed_units(int unit) const {
+  SHARDLM_CHECK(unit >= 0 && unit < L + 2, "model: unit {} out of range [0, {})", unit, L + 2);
+  if (unit == final_unit && lm_head < 0) return {0, unit};
+  return {unit};
+}
+
+std::vector<int> Gpt2Model::units_needed_for(int unit) const { return impl_->needed_units(unit); }
+
 void Gpt2Model::forward_unit(int unit, UnitPointers params, UnitPointers grads,
                              const MicroBatch& batch, bool training, float grad_scale) {
+  const auto p = typed(params);
+  forward_unit(unit, ParamPointers(p), grads, batch, training, grad_scale);
+}
+
+void Gpt2Model::backward_unit(int unit, UnitPointers params, UnitPointers grads,
+                              const MicroBatch& batch) {
+  const auto p = typed(params);
+  backward_unit(unit, ParamPointers(p), grads, batch);
+}
+
+void Gpt2Model::logits_at(UnitPointers params, int t, float* out) const {
+  const auto p = typed(params);
+  logits_at(ParamPointers(p), t, out);
+}
+
+void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
+                             const MicroBatch& batch, bool training, float grad_scale) {
   Impl& m = *impl_;
-  for (int needed : units_needed_for(unit)) check_pointers(params, needed, num_units(), "params", unit);
+  m.check_params(params, unit, m.needed_units(unit));
   if (unit == 0) {
     SHARDLM_CHECK(batch.B > 0 && batch.B <= m.max_batch,
                   "model: batch size {} is outside [1, {}] (the size the model was built for)",
@@ -523,23 +613,24 @@ void Gpt2Model::forward_unit(int unit, UnitPointers params, UnitPointers grads,
     m.next_backward_unit = -1;
     m.loss_sum = 0.0;
     m.target_count = 0;
-    const float* p = params[0];
-    cpu::embedding_forward(m.residual[0], batch.tokens, p + m.wte, p + m.wpe, m.B, m.T, m.C);
+    const ConstTypedPtr p = params[0];
+    cpu::embedding_forward(m.residual[0], batch.tokens, p.at(m.wte), p.at(m.wpe), m.B, m.T, m.C,
+                           m.compute);
     return;
   }
   SHARDLM_CHECK(m.have_batch && batch.B == m.B && batch.T == m.T,
                 "model: forward of unit {} got a {}x{} batch; unit 0 last ran {}x{}", unit, batch.B,
                 batch.T, m.B, m.T);
   if (unit < m.final_unit) {
-    const float* p = params[unit];
-    m.block_forward(unit - 1, p, m.block_weights(unit - 1, p), /*recompute=*/false);
+    const ConstTypedPtr p = params[unit];
+    m.block_forward(unit - 1, m.block_vectors(unit - 1, p), m.block_weights(unit - 1, p),
+                    /*recompute=*/false);
   } else {
-    SHARDLM_CHECK(unit == m.final_unit, "model: unit {} out of range [0, {})", unit, num_units());
     m.final_forward(params, grads, batch, training, grad_scale);
   }
 }
 
-void Gpt2Model::backward_unit(int unit, UnitPointers params, UnitPointers grads,
+void Gpt2Model::backward_unit(int unit, ParamPointers params, UnitPointers grads,
                               const MicroBatch& batch) {
   Impl& m = *impl_;
   SHARDLM_CHECK(m.next_backward_unit >= 0,
@@ -550,20 +641,23 @@ void Gpt2Model::backward_unit(int unit, UnitPointers params, UnitPointers grads,
   SHARDLM_CHECK(batch.B == m.B && batch.T == m.T,
                 "model: backward of unit {} got a {}x{} batch; the forward ran {}x{}", unit,
                 batch.B, batch.T, m.B, m.T);
-  check_pointers(params, unit, num_units(), "params", unit);
+  m.check_params(params, unit, {unit});
   check_pointers(grads, unit, num_units(), "grads", unit);
   const int64_t n = m.N();
+  const ConstTypedPtr p = params[unit];
   if (unit == m.final_unit) {
-    const float* p = params[unit];
     float* g = grads[unit];
+    float* scratch = m.vector_buffer.as<float>();
+    const float* weight = m.vector_values(p.at(m.lnf_w), m.C, &scratch);
     std::memset(m.dres, 0, sizeof(float) * n * m.C);
-    cpu::layernorm_backward(m.dres, g + m.lnf_w, g + m.lnf_b, m.dlnf, m.residual[m.L], p + m.lnf_w,
+    cpu::layernorm_backward(m.dres, g + m.lnf_w, g + m.lnf_b, m.dlnf, m.residual[m.L], weight,
                             m.lnf_mean, m.lnf_rstd, n, m.C);
   } else if (unit > 0) {
-    const float* p = params[unit];
-    const BlockWeights w = m.block_weights(unit - 1, p);  // serves recompute and backward
-    if (m.options.activation_checkpointing) m.block_forward(unit - 1, p, w, /*recompute=*/true);
-    m.block_backward(unit - 1, p, w, grads[unit]);
+    // One conversion serves the recompute and the backward.
+    const BlockVectors v = m.block_vectors(unit - 1, p);
+    const BlockWeights w = m.block_weights(unit - 1, p);
+    if (m.options.activation_checkpointing) m.block_forward(unit - 1, v, w, /*recompute=*/true);
+    m.block_backward(unit - 1, v, w, grads[unit]);
   } else {
     SHARDLM_CHECK(batch.tokens != nullptr, "model: the micro-batch has no tokens");
     float* g = grads[0];
@@ -575,12 +669,11 @@ void Gpt2Model::backward_unit(int unit, UnitPointers params, UnitPointers grads,
 double Gpt2Model::last_loss_sum() const { return impl_->loss_sum; }
 int64_t Gpt2Model::last_target_count() const { return impl_->target_count; }
 
-void Gpt2Model::logits_at(UnitPointers params, int t, float* out) const {
+void Gpt2Model::logits_at(ParamPointers params, int t, float* out) const {
   const Impl& m = *impl_;
   SHARDLM_CHECK(m.final_done, "model: logits_at needs a forward of the final unit first");
   SHARDLM_CHECK(t >= 0 && t < m.T, "model: logits_at position {} is outside [0, {})", t, m.T);
-  for (int needed : units_needed_for(m.final_unit))
-    check_pointers(params, needed, num_units(), "params", m.final_unit);
+  m.check_params(params, m.final_unit, m.needed_units(m.final_unit));
   // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
   gemm(false, true, m.B, m.V, m.C, 1.0f, m.lnf.at(static_cast<int64_t>(t) * m.C), m.T * m.C,
        m.head_weights(params), m.C, 0.0f, out, m.V);

@@ -16,9 +16,13 @@
 // that micro-batches and ranks sum to the global mean; times the loss scale in fp16).
 //
 // ModelOptions (properties of the run, fixed at construction):
-//  - precision: fp32, or bf16/fp16 compute. Weights arrive fp32 and are rounded to
-//    the compute type once per use of a unit (forward; backward, which also serves
-//    the recompute). GEMMs read compute-type inputs and accumulate and write fp32.
+//  - precision: fp32, or bf16/fp16 compute. Every parameter is used rounded to the
+//    compute type (matrices, biases, LayerNorm weights, embeddings: what PyTorch
+//    FSDP's param_dtype does). Parameters arrive either as fp32 master weights, which
+//    the model rounds once per use of a unit (forward; backward, which also serves
+//    the recompute), or already in the compute type (ZeRO-3 gathers them so, at half
+//    the bytes); both give bitwise the same result. GEMMs read compute-type inputs
+//    and accumulate and write fp32.
 //    The activations kept for backward are stored in the compute type (ln_1, qkv,
 //    attention output, ln_2, GELU input and output, ln_f), except the residual
 //    stream; LayerNorm and softmax statistics, the loss, all reductions and the
@@ -51,6 +55,8 @@ inline constexpr int32_t kIgnoreIndex = -1;
 // One pointer per unit (index = unit). Entries for units a call does not need may be
 // null.
 using UnitPointers = std::span<float* const>;
+// Parameters, one per unit, each fp32 or in the run's compute type.
+using ParamPointers = std::span<const cpu::ConstTypedPtr>;
 
 struct MicroBatch {
   const int32_t* tokens = nullptr;   // [B, T], ids < vocab_size
@@ -101,6 +107,10 @@ class Gpt2Model {
   // batch.targets != null this also computes the loss; with training == true it
   // also computes the head's gradient (grad_scale-weighted) into grads[0] (+= wte)
   // and keeps what backward_unit(final) needs. grads may be empty when !training.
+  void forward_unit(int unit, ParamPointers params, UnitPointers grads, const MicroBatch& batch,
+                    bool training, float grad_scale);
+  void backward_unit(int unit, ParamPointers params, UnitPointers grads, const MicroBatch& batch);
+  // The same with fp32 parameters.
   void forward_unit(int unit, UnitPointers params, UnitPointers grads, const MicroBatch& batch,
                     bool training, float grad_scale);
   void backward_unit(int unit, UnitPointers params, UnitPointers grads, const MicroBatch& batch);
@@ -113,6 +123,7 @@ class Gpt2Model {
   // After forward of the final unit with targets == null: logits of position t of each
   // row, [B, vocab_size] (padded columns excluded), for sampling. Computed in the
   // compute type like the training head.
+  void logits_at(ParamPointers params, int t, float* out) const;
   void logits_at(UnitPointers params, int t, float* out) const;
 
  private:

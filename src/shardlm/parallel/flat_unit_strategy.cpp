@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 
+#include "shardlm/backend/cpu/dtype.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/optim/adamw.hpp"
 
@@ -13,6 +15,10 @@ namespace {
 
 TrackedBuffer floats(MemCategory category, int64_t count, MemoryTracker& tracker) {
   return TrackedBuffer(category, static_cast<size_t>(count) * sizeof(float), tracker);
+}
+
+TrackedBuffer elements(MemCategory category, DType type, int64_t count, MemoryTracker& tracker) {
+  return TrackedBuffer(category, static_cast<size_t>(count) * dtype_bytes(type), tracker);
 }
 
 void zero_floats(float* data, int64_t count) {
@@ -36,7 +42,11 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       shard_size_(1),
       shard_params_(options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid),
       shard_grads_(options.kind == StrategyKind::zero2 || shard_params_),
-      shard_optimizer_(options.kind != StrategyKind::ddp) {
+      shard_optimizer_(options.kind != StrategyKind::ddp),
+      param_type_(shard_params_ ? options.param_dtype : DType::fp32),
+      reduce_wire_(options.reduce_dtype == DType::fp32 ? WireType::fp32 : WireType::bf16) {
+  SHARDLM_CHECK(options.reduce_dtype == DType::fp32 || options.reduce_dtype == DType::bf16,
+                "--reduce-dtype must be fp32 or bf16, got {}", dtype_name(options.reduce_dtype));
   SHARDLM_CHECK(static_cast<int>(unit_needs.size()) == num_model_units_,
                 "internal: {} model units need lists for a layout of {} model units",
                 unit_needs.size(), num_model_units_);
@@ -70,7 +80,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   for (int m = 0; m < num_model_units_; ++m)
     for (int v : unit_needs_[static_cast<size_t>(m)])
       if (v != unit_of_[static_cast<size_t>(m)]) shared_unit_[static_cast<size_t>(v)] = true;
-  model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
+  model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), cpu::ConstTypedPtr());
   model_grad_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
 
   const size_t U = static_cast<size_t>(num_units_);
@@ -82,7 +92,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   adam_v_.resize(U);
   dedicated_params_.resize(U);
   dedicated_grads_.resize(U);
-  param_ptrs_.assign(U, nullptr);
+  param_ptrs_.assign(U, cpu::TypedPtr());
   grad_ptrs_.assign(U, nullptr);
   param_buffer_of_.assign(U, -1);
   grad_buffer_of_.assign(U, -1);
@@ -99,7 +109,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       owned_params_[u] = floats(MemCategory::params, S, tracker);
     } else {
       full_params_[u] = floats(MemCategory::params, P, tracker);
-      param_ptrs_[u] = full_params_[u].as<float>();
+      param_ptrs_[u] = full_params_[u].as<float>();  // fp32, rounded by the model
     }
     if (shard_grads_) {
       owned_grads_[u] = floats(MemCategory::grads, S, tracker);
@@ -111,7 +121,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     adam_m_[u] = floats(MemCategory::optimizer, optimizer_numel, tracker);
     adam_v_[u] = floats(MemCategory::optimizer, optimizer_numel, tracker);
     if (shared_unit_[u]) {
-      if (shard_params_) dedicated_params_[u] = floats(MemCategory::params, P, tracker);
+      if (shard_params_) dedicated_params_[u] = elements(MemCategory::params, param_type_, P, tracker);
       if (shard_grads_) dedicated_grads_[u] = floats(MemCategory::grads, P, tracker);
     } else {
       largest_private_unit = std::max(largest_private_unit, P);
@@ -125,7 +135,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     const int pool = options.reshard_after_forward ? std::min(private_units, options.prefetch + 1)
                                                    : private_units;
     for (int i = 0; i < pool; ++i) {
-      param_pool_.push_back(floats(MemCategory::params, largest_private_unit, tracker));
+      param_pool_.push_back(elements(MemCategory::params, param_type_, largest_private_unit, tracker));
       free_param_buffers_.push_back(i);
     }
   }
@@ -169,17 +179,23 @@ FlatUnitStrategy::~FlatUnitStrategy() {
 }
 
 // The model reads one pointer per model unit: its flat unit's buffer plus its base.
-static UnitPointers model_unit_pointers(const ParamLayout& layout, const std::vector<float*>& unit_ptrs,
-                                        std::vector<float*>& out) {
+template <typename Out, typename In>
+static std::span<const Out> model_unit_pointers(const ParamLayout& layout,
+                                                const std::vector<In>& unit_ptrs,
+                                                std::vector<Out>& out) {
   for (size_t m = 0; m < out.size(); ++m) {
     const auto& place = layout.model_units[m];
-    float* base = unit_ptrs[static_cast<size_t>(place.unit)];
-    out[m] = base != nullptr ? base + place.base : nullptr;
+    const In& base = unit_ptrs[static_cast<size_t>(place.unit)];
+    if constexpr (std::is_pointer_v<In>) {
+      out[m] = base != nullptr ? base + place.base : nullptr;
+    } else {
+      out[m] = base.data != nullptr ? Out(base.at(place.base)) : Out();
+    }
   }
   return out;
 }
 
-UnitPointers FlatUnitStrategy::params() {
+ParamPointers FlatUnitStrategy::params() {
   return model_unit_pointers(layout_, param_ptrs_, model_param_ptrs_);
 }
 
@@ -241,9 +257,9 @@ bool FlatUnitStrategy::needs(size_t step, int unit) const {
 
 void FlatUnitStrategy::start_gather(int unit) {
   const size_t u = static_cast<size_t>(unit);
-  float* buffer = nullptr;
+  void* buffer = nullptr;
   if (shared_unit_[u]) {
-    buffer = dedicated_params_[u].as<float>();
+    buffer = dedicated_params_[u].data();
     param_buffer_of_[u] = -2;
   } else {
     SHARDLM_CHECK(!free_param_buffers_.empty(),
@@ -251,13 +267,23 @@ void FlatUnitStrategy::start_gather(int unit) {
                   param_pool_.size());
     param_buffer_of_[u] = free_param_buffers_.back();
     free_param_buffers_.pop_back();
-    buffer = param_pool_[static_cast<size_t>(param_buffer_of_[u])].as<float>();
+    buffer = param_pool_[static_cast<size_t>(param_buffer_of_[u])].data();
   }
   const int64_t S = layout_.units[u].padded_numel / shard_size_;
-  gather_work_[u] = shard_->all_gather(owned_params_[u].as<float>(), buffer, static_cast<size_t>(S),
-                                       "all_gather params unit " + layout_.units[u].name);
+  const cpu::TypedPtr gathered(buffer, param_type_);
+  const std::string label = "all_gather params unit " + layout_.units[u].name;
+  const float* owned = owned_params_[u].as<float>();
+  if (param_type_ == DType::fp32) {
+    gather_work_[u] = shard_->all_gather(owned, gathered.f32(), static_cast<size_t>(S), label);
+  } else {
+    // This rank's block is rounded in place in the gather buffer, then gathered.
+    const cpu::TypedPtr mine = gathered.at(shard_rank_ * S);
+    cpu::convert(mine, owned, S);
+    gather_work_[u] = shard_->all_gather_bytes(
+        mine.data, buffer, static_cast<size_t>(S) * dtype_bytes(param_type_), label);
+  }
   gather_state_[u] = GatherState::in_flight;
-  param_ptrs_[u] = buffer;
+  param_ptrs_[u] = gathered;
 }
 
 void FlatUnitStrategy::ensure_gathered(int unit) {
@@ -276,7 +302,7 @@ void FlatUnitStrategy::release_params(int unit) {
   if (param_buffer_of_[u] >= 0) free_param_buffers_.push_back(param_buffer_of_[u]);
   param_buffer_of_[u] = -1;
   gather_state_[u] = GatherState::none;
-  param_ptrs_[u] = nullptr;
+  param_ptrs_[u] = cpu::TypedPtr();
 }
 
 void FlatUnitStrategy::prefetch_after(size_t cursor) {
@@ -364,7 +390,8 @@ void FlatUnitStrategy::launch_bucket(size_t bucket) {
     float* mine = grads + shard_rank_ * S;
     const std::string& name = layout_.units[u].name;
     bucket_works_.push_back(shard_->reduce_scatter(grads, mine, static_cast<size_t>(S),
-                                                   ReduceOp::sum, "reduce_scatter grads unit " + name));
+                                                   ReduceOp::sum, "reduce_scatter grads unit " + name,
+                                                   reduce_wire_));
     // DDP's all-reduce, as reduce-scatter + all-gather over the same partition as
     // the sharded strategies, so all of them sum each element the same way.
     if (options_.kind == StrategyKind::ddp)
@@ -419,7 +446,8 @@ void FlatUnitStrategy::after_backward(int model_unit, int micro_batch) {
     pending_reduces_.push_back(
         {unit, shard_->reduce_scatter(grads, grads + shard_rank_ * S, static_cast<size_t>(S),
                                       ReduceOp::sum,
-                                      "reduce_scatter grads unit " + layout_.units[u].name)});
+                                      "reduce_scatter grads unit " + layout_.units[u].name,
+                                      reduce_wire_)});
   } else if (complete && micro_batch == num_micro_batches_ - 1) {
     // no_sync: only the last micro-batch communicates; a bucket goes as soon as its
     // last unit (in backward order) has its gradient.

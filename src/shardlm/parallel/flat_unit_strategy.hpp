@@ -8,6 +8,13 @@
 //   zero3    | owned slice (+gather)| owned slice (+2 transient) | owned slice
 //   hybrid   | zero3 in shard groups; owned slices all-reduced across replica groups
 //
+// zero3/hybrid gather parameters in StrategyOptions::param_dtype (the compute type:
+// bf16 gather buffers are half of fp32's); the model rounds replicated fp32
+// parameters to the same values itself, so every strategy computes the same.
+// Gradients are reduce-scattered in StrategyOptions::reduce_dtype on the wire (fp32
+// or bf16); DDP's all-gather of the reduced slices and hybrid's all-reduce across
+// replica groups stay fp32, so replicas never diverge.
+//
 // Every strategy reduces gradients with the same per-unit reduce-scatter over the
 // same partition (DDP's all-reduce is reduce-scatter + all-gather of each unit), the
 // global norm is summed over the same slices, and AdamW is element-wise, so at a
@@ -40,7 +47,7 @@ class FlatUnitStrategy : public Strategy {
   std::string name() const override { return to_string(options_.kind); }
   int world_size() const override { return world_.size(); }
   int rank() const override { return world_.rank(); }
-  UnitPointers params() override;
+  ParamPointers params() override;
   UnitPointers grads() override;
   // The full fp32 buffer of a flat unit when parameters are replicated (ddp, zero1,
   // zero2), else nullptr: what --check-replicas compares.
@@ -110,8 +117,12 @@ class FlatUnitStrategy : public Strategy {
 
   std::vector<TrackedBuffer> full_params_, owned_params_, full_grads_, owned_grads_;
   std::vector<TrackedBuffer> adam_m_, adam_v_;
-  std::vector<float*> param_ptrs_, grad_ptrs_;              // per flat unit
-  std::vector<float*> model_param_ptrs_, model_grad_ptrs_;  // per model unit (what the model reads)
+  const DType param_type_;                   // of what params() hands out
+  const WireType reduce_wire_;
+  std::vector<cpu::TypedPtr> param_ptrs_;    // per flat unit
+  std::vector<float*> grad_ptrs_;            // per flat unit
+  std::vector<cpu::ConstTypedPtr> model_param_ptrs_;  // per model unit (what the model reads)
+  std::vector<float*> model_grad_ptrs_;
 
   // zero3 parameter gathering
   std::vector<TrackedBuffer> param_pool_;

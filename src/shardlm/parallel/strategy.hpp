@@ -29,9 +29,10 @@ class Strategy {
   virtual int world_size() const = 0;
   virtual int rank() const = 0;
 
-  // Full-unit buffers the model reads (params) and accumulates into (grads). An
-  // entry is valid between the before_* and after_* hooks of the units that need it.
-  virtual UnitPointers params() = 0;
+  // Full-unit buffers the model reads (params: fp32, or the compute type where the
+  // strategy gathers parameters so) and accumulates into (grads, fp32). An entry is
+  // valid between the before_* and after_* hooks of the units that need it.
+  virtual ParamPointers params() = 0;
   virtual UnitPointers grads() = 0;
   virtual OwnedSlice owned(int unit) = 0;
 

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "shardlm/backend/cpu/dtype.hpp"
+
 namespace shardlm {
 
 enum class StrategyKind {
@@ -19,6 +21,14 @@ struct StrategyOptions {
   int prefetch = 1;                  // zero3/hybrid: units gathered ahead
   bool reshard_after_forward = true; // zero3/hybrid: free gathered params after forward
   int shard_group_size = 0;          // hybrid: ranks per shard group
+  // zero3/hybrid: the type parameters are all-gathered in (the run's compute type:
+  // bf16/fp16 gathers half the bytes of fp32; the owned fp32 slice is rounded on the
+  // way out). The other strategies hold fp32 parameters, which the model rounds.
+  DType param_dtype = DType::fp32;
+  // Type gradients travel in when they are reduced (--reduce-dtype): fp32, or bf16
+  // (half the bytes; every rank's contribution is rounded to bf16 and the sum is
+  // accumulated in fp32, in rank order).
+  DType reduce_dtype = DType::fp32;
 };
 
 // Accepts the names and aliases above; Error listing them otherwise.

@@ -10,7 +10,7 @@ nlohmann::json TrainOptions::trajectory_json() const {
                       {"warmup", warmup},       {"weight_decay", weight_decay},
                       {"grad_clip", grad_clip}, {"beta1", beta1},
                       {"beta2", beta2},         {"seed", seed},
-                      {"precision", precision}};
+                      {"precision", precision}, {"reduce_dtype", reduce_dtype}};
   if (precision == "fp16") {
     j["loss_scale"] = loss_scale;
     j["loss_scale_growth_interval"] = loss_scale_growth_interval;

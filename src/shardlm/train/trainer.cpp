@@ -83,6 +83,8 @@ void validate_options(const TrainOptions& o, const ModelConfig& config) {
   SHARDLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive, got {}", o.comm_timeout);
   SHARDLM_CHECK(!o.out_dir.empty(), "--out is required (the run directory)");
   parse_dtype(o.precision, "--precision");
+  SHARDLM_CHECK(o.reduce_dtype == "fp32" || o.reduce_dtype == "bf16",
+                "--reduce-dtype must be fp32 or bf16, got '{}'", o.reduce_dtype);
   SHARDLM_CHECK(o.loss_scale > 0, "--loss-scale must be positive, got {}", o.loss_scale);
   SHARDLM_CHECK(o.loss_scale_growth_interval > 0,
                 "--loss-scale-growth-interval must be positive, got {}",
@@ -190,7 +192,9 @@ TrainSummary Trainer::run() {
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
   validate_options(o_, config_);
   strategy_options_ = {parse_strategy_kind(o_.strategy), o_.bucket_mb, o_.prefetch,
-                       o_.reshard_after_forward, o_.shard_group_size};
+                       o_.reshard_after_forward, o_.shard_group_size,
+                       parse_dtype(o_.precision, "--precision"),
+                       parse_dtype(o_.reduce_dtype, "--reduce-dtype")};
   const int partition = partition_size(strategy_options_, world_);
   const int global_batch = o_.global_batch > 0 ? o_.global_batch : o_.micro_batch * world_;
   SHARDLM_CHECK(global_batch >= world_,

@@ -5,17 +5,23 @@
 
 namespace shardlm::cpu {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C) {
+void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
+                       int B, int T, int C, DType value_type) {
   const int64_t N = static_cast<int64_t>(B) * T;
+  with_reader(wte, [&](auto token_table) {
+    with_reader(wpe, [&](auto position_table) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* token_row = wte + static_cast<int64_t>(tokens[n]) * C;
-    const float* position_row = wpe + (n % T) * C;
-    float* out_row = out + n * C;
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t token_row = static_cast<int64_t>(tokens[n]) * C;
+        const int64_t position_row = (n % T) * C;
+        float* out_row = out + n * C;
 #pragma omp simd
-    for (int c = 0; c < C; ++c) out_row[c] = token_row[c] + position_row[c];
-  }
+        for (int c = 0; c < C; ++c)
+          out_row[c] = round_to(value_type, token_table(token_row + c)) +
+                       round_to(value_type, position_table(position_row + c));
+      }
+    });
+  });
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,

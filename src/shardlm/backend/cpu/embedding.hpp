@@ -3,11 +3,16 @@
 
 #include <cstdint>
 
+#include "shardlm/backend/cpu/dtype.hpp"
+
 namespace shardlm::cpu {
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. out is [B*T, C].
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C);
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:], summed in fp32. out is [B*T, C].
+// The tables may be fp32 or a compute type; each value is first rounded to
+// value_type (a no-op for tables already stored in it), so fp32 tables read with
+// value_type = bf16 give bitwise the result of bf16-stored tables.
+void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
+                       int B, int T, int C, DType value_type = DType::fp32);
 
 // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:].
 // Each thread owns a block of columns, so the scatter-add needs no atomics and the
