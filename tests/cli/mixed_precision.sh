@@ -2,7 +2,8 @@
 # --precision and --activation-checkpointing end to end:
 #  1. 200 steps on TinyShakespeare (byte tokenizer): bf16 and fp16 end within 2% of
 #     fp32's final loss (validation loss, and the mean of the last 20 train losses),
-#     and they really ran in another precision (their losses are not fp32's bits).
+#     and they really ran in another precision (their losses are not fp32's bits);
+#     so does bf16 with gradients reduced in bf16 (--reduce-dtype bf16).
 #  2. fp16 with an initial loss scale of 1e12: the first steps overflow, are skipped
 #     and counted, the scale halves on each, then training proceeds; the scale grows
 #     after --loss-scale-growth-interval good steps.
@@ -26,7 +27,10 @@ for p in fp32 bf16 fp16; do
     > "$WORK/$p.log" 2>&1 || { cat "$WORK/$p.log"; fail "$p run failed"; }
   grep -q -- "--- sample ---" "$WORK/$p.log" || fail "$p: no sample"
 done
-for p in bf16 fp16; do
+"$SHARDLM" train "${SMALL[@]}" --steps 200 --precision bf16 --reduce-dtype bf16 \
+  --out "$WORK/bf16_reduce_bf16" > "$WORK/bf16_reduce_bf16.log" 2>&1 \
+  || { cat "$WORK/bf16_reduce_bf16.log"; fail "bf16 with --reduce-dtype bf16 failed"; }
+for p in bf16 fp16 bf16_reduce_bf16; do
   py '
 ref, run = recs(sys.argv[1]), recs(sys.argv[2])
 label = sys.argv[2].split("/")[-1]

@@ -5,6 +5,8 @@
 # accumulation; and with fp16 and a
 # loss scale that overflows at first, so the skip decision (taken from the
 # all-reduced gradient norm) must be the same on every rank for the weights to agree.
+# Also with --reduce-dtype bf16 (gradients rounded to bf16 on the wire, summed in
+# fp32): every strategy reduces through the same reduce-scatter, so they still agree.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 
@@ -29,6 +31,9 @@ run_set() {
 run_set bf16_n2 2 "--precision bf16" ddp zero1 zero2 "zero3 --prefetch 1" \
   "zero3 --activation-checkpointing" "ddp --activation-checkpointing"
 run_set bf16_n3 3 "--precision bf16" ddp zero2 "zero3 --prefetch 2"
+run_set bf16_reduce_bf16_n3 3 "--precision bf16 --reduce-dtype bf16" ddp zero1 zero2 \
+  "zero3 --prefetch 1"
+run_set fp32_reduce_bf16_n2 2 "--reduce-dtype bf16" ddp zero2 "zero3 --prefetch 2"
 # With gradient accumulation (2 micro-batches per rank and step): the strategies
 # that reduce once per step, and those that reduce every micro-batch, agree within
 # their group (as in fp32: tests/distributed/accumulation.sh).
@@ -48,4 +53,7 @@ run_mpi 2 "$SHARDLM" train "${TINY[@]}" --micro-batch 6 --global-batch 12 --step
   || { cat "$WORK/fp32_n2.log"; fail "fp32 run failed"; }
 [ "$(digest_of "$WORK/fp32_n2")" != "$(digest_of "$WORK/bf16_n2_ddp")" ] \
   || fail "bf16 weights are bitwise fp32's"
+# bf16 on the wire really rounds (the flag reached the communicator).
+[ "$(digest_of "$WORK/fp32_reduce_bf16_n2_ddp")" != "$(digest_of "$WORK/fp32_n2")" ] \
+  || fail "--reduce-dtype bf16 weights are bitwise fp32-reduced ones"
 echo "1 passed, 0 failed"

@@ -186,6 +186,59 @@ TEST(MpiCollectives, RandomFloatsAreBitwiseTheSameHoweverTheyAreReduced) {
   for (uint64_t d : world->all_gather_u64(head, "result digest")) EXPECT_EQ(d, head);
 }
 
+// The bf16 wire: every rank's values (its own too) rounded to bf16, summed in fp32
+// in rank order; reference computed here from every rank's fp32 inputs with a
+// rounding written from the definition (nearest, ties to even). Separate and in
+// place, over several scratch chunks; bytes counted at 2 per element.
+TEST(MpiCollectives, ReduceScatterOnTheBf16WireSumsRoundedValuesInRankOrder) {
+  const int n = world->size();
+  const int r = world->rank();
+  const auto round_bf16 = [](float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    const uint32_t lower = bits & 0xffffu;
+    uint32_t upper = bits & 0xffff0000u;
+    if (lower > 0x8000u || (lower == 0x8000u && (upper & 0x10000u))) upper += 0x10000u;
+    float y;
+    std::memcpy(&y, &upper, 4);
+    return y;
+  };
+  for (size_t block : {size_t{1}, size_t{7}, size_t{9001}}) {
+    const size_t count = block * n;
+    Rng rng(77 + r);
+    std::vector<float> mine(count);
+    for (auto& x : mine) x = static_cast<float>(rng.normal() * std::pow(10.0, rng.below(5) - 2.0));
+    std::vector<float> everyone(count * n);
+    world->all_gather(mine.data(), everyone.data(), count, "inputs").wait();
+    std::vector<float> expected(block);
+    for (size_t j = 0; j < block; ++j) {
+      float acc = round_bf16(everyone[r * block + j]);
+      for (int q = 1; q < n; ++q) acc += round_bf16(everyone[q * count + r * block + j]);
+      expected[j] = acc;
+    }
+    world->take_counters();
+    std::vector<float> recv(block, -1.0f);
+    world->reduce_scatter(mine.data(), recv.data(), block, ReduceOp::sum, "rs bf16", WireType::bf16)
+        .wait();
+    EXPECT_EQ(world->take_counters()[CollectiveKind::reduce_scatter].bytes, count * 2);
+    std::vector<float> in_place = mine;
+    world
+        ->reduce_scatter(in_place.data(), in_place.data() + r * block, block, ReduceOp::sum,
+                         "rs bf16 in place", WireType::bf16)
+        .wait();
+    EXPECT_EQ(0, std::memcmp(recv.data(), expected.data(), block * sizeof(float))) << block;
+    EXPECT_EQ(0, std::memcmp(in_place.data() + r * block, expected.data(), block * sizeof(float)))
+        << block;
+    // The wire really is bf16: the fp32 reduction of the same inputs differs.
+    if (block > 1000) {
+      std::vector<float> fp32 = mine;
+      world->reduce_scatter(fp32.data(), fp32.data() + r * block, block, ReduceOp::sum, "rs fp32")
+          .wait();
+      EXPECT_NE(0, std::memcmp(fp32.data() + r * block, expected.data(), block * sizeof(float)));
+    }
+  }
+}
+
 TEST(MpiCollectives, CountersCountCallsBytesAndTime) {
   const int n = world->size();
   std::vector<float> data(1000 * n);

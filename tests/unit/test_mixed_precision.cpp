@@ -17,6 +17,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -410,9 +411,12 @@ TEST(ComputeTypeKernels, Bf16LmHeadMatchesNaiveDouble) {
 struct FixtureRun {
   double loss = 0.0;
   std::vector<std::pair<std::string, double>> grad_errors;  // relative-to-max vs PyTorch
+  std::vector<std::vector<float>> grads;                     // per flat unit
 };
 
-FixtureRun run_fixture(DType precision) {
+// params_in_compute_type: hand the model its parameters already converted to the
+// compute type (as ZeRO-3 gathers them) instead of the fp32 values.
+FixtureRun run_fixture(DType precision, bool params_in_compute_type = false) {
   namespace st = shardlm::safetensors;
   const st::File file = st::read_file(std::string(SHARDLM_FIXTURE_DIR) + "/gpt2_fixture.safetensors");
   const auto config = shardlm::ModelConfig::from_json(nlohmann::json::parse(file.metadata.at("config")));
@@ -439,15 +443,30 @@ FixtureRun run_fixture(DType precision) {
   }
   int64_t count = 0;
   for (int32_t t : targets) count += t != shardlm::kIgnoreIndex;
+  std::vector<std::vector<uint16_t>> converted;
+  std::vector<cpu::ConstTypedPtr> typed;
+  for (const auto& unit : params) {
+    converted.emplace_back(unit.size());
+    cpu::convert(cpu::TypedPtr(converted.back().data(), precision), unit.data(),
+                 static_cast<int64_t>(unit.size()));
+  }
+  for (size_t m = 0; m < pp.size(); ++m) {
+    const auto& place = layout.model_units[m];
+    typed.push_back(params_in_compute_type
+                        ? cpu::ConstTypedPtr(converted[place.unit].data(), precision).at(place.base)
+                        : cpu::ConstTypedPtr(pp[m]));
+  }
+  const shardlm::ParamPointers typed_params(typed);
   shardlm::Gpt2Model model(config, layout, B, T, {precision, false});
   const shardlm::MicroBatch micro{tokens.data(), targets.data(), B, T};
   // As training runs fp16: the loss scaled by a power of two (exact), so small
   // activation gradients stay above fp16's normal range; divided out below.
   const float loss_scale = 1024.0f;
   for (int u = 0; u < model.num_units(); ++u)
-    model.forward_unit(u, pp, gp, micro, true, loss_scale / static_cast<float>(count));
-  for (int u = model.num_units() - 1; u >= 0; --u) model.backward_unit(u, pp, gp, micro);
+    model.forward_unit(u, typed_params, gp, micro, true, loss_scale / static_cast<float>(count));
+  for (int u = model.num_units() - 1; u >= 0; --u) model.backward_unit(u, typed_params, gp, micro);
   FixtureRun r;
+  r.grads = grads;
   r.loss = model.last_loss_sum() / static_cast<double>(count);
   for (const auto* p : layout.all_params()) {
     const auto want = file.at(p->name + ".grad").to_f32();
@@ -486,6 +505,40 @@ TEST(MixedPrecisionModel, Bf16AndFp16GradientsMatchPyTorchWithinTheFormatsPrecis
     std::printf("%s: loss %.6f (PyTorch %.6f), worst gradient error %.4f (bound %.4f)\n",
                 std::string(shardlm::dtype_name(precision)).c_str(), r.loss, want_loss, worst,
                 16 * u);
+  }
+}
+
+// ZeRO-3 hands the model parameters gathered in the compute type; the other strategies
+// hand it fp32 masters that it rounds itself. Both must compute the same bits, or the
+// strategies would stop being interchangeable under mixed precision.
+TEST(MixedPrecisionModel, ParamsInTheComputeTypeGiveBitwiseTheResultOfFp32Params) {
+  for (DType precision : {DType::bf16, DType::fp16}) {
+    const FixtureRun from_fp32 = run_fixture(precision, false);
+    const FixtureRun from_compute_type = run_fixture(precision, true);
+    EXPECT_EQ(from_fp32.loss, from_compute_type.loss) << shardlm::dtype_name(precision);
+    ASSERT_EQ(from_fp32.grads.size(), from_compute_type.grads.size());
+    for (size_t u = 0; u < from_fp32.grads.size(); ++u)
+      EXPECT_EQ(0, std::memcmp(from_fp32.grads[u].data(), from_compute_type.grads[u].data(),
+                               from_fp32.grads[u].size() * sizeof(float)))
+          << shardlm::dtype_name(precision) << " unit " << u;
+  }
+}
+
+TEST(MixedPrecisionModel, RejectsParamsOfAnotherType) {
+  const auto config = shardlm::model_preset("gpt2-tiny");
+  const auto layout = shardlm::ParamLayout::build(config, 1);
+  shardlm::Gpt2Model model(config, layout, 1, 4, {DType::bf16, false});
+  std::vector<uint16_t> unit0(static_cast<size_t>(layout.units[0].padded_numel));
+  std::vector<cpu::ConstTypedPtr> params(static_cast<size_t>(model.num_units()));
+  params[0] = cpu::ConstTypedPtr(unit0.data(), DType::fp16);
+  std::vector<int32_t> tokens = {1, 2, 3, 4};
+  const shardlm::MicroBatch micro{tokens.data(), nullptr, 1, 4};
+  try {
+    model.forward_unit(0, shardlm::ParamPointers(params), {}, micro, false, 1.0f);
+    FAIL() << "fp16 parameters were accepted by a bf16 model";
+  } catch (const shardlm::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a bf16 run takes fp32 or bf16"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -159,8 +159,10 @@ struct Gpt2Model::Impl {
   TypedPtr dres_c;               // [N, C]  dres rounded for the GEMMs
   TypedPtr dbig_c;               // [N, 4C] dbig rounded for the GEMMs
   TypedPtr dlogits_c;            // [chunk_rows, Vp] the head's dlogits rounded
-  TrackedBuffer weight_buffer;   // one unit's rounded weights (MemCategory::params)
-  TypedPtr weights_c;
+  // One unit's converted weights (MemCategory::params), allocated on first need:
+  // never when the weights arrive in the weight type (ZeRO-3 gathering bf16).
+  MemoryTracker* tracker = nullptr;
+  mutable TrackedBuffer weight_buffer;
   TrackedBuffer vector_buffer;   // one unit's rounded vectors, fp32 (MemCategory::params)
 
   // State of the current micro-batch.
@@ -181,9 +183,9 @@ struct Gpt2Model::Impl {
   }
 
   // Weights as the GEMMs read them: parameters already in the weight type as they
-  // are, else converted into `scratch` (the weight scratch holds one unit's weights
-  // at a time).
-  ConstTypedPtr gemm_weight(ConstTypedPtr src, TypedPtr scratch, int64_t count) const;
+  // are, else converted into the weight scratch at scratch_offset (the scratch holds
+  // one unit's weights at a time).
+  ConstTypedPtr gemm_weight(ConstTypedPtr src, int64_t scratch_offset, int64_t count) const;
   BlockWeights block_weights(int l, ConstTypedPtr p) const;
   ConstTypedPtr head_weights(ParamPointers params) const;
   // count parameters from src as fp32 values of the compute type: src itself in an
@@ -301,11 +303,7 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
   }
   m.arena = carver.allocate(tracker);
   if (ct != DType::fp32) {
-    const int64_t weight_elements = std::max<int64_t>(12 * C * C, static_cast<int64_t>(m.V) * C);
-    m.weight_buffer = TrackedBuffer(
-        MemCategory::params, static_cast<size_t>(weight_elements) * dtype_bytes(m.weight_type),
-        tracker);
-    m.weights_c = TypedPtr(m.weight_buffer.data(), m.weight_type);
+    m.tracker = &tracker;
     m.vector_buffer = TrackedBuffer(MemCategory::params, sizeof(float) * 13 * C, tracker);
   }
 }
@@ -339,10 +337,16 @@ void Gpt2Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
   }
 }
 
-ConstTypedPtr Gpt2Model::Impl::gemm_weight(ConstTypedPtr src, TypedPtr scratch,
+ConstTypedPtr Gpt2Model::Impl::gemm_weight(ConstTypedPtr src, int64_t scratch_offset,
                                            int64_t count) const {
   const bool ready = src.dtype == weight_type && (compute == DType::fp32 || src.dtype != DType::fp32);
   if (ready) return src;
+  if (weight_buffer.data() == nullptr) {
+    const int64_t elements = std::max<int64_t>(12ll * C * C, static_cast<int64_t>(V) * C);
+    weight_buffer = TrackedBuffer(MemCategory::params,
+                                  static_cast<size_t>(elements) * dtype_bytes(weight_type), *tracker);
+  }
+  const TypedPtr scratch = TypedPtr(weight_buffer.data(), weight_type).at(scratch_offset);
   if (src.dtype == DType::fp32 && weight_type == DType::fp32) {
     cpu::round_to(compute, scratch.f32(), src.f32(), count);  // fp16 values kept in fp32
   } else {
@@ -354,15 +358,13 @@ ConstTypedPtr Gpt2Model::Impl::gemm_weight(ConstTypedPtr src, TypedPtr scratch,
 BlockWeights Gpt2Model::Impl::block_weights(int l, ConstTypedPtr p) const {
   const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
   const int64_t cc = static_cast<int64_t>(C) * C;
-  const TypedPtr w = weights_c;
-  return {gemm_weight(p.at(o.attn_w), w, 3 * cc), gemm_weight(p.at(o.attn_proj_w), w.at(3 * cc), cc),
-          gemm_weight(p.at(o.fc_w), w.at(4 * cc), 4 * cc),
-          gemm_weight(p.at(o.fc_proj_w), w.at(8 * cc), 4 * cc)};
+  return {gemm_weight(p.at(o.attn_w), 0, 3 * cc), gemm_weight(p.at(o.attn_proj_w), 3 * cc, cc),
+          gemm_weight(p.at(o.fc_w), 4 * cc, 4 * cc), gemm_weight(p.at(o.fc_proj_w), 8 * cc, 4 * cc)};
 }
 
 ConstTypedPtr Gpt2Model::Impl::head_weights(ParamPointers params) const {
   // Padded vocabulary rows are never read.
-  return gemm_weight(head_weight(params), weights_c, static_cast<int64_t>(V) * C);
+  return gemm_weight(head_weight(params), 0, static_cast<int64_t>(V) * C);
 }
 
 const float* Gpt2Model::Impl::vector_values(ConstTypedPtr src, int64_t count,

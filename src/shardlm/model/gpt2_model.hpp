@@ -74,10 +74,11 @@ struct ModelOptions {
 class Gpt2Model {
  public:
   // Activation memory is sized once for (max_batch, max_seq) and tracked under
-  // MemCategory::activations; no allocation happens in forward/backward. With a
-  // compute type other than fp32 the rounded weights of one unit live in a scratch
-  // tracked under MemCategory::params (sized for the larger of a block's matrices and
-  // the LM head).
+  // MemCategory::activations. With a compute type other than fp32 a unit's vectors
+  // (13 C floats) are rounded into a scratch, and fp32 weights into a weight scratch
+  // sized for the larger of a block's matrices and the LM head, allocated by the first
+  // call that needs it (never when weights arrive in the compute type); both are
+  // tracked under MemCategory::params. Nothing else is allocated in forward/backward.
   Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch, int max_seq,
             MemoryTracker& tracker = MemoryTracker::global());
   Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch, int max_seq,
