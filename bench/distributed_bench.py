@@ -5,8 +5,10 @@
               exposed comm ms, bytes on the wire per step (vs the ideal), peak
               memory per category per rank.
   scaling     DDP, same global batch: N=1 (all cores) vs N=2 (one thread each).
+  mixed       the same table for zero3 and ddp under --precision bf16, with
+              gradients reduced in fp32 or bf16 (--reduce-dtype), against zero3 fp32.
 
-usage: bench/distributed_bench.py [strategies|scaling|all] [--steps S] [--ranks N]
+usage: bench/distributed_bench.py [strategies|scaling|mixed|all] [--steps S] [--ranks N]
        [--shardlm build/shardlm] [--model gpt2-small-30m]
 Uses only the Python standard library; runs mpirun with this machine's flags via
 `shardlm launch`.
@@ -60,31 +62,59 @@ def mib(x):
     return f"{x / 2**20:8.1f}"
 
 
-def strategies(args):
+def wire_ideal(flags, psi, n):
+    """Bytes per step per rank: zero3 gathers parameters twice (in the compute type)
+    and reduce-scatters gradients once; the others reduce-scatter and all-gather once
+    (DDP's reduced gradients, zero1/2's updated parameters) in fp32."""
+    kind = flags[flags.index("--strategy") + 1]
+    precision = flags[flags.index("--precision") + 1] if "--precision" in flags else "fp32"
+    reduce = flags[flags.index("--reduce-dtype") + 1] if "--reduce-dtype" in flags else "fp32"
+    pb = 2 if precision != "fp32" else 4
+    rb = 2 if reduce == "bf16" else 4
+    per_element = 2 * pb + rb if kind == "zero3" else rb + 4
+    return per_element * psi * (n - 1) / n
+
+
+def table(args, configurations, title):
     psi = None
     rows = []
-    for strategy in ["ddp", "zero1", "zero2", "zero3"]:
-        out = os.path.join(args.work, f"{strategy}_n{args.ranks}")
+    for name, flags in configurations:
+        out = os.path.join(args.work, f"{name.replace(' ', '_')}_n{args.ranks}")
         r = train(args.shardlm, args.ranks, out,
-                  args, ["--strategy", strategy, "--micro-batch", "8", "--global-batch",
-                         str(8 * args.ranks), "--threads", "1"])
-        rows.append((strategy, r))
+                  args, flags + ["--micro-batch", "8", "--global-batch", str(8 * args.ranks),
+                                 "--threads", "1"])
+        rows.append((name, flags, r))
         if psi is None:
             psi = int(run([args.shardlm, "inspect", out]).split("elements: ")[1].split()[0])
     n = args.ranks
-    print(f"\n{args.model}, N={n} ranks x 1 thread, micro-batch 8 x 256 tokens per rank, "
+    print(f"\n{title}: {args.model}, N={n} ranks x 1 thread, micro-batch 8 x 256 tokens per rank, "
           f"{args.steps} steps (median after the first); Psi = {psi/1e6:.2f}M")
-    print("| strategy | tokens/s | step ms | comm ms | exposed comm ms | MiB on wire/step | vs ideal "
+    print("| configuration | tokens/s | step ms | comm ms | exposed comm ms | MiB on wire/step | vs ideal "
           "| params MiB | grads MiB | optimizer MiB | activations MiB | total MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for strategy, r in rows:
-        ideal = (3 if strategy == "zero3" else 2) * psi * (n - 1) / n * 4
+    for name, flags, r in rows:
+        ideal = wire_ideal(flags, psi, n)
         p = r["peak"]
         total = p["params"] + p["grads"] + p["optimizer"] + p["activations"]
-        print(f"| {strategy} | {r['tokens_per_s']:.0f} | {r['step_ms']:.0f} | {r['comm_ms']:.0f} | "
+        print(f"| {name} | {r['tokens_per_s']:.0f} | {r['step_ms']:.0f} | {r['comm_ms']:.0f} | "
               f"{r['exposed_comm_ms']:.0f} | {r['comm_bytes']/2**20:.1f} | {r['comm_bytes']/ideal:.3f} | "
               f"{mib(p['params'])} | {mib(p['grads'])} | {mib(p['optimizer'])} | "
               f"{mib(p['activations'])} | {mib(total)} |")
+
+
+def strategies(args):
+    table(args, [(s, ["--strategy", s]) for s in ["ddp", "zero1", "zero2", "zero3"]], "Strategies")
+
+
+def mixed(args):
+    bf16 = ["--precision", "bf16"]
+    reduce_bf16 = ["--reduce-dtype", "bf16"]
+    table(args, [("zero3 fp32", ["--strategy", "zero3"]),
+                 ("zero3 bf16", ["--strategy", "zero3"] + bf16),
+                 ("zero3 bf16, reduce bf16", ["--strategy", "zero3"] + bf16 + reduce_bf16),
+                 ("ddp bf16", ["--strategy", "ddp"] + bf16),
+                 ("ddp bf16, reduce bf16", ["--strategy", "ddp"] + bf16 + reduce_bf16)],
+          "Mixed precision")
 
 
 def scaling(args):
@@ -104,7 +134,7 @@ def scaling(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", nargs="?", default="all", choices=["strategies", "scaling", "all"])
+    parser.add_argument("mode", nargs="?", default="all", choices=["strategies", "scaling", "mixed", "all"])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--model", default="gpt2-small-30m")
@@ -119,6 +149,8 @@ def main():
             strategies(args)
         if args.mode in ("scaling", "all"):
             scaling(args)
+        if args.mode in ("mixed", "all"):
+            mixed(args)
 
 
 if __name__ == "__main__":
