@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "shardlm/backend/cpu/dtype.hpp"
@@ -44,45 +45,66 @@ void check(int rc, const char* call) {
 
 namespace {
 
-// The bf16 wire: per chunk, the outgoing blocks and this rank's own are rounded into
-// the scratch (the upper half), peers' chunks arrive in the lower half, and the N
-// chunks are reduced in fp32 in rank order. Same message pattern as the fp32 path.
-void reduce_scatter_bf16_wire(MPI_Comm comm, int n, int r, const float* send, float* recv,
-                              size_t recv_count, ReduceOp op, Scratch scratch) {
-  // Scratch bytes = 4 * floats hold 2n - 1 bf16 chunks: n - 1 received, n - 1 sent, own.
-  const size_t chunk =
-      std::min({recv_count, 2 * scratch.floats / (2 * static_cast<size_t>(n) - 1), size_t{INT_MAX}});
+// One chunked exchange serves both wires. Per chunk, every rank sends block p's chunk
+// to rank p and receives its own block's chunk from every peer, then reduces the N
+// chunks in rank order. Receives are posted first, from the nearest peers downwards;
+// sends go to the nearest upwards, so every round pairs each sender with a posted
+// receive.
+//  - fp32 (Wire = float): peers' chunks arrive in the scratch; the send buffer and
+//    this rank's own block are read where they are.
+//  - bf16 (Wire = uint16_t): the outgoing chunks and this rank's own are rounded into
+//    the scratch too (2n - 1 bf16 chunks in the scratch's bytes), and the reduction
+//    widens them to fp32.
+template <typename Wire>
+void exchange_and_reduce(MPI_Comm comm, int n, int r, const float* send, float* recv,
+                         size_t recv_count, ReduceOp op, Scratch scratch) {
+  constexpr bool kBf16 = std::is_same_v<Wire, uint16_t>;
+  const MPI_Datatype type = kBf16 ? MPI_UINT16_T : MPI_FLOAT;
+  const size_t slots = kBf16 ? 2 * scratch.floats / (2 * static_cast<size_t>(n) - 1)
+                             : scratch.floats / (n - 1);
+  const size_t chunk = std::min({recv_count, slots, size_t{INT_MAX}});
   SHARDLM_CHECK(chunk >= 1, "reduce-scatter scratch of {} floats is too small for {} ranks",
                 scratch.floats, n);
-  auto* slots = reinterpret_cast<uint16_t*>(scratch.data);
-  uint16_t* received = slots;
-  uint16_t* outgoing = slots + static_cast<size_t>(n - 1) * chunk;
-  uint16_t* own = slots + 2 * static_cast<size_t>(n - 1) * chunk;
-  const auto round = [](uint16_t* dst, const float* src, size_t count) {
+  Wire* received = reinterpret_cast<Wire*>(scratch.data);
+  Wire* outgoing = received + static_cast<size_t>(n - 1) * chunk;  // bf16 only
+  Wire* own = outgoing + static_cast<size_t>(n - 1) * chunk;       // bf16 only
+  const auto round = [](Wire* dst, const float* src, size_t count) {
     for (size_t i = 0; i < count; ++i) dst[i] = cpu::float_to_bf16(src[i]);
   };
   std::vector<MPI_Request> requests(2 * (n - 1));
-  std::vector<const uint16_t*> inputs(n);
+  std::vector<const Wire*> inputs(n);
   for (size_t offset = 0; offset < recv_count; offset += chunk) {
     const size_t c = std::min(chunk, recv_count - offset);
     const int count = static_cast<int>(c);
     int k = 0;
     for (int step = 1; step < n; ++step) {
       const int from = (r - step + n) % n;
-      uint16_t* slot = received + static_cast<size_t>(step - 1) * chunk;
+      Wire* slot = received + static_cast<size_t>(step - 1) * chunk;
       inputs[from] = slot;
-      check(MPI_Irecv(slot, count, MPI_UINT16_T, from, kReduceScatterTag, comm, &requests[k++]),
+      check(MPI_Irecv(slot, count, type, from, kReduceScatterTag, comm, &requests[k++]),
             "MPI_Irecv");
     }
     for (int step = 1; step < n; ++step) {
       const int to = (r + step) % n;
-      uint16_t* slot = outgoing + static_cast<size_t>(step - 1) * chunk;
-      round(slot, send + static_cast<size_t>(to) * recv_count + offset, c);
-      check(MPI_Isend(slot, count, MPI_UINT16_T, to, kReduceScatterTag, comm, &requests[k++]),
+      const float* block = send + static_cast<size_t>(to) * recv_count + offset;
+      const Wire* message = nullptr;
+      if constexpr (kBf16) {
+        Wire* slot = outgoing + static_cast<size_t>(step - 1) * chunk;
+        round(slot, block, c);
+        message = slot;
+      } else {
+        message = block;
+      }
+      check(MPI_Isend(message, count, type, to, kReduceScatterTag, comm, &requests[k++]),
             "MPI_Isend");
     }
-    round(own, send + static_cast<size_t>(r) * recv_count + offset, c);
-    inputs[r] = own;
+    const float* own_block = send + static_cast<size_t>(r) * recv_count + offset;
+    if constexpr (kBf16) {
+      round(own, own_block, c);
+      inputs[r] = own;
+    } else {
+      inputs[r] = own_block;
+    }
     check(MPI_Waitall(k, requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
     reduce_in_rank_order(inputs.data(), n, recv + offset, c, op);
   }
@@ -94,46 +116,19 @@ void reduce_scatter_rank_order(MPI_Comm comm, const float* send, float* recv, si
                                ReduceOp op, Scratch scratch, WireType wire) {
   const auto [n, r] = shape_of(comm);
   const float* own = send + static_cast<size_t>(r) * recv_count;
-  if (wire == WireType::bf16 && recv_count > 0) {
-    if (n == 1) {
-      for (size_t i = 0; i < recv_count; ++i) recv[i] = cpu::round_to(DType::bf16, own[i]);
-    } else {
-      reduce_scatter_bf16_wire(comm, n, r, send, recv, recv_count, op, scratch);
-    }
-    return;
-  }
-  if (n == 1) {
-    if (recv != own && recv_count > 0) std::memcpy(recv, own, recv_count * sizeof(float));
-    return;
-  }
   if (recv_count == 0) return;
-  const size_t chunk = std::min({recv_count, scratch.floats / (n - 1), size_t{INT_MAX}});
-  SHARDLM_CHECK(chunk >= 1, "reduce-scatter scratch of {} floats is too small for {} ranks",
-                scratch.floats, n);
-  std::vector<MPI_Request> requests(2 * (n - 1));
-  std::vector<const float*> inputs(n);
-  for (size_t offset = 0; offset < recv_count; offset += chunk) {
-    const size_t c = std::min(chunk, recv_count - offset);
-    const int count = static_cast<int>(c);
-    int k = 0;
-    // Receives first, from the nearest peers downwards; sends to the nearest upwards,
-    // so every round pairs each sender with a posted receive.
-    for (int step = 1; step < n; ++step) {
-      const int from = (r - step + n) % n;
-      float* slot = scratch.data + static_cast<size_t>(step - 1) * chunk;
-      inputs[from] = slot;
-      check(MPI_Irecv(slot, count, MPI_FLOAT, from, kReduceScatterTag, comm, &requests[k++]),
-            "MPI_Irecv");
+  if (n == 1) {
+    if (wire == WireType::bf16) {  // the one contribution, as it would travel
+      for (size_t i = 0; i < recv_count; ++i) recv[i] = cpu::round_to(DType::bf16, own[i]);
+    } else if (recv != own) {
+      std::memcpy(recv, own, recv_count * sizeof(float));
     }
-    for (int step = 1; step < n; ++step) {
-      const int to = (r + step) % n;
-      check(MPI_Isend(send + static_cast<size_t>(to) * recv_count + offset, count, MPI_FLOAT, to,
-                      kReduceScatterTag, comm, &requests[k++]),
-            "MPI_Isend");
-    }
-    inputs[r] = own + offset;
-    check(MPI_Waitall(k, requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
-    reduce_in_rank_order(inputs.data(), n, recv + offset, c, op);
+    return;
+  }
+  if (wire == WireType::bf16) {
+    exchange_and_reduce<uint16_t>(comm, n, r, send, recv, recv_count, op, scratch);
+  } else {
+    exchange_and_reduce<float>(comm, n, r, send, recv, recv_count, op, scratch);
   }
 }
 
