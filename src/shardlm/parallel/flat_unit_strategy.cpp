@@ -27,6 +27,54 @@ void zero_floats(float* data, int64_t count) {
 
 }  // namespace
 
+StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
+                                                  const std::vector<std::vector<int>>& unit_needs,
+                                                  const StrategyOptions& options) {
+  StrategyBufferPlan plan;
+  plan.shard_params = options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid;
+  plan.shard_grads = options.kind == StrategyKind::zero2 || plan.shard_params;
+  plan.shard_optimizer = options.kind != StrategyKind::ddp;
+  plan.param_type = plan.shard_params ? options.param_dtype : DType::fp32;
+  const size_t U = static_cast<size_t>(layout.num_units());
+  plan.shared_unit.assign(U, false);
+  for (size_t m = 0; m < unit_needs.size(); ++m)
+    for (int v : unit_needs[m]) {
+      const int flat = layout.model_units[static_cast<size_t>(v)].unit;
+      if (flat != layout.model_units[m].unit) plan.shared_unit[static_cast<size_t>(flat)] = true;
+    }
+  int private_units = 0;
+  const int64_t pb = static_cast<int64_t>(dtype_bytes(plan.param_type));
+  for (size_t u = 0; u < U; ++u) {
+    const int64_t P = layout.units[u].padded_numel;
+    const int64_t S = P / layout.world_size;
+    plan.params_bytes += 4 * (plan.shard_params ? S : P);
+    plan.grads_bytes += 4 * (plan.shard_grads ? S : P);
+    plan.optimizer_bytes += 8 * (plan.shard_optimizer ? S : P);
+    if (plan.shared_unit[u]) {  // kept in dedicated full buffers
+      if (plan.shard_params) plan.params_bytes += pb * P;
+      if (plan.shard_grads) plan.grads_bytes += 4 * P;
+    } else {
+      plan.largest_private_unit = std::max(plan.largest_private_unit, P);
+      ++private_units;
+    }
+  }
+  if (plan.shard_params) {
+    // With resharding, the unit in use plus `prefetch` ahead (a unit is released in
+    // its after_* hook, before the next unit's prefetch asks for a buffer); without
+    // it, forward keeps every unit for backward.
+    plan.param_pool = options.reshard_after_forward
+                          ? std::min(private_units, options.prefetch + 1)
+                          : private_units;
+    plan.params_bytes += plan.param_pool * pb * plan.largest_private_unit;
+  }
+  if (plan.shard_grads) {
+    // The unit being differentiated and the previous one still being reduced.
+    plan.grad_pool = std::min(private_units, 2);
+    plan.grads_bytes += plan.grad_pool * 4 * plan.largest_private_unit;
+  }
+  return plan;
+}
+
 FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
                                    std::vector<std::vector<int>> unit_needs, Communicator& world,
                                    const StrategyOptions& options, MemoryTracker& tracker)
@@ -76,10 +124,8 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
                 "internal: layout built for {} ranks, strategy partitions over {}",
                 layout.world_size, shard_size_);
 
-  shared_unit_.assign(static_cast<size_t>(num_units_), false);
-  for (int m = 0; m < num_model_units_; ++m)
-    for (int v : unit_needs_[static_cast<size_t>(m)])
-      if (v != unit_of_[static_cast<size_t>(m)]) shared_unit_[static_cast<size_t>(v)] = true;
+  const StrategyBufferPlan plan = plan_buffers(layout, unit_needs, options);
+  shared_unit_ = plan.shared_unit;
   model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), cpu::ConstTypedPtr());
   model_grad_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
 
@@ -100,8 +146,6 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   gather_work_.resize(U);
   param_sync_.resize(U);
 
-  int64_t largest_private_unit = 0;
-  int private_units = 0;
   for (size_t u = 0; u < U; ++u) {
     const int64_t P = layout.units[u].padded_numel;
     const int64_t S = P / shard_size_;
@@ -123,28 +167,16 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     if (shared_unit_[u]) {
       if (shard_params_) dedicated_params_[u] = elements(MemCategory::params, param_type_, P, tracker);
       if (shard_grads_) dedicated_grads_[u] = floats(MemCategory::grads, P, tracker);
-    } else {
-      largest_private_unit = std::max(largest_private_unit, P);
-      ++private_units;
     }
   }
-  if (shard_params_) {
-    // With resharding, the unit in use plus `prefetch` ahead (a unit is released in
-    // its after_* hook, before the next unit's prefetch asks for a buffer); without
-    // it, forward keeps every unit for backward.
-    const int pool = options.reshard_after_forward ? std::min(private_units, options.prefetch + 1)
-                                                   : private_units;
-    for (int i = 0; i < pool; ++i) {
-      param_pool_.push_back(elements(MemCategory::params, param_type_, largest_private_unit, tracker));
-      free_param_buffers_.push_back(i);
-    }
+  for (int i = 0; i < plan.param_pool; ++i) {
+    param_pool_.push_back(
+        elements(MemCategory::params, param_type_, plan.largest_private_unit, tracker));
+    free_param_buffers_.push_back(i);
   }
-  if (shard_grads_) {
-    // The unit being differentiated and the previous one still being reduced.
-    for (int i = 0; i < std::min(private_units, 2); ++i) {
-      grad_pool_.push_back(floats(MemCategory::grads, largest_private_unit, tracker));
-      free_grad_buffers_.push_back(i);
-    }
+  for (int i = 0; i < plan.grad_pool; ++i) {
+    grad_pool_.push_back(floats(MemCategory::grads, plan.largest_private_unit, tracker));
+    free_grad_buffers_.push_back(i);
   }
 
   for (int m = 0; m < num_model_units_; ++m) train_schedule_.push_back({false, m});

@@ -33,8 +33,25 @@
 
 namespace shardlm {
 
+// What a strategy allocates per rank at start-up (it allocates nothing later): the
+// one arithmetic the constructor follows and `shardlm plan` reports.
+struct StrategyBufferPlan {
+  bool shard_params = false, shard_grads = false, shard_optimizer = false;
+  DType param_type = DType::fp32;   // of gathered parameters (zero3/hybrid)
+  std::vector<bool> shared_unit;    // flat units another model unit reads (tied head)
+  int64_t largest_private_unit = 0; // elements
+  int param_pool = 0;               // zero3/hybrid gather buffers of that size
+  int grad_pool = 0;                // zero2/zero3 transient gradient buffers of that size
+  int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
+};
+
 class FlatUnitStrategy : public Strategy {
  public:
+  // layout is built for partition_size(options, world size) ranks; unit_needs as below.
+  static StrategyBufferPlan plan_buffers(const ParamLayout& layout,
+                                         const std::vector<std::vector<int>>& unit_needs,
+                                         const StrategyOptions& options);
+
   // layout must be built for partition_size(options, world.size()) ranks. unit_needs[m]
   // lists the model units whose parameters model unit m reads
   // (Gpt2Model::units_needed_for). Hooks take model units; buffers, collectives and
