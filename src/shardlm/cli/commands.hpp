@@ -3,7 +3,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "shardlm/train/train_options.hpp"
+
 namespace shardlm::cli {
+
+// The flags that shape a run (model, batch, strategy, precision), shared by `train`
+// and `plan`; and the rest of `train`'s (schedule, checkpoints, threads, ...).
+void add_run_shape_flags(CLI::App& cmd, TrainOptions& opts);
+void add_run_flags(CLI::App& cmd, TrainOptions& opts);
 
 void register_prepare(CLI::App& app);
 void register_train(CLI::App& app);
@@ -12,5 +19,6 @@ void register_inspect(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_export(CLI::App& app);
 void register_eval(CLI::App& app);
+void register_plan(CLI::App& app);
 
 }  // namespace shardlm::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_launch(app);
   shardlm::cli::register_export(app);
   shardlm::cli::register_eval(app);
+  shardlm::cli::register_plan(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

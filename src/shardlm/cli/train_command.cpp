@@ -12,6 +12,22 @@ void register_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a model on prepared token files");
   // A repeated flag takes its last value, so a base command line can be overridden.
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--data", opts->data_dir, "Directory written by `shardlm prepare`")->required();
+  cmd->add_option("--out", opts->out_dir, "Run directory (metrics, checkpoints)")->required();
+  add_run_shape_flags(*cmd, *opts);
+  add_run_flags(*cmd, *opts);
+  cmd->callback([opts]() {
+    TrainSummary summary = run_training(*opts);
+    if (!summary.sample.empty()) {
+      std::printf("\n--- sample ---\n%s\n--------------\n\n", summary.sample.c_str());
+    }
+    print_summary(summary);
+  });
+}
+
+void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
+  CLI::App* cmd = &cmd_ref;
+  TrainOptions* opts = &opts_ref;
   std::string presets;
   for (const auto& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   cmd->add_option("--model", opts->model, "Model preset: " + presets)->capture_default_str();
@@ -20,17 +36,48 @@ void register_train(CLI::App& app) {
   cmd->add_option("--n-embd", opts->n_embd, "Override the preset's width");
   cmd->add_option("--vocab-size", opts->vocab_size,
                   "Override the vocabulary size (default: the data's)");
-  cmd->add_option("--data", opts->data_dir, "Directory written by `shardlm prepare`")->required();
-  cmd->add_option("--out", opts->out_dir, "Run directory (metrics, checkpoints)")->required();
-  cmd->add_option("--steps", opts->steps,
-                  "Optimizer steps (0: only initialise/import and save a step-0 checkpoint)")
-      ->capture_default_str();
   cmd->add_option("--micro-batch", opts->micro_batch, "Sequences per forward/backward")
       ->capture_default_str();
   cmd->add_option("--seq-len", opts->seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--global-batch", opts->global_batch,
                   "Sequences per optimizer step (gradient accumulation when larger than "
                   "micro-batch x world size; default: micro-batch x world size)");
+  cmd->add_option("--strategy", opts->strategy,
+                  "ddp, zero1, zero2 (shard_grad_op), zero3 (fsdp, full_shard) or hybrid")
+      ->capture_default_str();
+  cmd->add_option("--bucket-mb", opts->bucket_mb, "ddp/zero1 gradient bucket size in MiB")
+      ->capture_default_str();
+  cmd->add_option("--prefetch", opts->prefetch, "zero3/hybrid: units gathered ahead")
+      ->capture_default_str();
+  cmd->add_option("--reshard-after-forward", opts->reshard_after_forward,
+                  "zero3/hybrid: free gathered params after forward (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--shard-group-size", opts->shard_group_size,
+                  "hybrid: ranks per shard group (parameters sharded inside, replicated across)");
+  cmd->add_option("--min-unit-params", opts->min_unit_params,
+                  "Model units with fewer parameters are merged with a neighbour into one flat "
+                  "unit (fewer, larger messages)")
+      ->capture_default_str();
+  cmd->add_option("--precision", opts->precision,
+                  "Compute type: fp32, bf16 or fp16 (GEMM inputs and the activations that feed "
+                  "them; master weights, AdamW state and gradients stay fp32; fp16 uses dynamic "
+                  "loss scaling)")
+      ->capture_default_str();
+  cmd->add_option("--reduce-dtype", opts->reduce_dtype,
+                  "Type gradients travel in when reduced across ranks: fp32, or bf16 (half the "
+                  "bytes; contributions rounded to bf16, summed in fp32)")
+      ->capture_default_str();
+  cmd->add_flag("--activation-checkpointing", opts->activation_checkpointing,
+                "Keep only each block's input and recompute the block's forward in backward "
+                "(activation memory of ~1 block instead of all; same gradients)");
+}
+
+void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
+  CLI::App* cmd = &cmd_ref;
+  TrainOptions* opts = &opts_ref;
+  cmd->add_option("--steps", opts->steps,
+                  "Optimizer steps (0: only initialise/import and save a step-0 checkpoint)")
+      ->capture_default_str();
   cmd->add_option("--lr", opts->lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", opts->min_lr, "Final learning rate of the cosine (default lr/10)");
   cmd->add_option("--warmup", opts->warmup, "Linear warmup steps")->capture_default_str();
@@ -52,39 +99,11 @@ void register_train(CLI::App& app) {
   cmd->add_option("--init-from", opts->init_from,
                   "Start from Hugging Face GPT-2 weights (a directory with model.safetensors, or "
                   "a .safetensors file) instead of random init");
-  cmd->add_option("--strategy", opts->strategy,
-                  "ddp, zero1, zero2 (shard_grad_op), zero3 (fsdp, full_shard) or hybrid")
-      ->capture_default_str();
-  cmd->add_option("--bucket-mb", opts->bucket_mb, "ddp/zero1 gradient bucket size in MiB")
-      ->capture_default_str();
-  cmd->add_option("--prefetch", opts->prefetch, "zero3/hybrid: units gathered ahead")
-      ->capture_default_str();
-  cmd->add_option("--reshard-after-forward", opts->reshard_after_forward,
-                  "zero3/hybrid: free gathered params after forward (true/false)")
-      ->capture_default_str();
-  cmd->add_option("--shard-group-size", opts->shard_group_size,
-                  "hybrid: ranks per shard group (parameters sharded inside, replicated across)");
-  cmd->add_option("--min-unit-params", opts->min_unit_params,
-                  "Model units with fewer parameters are merged with a neighbour into one flat "
-                  "unit (fewer, larger messages)")
-      ->capture_default_str();
   cmd->add_option("--comm-timeout", opts->comm_timeout,
                   "Seconds any wait on a collective may take before the job is aborted")
       ->capture_default_str();
   cmd->add_flag("--check-replicas", opts->check_replicas,
                 "Debug: verify after every step that replicated parameters agree across ranks");
-  cmd->add_option("--precision", opts->precision,
-                  "Compute type: fp32, bf16 or fp16 (GEMM inputs and the activations that feed "
-                  "them; master weights, AdamW state and gradients stay fp32; fp16 uses dynamic "
-                  "loss scaling)")
-      ->capture_default_str();
-  cmd->add_option("--reduce-dtype", opts->reduce_dtype,
-                  "Type gradients travel in when reduced across ranks: fp32, or bf16 (half the "
-                  "bytes; contributions rounded to bf16, summed in fp32)")
-      ->capture_default_str();
-  cmd->add_flag("--activation-checkpointing", opts->activation_checkpointing,
-                "Keep only each block's input and recompute the block's forward in backward "
-                "(activation memory of ~1 block instead of all; same gradients)");
   cmd->add_option("--loss-scale", opts->loss_scale, "fp16: initial dynamic loss scale")
       ->capture_default_str();
   cmd->add_option("--loss-scale-growth-interval", opts->loss_scale_growth_interval,
@@ -98,13 +117,6 @@ void register_train(CLI::App& app) {
                   "Print a generated sample of N tokens at the end")
       ->capture_default_str();
   cmd->add_option("--sample-prompt", opts->sample_prompt, "Prompt of the final sample");
-  cmd->callback([opts]() {
-    TrainSummary summary = run_training(*opts);
-    if (!summary.sample.empty()) {
-      std::printf("\n--- sample ---\n%s\n--------------\n\n", summary.sample.c_str());
-    }
-    print_summary(summary);
-  });
 }
 
 }  // namespace shardlm::cli

@@ -92,6 +92,7 @@ class ArenaCarver {
     add([slot, dtype](std::byte* p) { *slot = TypedPtr(p, dtype); },
         count * static_cast<int64_t>(dtype_bytes(dtype)));
   }
+  int64_t bytes() const { return offset_; }
   TrackedBuffer allocate(MemoryTracker& tracker) {
     TrackedBuffer buffer(MemCategory::activations, static_cast<size_t>(offset_), tracker);
     for (const auto& r : requests_) r.assign(buffer.as<std::byte>() + r.offset);
@@ -193,6 +194,10 @@ struct Gpt2Model::Impl {
   const float* vector_values(ConstTypedPtr src, int64_t count, float** scratch) const;
   BlockVectors block_vectors(int l, ConstTypedPtr p) const;
   std::vector<int> needed_units(int unit) const;
+  // Shape fields from the config and options (the constructor and plan_memory).
+  void set_shape(const ModelConfig& model_config, const ModelOptions& run_options);
+  // Requests every activation array for N = batch x seq rows (sets chunk_rows).
+  void carve_activations(ArenaCarver& carver, int64_t N);
   // Every unit `unit` reads is present, fp32 or in the compute type.
   void check_params(ParamPointers params, int unit, const std::vector<int>& units) const;
   // src as a GEMM input: itself in fp32, else rounded into `scratch`.
@@ -216,19 +221,10 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
     : impl_(std::make_unique<Impl>()) {
   config.validate();
   Impl& m = *impl_;
-  m.config = config;
+  m.set_shape(config, options);
   m.layout = layout;
-  m.options = options;
-  m.compute = options.precision;
-  m.weight_type = m.compute == DType::fp16 ? DType::fp32 : m.compute;
   m.max_batch = max_batch;
   m.max_seq = max_seq;
-  m.L = config.n_layer;
-  m.C = config.n_embd;
-  m.H = config.n_head;
-  m.V = config.vocab_size;
-  m.Vp = config.padded_vocab_size();
-  m.final_unit = m.L + 1;
   SHARDLM_CHECK(max_batch > 0, "model: max batch must be positive, got {}", max_batch);
   SHARDLM_CHECK(max_seq > 0 && max_seq <= config.max_seq_len,
                 "model: max sequence length {} must be in [1, max_seq_len {}]", max_seq,
@@ -259,14 +255,36 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
   if (!config.tie_embeddings)
     m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
 
-  const int64_t N = static_cast<int64_t>(max_batch) * max_seq;
+  ArenaCarver carver;
+  m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
+  m.arena = carver.allocate(tracker);
+  if (m.compute != DType::fp32) {
+    m.tracker = &tracker;
+    m.vector_buffer = TrackedBuffer(MemCategory::params, sizeof(float) * 13 * m.C, tracker);
+  }
+}
+
+void Gpt2Model::Impl::set_shape(const ModelConfig& model_config, const ModelOptions& run_options) {
+  config = model_config;
+  options = run_options;
+  compute = options.precision;
+  weight_type = compute == DType::fp16 ? DType::fp32 : compute;
+  L = config.n_layer;
+  C = config.n_embd;
+  H = config.n_head;
+  V = config.vocab_size;
+  Vp = config.padded_vocab_size();
+  final_unit = L + 1;
+}
+
+void Gpt2Model::Impl::carve_activations(ArenaCarver& carver, int64_t N) {
+  Impl& m = *this;
   const int64_t C = m.C;
   m.chunk_rows = static_cast<int>(
       std::clamp<int64_t>(kLogitsChunkBytes / (static_cast<int64_t>(m.Vp) * 4), 1, N));
   if (m.chunk_rows >= 16) m.chunk_rows = m.chunk_rows / 16 * 16;
 
   const DType ct = m.compute;
-  ArenaCarver carver;
   m.residual.assign(m.L + 1, nullptr);
   for (auto& r : m.residual) carver.request(&r, N * C);
   m.blocks.resize(options.activation_checkpointing ? 1 : m.L);
@@ -301,11 +319,35 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
     carver.request(&m.dbig_c, ct, 4 * N * C);
     carver.request(&m.dlogits_c, ct, static_cast<int64_t>(m.chunk_rows) * m.Vp);
   }
-  m.arena = carver.allocate(tracker);
-  if (ct != DType::fp32) {
-    m.tracker = &tracker;
-    m.vector_buffer = TrackedBuffer(MemCategory::params, sizeof(float) * 13 * C, tracker);
+}
+
+ModelMemoryPlan Gpt2Model::plan_memory(const ModelConfig& config, int max_batch, int max_seq,
+                                       const ModelOptions& options, bool params_in_compute_type) {
+  config.validate();
+  Impl m;
+  m.set_shape(config, options);
+  ArenaCarver carver;
+  m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
+  ModelMemoryPlan plan;
+  plan.activations = carver.bytes();
+  if (m.compute != DType::fp32) {
+    plan.params_scratch = static_cast<int64_t>(sizeof(float)) * 13 * m.C;
+    // The weight scratch (gemm_weight) serves weights that arrive in another type.
+    const bool weights_ready = params_in_compute_type && m.weight_type == m.compute;
+    if (!weights_ready)
+      plan.params_scratch += std::max<int64_t>(12ll * m.C * m.C, static_cast<int64_t>(m.V) * m.C) *
+                             static_cast<int64_t>(dtype_bytes(m.weight_type));
   }
+  return plan;
+}
+
+std::vector<std::vector<int>> Gpt2Model::unit_needs(const ModelConfig& config) {
+  std::vector<std::vector<int>> needs;
+  const int final_unit = config.n_layer + 1;
+  for (int u = 0; u <= final_unit; ++u)
+    needs.push_back(u == final_unit && config.tie_embeddings ? std::vector<int>{0, u}
+                                                             : std::vector<int>{u});
+  return needs;
 }
 
 Gpt2Model::~Gpt2Model() = default;
@@ -568,8 +610,7 @@ void Gpt2Model::Impl::check_params(ParamPointers params, int unit,
 
 std::vector<int> Gpt2Model::Impl::needed_units(int unit) const {
   SHARDLM_CHECK(unit >= 0 && unit < L + 2, "model: unit {} out of range [0, {})", unit, L + 2);
-  if (unit == final_unit && lm_head < 0) return {0, unit};
-  return {unit};
+  return Gpt2Model::unit_needs(config)[static_cast<size_t>(unit)];
 }
 
 std::vector<int> Gpt2Model::units_needed_for(int unit) const { return impl_->needed_units(unit); }

@@ -71,6 +71,12 @@ struct ModelOptions {
   bool activation_checkpointing = false;
 };
 
+// What a model allocates (bytes), for `shardlm plan`.
+struct ModelMemoryPlan {
+  int64_t activations = 0;     // the arena (MemCategory::activations)
+  int64_t params_scratch = 0;  // rounding scratch (MemCategory::params)
+};
+
 class Gpt2Model {
  public:
   // Activation memory is sized once for (max_batch, max_seq) and tracked under
@@ -84,6 +90,14 @@ class Gpt2Model {
   Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch, int max_seq,
             const ModelOptions& options, MemoryTracker& tracker = MemoryTracker::global());
   ~Gpt2Model();
+
+  // Bytes the constructor and the first step allocate, without building the model.
+  // params_in_compute_type: the strategy hands the model parameters in the compute
+  // type (ZeRO-3/hybrid gathering them so), which spares the weight scratch.
+  static ModelMemoryPlan plan_memory(const ModelConfig& config, int max_batch, int max_seq,
+                                     const ModelOptions& options, bool params_in_compute_type);
+  // units_needed_for() of every unit, from the config alone.
+  static std::vector<std::vector<int>> unit_needs(const ModelConfig& config);
   Gpt2Model(const Gpt2Model&) = delete;
   Gpt2Model& operator=(const Gpt2Model&) = delete;
 

@@ -72,6 +72,22 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
     plan.grad_pool = std::min(private_units, 2);
     plan.grads_bytes += plan.grad_pool * 4 * plan.largest_private_unit;
   }
+  if (plan.shard_params) {
+    // Walk one training micro-batch's schedule with the release rule.
+    const FlatNeeds needs = flat_needs(layout, unit_needs);
+    const int M = layout.num_model_units();
+    std::vector<Step> schedule;
+    for (int m = 0; m < M; ++m) schedule.push_back({false, m});
+    for (int m = M - 1; m >= 0; --m) schedule.push_back({true, m});
+    plan.gathers_per_micro_batch.assign(U, 0);
+    std::vector<bool> gathered(U, false);
+    for (size_t s = 0; s < schedule.size(); ++s)
+      for (int v : needs[static_cast<size_t>(schedule[s].model_unit)]) {
+        const size_t vv = static_cast<size_t>(v);
+        if (!gathered[vv]) ++plan.gathers_per_micro_batch[vv];
+        gathered[vv] = keeps_gathered(schedule, needs, s, v, !options.reshard_after_forward);
+      }
+  }
   return plan;
 }
 
@@ -101,14 +117,8 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   for (const auto& placement : layout.model_units) unit_of_.push_back(placement.unit);
   first_model_unit_.assign(static_cast<size_t>(num_units_), -1);
   for (int m = num_model_units_ - 1; m >= 0; --m) first_model_unit_[static_cast<size_t>(unit_of_[static_cast<size_t>(m)])] = m;
-  for (const auto& model_needs : unit_needs) {
-    reads_other_units_.push_back(model_needs.size() > 1);
-    std::vector<int> flat;
-    for (int v : model_needs) flat.push_back(unit_of_[static_cast<size_t>(v)]);
-    std::sort(flat.begin(), flat.end());
-    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
-    unit_needs_.push_back(std::move(flat));
-  }
+  for (const auto& model_needs : unit_needs) reads_other_units_.push_back(model_needs.size() > 1);
+  unit_needs_ = flat_needs(layout, unit_needs);
   SHARDLM_CHECK(options.prefetch >= 0, "--prefetch must be >= 0, got {}", options.prefetch);
   SHARDLM_CHECK(options.bucket_mb > 0, "--bucket-mb must be positive, got {}", options.bucket_mb);
   if (options.kind == StrategyKind::hybrid) {
@@ -282,9 +292,35 @@ size_t FlatUnitStrategy::schedule_index(bool backward, int model_unit) const {
   return static_cast<size_t>(num_model_units_) + static_cast<size_t>(num_model_units_ - 1 - model_unit);
 }
 
-bool FlatUnitStrategy::needs(size_t step, int unit) const {
-  const auto& n = unit_needs_[static_cast<size_t>((*schedule_)[step].model_unit)];
+FlatUnitStrategy::FlatNeeds FlatUnitStrategy::flat_needs(
+    const ParamLayout& layout, const std::vector<std::vector<int>>& unit_needs) {
+  FlatNeeds needs;
+  for (const auto& model_needs : unit_needs) {
+    std::vector<int> flat;
+    for (int v : model_needs) flat.push_back(layout.model_units[static_cast<size_t>(v)].unit);
+    std::sort(flat.begin(), flat.end());
+    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
+    needs.push_back(std::move(flat));
+  }
+  return needs;
+}
+
+bool FlatUnitStrategy::step_needs(const std::vector<Step>& schedule, const FlatNeeds& needs,
+                                  size_t step, int unit) {
+  const auto& n = needs[static_cast<size_t>(schedule[step].model_unit)];
   return std::find(n.begin(), n.end(), unit) != n.end();
+}
+
+bool FlatUnitStrategy::keeps_gathered(const std::vector<Step>& schedule, const FlatNeeds& needs,
+                                      size_t cursor, int v, bool keep_forward_units) {
+  if (cursor + 1 == schedule.size()) return false;
+  // Forward: kept for the next step, or (without resharding) through backward.
+  if (!schedule[cursor].backward)
+    return keep_forward_units || step_needs(schedule, needs, cursor + 1, v);
+  // Backward: kept while a later step needs it.
+  for (size_t s = cursor + 1; s < schedule.size(); ++s)
+    if (step_needs(schedule, needs, s, v)) return true;
+  return false;
 }
 
 void FlatUnitStrategy::start_gather(int unit) {
@@ -351,18 +387,10 @@ void FlatUnitStrategy::prefetch_after(size_t cursor) {
 
 void FlatUnitStrategy::release_after(size_t cursor) {
   const Step& step = (*schedule_)[cursor];
-  const bool last = cursor + 1 == schedule_->size();
-  for (int v : unit_needs_[static_cast<size_t>(step.model_unit)]) {
-    bool keep = false;
-    if (!last) {
-      if (!step.backward) {
-        keep = (training_ && !options_.reshard_after_forward) || needs(cursor + 1, v);
-      } else {
-        for (size_t s = cursor + 1; s < schedule_->size() && !keep; ++s) keep = needs(s, v);
-      }
-    }
-    if (!keep) release_params(v);
-  }
+  for (int v : unit_needs_[static_cast<size_t>(step.model_unit)])
+    if (!keeps_gathered(*schedule_, unit_needs_, cursor, v,
+                        training_ && !options_.reshard_after_forward))
+      release_params(v);
 }
 
 // ---- zero2/zero3: gradient buffers and reduce-scatter ------------------------------
@@ -546,6 +574,13 @@ void FlatUnitStrategy::synchronize() {
 bool FlatUnitStrategy::writes_checkpoint() const {
   if (options_.kind == StrategyKind::ddp) return world_.rank() == 0;
   return replica_ == nullptr || replica_->rank() == 0;
+}
+
+CommCounters FlatUnitStrategy::take_group_counters() {
+  CommCounters total;
+  if (shard_group_) total += shard_group_->take_counters();
+  if (replica_group_) total += replica_group_->take_counters();
+  return total;
 }
 
 int FlatUnitStrategy::gathered_units() const {

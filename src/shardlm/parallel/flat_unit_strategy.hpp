@@ -43,6 +43,9 @@ struct StrategyBufferPlan {
   int param_pool = 0;               // zero3/hybrid gather buffers of that size
   int grad_pool = 0;                // zero2/zero3 transient gradient buffers of that size
   int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
+  // zero3/hybrid: all-gathers of each flat unit per training micro-batch (a unit that
+  // consecutive steps need stays gathered between them).
+  std::vector<int> gathers_per_micro_batch;
 };
 
 class FlatUnitStrategy : public Strategy {
@@ -83,6 +86,10 @@ class FlatUnitStrategy : public Strategy {
   void synchronize() override;
   bool writes_checkpoint() const override;
 
+  // Read and reset the counters of the strategy's own communicators (hybrid's shard
+  // and replica groups; empty otherwise), which the world's counters do not see.
+  CommCounters take_group_counters();
+
   // Units whose parameters are currently gathered (zero3/hybrid), for leak checks.
   int gathered_units() const;
   // Gradient reductions still queued or running.
@@ -95,6 +102,15 @@ class FlatUnitStrategy : public Strategy {
     bool backward;
     int model_unit;
   };
+  using FlatNeeds = std::vector<std::vector<int>>;  // per model unit: flat units it reads
+  static FlatNeeds flat_needs(const ParamLayout& layout,
+                              const std::vector<std::vector<int>>& unit_needs);
+  static bool step_needs(const std::vector<Step>& schedule, const FlatNeeds& needs, size_t step,
+                         int unit);
+  // After schedule step `cursor`, whether flat unit v (which that step read) stays
+  // gathered: the release rule, shared by release_after and plan_buffers.
+  static bool keeps_gathered(const std::vector<Step>& schedule, const FlatNeeds& needs,
+                             size_t cursor, int v, bool keep_forward_units);
   struct PendingReduce {
     int unit;
     Work work;
@@ -108,7 +124,6 @@ class FlatUnitStrategy : public Strategy {
   void prefetch_after(size_t cursor);
   void release_after(size_t cursor);
   size_t schedule_index(bool backward, int model_unit) const;
-  bool needs(size_t step, int unit) const;
   // zero2/zero3: transient full-unit gradient buffers.
   void acquire_grads(int unit);
   void consume_oldest_reduce();

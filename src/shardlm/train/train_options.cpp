@@ -2,7 +2,22 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/core/error.hpp"
+
 namespace shardlm {
+
+ModelConfig resolve_model_config(const TrainOptions& o, int data_vocab_size) {
+  ModelConfig config = model_preset(o.model);
+  if (o.n_layer) config.n_layer = *o.n_layer;
+  if (o.n_head) config.n_head = *o.n_head;
+  if (o.n_embd) config.n_embd = *o.n_embd;
+  config.vocab_size = o.vocab_size.value_or(data_vocab_size);
+  config.validate();
+  SHARDLM_CHECK(config.vocab_size >= data_vocab_size,
+                "--vocab-size {} is smaller than the data's vocabulary ({} from meta.json)",
+                config.vocab_size, data_vocab_size);
+  return config;
+}
 
 nlohmann::json TrainOptions::trajectory_json() const {
   nlohmann::json j = {{"seq_len", seq_len},     {"global_batch", global_batch},

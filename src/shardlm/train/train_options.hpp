@@ -7,6 +7,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "shardlm/model/config.hpp"
+
 namespace shardlm {
 
 struct TrainOptions {
@@ -70,5 +72,9 @@ struct TrainOptions {
   // the cosine schedule, and is reported).
   nlohmann::json trajectory_json() const;
 };
+
+// The model a run trains: the preset with the flags' overrides; the vocabulary is the
+// data's unless --vocab-size widens it. Error when the result is invalid.
+ModelConfig resolve_model_config(const TrainOptions& o, int data_vocab_size);
 
 }  // namespace shardlm

@@ -55,18 +55,6 @@ int local_ranks(int world_size) {
   return world_size;
 }
 
-ModelConfig resolve_model_config(const TrainOptions& o, int data_vocab_size) {
-  ModelConfig config = model_preset(o.model);
-  if (o.n_layer) config.n_layer = *o.n_layer;
-  if (o.n_head) config.n_head = *o.n_head;
-  if (o.n_embd) config.n_embd = *o.n_embd;
-  config.vocab_size = o.vocab_size.value_or(data_vocab_size);
-  config.validate();
-  SHARDLM_CHECK(config.vocab_size >= data_vocab_size,
-                "--vocab-size {} is smaller than the data's vocabulary ({} from meta.json)",
-                config.vocab_size, data_vocab_size);
-  return config;
-}
 
 void validate_options(const TrainOptions& o, const ModelConfig& config) {
   SHARDLM_CHECK(o.steps >= 0, "--steps must be >= 0, got {}", o.steps);
@@ -357,6 +345,7 @@ TrainSummary Trainer::run() {
   const int64_t tokens_per_step = static_cast<int64_t>(global_batch) * o_.seq_len;
   double last_loss = std::nan("");
   comm_.take_counters();
+  strategy_->take_group_counters();
 
   for (int64_t step = start_step; step < o_.steps; ++step) {
     Stopwatch step_clock;
@@ -453,7 +442,8 @@ TrainSummary Trainer::run() {
     const int64_t done = step + 1;
     const double step_s = step_clock.seconds();
     ema_step_s = (step == start_step) ? step_s : 0.8 * ema_step_s + 0.2 * step_s;
-    const CommCounters comm_stats = comm_.take_counters();
+    CommCounters comm_stats = comm_.take_counters();
+    comm_stats += strategy_->take_group_counters();
     const PhaseTotals phases = take_phase_totals();
     nlohmann::json record = {{"step", done},
                              {"loss", loss},

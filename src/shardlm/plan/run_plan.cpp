@@ -1,0 +1,73 @@
+#include "shardlm/plan/run_plan.hpp"
+
+#include <algorithm>
+
+#include "shardlm/data/sampler.hpp"
+#include "shardlm/model/param_layout.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
+
+namespace shardlm {
+
+RunPlan plan_run(const RunPlanRequest& r) {
+  RunPlan plan;
+  const int n = r.world_size;
+  plan.partition = partition_size(r.strategy, n);
+  const int global_batch = r.global_batch > 0 ? r.global_batch : r.micro_batch * n;
+  plan.accumulation = BatchPartition(global_batch, n, r.micro_batch).accumulation_steps();
+
+  const ParamLayout layout = ParamLayout::build(r.config, plan.partition, r.min_unit_params);
+  const auto needs = Gpt2Model::unit_needs(r.config);
+  const StrategyBufferPlan buffers = FlatUnitStrategy::plan_buffers(layout, needs, r.strategy);
+  plan.params = buffers.params_bytes;
+  plan.grads = buffers.grads_bytes;
+  plan.optimizer = buffers.optimizer_bytes;
+  const bool params_in_compute_type = buffers.param_type != DType::fp32;
+  const ModelMemoryPlan model =
+      Gpt2Model::plan_memory(r.config, r.micro_batch, r.seq_len, r.model, params_in_compute_type);
+  plan.activations = model.activations;
+  plan.params += model.params_scratch;
+  plan.comm = n > 1 ? static_cast<int64_t>(r.comm_scratch_bytes) : 0;
+  // Start-up scratch: random init fills one whole unit before keeping the owned part.
+  int64_t largest = 0;
+  for (const auto& u : layout.units) {
+    largest = std::max(largest, u.padded_numel);
+    plan.parameters += u.padded_numel;
+  }
+  plan.other = 4 * largest;
+
+  // Bus bytes per rank and step: each collective moves (G-1)/G of its buffer
+  // (docs/communication.md, Counters).
+  const double pb = static_cast<double>(dtype_bytes(buffers.param_type));
+  const double rb = r.strategy.reduce_dtype == DType::bf16 ? 2.0 : 4.0;
+  const double a = plan.accumulation;
+  const double g = plan.partition;
+  double elements_moved = 0;  // bytes, before the (G-1)/G factor
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const double P = static_cast<double>(layout.units[u].padded_numel);
+    switch (r.strategy.kind) {
+      case StrategyKind::ddp:    // reduce once per step; all-gather the reduced gradients
+      case StrategyKind::zero1:  // reduce once per step; all-gather the updated parameters
+        elements_moved += (rb + 4) * P;
+        break;
+      case StrategyKind::zero2:  // reduce every micro-batch; all-gather updated parameters
+        elements_moved += (a * rb + 4) * P;
+        break;
+      case StrategyKind::zero3:  // gather as the schedule needs, reduce every micro-batch
+      case StrategyKind::hybrid:
+        elements_moved += a * (buffers.gathers_per_micro_batch[u] * pb + rb) * P;
+        break;
+    }
+  }
+  plan.wire_bytes_per_step = elements_moved * (g - 1) / g;
+  if (r.strategy.kind == StrategyKind::hybrid && n > plan.partition) {
+    // Owned slices all-reduced (fp32) across the replica groups every micro-batch.
+    const double replicas = static_cast<double>(n) / plan.partition;
+    plan.wire_bytes_per_step +=
+        a * 2 * 4 * static_cast<double>(plan.parameters) / g * (replicas - 1) / replicas;
+  }
+  plan.flops_per_step = r.config.train_flops_per_token(r.seq_len) *
+                        static_cast<double>(global_batch) / n * r.seq_len;
+  return plan;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,48 @@
+// What a training run will hold in memory per rank, and send per step, predicted
+// from its configuration before it starts (`shardlm plan`).
+//
+// Memory per category comes from the same arithmetic the strategy and the model
+// allocate by (FlatUnitStrategy::plan_buffers, Gpt2Model::plan_memory), so the
+// prediction equals the tracker's peak for params, grads, optimizer, activations and
+// comm to the byte (tests/distributed/plan_matches_measurement.sh); a disagreement is
+// a bug in one of the two. "other" (start-up scratch, data order) is an estimate.
+// Traffic is the strategy's ideal bus bytes per rank and optimizer step; the
+// measured figure is within a few per cent of it (docs/parallelism.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardlm/model/config.hpp"
+#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/parallel/strategy_options.hpp"
+
+namespace shardlm {
+
+struct RunPlanRequest {
+  ModelConfig config;
+  int world_size = 1;
+  StrategyOptions strategy;
+  ModelOptions model;
+  int micro_batch = 8;
+  int seq_len = 256;
+  int global_batch = 0;  // sequences per step; 0: micro_batch x world_size
+  int64_t min_unit_params = 65536;
+  size_t comm_scratch_bytes = size_t{4} << 20;  // CommOptions::scratch_bytes
+};
+
+struct RunPlan {
+  int partition = 1;      // ranks a unit is sharded over
+  int accumulation = 1;   // micro-batches per rank and step
+  int64_t parameters = 0; // padded parameter count (Psi)
+  // Peak bytes per rank.
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, other = 0;
+  int64_t total() const { return params + grads + optimizer + activations + comm + other; }
+  double wire_bytes_per_step = 0;  // bus bytes per rank and optimizer step
+  double flops_per_step = 0;       // model FLOPs per rank and step (GEMMs + attention)
+};
+
+RunPlan plan_run(const RunPlanRequest& request);
+
+}  // namespace shardlm
