@@ -151,12 +151,8 @@ struct Gpt2Model::Impl {
   float* dbig = nullptr;         // [N, 4C] backward scratch (also dqkv [N, 3C])
   int chunk_rows = 0;
   // Compute-type scratch (compute != fp32 only; in fp32 the kernels read and write
-  // the stored activations directly). In the forward, dbig also holds the c_fc
-  // GEMM's fp32 output before it is rounded into fc_pre.
-  float* qkv_f32 = nullptr;      // [N, 3C] qkv in fp32 for the attention kernels (the
-                                 // rounded values: forward and backward see the same)
-  float* att_f32 = nullptr;      // [N, C] attention output in fp32 (forward: before
-                                 // rounding; backward: the stored one widened)
+  // the stored activations directly). In the forward, dbig also holds the c_attn and
+  // c_fc GEMMs' fp32 outputs before they are biased and rounded into qkv and fc_pre.
   TypedPtr dres_c;               // [N, C]  dres rounded for the GEMMs
   TypedPtr dbig_c;               // [N, 4C] dbig rounded for the GEMMs
   TypedPtr dlogits_c;            // [chunk_rows, Vp] the head's dlogits rounded
@@ -313,8 +309,6 @@ void Gpt2Model::Impl::carve_activations(ArenaCarver& carver, int64_t N) {
   carver.request(&m.dsmall, N * C);
   carver.request(&m.dbig, 4 * N * C);
   if (ct != DType::fp32) {
-    carver.request(&m.qkv_f32, 3 * N * C);
-    carver.request(&m.att_f32, N * C);
     carver.request(&m.dres_c, ct, N * C);
     carver.request(&m.dbig_c, ct, 4 * N * C);
     carver.request(&m.dlogits_c, ct, static_cast<int64_t>(m.chunk_rows) * m.Vp);
@@ -451,16 +445,11 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   const int rows = static_cast<int>(n);
   const bool fp32 = compute == DType::fp32;
   cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, v.ln1_w, v.ln1_b, n, C);
-  float* qkv = fp32 ? a.qkv.f32() : qkv_f32;
-  gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv, 3 * C);
-  cpu::add_bias(qkv, v.attn_b, n, 3 * C);
-  if (!fp32) {  // attention runs on the rounded qkv that backward will see
-    cpu::convert(a.qkv, qkv, n * 3 * C);
-    cpu::convert(qkv, a.qkv, n * 3 * C);
-  }
-  float* att_out = fp32 ? a.att.f32() : att_f32;
-  cpu::attention_forward(att_out, a.att_lse, qkv, B, T, C, H);
-  if (!fp32) cpu::convert(a.att, att_out, n * C);
+  // Attention reads the stored (rounded) qkv, as backward will.
+  float* qkv_out = fp32 ? a.qkv.f32() : dbig;
+  gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv_out, 3 * C);
+  cpu::add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * C);
+  cpu::attention_forward(a.att, a.att_lse, a.qkv, B, T, C, H);
   gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
   cpu::residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
                                   v.attn_proj_b, v.ln2_w, v.ln2_b, n, C);
@@ -505,15 +494,8 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
   cpu::bias_backward(g + o.attn_proj_b, dres, n, C);
   float* datt = dsmall;
   gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
-  const bool fp32 = compute == DType::fp32;
-  const float* qkv = fp32 ? a.qkv.f32() : qkv_f32;
-  const float* att_out = fp32 ? a.att.f32() : att_f32;
-  if (!fp32) {
-    cpu::convert(qkv_f32, a.qkv, n * 3 * C);
-    cpu::convert(att_f32, a.att, n * C);
-  }
   float* dqkv = dbig;
-  cpu::attention_backward(dqkv, datt, qkv, att_out, a.att_lse, B, T, C, H);
+  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, B, T, C, H);
   const ConstTypedPtr dqkv_g = for_gemm(dqkv, dbig_c, n * 3 * C);
   gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
   cpu::bias_backward(g + o.attn_b, dqkv, n, 3 * C);

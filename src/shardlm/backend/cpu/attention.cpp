@@ -83,14 +83,50 @@ void tile_gemm(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs
   }
 }
 
+// How qkv and out are stored: fp32, or a 16-bit compute type that the kernels widen
+// to fp32 as they load it (exact) and round once when they store. The arithmetic is
+// fp32 in every case, on the stored values, so the backward sees what the forward used.
+struct Fp32Storage {
+  using Elem = float;
+  static float widen(float v) { return v; }
+  static float narrow(float v) { return v; }
+};
+struct Bf16Storage {
+  using Elem = uint16_t;
+  static float widen(uint16_t v) { return bf16_to_float(v); }
+  static uint16_t narrow(float v) { return float_to_bf16(v); }
+};
+struct Fp16Storage {
+  using Elem = uint16_t;
+  static float widen(uint16_t v) { return fp16_to_float(v); }
+  static uint16_t narrow(float v) { return float_to_fp16(v); }
+};
+
 // dst[d * kBlock + j] = src[j * src_stride + d] for j < rows; zero for the rest of
 // the block, so full-width score rows stay well defined.
-void transpose_block(float* dst, const float* src, int64_t src_stride, int rows, int hd) {
+template <typename S>
+void transpose_block(float* dst, const typename S::Elem* src, int64_t src_stride, int rows,
+                     int hd) {
   for (int d = 0; d < hd; ++d) {
     float* dst_row = dst + d * kBlock;
-    for (int j = 0; j < rows; ++j) dst_row[j] = src[j * src_stride + d];
+    for (int j = 0; j < rows; ++j) dst_row[j] = S::widen(src[j * src_stride + d]);
     for (int j = rows; j < kBlock; ++j) dst_row[j] = 0.0f;
   }
+}
+
+// Copies rows x hd values of a strided tensor into the contiguous fp32 `tile` (row
+// stride hd), widening 16-bit storage; returns tile. The tile products read blocks
+// from tiles, not in place: 64 rows at the tensor's stride (3C or C floats) can fall
+// into a few L1 sets (3C = 2304: every 4th row in the same sets) and thrash L1.
+template <typename S>
+const float* load_tile(float* tile, const typename S::Elem* src, int64_t stride, int rows, int hd) {
+  for (int r = 0; r < rows; ++r) {
+    const typename S::Elem* in = src + r * stride;
+    float* dst = tile + r * hd;
+#pragma omp simd
+    for (int d = 0; d < hd; ++d) dst[d] = S::widen(in[d]);
+  }
+  return tile;
 }
 
 void check_shape(int T, int C, int H) {
@@ -101,20 +137,22 @@ void check_shape(int T, int C, int H) {
 }
 
 // Where one (batch, head) lives in the qkv / out / lse tensors.
+template <typename S>
 struct HeadView {
-  const float* q;
-  const float* k;
-  const float* v;
+  const typename S::Elem* q;
+  const typename S::Elem* k;
+  const typename S::Elem* v;
   int64_t qkv_stride;  // 3C
   int64_t out_offset;  // of row 0, head h in out / dout
   int64_t lse_offset;
   int hd;
 };
 
-HeadView head_view(const float* qkv, int b, int h, int T, int C, int H) {
+template <typename S>
+HeadView<S> head_view(const typename S::Elem* qkv, int b, int h, int T, int C, int H) {
   const int hd = C / H;
   const int64_t stride = 3 * static_cast<int64_t>(C);
-  const float* q = qkv + static_cast<int64_t>(b) * T * stride + h * hd;
+  const typename S::Elem* q = qkv + static_cast<int64_t>(b) * T * stride + h * hd;
   return {q,
           q + C,
           q + 2 * C,
@@ -124,19 +162,21 @@ HeadView head_view(const float* qkv, int b, int h, int T, int C, int H) {
           hd};
 }
 
-// Scores of a tile: s[ii][j] = q_{i0+ii} . k_{j0+j} for nq rows, all kBlock columns.
-void tile_scores(float* s, const HeadView& hv, const float* k_t, int i0, int nq) {
+// Scores of a tile: s[ii][j] = q_ii . k_j for the nq rows of the query tile q ([nq, hd]),
+// all kBlock columns of the transposed key block k_t.
+void tile_scores(float* s, const float* q, const float* k_t, int nq, int hd) {
   std::fill(s, s + nq * kBlock, 0.0f);
-  tile_gemm(s, kBlock, hv.q + i0 * hv.qkv_stride, hv.qkv_stride, 1, k_t, kBlock, nq, kBlock, hv.hd);
+  tile_gemm(s, kBlock, q, hd, 1, k_t, kBlock, nq, kBlock, hd);
 }
 
 // Keys j0 + [0, valid) are visible to query i: the causal prefix within the block.
 inline int visible_keys(int i, int j0, int nk) { return std::min(nk, i - j0 + 1); }
 
 // One (batch, head, query block) of the forward, with an online softmax over key blocks.
-void forward_query_block(float* out, float* lse, const float* qkv, int b, int h, int i0, int T,
-                         int C, int H) {
-  const HeadView hv = head_view(qkv, b, h, T, C, H);
+template <typename S>
+void forward_query_block(typename S::Elem* out, float* lse, const typename S::Elem* qkv, int b,
+                         int h, int i0, int T, int C, int H) {
+  const HeadView<S> hv = head_view<S>(qkv, b, h, T, C, H);
   const int hd = hv.hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nq = std::min(kBlock, T - i0);
@@ -144,16 +184,19 @@ void forward_query_block(float* out, float* lse, const float* qkv, int b, int h,
   alignas(64) float k_t[kAttentionMaxHeadDim * kBlock];
   alignas(64) float s[kBlock * kBlock];
   alignas(64) float acc[kBlock * kAttentionMaxHeadDim];
+  alignas(64) float q_tile[kBlock * kAttentionMaxHeadDim];
+  alignas(64) float v_tile[kBlock * kAttentionMaxHeadDim];
   float row_max[kBlock];
   float row_sum[kBlock];
   std::fill(acc, acc + nq * hd, 0.0f);
   std::fill(row_max, row_max + nq, -INFINITY);
   std::fill(row_sum, row_sum + nq, 0.0f);
 
+  const float* q = load_tile<S>(q_tile, hv.q + i0 * hv.qkv_stride, hv.qkv_stride, nq, hd);
   for (int j0 = 0; j0 <= i0; j0 += kBlock) {
     const int nk = std::min(kBlock, T - j0);
-    transpose_block(k_t, hv.k + j0 * hv.qkv_stride, hv.qkv_stride, nk, hd);
-    tile_scores(s, hv, k_t, i0, nq);
+    transpose_block<S>(k_t, hv.k + j0 * hv.qkv_stride, hv.qkv_stride, nk, hd);
+    tile_scores(s, q, k_t, nq, hd);
     for (int ii = 0; ii < nq; ++ii) {
       float* p = s + ii * kBlock;
       const int valid = visible_keys(i0 + ii, j0, nk);
@@ -176,15 +219,16 @@ void forward_query_block(float* out, float* lse, const float* qkv, int b, int h,
       for (int d = 0; d < hd; ++d) a[d] *= correction;
     }
     // acc += P V over the block's keys (masked probabilities are zero).
-    tile_gemm(acc, hd, s, kBlock, 1, hv.v + j0 * hv.qkv_stride, hv.qkv_stride, nq, hd, nk);
+    const float* v = load_tile<S>(v_tile, hv.v + j0 * hv.qkv_stride, hv.qkv_stride, nk, hd);
+    tile_gemm(acc, hd, s, kBlock, 1, v, hd, nq, hd, nk);
   }
   for (int ii = 0; ii < nq; ++ii) {
     const int i = i0 + ii;
     const float inv_sum = 1.0f / row_sum[ii];
-    float* out_row = out + hv.out_offset + static_cast<int64_t>(i) * C;
+    typename S::Elem* out_row = out + hv.out_offset + static_cast<int64_t>(i) * C;
     const float* a = acc + ii * hd;
 #pragma omp simd
-    for (int d = 0; d < hd; ++d) out_row[d] = a[d] * inv_sum;
+    for (int d = 0; d < hd; ++d) out_row[d] = S::narrow(a[d] * inv_sum);
     lse[hv.lse_offset + i] = row_max[ii] + std::log(row_sum[ii]);
   }
 }
@@ -192,9 +236,11 @@ void forward_query_block(float* out, float* lse, const float* qkv, int b, int h,
 // One (batch, head) of the backward. Key blocks outer: a block's dk and dv
 // accumulate in scratch over the query blocks that see it and are written once; dq
 // accumulates in place. Probabilities are recomputed from the saved log-sum-exp.
-void backward_head(float* dqkv, const float* dout, const float* qkv, const float* out,
-                   const float* lse, int b, int h, int T, int C, int H) {
-  const HeadView hv = head_view(qkv, b, h, T, C, H);
+template <typename S>
+void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
+                   const typename S::Elem* out, const float* lse, int b, int h, int T, int C,
+                   int H) {
+  const HeadView<S> hv = head_view<S>(qkv, b, h, T, C, H);
   const int hd = hv.hd;
   const int64_t stride = hv.qkv_stride;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -202,7 +248,7 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
   float* dk = dq + C;
   float* dv = dq + 2 * C;
   const float* head_dout = dout + hv.out_offset;
-  const float* head_out = out + hv.out_offset;
+  const typename S::Elem* head_out = out + hv.out_offset;
   const float* head_lse = lse + hv.lse_offset;
 
   alignas(64) float k_t[kAttentionMaxHeadDim * kBlock];
@@ -211,29 +257,37 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
   alignas(64) float ds[kBlock * kBlock];
   alignas(64) float dk_acc[kBlock * kAttentionMaxHeadDim];
   alignas(64) float dv_acc[kBlock * kAttentionMaxHeadDim];
+  alignas(64) float q_tile[kBlock * kAttentionMaxHeadDim];
+  alignas(64) float k_tile[kBlock * kAttentionMaxHeadDim];
+  alignas(64) float dout_tile[kBlock * kAttentionMaxHeadDim];
+  alignas(64) float out_row[kAttentionMaxHeadDim];
 
   for (int i = 0; i < T; ++i) std::fill(dq + i * stride, dq + i * stride + hd, 0.0f);
 
   for (int j0 = 0; j0 < T; j0 += kBlock) {
     const int nk = std::min(kBlock, T - j0);
-    transpose_block(k_t, hv.k + j0 * stride, stride, nk, hd);
-    transpose_block(v_t, hv.v + j0 * stride, stride, nk, hd);
+    transpose_block<S>(k_t, hv.k + j0 * stride, stride, nk, hd);
+    transpose_block<S>(v_t, hv.v + j0 * stride, stride, nk, hd);
+    const float* k = load_tile<S>(k_tile, hv.k + j0 * stride, stride, nk, hd);
     std::fill(dk_acc, dk_acc + nk * hd, 0.0f);
     std::fill(dv_acc, dv_acc + nk * hd, 0.0f);
     for (int i0 = j0; i0 < T; i0 += kBlock) {
       const int nq = std::min(kBlock, T - i0);
-      const float* dout_rows = head_dout + static_cast<int64_t>(i0) * C;
-      tile_scores(p, hv, k_t, i0, nq);
+      const float* dout_rows = load_tile<Fp32Storage>(
+          dout_tile, head_dout + static_cast<int64_t>(i0) * C, C, nq, hd);
+      const float* q = load_tile<S>(q_tile, hv.q + i0 * stride, stride, nq, hd);
+      tile_scores(p, q, k_t, nq, hd);
       // dP = dO V^T
       std::fill(ds, ds + nq * kBlock, 0.0f);
-      tile_gemm(ds, kBlock, dout_rows, C, 1, v_t, kBlock, nq, kBlock, hd);
+      tile_gemm(ds, kBlock, dout_rows, hd, 1, v_t, kBlock, nq, kBlock, hd);
       for (int ii = 0; ii < nq; ++ii) {
         const int i = i0 + ii;
         const int valid = visible_keys(i, j0, nk);
-        const float* dout_row = dout_rows + static_cast<int64_t>(ii) * C;
-        const float* out_row = head_out + static_cast<int64_t>(i) * C;
+        const float* dout_row = dout_rows + ii * hd;
+        load_tile<S>(out_row, head_out + static_cast<int64_t>(i) * C, C, 1, hd);
         // D_i = dout_i . out_i = sum_j p_ij (dout_i . v_j): the softmax Jacobian's
-        // row term, without the full row of probabilities.
+        // row term, without the full row of probabilities. (out_row is an fp32 copy,
+        // so the reduction vectorizes, and sums, the same way for every storage type.)
         float d_i = 0.0f;
 #pragma omp simd reduction(+ : d_i)
         for (int d = 0; d < hd; ++d) d_i += dout_row[d] * out_row[d];
@@ -250,9 +304,9 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
         std::fill(ds_row + valid, ds_row + kBlock, 0.0f);
       }
       // dV += P^T dO;  dK += dS^T Q;  dQ += dS K.
-      tile_gemm(dv_acc, hd, p, 1, kBlock, dout_rows, C, nk, hd, nq);
-      tile_gemm(dk_acc, hd, ds, 1, kBlock, hv.q + i0 * stride, stride, nk, hd, nq);
-      tile_gemm(dq + i0 * stride, stride, ds, kBlock, 1, hv.k + j0 * stride, stride, nq, hd, nk);
+      tile_gemm(dv_acc, hd, p, 1, kBlock, dout_rows, hd, nk, hd, nq);
+      tile_gemm(dk_acc, hd, ds, 1, kBlock, q, hd, nk, hd, nq);
+      tile_gemm(dq + i0 * stride, stride, ds, kBlock, 1, k, hd, nq, hd, nk);
     }
     for (int j = 0; j < nk; ++j) {
       std::copy(dk_acc + j * hd, dk_acc + (j + 1) * hd, dk + (j0 + j) * stride);
@@ -261,11 +315,9 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
   }
 }
 
-}  // namespace
-
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H) {
-  const PhaseScope phase(Phase::attention);
-  check_shape(T, C, H);
+template <typename S>
+void forward_all(typename S::Elem* out, float* lse, const typename S::Elem* qkv, int B, int T,
+                 int C, int H) {
   const int num_query_blocks = (T + kBlock - 1) / kBlock;
   const int64_t num_tasks = static_cast<int64_t>(B) * H * num_query_blocks;
 #pragma omp parallel for schedule(dynamic, 1)
@@ -274,20 +326,56 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     // balances better when they start early.
     const int query_block = num_query_blocks - 1 - static_cast<int>(task % num_query_blocks);
     const int64_t bh = task / num_query_blocks;
-    forward_query_block(out, lse, qkv, static_cast<int>(bh / H), static_cast<int>(bh % H),
-                        query_block * kBlock, T, C, H);
+    forward_query_block<S>(out, lse, qkv, static_cast<int>(bh / H), static_cast<int>(bh % H),
+                           query_block * kBlock, T, C, H);
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int H) {
-  const PhaseScope phase(Phase::attention);
-  check_shape(T, C, H);
+template <typename S>
+void backward_all(float* dqkv, const float* dout, const typename S::Elem* qkv,
+                  const typename S::Elem* out, const float* lse, int B, int T, int C, int H) {
   const int64_t num_tasks = static_cast<int64_t>(B) * H;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t task = 0; task < num_tasks; ++task)
-    backward_head(dqkv, dout, qkv, out, lse, static_cast<int>(task / H), static_cast<int>(task % H),
-                  T, C, H);
+    backward_head<S>(dqkv, dout, qkv, out, lse, static_cast<int>(task / H),
+                     static_cast<int>(task % H), T, C, H);
+}
+
+// Calls f with the storage type of `dtype` (a value of that type; only its type matters).
+template <typename F>
+void with_storage(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::fp32: f(Fp32Storage{}); return;
+    case DType::bf16: f(Bf16Storage{}); return;
+    case DType::fp16: f(Fp16Storage{}); return;
+  }
+}
+
+}  // namespace
+
+void attention_forward(TypedPtr out, float* lse, ConstTypedPtr qkv, int B, int T, int C, int H) {
+  const PhaseScope phase(Phase::attention);
+  check_shape(T, C, H);
+  SHARDLM_CHECK(out.dtype == qkv.dtype, "attention: output is {} but qkv is {}; expected one type",
+                dtype_name(out.dtype), dtype_name(qkv.dtype));
+  with_storage(qkv.dtype, [&](auto storage) {
+    using S = decltype(storage);
+    forward_all<S>(static_cast<typename S::Elem*>(out.data), lse,
+                   static_cast<const typename S::Elem*>(qkv.data), B, T, C, H);
+  });
+}
+
+void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
+                        const float* lse, int B, int T, int C, int H) {
+  const PhaseScope phase(Phase::attention);
+  check_shape(T, C, H);
+  SHARDLM_CHECK(out.dtype == qkv.dtype, "attention: output is {} but qkv is {}; expected one type",
+                dtype_name(out.dtype), dtype_name(qkv.dtype));
+  with_storage(qkv.dtype, [&](auto storage) {
+    using S = decltype(storage);
+    backward_all<S>(dqkv, dout, static_cast<const typename S::Elem*>(qkv.data),
+                    static_cast<const typename S::Elem*>(out.data), lse, B, T, C, H);
+  });
 }
 
 }  // namespace shardlm::cpu

@@ -10,18 +10,25 @@
 //   lse  [B, H, T]: log sum_{j<=i} exp(q_i . k_j / sqrt(hd)).
 // Work is split over (batch, head) (and query blocks in the forward) with OpenMP;
 // each task's scratch lives on its thread's stack.
+//
+// Mixed precision: qkv and out may be stored in a compute type (both in the same
+// one). The kernels widen what they load to fp32 (exact) and compute in fp32, so they
+// give the fp32 kernels' result on the stored (rounded) values; out is rounded once
+// when stored. lse, dout and dqkv are fp32.
 #pragma once
 
 #include <cstdint>
+
+#include "shardlm/backend/cpu/dtype.hpp"
 
 namespace shardlm::cpu {
 
 inline constexpr int kAttentionMaxHeadDim = 128;
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H);
+void attention_forward(TypedPtr out, float* lse, ConstTypedPtr qkv, int B, int T, int C, int H);
 
 // dqkv [B, T, 3C] is overwritten with the gradient of q, k and v.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
                         const float* lse, int B, int T, int C, int H);
 
 }  // namespace shardlm::cpu

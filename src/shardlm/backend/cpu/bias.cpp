@@ -16,6 +16,19 @@ void add_bias(float* out, const float* bias, int64_t N, int M) {
   }
 }
 
+void add_bias(TypedPtr out, const float* in, const float* bias, int64_t N, int M) {
+  const PhaseScope phase(Phase::norms_elementwise);
+  with_writer(out, [&](auto writer) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = in + n * M;
+      const auto out_row = writer.at(n * M);
+#pragma omp simd
+      for (int m = 0; m < M; ++m) out_row(m, row[m] + bias[m]);
+    }
+  });
+}
+
 void residual_add_bias(float* out, const float* a, const float* branch, const float* bias,
                        int64_t N, int M) {
   const PhaseScope phase(Phase::norms_elementwise);

@@ -3,10 +3,17 @@
 
 #include <cstdint>
 
+#include "shardlm/backend/cpu/dtype.hpp"
+
 namespace shardlm::cpu {
 
 // out[n, :] += bias, for an [N, M] matrix.
 void add_bias(float* out, const float* bias, int64_t N, int M);
+
+// out = in + bias (per column), stored in out's type (rounded once): a GEMM's fp32
+// result biased and stored as a compute-type activation in one pass. With fp32 out,
+// in may be out.data (in place).
+void add_bias(TypedPtr out, const float* in, const float* bias, int64_t N, int M);
 
 // One row of residual_add_bias; also used by the fused residual + LayerNorm.
 inline void residual_add_bias_row(float* out, const float* a, const float* branch,

@@ -13,9 +13,12 @@ namespace shardlm::cpu {
 
 namespace {
 
-// Cross-entropy of one row of logits; with want_grad the row becomes
-// grad_scale * (softmax - onehot) in place.
-float row_cross_entropy(float* logits, int V, int32_t target, bool want_grad, float grad_scale) {
+// Cross-entropy of one row of logits; with want_grad, grad_scale * (softmax - onehot)
+// is written through `dlogits` (which may store into the logits row itself, fp32, or
+// round into a compute-type row: the fp32 value is the same either way).
+template <typename Writer>
+float row_cross_entropy(float* logits, int V, int32_t target, bool want_grad, float grad_scale,
+                        Writer dlogits) {
   float max_logit = -INFINITY;
 #pragma omp simd reduction(max : max_logit)
   for (int j = 0; j < V; ++j) max_logit = std::max(max_logit, logits[j]);
@@ -29,9 +32,10 @@ float row_cross_entropy(float* logits, int V, int32_t target, bool want_grad, fl
       sum += e;
     }
     const float factor = grad_scale / sum;
+    const float target_grad = logits[target] * factor - grad_scale;
 #pragma omp simd
-    for (int j = 0; j < V; ++j) logits[j] *= factor;
-    logits[target] -= grad_scale;
+    for (int j = 0; j < V; ++j) dlogits(j, logits[j] * factor);
+    dlogits(target, target_grad);
   } else {
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < V; ++j) sum += exp_approx(logits[j] - max_logit);
@@ -66,23 +70,25 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
     }
     float* logits = a.logits_scratch;
     gemm(false, true, rows, a.V, a.C, 1.0f, x, a.C, a.weight, a.C, 0.0f, logits, ld);
+    // dlogits: in place over the logits (fp32), else rounded straight into the scratch.
+    const TypedPtr dlogits = round_dlogits && want_grad ? a.dlogits_scratch : TypedPtr(logits);
+    with_writer(dlogits, [&](auto writer) {
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; ++r) {
-      float* row = logits + static_cast<int64_t>(r) * ld;
-      if (targets[r] < 0) {
-        losses[r0 + r] = 0.0f;
-        if (want_grad) std::fill(row, row + a.V, 0.0f);
-      } else {
-        losses[r0 + r] = row_cross_entropy(row, a.V, targets[r], want_grad, a.grad_scale);
+      for (int r = 0; r < rows; ++r) {
+        float* row = logits + static_cast<int64_t>(r) * ld;
+        const auto grad_row = writer.at(static_cast<int64_t>(r) * ld);
+        if (targets[r] < 0) {
+          losses[r0 + r] = 0.0f;
+          if (want_grad)
+            for (int j = 0; j < a.V; ++j) grad_row(j, 0.0f);
+        } else {
+          losses[r0 + r] =
+              row_cross_entropy(row, a.V, targets[r], want_grad, a.grad_scale, grad_row);
+        }
       }
-    }
+    });
     if (want_grad) {
       // dx_rows = dlogits W;  dW += dlogits^T x_rows.
-      ConstTypedPtr dlogits = logits;
-      if (round_dlogits) {
-        convert_rows(a.dlogits_scratch, ld, logits, ld, rows, a.V);
-        dlogits = a.dlogits_scratch;
-      }
       gemm(false, false, rows, a.C, a.V, 1.0f, dlogits, ld, a.weight, a.C, 0.0f, dx + r0 * a.C,
            a.C);
       gemm(true, false, a.V, a.C, rows, 1.0f, dlogits, ld, x, a.C, 1.0f, dweight, a.C);

@@ -1,0 +1,196 @@
+// Kernels that read and write compute-type (bf16, fp16) tensors directly, against
+// independent references on the same rounded inputs:
+//  - bitwise against the fp32 kernel run on the widened stored values (the kernels
+//    promise fp32 arithmetic on what is stored, rounded once when stored), and
+//  - against a naive double implementation written here, within the tolerance the
+//    output's one rounding allows (the unit roundoff: 2^-8 relative for bf16, 2^-11
+//    for fp16) plus fp32 noise.
+// Shapes are odd on purpose: T = 1, 7, 13, 33, 65, 130; head_dim 8, 24, 64.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/cpu/bias.hpp"
+#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/core/rng.hpp"
+
+namespace {
+
+using shardlm::DType;
+using shardlm::cpu::ConstTypedPtr;
+using shardlm::cpu::TypedPtr;
+using Vec = std::vector<float>;
+using DVec = std::vector<double>;
+using Half = std::vector<uint16_t>;
+
+Vec random_vec(size_t n, uint64_t seed, double scale = 1.0) {
+  shardlm::Rng rng(seed);
+  Vec v(n);
+  for (auto& x : v) x = static_cast<float>(scale * rng.normal());
+  return v;
+}
+
+Half to_half(DType type, const Vec& v) {
+  Half out(v.size());
+  shardlm::cpu::convert(TypedPtr(out.data(), type), v.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+Vec widen(DType type, const Half& v) {
+  Vec out(v.size());
+  shardlm::cpu::convert(out.data(), ConstTypedPtr(v.data(), type), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+// max |got - want| / max |want|.
+template <typename A, typename B>
+double relative_to_max_error(const A& got, const B& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double max_ref = 0.0, max_diff = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+    max_diff =
+        std::max(max_diff, std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
+  }
+  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+// Relative error bound of one rounding to nearest in `type`: the unit roundoff 2^-p
+// (p significant bits: 8 for bf16, 11 for fp16), half an ulp at the bottom of a binade.
+double unit_roundoff(DType type) {
+  return type == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+}
+
+// ---------------------------------------------------------------- bias
+
+TEST(AddBiasComputeType, StoresTheFp32SumRoundedOnce) {
+  for (const DType type : {DType::bf16, DType::fp16}) {
+    for (const auto& [N, M] : {std::pair{7, 13}, std::pair{33, 65}, std::pair{1, 1152}}) {
+      const Vec in = random_vec(static_cast<size_t>(N) * M, 400 + M);
+      const Vec bias = random_vec(static_cast<size_t>(M), 500 + M);
+      Half out(in.size());
+      shardlm::cpu::add_bias(TypedPtr(out.data(), type), in.data(), bias.data(), N, M);
+      Vec want(in.size());
+      for (int n = 0; n < N; ++n)
+        for (int m = 0; m < M; ++m)
+          want[static_cast<size_t>(n) * M + m] = shardlm::cpu::round_to(
+              type, in[static_cast<size_t>(n) * M + m] + bias[static_cast<size_t>(m)]);
+      EXPECT_EQ(widen(type, out), want) << shardlm::dtype_name(type) << " N=" << N << " M=" << M;
+    }
+  }
+  // fp32 in place equals the in-place overload.
+  Vec a = random_vec(7 * 13, 600), b = a;
+  const Vec bias = random_vec(13, 601);
+  shardlm::cpu::add_bias(TypedPtr(a.data()), a.data(), bias.data(), 7, 13);
+  shardlm::cpu::add_bias(b.data(), bias.data(), 7, 13);
+  EXPECT_EQ(a, b);
+}
+
+// ---------------------------------------------------------------- attention
+
+struct AttentionShape {
+  int B, T, H, hd;
+};
+
+const AttentionShape kShapes[] = {{2, 1, 2, 8},  {2, 7, 2, 8},   {1, 13, 3, 8},  {2, 33, 2, 64},
+                                  {1, 65, 2, 24}, {1, 130, 1, 64}, {1, 67, 2, 24}};
+
+// Naive causal attention in double: out [B, T, C] and the per-row log-sum-exp.
+DVec attention_ref(const Vec& qkv, const AttentionShape& s, DVec* lse) {
+  const int C = s.H * s.hd;
+  DVec out(static_cast<size_t>(s.B) * s.T * C);
+  const double scale = 1.0 / std::sqrt(double(s.hd));
+  auto at = [&](int b, int t, int group, int h, int d) {
+    return double(qkv[(static_cast<size_t>(b) * s.T + t) * 3 * C + group * C + h * s.hd + d]);
+  };
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.H; ++h)
+      for (int i = 0; i < s.T; ++i) {
+        DVec p(i + 1);
+        double mx = -1e300, sum = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          double sc = 0.0;
+          for (int d = 0; d < s.hd; ++d) sc += at(b, i, 0, h, d) * at(b, j, 1, h, d);
+          p[j] = sc * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int j = 0; j <= i; ++j) sum += std::exp(p[j] - mx);
+        for (int d = 0; d < s.hd; ++d) {
+          double acc = 0.0;
+          for (int j = 0; j <= i; ++j) acc += std::exp(p[j] - mx) / sum * at(b, j, 2, h, d);
+          out[(static_cast<size_t>(b) * s.T + i) * C + h * s.hd + d] = acc;
+        }
+        (*lse)[(static_cast<size_t>(b) * s.H + h) * s.T + i] = mx + std::log(sum);
+      }
+  return out;
+}
+
+class AttentionComputeType : public ::testing::TestWithParam<DType> {};
+
+TEST_P(AttentionComputeType, ForwardIsTheFp32KernelOnTheStoredValuesRoundedOnce) {
+  const DType type = GetParam();
+  for (const AttentionShape s : kShapes) {
+    const int C = s.H * s.hd;
+    const size_t n_out = static_cast<size_t>(s.B) * s.T * C;
+    const size_t n_lse = static_cast<size_t>(s.B) * s.H * s.T;
+    const Half qkv = to_half(type, random_vec(n_out * 3, 100 + s.T, 1.5 / std::pow(s.hd, 0.25)));
+    const Vec qkv_wide = widen(type, qkv);
+
+    Half out(n_out);
+    Vec lse(n_lse);
+    shardlm::cpu::attention_forward(TypedPtr(out.data(), type), lse.data(),
+                                    ConstTypedPtr(qkv.data(), type), s.B, s.T, C, s.H);
+    Vec out32(n_out), lse32(n_lse);
+    shardlm::cpu::attention_forward(out32.data(), lse32.data(), qkv_wide.data(), s.B, s.T, C, s.H);
+    EXPECT_EQ(out, to_half(type, out32)) << "T=" << s.T << " hd=" << s.hd;
+    EXPECT_EQ(lse, lse32) << "T=" << s.T << " hd=" << s.hd;
+
+    DVec want_lse(n_lse);
+    const DVec want = attention_ref(qkv_wide, s, &want_lse);
+    EXPECT_LT(relative_to_max_error(widen(type, out), want), unit_roundoff(type) + 2e-6)
+        << "T=" << s.T << " hd=" << s.hd;
+    EXPECT_LT(relative_to_max_error(lse, want_lse), 2e-6) << "T=" << s.T << " hd=" << s.hd;
+  }
+}
+
+TEST_P(AttentionComputeType, BackwardIsTheFp32KernelOnTheStoredValues) {
+  const DType type = GetParam();
+  for (const AttentionShape s : kShapes) {
+    const int C = s.H * s.hd;
+    const size_t n_out = static_cast<size_t>(s.B) * s.T * C;
+    const size_t n_lse = static_cast<size_t>(s.B) * s.H * s.T;
+    const Half qkv = to_half(type, random_vec(n_out * 3, 200 + s.T, 1.5 / std::pow(s.hd, 0.25)));
+    const Vec dout = random_vec(n_out, 300 + s.T);
+    Half out(n_out);
+    Vec lse(n_lse);
+    shardlm::cpu::attention_forward(TypedPtr(out.data(), type), lse.data(),
+                                    ConstTypedPtr(qkv.data(), type), s.B, s.T, C, s.H);
+    Vec dqkv(qkv.size(), 1234.0f);  // must be overwritten
+    shardlm::cpu::attention_backward(dqkv.data(), dout.data(), ConstTypedPtr(qkv.data(), type),
+                                     ConstTypedPtr(out.data(), type), lse.data(), s.B, s.T, C,
+                                     s.H);
+    const Vec qkv_wide = widen(type, qkv), out_wide = widen(type, out);
+    Vec dqkv32(qkv.size(), -1.0f);
+    shardlm::cpu::attention_backward(dqkv32.data(), dout.data(), qkv_wide.data(), out_wide.data(),
+                                     lse.data(), s.B, s.T, C, s.H);
+    EXPECT_EQ(dqkv, dqkv32) << "T=" << s.T << " hd=" << s.hd;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, AttentionComputeType, ::testing::Values(DType::bf16, DType::fp16),
+                         [](const auto& info) { return std::string(shardlm::dtype_name(info.param)); });
+
+TEST(AttentionComputeType, RejectsOutputAndQkvOfDifferentTypes) {
+  Half qkv(3 * 8), out(8);
+  Vec lse(1);
+  EXPECT_THROW(shardlm::cpu::attention_forward(TypedPtr(out.data(), DType::fp16), lse.data(),
+                                               ConstTypedPtr(qkv.data(), DType::bf16), 1, 1, 8, 1),
+               shardlm::Error);
+}
+
+}  // namespace
