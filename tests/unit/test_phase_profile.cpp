@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/cpu/embedding.hpp"
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
@@ -156,12 +157,14 @@ TEST(PhaseProfile, KernelsChargeTheirPhase) {
   std::vector<float> mean(T), rstd(T), ln_w(C, 1.0f), ln_b(C, 0.0f);
   cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), qkv.data(), ln_w.data(),
                          ln_b.data(), T, C);
+  std::vector<int32_t> tokens(T, 3);
+  cpu::embedding_forward(out.data(), tokens.data(), weight.data(), qkv.data(), 1, T, C);
   std::vector<float> p(32, 1.0f), g(32, 0.5f), m(32, 0.0f), v(32, 0.0f);
   adamw_update(p.data(), g.data(), m.data(), v.data(), 32, {}, 1e-3f, 1.0f, 1, AdamWConfig{});
   sum_of_squares(g.data(), 32);
   t = take_phase_totals();
   EXPECT_EQ(t.calls_of(Phase::attention), 1);
-  EXPECT_EQ(t.calls_of(Phase::norms_elementwise), 1);
+  EXPECT_EQ(t.calls_of(Phase::norms_elementwise), 2);
   EXPECT_EQ(t.calls_of(Phase::optimizer), 2);
   EXPECT_EQ(t.calls_of(Phase::gemm), 0);
 }

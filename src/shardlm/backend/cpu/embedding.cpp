@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "shardlm/core/phase_profile.hpp"
+
 namespace shardlm::cpu {
 
 void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
                        int B, int T, int C, DType value_type) {
+  const PhaseScope phase(Phase::norms_elementwise);
   const int64_t N = static_cast<int64_t>(B) * T;
   with_reader(wte, [&](auto token_table) {
     with_reader(wpe, [&](auto position_table) {
@@ -26,6 +29,7 @@ void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, Con
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                         int T, int C) {
+  const PhaseScope phase(Phase::norms_elementwise);
   const int64_t N = static_cast<int64_t>(B) * T;
   constexpr int kColumnBlock = 64;
   const int num_blocks = (C + kColumnBlock - 1) / kColumnBlock;
