@@ -105,6 +105,34 @@ TEST(Gpt2Model, InitDependsOnSeedAndNameOnlyNotWorldSizeOrMerging) {
   }
 }
 
+// A rank fills only its owned slice (init_range): every slice, including ones that
+// cut parameters and padding anywhere, must be bitwise that part of the whole unit.
+TEST(Gpt2Model, InitRangeIsBitwiseTheSliceOfTheWholeUnit) {
+  const auto config = small_config();
+  const auto layout = shardlm::ParamLayout::build(config, 1, 3000);  // merged units
+  shardlm::Gpt2Model model(config, layout, 1, 4);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const int64_t P = layout.units[u].padded_numel;
+    std::vector<float> whole(P);
+    model.init_unit(u, 7, whole.data());
+    for (int64_t begin : {int64_t{0}, int64_t{1}, P / 3, P / 2 + 5, P - 1, P}) {
+      for (int64_t end : {begin, begin + 1, (begin + P) / 2 + 3, P}) {
+        if (end > P) continue;
+        std::vector<float> slice(end - begin + 1, -1.0f);
+        model.init_range(u, 7, begin, end, slice.data());
+        for (int64_t i = begin; i < end; ++i)
+          ASSERT_EQ(slice[i - begin], whole[i]) << "unit " << u << " [" << begin << ", " << end
+                                                << ") element " << i;
+        EXPECT_EQ(slice[end - begin], -1.0f) << "wrote past the range";
+      }
+    }
+  }
+  std::vector<float> out(4);
+  EXPECT_THROW(model.init_range(0, 7, 3, 2, out.data()), shardlm::Error);
+  EXPECT_THROW(model.init_range(0, 7, 0, layout.units[0].padded_numel + 1, out.data()),
+               shardlm::Error);
+}
+
 TEST(Gpt2Model, InitStandardDeviationsFollowGpt2) {
   auto config = small_config();
   config.n_embd = 64;

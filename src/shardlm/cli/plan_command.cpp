@@ -49,8 +49,7 @@ std::string mib(int64_t bytes) { return fmt::format("{:.1f}", static_cast<double
 nlohmann::json to_json(const RunPlan& p) {
   return {{"params", p.params},       {"grads", p.grads},
           {"optimizer", p.optimizer}, {"activations", p.activations},
-          {"comm", p.comm},           {"other", p.other},
-          {"total", p.total()},       {"wire_bytes_per_step", p.wire_bytes_per_step},
+          {"comm", p.comm},           {"total", p.total()},       {"wire_bytes_per_step", p.wire_bytes_per_step},
           {"partition", p.partition}, {"accumulation", p.accumulation},
           {"parameters", p.parameters}, {"flops_per_step", p.flops_per_step}};
 }
@@ -88,24 +87,24 @@ void run_plan(const PlanFlags& f) {
               f.run.reduce_dtype == "bf16" ? ", gradients reduced in bf16" : "");
   std::printf("model FLOPs per rank and step: %.1f GFLOP\n\n", any.flops_per_step / 1e9);
   std::printf("| strategy | params MiB | grads MiB | optimizer MiB | activations MiB | comm MiB "
-              "| other MiB | total MiB per rank | MiB on wire per step |%s\n",
+              "| total MiB per rank | MiB on wire per step |%s\n",
               f.memory_per_rank_gib ? " fits |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|%s\n", f.memory_per_rank_gib ? "---|" : "");
+  std::printf("|---|---|---|---|---|---|---|---|%s\n", f.memory_per_rank_gib ? "---|" : "");
   const double budget = f.memory_per_rank_gib.value_or(0) * (1ll << 30);
   std::optional<size_t> recommended;
   for (size_t i = 0; i < plans.size(); ++i) {
     const RunPlan& p = plans[i];
     const bool fits = static_cast<double>(p.total()) <= budget;
     if (fits && !recommended) recommended = i;  // kinds go from least to most traffic
-    std::printf("| %s%s | %s | %s | %s | %s | %s | %s | %s | %.1f |%s\n",
+    std::printf("| %s%s | %s | %s | %s | %s | %s | %s | %.1f |%s\n",
                 to_string(kinds[i]).c_str(), kinds[i] == chosen ? " (chosen)" : "",
                 mib(p.params).c_str(), mib(p.grads).c_str(), mib(p.optimizer).c_str(),
-                mib(p.activations).c_str(), mib(p.comm).c_str(), mib(p.other).c_str(),
+                mib(p.activations).c_str(), mib(p.comm).c_str(),
                 mib(p.total()).c_str(), p.wire_bytes_per_step / (1 << 20),
                 f.memory_per_rank_gib ? (fits ? " yes |" : " no |") : "");
   }
-  std::printf("\nparams, grads, optimizer, activations and comm are what the run allocates (to "
-              "the byte); other is start-up scratch. Traffic is the ideal bus bytes per rank.\n");
+  std::printf("\nBytes are what the run allocates per rank (to the byte; plus a few KiB for "
+              "the data order). Traffic is bus bytes per rank and step.\n");
   if (!f.memory_per_rank_gib) return;
   if (recommended) {
     std::printf("recommended for %.2f GiB per rank: --strategy %s (the least traffic of those "

@@ -361,17 +361,36 @@ int Gpt2Model::num_units() const { return impl_->L + 2; }
 void Gpt2Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
   SHARDLM_CHECK(unit >= 0 && unit < impl_->layout.num_units(),
                 "model: layout unit {} out of range [0, {})", unit, impl_->layout.num_units());
-  const UnitLayout& u = impl_->layout.units[unit];
-  std::fill(unit_params, unit_params + u.padded_numel, 0.0f);
+  init_range(unit, seed, 0, impl_->layout.units[static_cast<size_t>(unit)].padded_numel,
+             unit_params);
+}
+
+void Gpt2Model::init_range(int unit, uint64_t seed, int64_t begin, int64_t end,
+                           float* out) const {
+  SHARDLM_CHECK(unit >= 0 && unit < impl_->layout.num_units(),
+                "model: layout unit {} out of range [0, {})", unit, impl_->layout.num_units());
+  const UnitLayout& u = impl_->layout.units[static_cast<size_t>(unit)];
+  SHARDLM_CHECK(0 <= begin && begin <= end && end <= u.padded_numel,
+                "model: init range [{}, {}) is outside unit {} of {} elements", begin, end,
+                u.name, u.padded_numel);
+  std::fill(out, out + (end - begin), 0.0f);
   for (const ParamInfo& p : u.params) {
-    float* dst = unit_params + p.offset;
+    // The part of the parameter inside [begin, end), in parameter-local indices.
+    const int64_t first = std::max<int64_t>(begin - p.offset, 0);
+    const int64_t last = std::min<int64_t>(end - p.offset, p.numel);
+    if (first >= last) continue;
+    const int64_t shift = p.offset - begin;  // out[shift + i] is element i of the parameter
     if (p.init == "ones") {
-      std::fill(dst, dst + p.numel, 1.0f);
+      std::fill(out + shift + first, out + shift + last, 1.0f);
     } else if (p.init == "normal") {
       const int64_t count =
           p.valid_rows < 0 ? p.numel : p.valid_rows * (p.numel / std::max<int64_t>(p.shape[0], 1));
+      // The stream is sequential: draw up to the range's end, keep what falls in it.
       Rng rng(splitmix64(seed ^ fnv1a64(p.name)));
-      for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(rng.normal()) * p.init_std;
+      for (int64_t i = 0; i < std::min(count, last); ++i) {
+        const float value = static_cast<float>(rng.normal()) * p.init_std;
+        if (i >= first) out[shift + i] = value;
+      }
     } else {
       SHARDLM_CHECK(p.init == "zeros", "model: parameter '{}' has unknown init '{}'", p.name,
                     p.init);

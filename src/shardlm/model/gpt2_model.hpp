@@ -117,6 +117,9 @@ class Gpt2Model {
   // rows are zero. Deterministic in (seed, parameter name) only, so it does not
   // depend on world size or unit boundaries.
   void init_unit(int unit, uint64_t seed, float* unit_params) const;
+  // Elements [begin, end) of that init into out[0, end - begin): a rank fills its owned
+  // slice without a whole-unit scratch (bitwise the matching part of init_unit).
+  void init_range(int unit, uint64_t seed, int64_t begin, int64_t end, float* out) const;
 
   // Forward of one unit for micro-batch `batch`. For the final unit with
   // batch.targets != null this also computes the loss; with training == true it

@@ -27,13 +27,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.activations = model.activations;
   plan.params += model.params_scratch;
   plan.comm = n > 1 ? static_cast<int64_t>(r.comm_scratch_bytes) : 0;
-  // Start-up scratch: random init fills one whole unit before keeping the owned part.
-  int64_t largest = 0;
-  for (const auto& u : layout.units) {
-    largest = std::max(largest, u.padded_numel);
-    plan.parameters += u.padded_numel;
-  }
-  plan.other = 4 * largest;
+  for (const auto& u : layout.units) plan.parameters += u.padded_numel;
 
   // Bus bytes per rank and step: each collective moves (G-1)/G of its buffer
   // (docs/communication.md, Counters).

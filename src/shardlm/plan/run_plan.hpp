@@ -5,7 +5,9 @@
 // allocate by (FlatUnitStrategy::plan_buffers, Gpt2Model::plan_memory), so the
 // prediction equals the tracker's peak for params, grads, optimizer, activations and
 // comm to the byte (tests/distributed/plan_matches_measurement.sh); a disagreement is
-// a bug in one of the two. "other" (start-up scratch, data order) is an estimate.
+// a bug in one of the two. Not planned: "other" (the data order, 8 bytes per window
+// of the training data, and the fallback GEMM's widening scratch on CPUs without
+// bf16 instructions).
 // Traffic is the strategy's ideal bus bytes per rank and optimizer step; the
 // measured figure is within a few per cent of it (docs/parallelism.md).
 #pragma once
@@ -37,8 +39,8 @@ struct RunPlan {
   int accumulation = 1;   // micro-batches per rank and step
   int64_t parameters = 0; // padded parameter count (Psi)
   // Peak bytes per rank.
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, other = 0;
-  int64_t total() const { return params + grads + optimizer + activations + comm + other; }
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0;
+  int64_t total() const { return params + grads + optimizer + activations + comm; }
   double wire_bytes_per_step = 0;  // bus bytes per rank and optimizer step
   double flops_per_step = 0;       // model FLOPs per rank and step (GEMMs + attention)
 };

@@ -274,14 +274,9 @@ TrainSummary Trainer::run() {
     print(fmt::format("initialised from {}\n", o_.init_from));
   } else {
     // Init is a function of (seed, tensor name): each rank fills its owned slices.
-    int64_t largest = 0;
-    for (const auto& u : layout_->units) largest = std::max(largest, u.padded_numel);
-    TrackedBuffer scratch(MemCategory::other, static_cast<size_t>(largest) * sizeof(float));
     for (int u = 0; u < layout_->num_units(); ++u) {
       OwnedSlice s = strategy_->owned(u);
-      model_->init_unit(u, o_.seed, scratch.as<float>());
-      std::memcpy(s.master, scratch.as<float>() + s.begin,
-                  static_cast<size_t>(s.size()) * sizeof(float));
+      model_->init_range(u, o_.seed, s.begin, s.end, s.master);
     }
     strategy_->after_load();
   }
