@@ -1,11 +1,14 @@
 // Kernels that read and write compute-type (bf16, fp16) tensors directly, against
 // independent references on the same rounded inputs:
-//  - bitwise against the fp32 kernel run on the widened stored values (the kernels
-//    promise fp32 arithmetic on what is stored, rounded once when stored), and
-//  - against a naive double implementation written here, within the tolerance the
-//    output's one rounding allows (the unit roundoff: 2^-8 relative for bf16, 2^-11
-//    for fp16) plus fp32 noise.
-// Shapes are odd on purpose: T = 1, 7, 13, 33, 65, 130; head_dim 8, 24, 64.
+//  - the widening paths bitwise against the fp32 kernel run on the widened stored
+//    values (they promise fp32 arithmetic on what is stored, rounded once when
+//    stored), and against a naive double implementation written here, within the
+//    tolerance the output's one rounding allows (the unit roundoff u: 2^-8 relative
+//    for bf16, 2^-11 for fp16) plus fp32 noise;
+//  - bf16 attention on avx512_bf16 dot products (which also rounds P, dS and dout to
+//    bf16) against the naive double forward and backward, element by element, within
+//    a bound derived from those roundings (see attention_bound).
+// Shapes are odd on purpose: T = 1, 7, 13, 33, 65, 67, 130; head_dim 8, 24, 64.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -130,6 +133,9 @@ DVec attention_ref(const Vec& qkv, const AttentionShape& s, DVec* lse) {
   return out;
 }
 
+// The widening path (fp16 always; bf16 where the CPU has no avx512_bf16).
+constexpr auto kWiden = shardlm::cpu::Bf16AttentionPath::kWidenToFp32;
+
 class AttentionComputeType : public ::testing::TestWithParam<DType> {};
 
 TEST_P(AttentionComputeType, ForwardIsTheFp32KernelOnTheStoredValuesRoundedOnce) {
@@ -143,8 +149,8 @@ TEST_P(AttentionComputeType, ForwardIsTheFp32KernelOnTheStoredValuesRoundedOnce)
 
     Half out(n_out);
     Vec lse(n_lse);
-    shardlm::cpu::attention_forward(TypedPtr(out.data(), type), lse.data(),
-                                    ConstTypedPtr(qkv.data(), type), s.B, s.T, C, s.H);
+    shardlm::cpu::attention_forward_on(kWiden, TypedPtr(out.data(), type), lse.data(),
+                                       ConstTypedPtr(qkv.data(), type), s.B, s.T, C, s.H);
     Vec out32(n_out), lse32(n_lse);
     shardlm::cpu::attention_forward(out32.data(), lse32.data(), qkv_wide.data(), s.B, s.T, C, s.H);
     EXPECT_EQ(out, to_half(type, out32)) << "T=" << s.T << " hd=" << s.hd;
@@ -168,12 +174,13 @@ TEST_P(AttentionComputeType, BackwardIsTheFp32KernelOnTheStoredValues) {
     const Vec dout = random_vec(n_out, 300 + s.T);
     Half out(n_out);
     Vec lse(n_lse);
-    shardlm::cpu::attention_forward(TypedPtr(out.data(), type), lse.data(),
-                                    ConstTypedPtr(qkv.data(), type), s.B, s.T, C, s.H);
+    shardlm::cpu::attention_forward_on(kWiden, TypedPtr(out.data(), type), lse.data(),
+                                       ConstTypedPtr(qkv.data(), type), s.B, s.T, C, s.H);
     Vec dqkv(qkv.size(), 1234.0f);  // must be overwritten
-    shardlm::cpu::attention_backward(dqkv.data(), dout.data(), ConstTypedPtr(qkv.data(), type),
-                                     ConstTypedPtr(out.data(), type), lse.data(), s.B, s.T, C,
-                                     s.H);
+    shardlm::cpu::attention_backward_on(kWiden, dqkv.data(), dout.data(),
+                                        ConstTypedPtr(qkv.data(), type),
+                                        ConstTypedPtr(out.data(), type), lse.data(), s.B, s.T, C,
+                                        s.H);
     const Vec qkv_wide = widen(type, qkv), out_wide = widen(type, out);
     Vec dqkv32(qkv.size(), -1.0f);
     shardlm::cpu::attention_backward(dqkv32.data(), dout.data(), qkv_wide.data(), out_wide.data(),
@@ -184,6 +191,152 @@ TEST_P(AttentionComputeType, BackwardIsTheFp32KernelOnTheStoredValues) {
 
 INSTANTIATE_TEST_SUITE_P(Types, AttentionComputeType, ::testing::Values(DType::bf16, DType::fp16),
                          [](const auto& info) { return std::string(shardlm::dtype_name(info.param)); });
+
+// Naive double attention forward and backward with, per output element, the sum of
+// the magnitudes that the bf16 dot-product kernel's roundings scale. With u the unit
+// roundoff of bf16 and all other error at fp32 level (~1e-6 relative):
+//  - out_i = sum_j p_ij v_j with p_ij rounded (relative error <= u), then out rounded:
+//    |error| <= u sum_j p_ij |v_j| + u |out_i| <= 2u sum_j p_ij |v_j|.
+//  - dv_j = sum_i p_ij dout_i, both factors rounded: |error| <= ~2u sum_i p_ij |dout_i|.
+//  - ds_ij = p_ij (dp_ij - D_i) scale with dp_ij = dout_i . v_j and D_i = dout_i . out_i
+//    on rounded dout (|error| <= u sum_d |dout_id| (|v_jd| + |out_id|)), then ds
+//    rounded (u |ds_ij|): |error(ds_ij)| <= u (|ds_ij| + p_ij scale sum_d |dout_id|
+//    (|v_jd| + |out_id|)) =: u e_ij;
+//    dq_i = sum_j ds_ij k_j and dk_j = sum_i ds_ij q_i: |error| <= u sum e_ij |k_j| (|q_i|).
+struct AttentionReference {
+  DVec out, out_bound, dqkv, dqkv_bound;
+};
+
+AttentionReference attention_reference(const Vec& qkv, const Vec& dout, const AttentionShape& s) {
+  const int C = s.H * s.hd;
+  const double scale = 1.0 / std::sqrt(double(s.hd));
+  AttentionReference r;
+  r.out.assign(dout.size(), 0.0);
+  r.out_bound.assign(dout.size(), 0.0);
+  r.dqkv.assign(qkv.size(), 0.0);
+  r.dqkv_bound.assign(qkv.size(), 0.0);
+  auto idx = [&](int b, int t, int group, int h, int d) {
+    return (static_cast<size_t>(b) * s.T + t) * 3 * C + group * C + h * s.hd + d;
+  };
+  auto out_idx = [&](int b, int t, int h, int d) {
+    return (static_cast<size_t>(b) * s.T + t) * C + h * s.hd + d;
+  };
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.H; ++h)
+      for (int i = 0; i < s.T; ++i) {
+        DVec p(i + 1);
+        double mx = -1e300, sum = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          double sc = 0.0;
+          for (int d = 0; d < s.hd; ++d) sc += double(qkv[idx(b, i, 0, h, d)]) * qkv[idx(b, j, 1, h, d)];
+          p[j] = sc * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (auto& x : p) x /= sum;
+        double D = 0.0, D_mag = 0.0;
+        for (int d = 0; d < s.hd; ++d) {
+          double acc = 0.0, mag = 0.0;
+          for (int j = 0; j <= i; ++j) {
+            acc += p[j] * qkv[idx(b, j, 2, h, d)];
+            mag += p[j] * std::fabs(double(qkv[idx(b, j, 2, h, d)]));
+          }
+          r.out[out_idx(b, i, h, d)] = acc;
+          r.out_bound[out_idx(b, i, h, d)] = mag;
+          D += double(dout[out_idx(b, i, h, d)]) * acc;
+          D_mag += std::fabs(double(dout[out_idx(b, i, h, d)]) * acc);
+        }
+        for (int j = 0; j <= i; ++j) {
+          double dp = 0.0, dp_mag = 0.0;
+          for (int d = 0; d < s.hd; ++d) {
+            const double g = dout[out_idx(b, i, h, d)], v = qkv[idx(b, j, 2, h, d)];
+            dp += g * v;
+            dp_mag += std::fabs(g * v);
+            r.dqkv[idx(b, j, 2, h, d)] += p[j] * g;
+            r.dqkv_bound[idx(b, j, 2, h, d)] += p[j] * std::fabs(g);
+          }
+          const double ds = p[j] * (dp - D) * scale;
+          const double e = std::fabs(ds) + p[j] * scale * (dp_mag + D_mag);
+          for (int d = 0; d < s.hd; ++d) {
+            const double q = qkv[idx(b, i, 0, h, d)], k = qkv[idx(b, j, 1, h, d)];
+            r.dqkv[idx(b, i, 0, h, d)] += ds * k;
+            r.dqkv_bound[idx(b, i, 0, h, d)] += e * std::fabs(k);
+            r.dqkv[idx(b, j, 1, h, d)] += ds * q;
+            r.dqkv_bound[idx(b, j, 1, h, d)] += e * std::fabs(q);
+          }
+        }
+      }
+  return r;
+}
+
+// Number of elements with |got - want| > factor * u * bound + floor (floor: fp32 noise
+// relative to the largest reference value); prints the first.
+template <typename Got>
+int count_outside(const Got& got, const DVec& want, const DVec& bound, double factor) {
+  double max_want = 0.0;
+  for (double w : want) max_want = std::max(max_want, std::fabs(w));
+  const double u = unit_roundoff(DType::bf16), floor = 1e-5 * max_want;
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - want[i]);
+    if (err > factor * u * bound[i] + floor && bad++ == 0)
+      ADD_FAILURE() << "element " << i << ": got " << got[i] << " want " << want[i]
+                    << " bound " << factor * u * bound[i] + floor;
+  }
+  return bad;
+}
+
+TEST(AttentionBf16DotProducts, MatchNaiveDoubleWithinTheRoundingBound) {
+  if (!shardlm::cpu::attention_uses_bf16_dot_products(8))
+    GTEST_SKIP() << "this CPU has no avx512_bf16";
+  constexpr auto kDot = shardlm::cpu::Bf16AttentionPath::kBf16DotProducts;
+  for (const AttentionShape s : kShapes) {
+    const int C = s.H * s.hd;
+    const size_t n_out = static_cast<size_t>(s.B) * s.T * C;
+    const size_t n_lse = static_cast<size_t>(s.B) * s.H * s.T;
+    const Half qkv =
+        to_half(DType::bf16, random_vec(n_out * 3, 700 + s.T, 1.5 / std::pow(s.hd, 0.25)));
+    const Vec dout = random_vec(n_out, 800 + s.T);
+    Half out(n_out);
+    Vec lse(n_lse);
+    shardlm::cpu::attention_forward_on(kDot, TypedPtr(out.data(), DType::bf16), lse.data(),
+                                       ConstTypedPtr(qkv.data(), DType::bf16), s.B, s.T, C, s.H);
+    Vec dqkv(qkv.size(), 1234.0f);  // must be overwritten
+    shardlm::cpu::attention_backward_on(kDot, dqkv.data(), dout.data(),
+                                        ConstTypedPtr(qkv.data(), DType::bf16),
+                                        ConstTypedPtr(out.data(), DType::bf16), lse.data(), s.B,
+                                        s.T, C, s.H);
+    const AttentionReference want = attention_reference(widen(DType::bf16, qkv), dout, s);
+    EXPECT_EQ(count_outside(widen(DType::bf16, out), want.out, want.out_bound, 2.0), 0)
+        << "forward T=" << s.T << " hd=" << s.hd;
+    EXPECT_EQ(count_outside(dqkv, want.dqkv, want.dqkv_bound, 2.0), 0)
+        << "backward T=" << s.T << " hd=" << s.hd;
+    DVec want_lse(n_lse);
+    attention_ref(widen(DType::bf16, qkv), s, &want_lse);
+    EXPECT_LT(relative_to_max_error(lse, want_lse), 2e-6) << "T=" << s.T << " hd=" << s.hd;
+  }
+}
+
+TEST(AttentionBf16DotProducts, AutoTakesThemWhereAvailable) {
+  const AttentionShape s{1, 33, 2, 24};
+  const int C = s.H * s.hd;
+  const size_t n_out = static_cast<size_t>(s.T) * C;
+  const Half qkv = to_half(DType::bf16, random_vec(n_out * 3, 900, 0.7));
+  Half out_auto(n_out), out_dot(n_out), out_widen(n_out);
+  Vec lse(static_cast<size_t>(s.H) * s.T);
+  const ConstTypedPtr in(qkv.data(), DType::bf16);
+  shardlm::cpu::attention_forward(TypedPtr(out_auto.data(), DType::bf16), lse.data(), in, 1, s.T, C, s.H);
+  shardlm::cpu::attention_forward_on(kWiden, TypedPtr(out_widen.data(), DType::bf16), lse.data(),
+                                     in, 1, s.T, C, s.H);
+  if (shardlm::cpu::attention_uses_bf16_dot_products(s.hd)) {
+    shardlm::cpu::attention_forward_on(shardlm::cpu::Bf16AttentionPath::kBf16DotProducts,
+                                       TypedPtr(out_dot.data(), DType::bf16), lse.data(), in, 1,
+                                       s.T, C, s.H);
+    EXPECT_EQ(out_auto, out_dot);
+  } else {
+    EXPECT_EQ(out_auto, out_widen);
+  }
+}
 
 TEST(AttentionComputeType, RejectsOutputAndQkvOfDifferentTypes) {
   Half qkv(3 * 8), out(8);

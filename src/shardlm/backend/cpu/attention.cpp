@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "shardlm/backend/cpu/attention_bf16.hpp"
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/phase_profile.hpp"
@@ -353,11 +354,44 @@ void with_storage(DType dtype, F&& f) {
 
 }  // namespace
 
+bool attention_uses_bf16_dot_products(int head_dim) {
+  return head_dim % 2 == 0 && bf16_dot_products_available();
+}
+
+namespace {
+
+// Whether a bf16 attention call takes the dot-product kernels (attention_bf16.hpp).
+bool use_bf16_dot_products(Bf16AttentionPath path, DType dtype, int C, int H) {
+  if (dtype != DType::bf16 || path == Bf16AttentionPath::kWidenToFp32) return false;
+  const bool available = attention_uses_bf16_dot_products(C / H);
+  SHARDLM_CHECK(available || path == Bf16AttentionPath::kAuto,
+                "attention: bf16 dot products need avx512_bf16 and an even head_dim (got {})",
+                C / H);
+  return available;
+}
+
+}  // namespace
+
 void attention_forward(TypedPtr out, float* lse, ConstTypedPtr qkv, int B, int T, int C, int H) {
+  attention_forward_on(Bf16AttentionPath::kAuto, out, lse, qkv, B, T, C, H);
+}
+
+void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
+                        const float* lse, int B, int T, int C, int H) {
+  attention_backward_on(Bf16AttentionPath::kAuto, dqkv, dout, qkv, out, lse, B, T, C, H);
+}
+
+void attention_forward_on(Bf16AttentionPath path, TypedPtr out, float* lse, ConstTypedPtr qkv,
+                          int B, int T, int C, int H) {
   const PhaseScope phase(Phase::attention);
   check_shape(T, C, H);
   SHARDLM_CHECK(out.dtype == qkv.dtype, "attention: output is {} but qkv is {}; expected one type",
                 dtype_name(out.dtype), dtype_name(qkv.dtype));
+  if (use_bf16_dot_products(path, qkv.dtype, C, H)) {
+    attention_forward_bf16_dot(static_cast<uint16_t*>(out.data), lse,
+                               static_cast<const uint16_t*>(qkv.data), B, T, C, H);
+    return;
+  }
   with_storage(qkv.dtype, [&](auto storage) {
     using S = decltype(storage);
     forward_all<S>(static_cast<typename S::Elem*>(out.data), lse,
@@ -365,12 +399,18 @@ void attention_forward(TypedPtr out, float* lse, ConstTypedPtr qkv, int B, int T
   });
 }
 
-void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
-                        const float* lse, int B, int T, int C, int H) {
+void attention_backward_on(Bf16AttentionPath path, float* dqkv, const float* dout,
+                           ConstTypedPtr qkv, ConstTypedPtr out, const float* lse, int B, int T,
+                           int C, int H) {
   const PhaseScope phase(Phase::attention);
   check_shape(T, C, H);
   SHARDLM_CHECK(out.dtype == qkv.dtype, "attention: output is {} but qkv is {}; expected one type",
                 dtype_name(out.dtype), dtype_name(qkv.dtype));
+  if (use_bf16_dot_products(path, qkv.dtype, C, H)) {
+    attention_backward_bf16_dot(dqkv, dout, static_cast<const uint16_t*>(qkv.data),
+                                static_cast<const uint16_t*>(out.data), lse, B, T, C, H);
+    return;
+  }
   with_storage(qkv.dtype, [&](auto storage) {
     using S = decltype(storage);
     backward_all<S>(dqkv, dout, static_cast<const typename S::Elem*>(qkv.data),

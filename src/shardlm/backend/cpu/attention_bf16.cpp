@@ -1,0 +1,405 @@
+#include "shardlm/backend/cpu/attention_bf16.hpp"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/backend/cpu/fast_math.hpp"
+#include "shardlm/core/memory_tracker.hpp"
+
+// Everything below that touches the bf16 instructions is compiled for them whatever
+// -march says, and runs only after the run-time check.
+#define SHARDLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+namespace shardlm::cpu {
+
+namespace {
+
+// Queries and keys per tile, as in the fp32 kernels (attention.cpp).
+constexpr int kBlock = 64;
+constexpr int kBlockPairs = kBlock / 2;
+constexpr int kMaxPairs = kAttentionMaxHeadDim / 2;
+
+// vdpbf16ps reads a 32-bit lane as a pair of bf16 values, the first in the low half,
+// and adds both products to the fp32 lane. Operands are laid out as such pairs along
+// the dimension the product sums over (the "K" of a GEMM):
+//  - A operands as rows of pairs (row r, pair k = elements 2k, 2k+1 of row r): a
+//    row-major bf16 tile whose rows run along K is already one.
+//  - B operands as K/2 rows of n pairs (pair row k, column n = elements 2k and 2k+1
+//    of column n).
+inline uint32_t bf16_pair(uint16_t first, uint16_t second) {
+  return static_cast<uint32_t>(first) | (static_cast<uint32_t>(second) << 16);
+}
+
+// C[MR, 16 NV] += A[MR, kp pairs] B[kp pairs, 16 NV]. The last vector of each C row
+// is masked by last_mask (neither read nor written there); B is read in full vectors
+// (its rows are padded to a multiple of 16 pairs: what the padding holds only reaches
+// the masked lanes). Masking the B loads instead made GCC spill the accumulators.
+template <int MR, int NV>
+SHARDLM_BF16_TARGET inline void dot_kernel(float* c, int64_t ldc, const uint32_t* a, int64_t lda,
+                                           const uint32_t* b, int64_t ldb, int kp,
+                                           __mmask16 last_mask) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV - 1; ++v) acc[r][v] = _mm512_loadu_ps(c + r * ldc + 16 * v);
+    acc[r][NV - 1] = _mm512_maskz_loadu_ps(last_mask, c + r * ldc + 16 * (NV - 1));
+  }
+  for (int k = 0; k < kp; ++k) {
+    __m512i bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + k * ldb + 16 * v);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i av = _mm512_set1_epi32(static_cast<int>(a[r * lda + k]));
+      for (int v = 0; v < NV; ++v)
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)av, (__m512bh)bv[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16 * (NV - 1), last_mask, acc[r][NV - 1]);
+  }
+}
+
+template <int MR>
+SHARDLM_BF16_TARGET void dot_rows(float* c, int64_t ldc, const uint32_t* a, int64_t lda,
+                                  const uint32_t* b, int64_t ldb, int n, int kp) {
+  for (int col = 0; col < n; col += 64) {
+    const int width = std::min(64, n - col);
+    const int vectors = (width + 15) / 16;
+    const int tail = width - (vectors - 1) * 16;
+    const auto last = static_cast<__mmask16>(tail == 16 ? 0xffffu : (1u << tail) - 1u);
+    switch (vectors) {
+      case 4: dot_kernel<MR, 4>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
+      case 3: dot_kernel<MR, 3>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
+      case 2: dot_kernel<MR, 2>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
+      default: dot_kernel<MR, 1>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
+    }
+  }
+}
+
+// C[m, n] (fp32, row stride ldc) += A[m, kp pairs] B[kp pairs, n]; B's row stride ldb
+// is at least n rounded up to 16.
+SHARDLM_BF16_TARGET void dot_tile(float* c, int64_t ldc, const uint32_t* a, int64_t lda,
+                                  const uint32_t* b, int64_t ldb, int m, int n, int kp) {
+  int r = 0;
+  for (; r + 4 <= m; r += 4) dot_rows<4>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp);
+  switch (m - r) {
+    case 3: dot_rows<3>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
+    case 2: dot_rows<2>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
+    case 1: dot_rows<1>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
+    default: break;
+  }
+}
+
+// Row stride of B operands whose rows are n pairs long: n rounded up to 16.
+inline int padded(int n) { return (n + 15) / 16 * 16; }
+
+// B operand along hd with the rows as columns: dst[k][j] = pair k of row j (hd / 2 pair
+// rows of kBlock columns; columns from `rows` on are zero).
+void pairs_by_column(uint32_t* dst, const uint16_t* src, int64_t stride, int rows, int hd) {
+  const int pairs = hd / 2;
+  for (int j = 0; j < rows; ++j) {
+    const uint16_t* row = src + j * stride;
+    for (int k = 0; k < pairs; ++k) dst[k * kBlock + j] = bf16_pair(row[2 * k], row[2 * k + 1]);
+  }
+  for (int k = 0; k < pairs; ++k) std::fill(dst + k * kBlock + rows, dst + (k + 1) * kBlock, 0u);
+}
+
+// B operand along the rows: dst[k][c] = (src row 2k, src row 2k+1) at column c, for
+// ceil(rows / 2) pair rows of `cols` (row stride ld, padding zero); a missing odd row
+// is zero.
+void pairs_by_row(uint32_t* dst, int ld, const uint16_t* src, int64_t stride, int rows, int cols) {
+  for (int k = 0; 2 * k < rows; ++k) {
+    const uint16_t* first = src + 2 * k * stride;
+    uint32_t* out = dst + k * ld;
+    if (2 * k + 1 < rows) {
+      const uint16_t* second = first + stride;
+#pragma omp simd
+      for (int c = 0; c < cols; ++c) out[c] = bf16_pair(first[c], second[c]);
+    } else {
+#pragma omp simd
+      for (int c = 0; c < cols; ++c) out[c] = bf16_pair(first[c], 0);
+    }
+    std::fill(out + cols, out + ld, 0u);
+  }
+}
+
+// A operand along the rows, of the transposed block: dst[d][k] = (src row 2k, src row
+// 2k+1) at column d: hd rows of kBlockPairs pairs (pairs from ceil(rows / 2) on zero).
+void pairs_by_row_transposed(uint32_t* dst, const uint16_t* src, int64_t stride, int rows,
+                             int hd) {
+  const int row_pairs = (rows + 1) / 2;
+  for (int d = 0; d < hd; ++d) {
+    uint32_t* out = dst + d * kBlockPairs;
+    for (int k = 0; k < row_pairs; ++k) {
+      const uint16_t second = 2 * k + 1 < rows ? src[(2 * k + 1) * stride + d] : 0;
+      out[k] = bf16_pair(src[2 * k * stride + d], second);
+    }
+    std::fill(out + row_pairs, out + kBlockPairs, 0u);
+  }
+}
+
+inline const uint32_t* as_pairs(const uint16_t* p) { return reinterpret_cast<const uint32_t*>(p); }
+
+inline int visible_keys(int i, int j0, int nk) { return std::min(nk, i - j0 + 1); }
+
+// Per-thread scratch for one head's precomputed operands: grows to the largest head
+// once, then is reused (no allocation in steady state).
+uint32_t* head_scratch(size_t dwords) {
+  thread_local TrackedBuffer buffer;
+  if (buffer.bytes() < dwords * sizeof(uint32_t)) {
+    buffer.release();  // first, so the peak never holds both
+    buffer = TrackedBuffer(MemCategory::other, dwords * sizeof(uint32_t));
+  }
+  return buffer.as<uint32_t>();
+}
+
+struct Head {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t stride;      // 3C
+  int64_t out_offset;  // row 0, head h in out / dout
+  int64_t lse_offset;
+  int hd;
+};
+
+Head head_of(const uint16_t* qkv, int b, int h, int T, int C, int H) {
+  const int hd = C / H;
+  const int64_t stride = 3 * static_cast<int64_t>(C);
+  const uint16_t* q = qkv + static_cast<int64_t>(b) * T * stride + h * hd;
+  return {q, q + C, q + 2 * C, stride, static_cast<int64_t>(b) * T * C + h * hd,
+          (static_cast<int64_t>(b) * H + h) * T, hd};
+}
+
+// One (batch, head) of the forward. Every key block's operands (K^T pairs for the
+// scores, V row pairs for P V) are built once per head, then each query block runs its
+// online softmax over the key blocks it sees. Q is read in place (A operands are
+// broadcast a pair at a time, so their row stride does not matter).
+SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t* qkv, int b,
+                                      int h, int T, int C, int H) {
+  const Head hv = head_of(qkv, b, h, T, C, H);
+  const int hd = hv.hd;
+  const int pairs = hd / 2;
+  const int ld = padded(hd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int num_blocks = (T + kBlock - 1) / kBlock;
+  const size_t k_block_dwords = static_cast<size_t>(pairs) * kBlock;
+  const size_t v_block_dwords = static_cast<size_t>(kBlockPairs) * ld;
+  uint32_t* k_cols = head_scratch(num_blocks * (k_block_dwords + v_block_dwords));
+  uint32_t* v_rows = k_cols + num_blocks * k_block_dwords;
+  for (int block = 0; block < num_blocks; ++block) {
+    const int j0 = block * kBlock;
+    const int nk = std::min(kBlock, T - j0);
+    pairs_by_column(k_cols + block * k_block_dwords, hv.k + j0 * hv.stride, hv.stride, nk, hd);
+    pairs_by_row(v_rows + block * v_block_dwords, ld, hv.v + j0 * hv.stride, hv.stride, nk, hd);
+  }
+
+  alignas(64) float s[kBlock * kBlock];
+  alignas(64) uint16_t p_tile[kBlock * kBlock];
+  alignas(64) float acc[kBlock * kAttentionMaxHeadDim];
+  float row_max[kBlock];
+  float row_sum[kBlock];
+  for (int i0 = 0; i0 < T; i0 += kBlock) {
+    const int nq = std::min(kBlock, T - i0);
+    const uint32_t* q = as_pairs(hv.q + i0 * hv.stride);
+    std::fill(acc, acc + nq * hd, 0.0f);
+    std::fill(row_max, row_max + nq, -INFINITY);
+    std::fill(row_sum, row_sum + nq, 0.0f);
+    for (int j0 = 0; j0 <= i0; j0 += kBlock) {
+      const int block = j0 / kBlock;
+      const int nk = std::min(kBlock, T - j0);
+      std::fill(s, s + nq * kBlock, 0.0f);
+      dot_tile(s, kBlock, q, hv.stride / 2, k_cols + block * k_block_dwords, kBlock, nq, kBlock,
+               pairs);
+      for (int ii = 0; ii < nq; ++ii) {
+        const float* sc = s + ii * kBlock;
+        uint16_t* p16 = p_tile + ii * kBlock;
+        const int valid = visible_keys(i0 + ii, j0, nk);
+        float block_max = -INFINITY;
+#pragma omp simd reduction(max : block_max)
+        for (int j = 0; j < valid; ++j) block_max = std::max(block_max, sc[j] * scale);
+        const float new_max = std::max(row_max[ii], block_max);
+        float block_sum = 0.0f;
+#pragma omp simd reduction(+ : block_sum)
+        for (int j = 0; j < valid; ++j) {
+          const float e = exp_approx(sc[j] * scale - new_max);
+          p16[j] = float_to_bf16(e);
+          block_sum += e;
+        }
+        std::fill(p16 + valid, p16 + kBlock, uint16_t{0});
+        const float correction = exp_approx(row_max[ii] - new_max);  // 0 on the first block
+        row_sum[ii] = row_sum[ii] * correction + block_sum;
+        row_max[ii] = new_max;
+        float* a = acc + ii * hd;
+#pragma omp simd
+        for (int d = 0; d < hd; ++d) a[d] *= correction;
+      }
+      // acc += P V over the block's keys (masked probabilities are zero).
+      dot_tile(acc, hd, as_pairs(p_tile), kBlockPairs, v_rows + block * v_block_dwords, ld, nq,
+               hd, (nk + 1) / 2);
+    }
+    for (int ii = 0; ii < nq; ++ii) {
+      const int i = i0 + ii;
+      const float inv_sum = 1.0f / row_sum[ii];
+      uint16_t* out_row = out + hv.out_offset + static_cast<int64_t>(i) * C;
+      const float* a = acc + ii * hd;
+#pragma omp simd
+      for (int d = 0; d < hd; ++d) out_row[d] = float_to_bf16(a[d] * inv_sum);
+      lse[hv.lse_offset + i] = row_max[ii] + std::log(row_sum[ii]);
+    }
+  }
+}
+
+// One (batch, head) of the backward. Per head: dout rounded to bf16, its and Q's
+// transposed row pairs per query block (A operands of dV^T = dO^T P and dK^T = Q^T dS,
+// which take P and dS as B operands, interleaved from their rows without a transpose),
+// and D_i. Key blocks outer: dK^T and dV^T accumulate in scratch and are written
+// (transposed back) once per key block; dQ accumulates in place (fp32).
+SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uint16_t* qkv,
+                                       const uint16_t* out, const float* lse, int b, int h, int T,
+                                       int C, int H) {
+  const Head hv = head_of(qkv, b, h, T, C, H);
+  const int hd = hv.hd;
+  const int pairs = hd / 2;
+  const int ld = padded(hd);
+  const int64_t stride = hv.stride;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float* dq = dqkv + (hv.q - qkv);
+  float* dk = dq + C;
+  float* dv = dq + 2 * C;
+  const float* head_dout = dout + hv.out_offset;
+  const uint16_t* head_out = out + hv.out_offset;
+  const float* head_lse = lse + hv.lse_offset;
+  const int num_blocks = (T + kBlock - 1) / kBlock;
+
+  // Per head: dout in bf16 [T, hd] (A of dP), dO^T and Q^T pairs [hd, kBlockPairs] per
+  // query block, D [T].
+  const size_t transposed_dwords = static_cast<size_t>(hd) * kBlockPairs;
+  const size_t dout_dwords = (static_cast<size_t>(T) * hd + 1) / 2;
+  uint32_t* scratch = head_scratch(dout_dwords + 2 * num_blocks * transposed_dwords + T);
+  auto* dout16 = reinterpret_cast<uint16_t*>(scratch);
+  uint32_t* dout_t = scratch + dout_dwords;
+  uint32_t* q_t = dout_t + num_blocks * transposed_dwords;
+  auto* D = reinterpret_cast<float*>(q_t + num_blocks * transposed_dwords);
+  for (int i = 0; i < T; ++i) {
+    const float* g = head_dout + static_cast<int64_t>(i) * C;
+    const uint16_t* o = head_out + static_cast<int64_t>(i) * C;
+    uint16_t* g16 = dout16 + static_cast<int64_t>(i) * hd;
+    // D_i = dout_i . out_i, the softmax Jacobian's row term, on the rounded dout that
+    // dP uses (so a row with one visible key gets dS = 0 exactly).
+    float d_i = 0.0f;
+#pragma omp simd reduction(+ : d_i)
+    for (int d = 0; d < hd; ++d) {
+      g16[d] = float_to_bf16(g[d]);
+      d_i += bf16_to_float(g16[d]) * bf16_to_float(o[d]);
+    }
+    D[i] = d_i;
+  }
+  for (int block = 0; block < num_blocks; ++block) {
+    const int i0 = block * kBlock;
+    const int nq = std::min(kBlock, T - i0);
+    pairs_by_row_transposed(dout_t + block * transposed_dwords, dout16 + static_cast<int64_t>(i0) * hd,
+                            hd, nq, hd);
+    pairs_by_row_transposed(q_t + block * transposed_dwords, hv.q + i0 * stride, stride, nq, hd);
+  }
+
+  alignas(64) uint32_t k_cols[kMaxPairs * kBlock];                  // B of S = Q K^T
+  alignas(64) uint32_t v_cols[kMaxPairs * kBlock];                  // B of dP = dO V^T
+  alignas(64) uint32_t k_rows[kBlockPairs * kAttentionMaxHeadDim];  // B of dQ = dS K
+  alignas(64) float dk_t[kAttentionMaxHeadDim * kBlock];            // dK^T of the key block
+  alignas(64) float dv_t[kAttentionMaxHeadDim * kBlock];            // dV^T of the key block
+  alignas(64) float s[kBlock * kBlock];
+  alignas(64) float dp[kBlock * kBlock];
+  alignas(64) uint16_t p_tile[kBlock * kBlock];
+  alignas(64) uint16_t ds_tile[kBlock * kBlock];                    // A of dQ
+  alignas(64) uint32_t p_rows[kBlockPairs * kBlock];                // B of dV^T
+  alignas(64) uint32_t ds_rows[kBlockPairs * kBlock];               // B of dK^T
+
+  for (int i = 0; i < T; ++i) std::fill(dq + i * stride, dq + i * stride + hd, 0.0f);
+
+  for (int j0 = 0; j0 < T; j0 += kBlock) {
+    const int nk = std::min(kBlock, T - j0);
+    pairs_by_column(k_cols, hv.k + j0 * stride, stride, nk, hd);
+    pairs_by_column(v_cols, hv.v + j0 * stride, stride, nk, hd);
+    pairs_by_row(k_rows, ld, hv.k + j0 * stride, stride, nk, hd);
+    std::fill(dk_t, dk_t + hd * kBlock, 0.0f);
+    std::fill(dv_t, dv_t + hd * kBlock, 0.0f);
+    for (int i0 = j0; i0 < T; i0 += kBlock) {
+      const int block = i0 / kBlock;
+      const int nq = std::min(kBlock, T - i0);
+      std::fill(s, s + nq * kBlock, 0.0f);
+      dot_tile(s, kBlock, as_pairs(hv.q + i0 * stride), stride / 2, k_cols, kBlock, nq, kBlock,
+               pairs);
+      std::fill(dp, dp + nq * kBlock, 0.0f);
+      dot_tile(dp, kBlock, as_pairs(dout16 + static_cast<int64_t>(i0) * hd), pairs, v_cols,
+               kBlock, nq, kBlock, pairs);
+      for (int ii = 0; ii < nq; ++ii) {
+        const int i = i0 + ii;
+        const int valid = visible_keys(i, j0, nk);
+        const float d_i = D[i];
+        const float row_lse = head_lse[i];
+        const float* s_row = s + ii * kBlock;
+        const float* dp_row = dp + ii * kBlock;
+        uint16_t* p16 = p_tile + ii * kBlock;
+        uint16_t* ds16 = ds_tile + ii * kBlock;
+#pragma omp simd
+        for (int j = 0; j < valid; ++j) {
+          const float pj = exp_approx(s_row[j] * scale - row_lse);
+          p16[j] = float_to_bf16(pj);
+          ds16[j] = float_to_bf16(pj * (dp_row[j] - d_i) * scale);
+        }
+        std::fill(p16 + valid, p16 + kBlock, uint16_t{0});
+        std::fill(ds16 + valid, ds16 + kBlock, uint16_t{0});
+      }
+      // dV^T += dO^T P;  dK^T += Q^T dS;  dQ += dS K.
+      const int query_pairs = (nq + 1) / 2;
+      pairs_by_row(p_rows, kBlock, p_tile, kBlock, nq, kBlock);
+      pairs_by_row(ds_rows, kBlock, ds_tile, kBlock, nq, kBlock);
+      dot_tile(dv_t, kBlock, dout_t + block * transposed_dwords, kBlockPairs, p_rows, kBlock, hd,
+               kBlock, query_pairs);
+      dot_tile(dk_t, kBlock, q_t + block * transposed_dwords, kBlockPairs, ds_rows, kBlock, hd,
+               kBlock, query_pairs);
+      dot_tile(dq + i0 * stride, stride, as_pairs(ds_tile), kBlockPairs, k_rows, ld, nq, hd,
+               (nk + 1) / 2);
+    }
+    for (int j = 0; j < nk; ++j) {
+      float* dk_row = dk + (j0 + j) * stride;
+      float* dv_row = dv + (j0 + j) * stride;
+      for (int d = 0; d < hd; ++d) {
+        dk_row[d] = dk_t[d * kBlock + j];
+        dv_row[d] = dv_t[d * kBlock + j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool bf16_dot_products_available() {
+  static const bool available = __builtin_cpu_supports("avx512bf16") != 0;
+  return available;
+}
+
+void attention_forward_bf16_dot(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T,
+                                int C, int H) {
+  const int64_t num_tasks = static_cast<int64_t>(B) * H;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < num_tasks; ++task)
+    forward_head(out, lse, qkv, static_cast<int>(task / H), static_cast<int>(task % H), T, C, H);
+}
+
+void attention_backward_bf16_dot(float* dqkv, const float* dout, const uint16_t* qkv,
+                                 const uint16_t* out, const float* lse, int B, int T, int C,
+                                 int H) {
+  const int64_t num_tasks = static_cast<int64_t>(B) * H;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < num_tasks; ++task)
+    backward_head(dqkv, dout, qkv, out, lse, static_cast<int>(task / H),
+                  static_cast<int>(task % H), T, C, H);
+}
+
+}  // namespace shardlm::cpu
