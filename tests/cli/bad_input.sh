@@ -48,5 +48,14 @@ expect_error "lr=" "$SHARDLM" train "${TINY[@]}" --lr 1e-2 --data "$D" --out "$W
 if "$SHARDLM" train --no-such-flag > /dev/null 2>&1; then fail "unknown flag accepted"; fi
 if "$SHARDLM" frobnicate > /dev/null 2>&1; then fail "unknown subcommand accepted"; fi
 expect_error "does not exist" "$SHARDLM" inspect "$WORK/nothing"
+# plan: the same checks as train, before anything is computed.
+expect_error "unknown model preset 'gpt5'" "$SHARDLM" plan --model gpt5
+expect_error "-n must be at least 1, got 0" "$SHARDLM" plan -n 0
+expect_error "memory-per-rank must be a positive number of GiB" "$SHARDLM" plan --memory-per-rank -2
+expect_error "reduce-dtype must be fp32 or bf16, got 'fp16'" "$SHARDLM" plan --reduce-dtype fp16
+expect_error "precision" "$SHARDLM" plan --precision fp8
+expect_error "not a multiple\|multiple of" "$SHARDLM" plan -n 3 --micro-batch 2 --global-batch 8
+expect_error "shard-group-size" "$SHARDLM" plan -n 4 --strategy hybrid --shard-group-size 3
+expect_error "reduce-dtype must be fp32 or bf16, got 'fp8'" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/r" --steps 1 --reduce-dtype fp8
 expect_error "does not exist" "$SHARDLM" sample --checkpoint "$WORK/nothing"
 echo "1 passed, 0 failed"

@@ -56,6 +56,9 @@ nlohmann::json to_json(const RunPlan& p) {
 
 void run_plan(const PlanFlags& f) {
   SHARDLM_CHECK(f.ranks >= 1, "-n must be at least 1, got {}", f.ranks);
+  SHARDLM_CHECK(!f.memory_per_rank_gib || *f.memory_per_rank_gib > 0,
+                "--memory-per-rank must be a positive number of GiB, got {}",
+                f.memory_per_rank_gib.value_or(0));
   SHARDLM_CHECK(f.run.micro_batch > 0 && f.run.seq_len > 0,
                 "--micro-batch and --seq-len must be positive, got {} and {}", f.run.micro_batch,
                 f.run.seq_len);
