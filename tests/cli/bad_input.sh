@@ -54,7 +54,7 @@ expect_error "-n must be at least 1, got 0" "$SHARDLM" plan -n 0
 expect_error "memory-per-rank must be a positive number of GiB" "$SHARDLM" plan --memory-per-rank -2
 expect_error "reduce-dtype must be fp32 or bf16, got 'fp16'" "$SHARDLM" plan --reduce-dtype fp16
 expect_error "precision" "$SHARDLM" plan --precision fp8
-expect_error "not a multiple\|multiple of" "$SHARDLM" plan -n 3 --micro-batch 2 --global-batch 8
+expect_error "global batch 8 is not divisible by world size" "$SHARDLM" plan -n 3 --micro-batch 2 --global-batch 8
 expect_error "shard-group-size" "$SHARDLM" plan -n 4 --strategy hybrid --shard-group-size 3
 expect_error "reduce-dtype must be fp32 or bf16, got 'fp8'" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/r" --steps 1 --reduce-dtype fp8
 expect_error "does not exist" "$SHARDLM" sample --checkpoint "$WORK/nothing"
