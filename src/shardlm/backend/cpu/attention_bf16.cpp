@@ -94,17 +94,93 @@ SHARDLM_BF16_TARGET void dot_tile(float* c, int64_t ldc, const uint32_t* a, int6
   }
 }
 
+// dst[j] = src[j] rounded to bf16 for j < n, 32 values per vcvtne2ps2bf16: round to
+// nearest even like float_to_bf16, except that inputs below the smallest normal float
+// flush to zero (probabilities and score gradients that small weigh nothing here).
+SHARDLM_BF16_TARGET inline void round_to_bf16(uint16_t* dst, const float* src, int n) {
+  int j = 0;
+  for (; j + 32 <= n; j += 32) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16), _mm512_loadu_ps(src + j));
+    _mm512_storeu_si512(dst + j, (__m512i)v);
+  }
+  for (; j < n; ++j) dst[j] = float_to_bf16(src[j]);
+}
+
 // Row stride of B operands whose rows are n pairs long: n rounded up to 16.
 inline int padded(int n) { return (n + 15) / 16 * 16; }
 
-// B operand along hd with the rows as columns: dst[k][j] = pair k of row j (hd / 2 pair
-// rows of kBlock columns; columns from `rows` on are zero).
-void pairs_by_column(uint32_t* dst, const uint16_t* src, int64_t stride, int rows, int hd) {
-  const int pairs = hd / 2;
-  for (int j = 0; j < rows; ++j) {
-    const uint16_t* row = src + j * stride;
-    for (int k = 0; k < pairs; ++k) dst[k * kBlock + j] = bf16_pair(row[2 * k], row[2 * k + 1]);
+// The unpack and shuffle intrinsics with every lane selected: the plain forms trip
+// GCC 12's -Wuninitialized inside its own headers.
+constexpr __mmask16 kAll16 = 0xffff;
+constexpr __mmask8 kAll8 = 0xff;
+SHARDLM_BF16_TARGET inline __m512i unpacklo32(__m512i a, __m512i b) {
+  return _mm512_maskz_unpacklo_epi32(kAll16, a, b);
+}
+SHARDLM_BF16_TARGET inline __m512i unpackhi32(__m512i a, __m512i b) {
+  return _mm512_maskz_unpackhi_epi32(kAll16, a, b);
+}
+SHARDLM_BF16_TARGET inline __m512i unpacklo64(__m512i a, __m512i b) {
+  return _mm512_maskz_unpacklo_epi64(kAll8, a, b);
+}
+SHARDLM_BF16_TARGET inline __m512i unpackhi64(__m512i a, __m512i b) {
+  return _mm512_maskz_unpackhi_epi64(kAll8, a, b);
+}
+template <int kImm>
+SHARDLM_BF16_TARGET inline __m512i shuffle128(__m512i a, __m512i b) {
+  return _mm512_maskz_shuffle_i32x4(kAll16, a, b, kImm);
+}
+
+// dst[c][r] = src[r][c] for r, c < 16: a 16 x 16 block of 32-bit values (row strides in
+// elements), in registers.
+SHARDLM_BF16_TARGET inline void transpose16(uint32_t* dst, int64_t dst_stride, const uint32_t* src,
+                                            int64_t src_stride) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
+  // Per 128-bit lane L: t[2i] holds (row 2i, row 2i+1) at columns 4L, 4L+1; t[2i+1] at
+  // 4L+2, 4L+3. Then r[4i + c] holds rows 4i..4i+3 at column 4L + c.
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = unpacklo32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = unpackhi32(r[2 * i], r[2 * i + 1]);
   }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = unpacklo64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = unpackhi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = unpacklo64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = unpackhi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // Column 4L + c gathers lane L of r[c], r[4 + c], r[8 + c], r[12 + c].
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x0 = shuffle128<0x44>(r[c], r[4 + c]);
+    const __m512i x1 = shuffle128<0xee>(r[c], r[4 + c]);
+    const __m512i y0 = shuffle128<0x44>(r[8 + c], r[12 + c]);
+    const __m512i y1 = shuffle128<0xee>(r[8 + c], r[12 + c]);
+    _mm512_storeu_si512(dst + c * dst_stride, shuffle128<0x88>(x0, y0));
+    _mm512_storeu_si512(dst + (4 + c) * dst_stride, shuffle128<0xdd>(x0, y0));
+    _mm512_storeu_si512(dst + (8 + c) * dst_stride, shuffle128<0x88>(x1, y1));
+    _mm512_storeu_si512(dst + (12 + c) * dst_stride, shuffle128<0xdd>(x1, y1));
+  }
+}
+
+// dst[c][r] = src[r][c] for r < rows, c < cols (32-bit values, row strides in
+// elements): 16 x 16 blocks in registers, the ragged edges one by one.
+SHARDLM_BF16_TARGET void transpose(uint32_t* dst, int64_t dst_stride, const uint32_t* src,
+                                   int64_t src_stride, int rows, int cols) {
+  const int full_rows = rows / 16 * 16, full_cols = cols / 16 * 16;
+  for (int r = 0; r < full_rows; r += 16)
+    for (int c = 0; c < full_cols; c += 16)
+      transpose16(dst + c * dst_stride + r, dst_stride, src + r * src_stride + c, src_stride);
+  for (int r = 0; r < rows; ++r)
+    for (int c = r < full_rows ? full_cols : 0; c < cols; ++c)
+      dst[c * dst_stride + r] = src[r * src_stride + c];
+}
+
+// B operand along hd with the rows as columns: dst[k][j] = pair k of row j (hd / 2 pair
+// rows of kBlock columns; columns from `rows` on are zero). A pair is one dword of the
+// row, so this is a dword transpose.
+SHARDLM_BF16_TARGET void pairs_by_column(uint32_t* dst, const uint16_t* src, int64_t stride,
+                                         int rows, int hd) {
+  const int pairs = hd / 2;
+  transpose(dst, kBlock, reinterpret_cast<const uint32_t*>(src), stride / 2, rows, pairs);
   for (int k = 0; k < pairs; ++k) std::fill(dst + k * kBlock + rows, dst + (k + 1) * kBlock, 0u);
 }
 
@@ -216,8 +292,7 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
       dot_tile(s, kBlock, q, hv.stride / 2, k_cols + block * k_block_dwords, kBlock, nq, kBlock,
                pairs);
       for (int ii = 0; ii < nq; ++ii) {
-        const float* sc = s + ii * kBlock;
-        uint16_t* p16 = p_tile + ii * kBlock;
+        float* sc = s + ii * kBlock;
         const int valid = visible_keys(i0 + ii, j0, nk);
         float block_max = -INFINITY;
 #pragma omp simd reduction(max : block_max)
@@ -226,11 +301,11 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
         float block_sum = 0.0f;
 #pragma omp simd reduction(+ : block_sum)
         for (int j = 0; j < valid; ++j) {
-          const float e = exp_approx(sc[j] * scale - new_max);
-          p16[j] = float_to_bf16(e);
-          block_sum += e;
+          sc[j] = exp_approx(sc[j] * scale - new_max);
+          block_sum += sc[j];
         }
-        std::fill(p16 + valid, p16 + kBlock, uint16_t{0});
+        std::fill(sc + valid, sc + kBlock, 0.0f);
+        round_to_bf16(p_tile + ii * kBlock, sc, kBlock);
         const float correction = exp_approx(row_max[ii] - new_max);  // 0 on the first block
         row_sum[ii] = row_sum[ii] * correction + block_sum;
         row_max[ii] = new_max;
@@ -291,12 +366,10 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
     uint16_t* g16 = dout16 + static_cast<int64_t>(i) * hd;
     // D_i = dout_i . out_i, the softmax Jacobian's row term, on the rounded dout that
     // dP uses (so a row with one visible key gets dS = 0 exactly).
+    round_to_bf16(g16, g, hd);
     float d_i = 0.0f;
 #pragma omp simd reduction(+ : d_i)
-    for (int d = 0; d < hd; ++d) {
-      g16[d] = float_to_bf16(g[d]);
-      d_i += bf16_to_float(g16[d]) * bf16_to_float(o[d]);
-    }
+    for (int d = 0; d < hd; ++d) d_i += bf16_to_float(g16[d]) * bf16_to_float(o[d]);
     D[i] = d_i;
   }
   for (int block = 0; block < num_blocks; ++block) {
@@ -342,18 +415,18 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
         const int valid = visible_keys(i, j0, nk);
         const float d_i = D[i];
         const float row_lse = head_lse[i];
-        const float* s_row = s + ii * kBlock;
-        const float* dp_row = dp + ii * kBlock;
-        uint16_t* p16 = p_tile + ii * kBlock;
-        uint16_t* ds16 = ds_tile + ii * kBlock;
+        float* p_row = s + ii * kBlock;    // scores become probabilities in place
+        float* ds_row = dp + ii * kBlock;  // and dP becomes dS
 #pragma omp simd
         for (int j = 0; j < valid; ++j) {
-          const float pj = exp_approx(s_row[j] * scale - row_lse);
-          p16[j] = float_to_bf16(pj);
-          ds16[j] = float_to_bf16(pj * (dp_row[j] - d_i) * scale);
+          const float pj = exp_approx(p_row[j] * scale - row_lse);
+          p_row[j] = pj;
+          ds_row[j] = pj * (ds_row[j] - d_i) * scale;
         }
-        std::fill(p16 + valid, p16 + kBlock, uint16_t{0});
-        std::fill(ds16 + valid, ds16 + kBlock, uint16_t{0});
+        std::fill(p_row + valid, p_row + kBlock, 0.0f);
+        std::fill(ds_row + valid, ds_row + kBlock, 0.0f);
+        round_to_bf16(p_tile + ii * kBlock, p_row, kBlock);
+        round_to_bf16(ds_tile + ii * kBlock, ds_row, kBlock);
       }
       // dV^T += dO^T P;  dK^T += Q^T dS;  dQ += dS K.
       const int query_pairs = (nq + 1) / 2;
@@ -366,14 +439,11 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
       dot_tile(dq + i0 * stride, stride, as_pairs(ds_tile), kBlockPairs, k_rows, ld, nq, hd,
                (nk + 1) / 2);
     }
-    for (int j = 0; j < nk; ++j) {
-      float* dk_row = dk + (j0 + j) * stride;
-      float* dv_row = dv + (j0 + j) * stride;
-      for (int d = 0; d < hd; ++d) {
-        dk_row[d] = dk_t[d * kBlock + j];
-        dv_row[d] = dv_t[d * kBlock + j];
-      }
-    }
+    // dK, dV rows = the accumulated dK^T, dV^T transposed back.
+    transpose(reinterpret_cast<uint32_t*>(dk + j0 * stride), stride,
+              reinterpret_cast<const uint32_t*>(dk_t), kBlock, hd, nk);
+    transpose(reinterpret_cast<uint32_t*>(dv + j0 * stride), stride,
+              reinterpret_cast<const uint32_t*>(dv_t), kBlock, hd, nk);
   }
 }
 
