@@ -11,7 +11,6 @@
 #include "shardlm/backend/cpu/embedding.hpp"
 #include "shardlm/backend/cpu/gelu.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
-#include "shardlm/backend/cpu/gemm_packed.hpp"
 #include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
 #include "shardlm/core/error.hpp"
@@ -165,9 +164,6 @@ struct Gpt2Model::Impl {
   MemoryTracker* tracker = nullptr;
   mutable TrackedBuffer weight_buffer;
   TrackedBuffer vector_buffer;   // one unit's rounded vectors, fp32 (MemCategory::params)
-  // bf16: the head weight packed once per training step for the head's dx GEMMs
-  // (MemCategory::params, allocated by the first training step).
-  std::unique_ptr<cpu::PackedGemmOperand> head_packed;
 
   // State of the current micro-batch.
   int B = 0, T = 0;
@@ -265,8 +261,6 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
     m.tracker = &tracker;
     m.vector_buffer = TrackedBuffer(MemCategory::params, sizeof(float) * 13 * m.C, tracker);
   }
-  if (m.compute == DType::bf16)
-    m.head_packed = std::make_unique<cpu::PackedGemmOperand>(MemCategory::params, tracker);
 }
 
 void Gpt2Model::Impl::set_shape(const ModelConfig& model_config, const ModelOptions& run_options) {
@@ -344,8 +338,6 @@ ModelMemoryPlan Gpt2Model::plan_memory(const ModelConfig& config, int max_batch,
       plan.params_scratch += std::max<int64_t>(12ll * m.C * m.C, static_cast<int64_t>(m.V) * m.C) *
                              static_cast<int64_t>(dtype_bytes(m.weight_type));
   }
-  if (m.compute == DType::bf16)  // head_packed, as lm_head_cross_entropy packs it
-    plan.params_scratch += cpu::PackedGemmOperand::packed_bytes(m.C, m.V, m.chunk_rows);
   return plan;
 }
 
@@ -582,7 +574,6 @@ void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
   args.logits_stride = Vp;
   args.dlogits_scratch = dlogits_c;
   args.chunk_rows = chunk_rows;
-  args.packed_weight = head_packed.get();
   cpu::lm_head_cross_entropy(args, row_loss, training ? dlnf : nullptr, dhead);
   loss_sum = 0.0;
   for (int64_t i = 0; i < n; ++i) loss_sum += row_loss[i];

@@ -83,10 +83,8 @@ class Gpt2Model {
   // MemCategory::activations. With a compute type other than fp32 a unit's vectors
   // (13 C floats) are rounded into a scratch, and fp32 weights into a weight scratch
   // sized for the larger of a block's matrices and the LM head, allocated by the first
-  // call that needs it (never when weights arrive in the compute type); with bf16 the
-  // first training step also packs the head weight for the head's dx GEMMs
-  // (cpu::PackedGemmOperand); all are tracked under MemCategory::params. Nothing else
-  // is allocated in forward/backward.
+  // call that needs it (never when weights arrive in the compute type); both are
+  // tracked under MemCategory::params. Nothing else is allocated in forward/backward.
   Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch, int max_seq,
             MemoryTracker& tracker = MemoryTracker::global());
   Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch, int max_seq,

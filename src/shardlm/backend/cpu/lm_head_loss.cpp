@@ -6,7 +6,6 @@
 
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
-#include "shardlm/backend/cpu/gemm_packed.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/phase_profile.hpp"
 
@@ -58,10 +57,6 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
                 "lm head: {} inputs need a {} dlogits scratch, got {}", dtype_name(a.x.dtype),
                 dtype_name(a.x.dtype), dtype_name(a.dlogits_scratch.dtype));
   const int ld = static_cast<int>(a.logits_stride);
-  // Pack the weight for the dx GEMMs once for all chunks, where the caller gave an
-  // operand to pack into.
-  const bool packed = want_grad && a.packed_weight != nullptr && a.x.dtype == DType::bf16 &&
-                      a.packed_weight->pack(false, a.C, a.V, a.weight, a.C, a.chunk_rows);
   for (int64_t r0 = 0; r0 < a.N; r0 += a.chunk_rows) {
     const int rows = static_cast<int>(std::min<int64_t>(a.chunk_rows, a.N - r0));
     const int32_t* targets = a.targets + r0;
@@ -94,12 +89,8 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
     });
     if (want_grad) {
       // dx_rows = dlogits W;  dW += dlogits^T x_rows.
-      if (packed) {
-        gemm_packed(false, rows, 1.0f, dlogits, ld, *a.packed_weight, 0.0f, dx + r0 * a.C, a.C);
-      } else {
-        gemm(false, false, rows, a.C, a.V, 1.0f, dlogits, ld, a.weight, a.C, 0.0f,
-             dx + r0 * a.C, a.C);
-      }
+      gemm(false, false, rows, a.C, a.V, 1.0f, dlogits, ld, a.weight, a.C, 0.0f, dx + r0 * a.C,
+           a.C);
       gemm(true, false, a.V, a.C, rows, 1.0f, dlogits, ld, x, a.C, 1.0f, dweight, a.C);
     }
   }

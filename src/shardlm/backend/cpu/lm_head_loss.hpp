@@ -18,8 +18,6 @@
 
 namespace shardlm::cpu {
 
-class PackedGemmOperand;
-
 struct LmHeadLossArgs {
   ConstTypedPtr x;                   // [N, C] final hidden states (after ln_f)
   ConstTypedPtr weight;              // [>= V, C] head weight (GPT-2: tied wte)
@@ -33,11 +31,6 @@ struct LmHeadLossArgs {
                                      // when x is not fp32 and gradients are wanted
   int64_t logits_stride = 0;         // >= V (the padded vocabulary keeps rows aligned)
   int chunk_rows = 0;
-  // Optional, bf16 x and weight with gradients only: an operand the head packs its
-  // weight into once per call for the dx GEMM (op(B) = W), which every chunk's dx GEMM
-  // then reads (gemm_packed.hpp). (Packing W^T for the logits GEMM did not pay for
-  // its ~7-12 ms and its memory: ~2 ms faster per 304-row chunk, ~3 per 256.)
-  PackedGemmOperand* packed_weight = nullptr;
 };
 
 // losses[n] = cross-entropy of row n (0 for ignored rows). If dx != nullptr:
