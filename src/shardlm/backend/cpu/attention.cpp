@@ -201,9 +201,8 @@ void forward_query_block(typename S::Elem* out, float* lse, const typename S::El
     for (int ii = 0; ii < nq; ++ii) {
       float* p = s + ii * kBlock;
       const int valid = visible_keys(i0 + ii, j0, nk);
-      float block_max = -INFINITY;
-#pragma omp simd reduction(max : block_max)
-      for (int j = 0; j < valid; ++j) block_max = std::max(block_max, p[j] * scale);
+      // max_j(p_j * scale) == max_j(p_j) * scale exactly (scale > 0, rounding monotone).
+      const float block_max = max_of(p, valid) * scale;
       const float new_max = std::max(row_max[ii], block_max);
       float block_sum = 0.0f;
 #pragma omp simd reduction(+ : block_sum)

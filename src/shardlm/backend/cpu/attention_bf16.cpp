@@ -294,9 +294,8 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
       for (int ii = 0; ii < nq; ++ii) {
         float* sc = s + ii * kBlock;
         const int valid = visible_keys(i0 + ii, j0, nk);
-        float block_max = -INFINITY;
-#pragma omp simd reduction(max : block_max)
-        for (int j = 0; j < valid; ++j) block_max = std::max(block_max, sc[j] * scale);
+        // max_j(s_j * scale) == max_j(s_j) * scale exactly (scale > 0, rounding monotone).
+        const float block_max = max_of(sc, valid) * scale;
         const float new_max = std::max(row_max[ii], block_max);
         float block_sum = 0.0f;
 #pragma omp simd reduction(+ : block_sum)

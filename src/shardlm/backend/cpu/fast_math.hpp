@@ -7,6 +7,7 @@
 // relative error (Cephes expf polynomial) over the clamped range.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +35,23 @@ inline float exp_approx(float x) {
   const float y = p * r * r + r + 1.0f;
   const int32_t exponent = static_cast<int32_t>(n) + 127;
   return y * std::bit_cast<float>(exponent << 23);
+}
+
+// max(x[0], ..., x[n-1]) (-inf for n = 0) in 16 running maxima combined at the end:
+// GCC 12 keeps an `omp simd reduction(max)` loop over floats scalar (it was 60% of the
+// LM head's softmax), but vectorizes this. max is exact, so the value is a sequential
+// scan's (inputs without NaN).
+inline float max_of(const float* x, int64_t n) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes];
+  for (float& lane : lanes) lane = -INFINITY;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] = std::max(lanes[l], x[i + l]);
+  float m = -INFINITY;
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  for (float lane : lanes) m = std::max(m, lane);
+  return m;
 }
 
 // tanh(x) = sign(x) (1 - e) / (1 + e), e = e^{-2|x|}: absolute error ~1e-7.

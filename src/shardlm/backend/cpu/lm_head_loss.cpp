@@ -19,9 +19,7 @@ namespace {
 template <typename Writer>
 float row_cross_entropy(float* logits, int V, int32_t target, bool want_grad, float grad_scale,
                         Writer dlogits) {
-  float max_logit = -INFINITY;
-#pragma omp simd reduction(max : max_logit)
-  for (int j = 0; j < V; ++j) max_logit = std::max(max_logit, logits[j]);
+  const float max_logit = max_of(logits, V);
   const float target_logit = logits[target];
   float sum = 0.0f;
   if (want_grad) {
