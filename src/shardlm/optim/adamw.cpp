@@ -82,20 +82,6 @@ inline void adam_block(float* params, const float* grads, float* m, float* v, in
   adam_scalar(params, grads, m, v, begin, end, c);
 }
 
-// adam_block over [begin, end) in fixed-size blocks spread over the threads; decay_factor
-// is 1 - lr*wd for decayed ranges, 1 otherwise.
-void adam_range(float* params, const float* grads, float* m, float* v, int64_t begin, int64_t end,
-                float decay_factor, float grad_multiplier, float beta1, float beta2,
-                float step_size, float bias2_sqrt, float eps) {
-  const AdamConstants c{decay_factor, grad_multiplier, beta1,     beta2, 1.0f - beta1,
-                        1.0f - beta2, step_size,       bias2_sqrt, eps};
-  constexpr int64_t kBlock = 1 << 14;
-  const int64_t num_blocks = (end - begin + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < num_blocks; ++b)
-    adam_block(params, grads, m, v, begin + b * kBlock, std::min(end, begin + (b + 1) * kBlock), c);
-}
-
 }  // namespace
 
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
@@ -107,18 +93,31 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   const float step_size = static_cast<float>(lr / bias1);
   const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
   const float decay_factor = 1.0f - lr * config.weight_decay;
-  int64_t cursor = 0;
-  for (const auto& r : decay_ranges) {
-    if (cursor < r.begin)
-      adam_range(params, grads, m, v, cursor, r.begin, 1.0f, grad_multiplier, config.beta1,
-                 config.beta2, step_size, bias2_sqrt, config.eps);
-    adam_range(params, grads, m, v, r.begin, r.end, decay_factor, grad_multiplier, config.beta1,
-               config.beta2, step_size, bias2_sqrt, config.eps);
-    cursor = r.end;
+  const AdamConstants plain{1.0f,         grad_multiplier, config.beta1, config.beta2,
+                            1.0f - config.beta1, 1.0f - config.beta2, step_size, bias2_sqrt,
+                            config.eps};
+  AdamConstants decayed = plain;
+  decayed.decay_factor = decay_factor;
+  // One parallel region over fixed-size blocks, each split at the (sorted, disjoint)
+  // decay ranges it meets: a region per range cost a few microseconds each on an idle
+  // machine and up to a scheduler time slice each on a busy one.
+  constexpr int64_t kBlock = 1 << 14;
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t begin = b * kBlock;
+    const int64_t end = std::min(n, begin + kBlock);
+    int64_t cursor = begin;
+    for (const auto& r : decay_ranges) {
+      if (r.end <= cursor) continue;
+      if (r.begin >= end) break;
+      if (cursor < r.begin) adam_block(params, grads, m, v, cursor, r.begin, plain);
+      const int64_t decayed_end = std::min(r.end, end);
+      adam_block(params, grads, m, v, std::max(cursor, r.begin), decayed_end, decayed);
+      cursor = decayed_end;
+    }
+    if (cursor < end) adam_block(params, grads, m, v, cursor, end, plain);
   }
-  if (cursor < n)
-    adam_range(params, grads, m, v, cursor, n, 1.0f, grad_multiplier, config.beta1, config.beta2,
-               step_size, bias2_sqrt, config.eps);
 }
 
 double sum_of_squares(const float* data, int64_t n) {
