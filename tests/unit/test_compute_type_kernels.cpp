@@ -11,6 +11,7 @@
 // Shapes are odd on purpose: T = 1, 7, 13, 33, 65, 67, 130; head_dim 8, 24, 64.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -67,6 +68,33 @@ double relative_to_max_error(const A& got, const B& want) {
 // (p significant bits: 8 for bf16, 11 for fp16), half an ulp at the bottom of a binade.
 double unit_roundoff(DType type) {
   return type == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+}
+
+// ---------------------------------------------------------------- conversion
+
+// convert() fp32 -> bf16 (vcvtne2ps2bf16 where the CPU has avx512_bf16) is float_to_bf16
+// bit for bit, including subnormals (which the instruction alone would flush), NaN
+// payloads, infinities, signed zeros, ties and values that round up to infinity,
+// wherever they fall in a block of 32, on the threaded and the single-thread path.
+TEST(ConvertToBf16, EqualsTheScalarRoundingBitForBit) {
+  const std::vector<uint32_t> specials = {
+      0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu,
+      0x00400000u, 0x00008000u, 0x00018000u, 0x00800000u, 0x7f800000u, 0xff800000u,
+      0x7f800001u, 0xffc00001u, 0x7fc00000u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u,
+      0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f7fffffu, 0x00ffffffu, 0x40490fdbu};
+  for (const int64_t n : {int64_t{31}, int64_t{32}, int64_t{100}, int64_t{70001}}) {
+    Vec src = random_vec(static_cast<size_t>(n), 1000 + n, 10.0);
+    // Specials at scattered positions, so some 32-blocks hold one and others do not.
+    for (size_t k = 0; k < specials.size(); ++k) {
+      const size_t at = (k * 977 + 5) % src.size();
+      src[at] = std::bit_cast<float>(specials[k]);
+    }
+    Half got(src.size());
+    shardlm::cpu::convert(TypedPtr(got.data(), DType::bf16), src.data(), n);
+    for (size_t i = 0; i < src.size(); ++i)
+      ASSERT_EQ(got[i], shardlm::cpu::float_to_bf16(src[i]))
+          << "n=" << n << " i=" << i << " bits " << std::hex << std::bit_cast<uint32_t>(src[i]);
+  }
 }
 
 // ---------------------------------------------------------------- bias
