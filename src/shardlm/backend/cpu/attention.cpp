@@ -7,6 +7,7 @@
 #include "shardlm/backend/cpu/attention_bf16.hpp"
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm::cpu {
@@ -173,30 +174,40 @@ void tile_scores(float* s, const float* q, const float* k_t, int nq, int hd) {
 // Keys j0 + [0, valid) are visible to query i: the causal prefix within the block.
 inline int visible_keys(int i, int j0, int nk) { return std::min(nk, i - j0 + 1); }
 
+// Per-thread scratch for one head's operands in fp32 (contiguous rows, transposed key
+// blocks): grows to the largest head once, then is reused (no allocation in steady state).
+float* head_scratch(size_t floats) {
+  thread_local TrackedBuffer buffer;
+  if (buffer.bytes() < floats * sizeof(float)) {
+    buffer.release();  // first, so the peak never holds both
+    buffer = TrackedBuffer(MemCategory::other, floats * sizeof(float));
+  }
+  return buffer.as<float>();
+}
+
 // One (batch, head, query block) of the forward, with an online softmax over key blocks.
+// q_all and v_all are the head's q and v rows in fp32 ([T, hd]), k_t_all its key blocks
+// transposed ([T / kBlock][hd][kBlock]), all built once per head (forward_head).
 template <typename S>
-void forward_query_block(typename S::Elem* out, float* lse, const typename S::Elem* qkv, int b,
-                         int h, int i0, int T, int C, int H) {
-  const HeadView<S> hv = head_view<S>(qkv, b, h, T, C, H);
+void forward_query_block(typename S::Elem* out, float* lse, const HeadView<S>& hv,
+                         const float* q_all, const float* k_t_all, const float* v_all, int i0,
+                         int T, int C) {
   const int hd = hv.hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nq = std::min(kBlock, T - i0);
 
-  alignas(64) float k_t[kAttentionMaxHeadDim * kBlock];
   alignas(64) float s[kBlock * kBlock];
   alignas(64) float acc[kBlock * kAttentionMaxHeadDim];
-  alignas(64) float q_tile[kBlock * kAttentionMaxHeadDim];
-  alignas(64) float v_tile[kBlock * kAttentionMaxHeadDim];
   float row_max[kBlock];
   float row_sum[kBlock];
   std::fill(acc, acc + nq * hd, 0.0f);
   std::fill(row_max, row_max + nq, -INFINITY);
   std::fill(row_sum, row_sum + nq, 0.0f);
 
-  const float* q = load_tile<S>(q_tile, hv.q + i0 * hv.qkv_stride, hv.qkv_stride, nq, hd);
+  const float* q = q_all + static_cast<int64_t>(i0) * hd;
   for (int j0 = 0; j0 <= i0; j0 += kBlock) {
     const int nk = std::min(kBlock, T - j0);
-    transpose_block<S>(k_t, hv.k + j0 * hv.qkv_stride, hv.qkv_stride, nk, hd);
+    const float* k_t = k_t_all + static_cast<int64_t>(j0 / kBlock) * hd * kBlock;
     tile_scores(s, q, k_t, nq, hd);
     for (int ii = 0; ii < nq; ++ii) {
       float* p = s + ii * kBlock;
@@ -219,7 +230,7 @@ void forward_query_block(typename S::Elem* out, float* lse, const typename S::El
       for (int d = 0; d < hd; ++d) a[d] *= correction;
     }
     // acc += P V over the block's keys (masked probabilities are zero).
-    const float* v = load_tile<S>(v_tile, hv.v + j0 * hv.qkv_stride, hv.qkv_stride, nk, hd);
+    const float* v = v_all + static_cast<int64_t>(j0) * hd;
     tile_gemm(acc, hd, s, kBlock, 1, v, hd, nq, hd, nk);
   }
   for (int ii = 0; ii < nq; ++ii) {
@@ -231,6 +242,29 @@ void forward_query_block(typename S::Elem* out, float* lse, const typename S::El
     for (int d = 0; d < hd; ++d) out_row[d] = S::narrow(a[d] * inv_sum);
     lse[hv.lse_offset + i] = row_max[ii] + std::log(row_sum[ii]);
   }
+}
+
+// One (batch, head) of the forward: its q and v rows (widened) and transposed key blocks
+// are built once, where building them per (query block, key block) tile cost ~20%.
+template <typename S>
+void forward_head(typename S::Elem* out, float* lse, const typename S::Elem* qkv, int b, int h,
+                  int T, int C, int H) {
+  const HeadView<S> hv = head_view<S>(qkv, b, h, T, C, H);
+  const int hd = hv.hd;
+  const int num_blocks = (T + kBlock - 1) / kBlock;
+  const int64_t rows = static_cast<int64_t>(T) * hd;
+  float* q_all = head_scratch(2 * rows + static_cast<int64_t>(num_blocks) * hd * kBlock);
+  float* v_all = q_all + rows;
+  float* k_t_all = v_all + rows;
+  load_tile<S>(q_all, hv.q, hv.qkv_stride, T, hd);
+  load_tile<S>(v_all, hv.v, hv.qkv_stride, T, hd);
+  for (int block = 0; block < num_blocks; ++block) {
+    const int j0 = block * kBlock;
+    transpose_block<S>(k_t_all + static_cast<int64_t>(block) * hd * kBlock,
+                       hv.k + j0 * hv.qkv_stride, hv.qkv_stride, std::min(kBlock, T - j0), hd);
+  }
+  for (int i0 = 0; i0 < T; i0 += kBlock)
+    forward_query_block<S>(out, lse, hv, q_all, k_t_all, v_all, i0, T, C);
 }
 
 // One (batch, head) of the backward. Key blocks outer: a block's dk and dv
@@ -257,10 +291,27 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
   alignas(64) float ds[kBlock * kBlock];
   alignas(64) float dk_acc[kBlock * kAttentionMaxHeadDim];
   alignas(64) float dv_acc[kBlock * kAttentionMaxHeadDim];
-  alignas(64) float q_tile[kBlock * kAttentionMaxHeadDim];
   alignas(64) float k_tile[kBlock * kAttentionMaxHeadDim];
-  alignas(64) float dout_tile[kBlock * kAttentionMaxHeadDim];
   alignas(64) float out_row[kAttentionMaxHeadDim];
+
+  // Per head, once: q and dout rows in fp32 ([T, hd]) and D_i = dout_i . out_i, the
+  // softmax Jacobian's row term (sum_j p_ij (dout_i . v_j), without the full row of
+  // probabilities). out_row is an fp32 copy, so the reduction vectorizes, and sums, the
+  // same way for every storage type.
+  const int64_t rows = static_cast<int64_t>(T) * hd;
+  float* q_all = head_scratch(2 * rows + T);
+  float* dout_all = q_all + rows;
+  float* D = dout_all + rows;
+  load_tile<S>(q_all, hv.q, stride, T, hd);
+  load_tile<Fp32Storage>(dout_all, head_dout, C, T, hd);
+  for (int i = 0; i < T; ++i) {
+    const float* dout_row = dout_all + static_cast<int64_t>(i) * hd;
+    load_tile<S>(out_row, head_out + static_cast<int64_t>(i) * C, C, 1, hd);
+    float d_i = 0.0f;
+#pragma omp simd reduction(+ : d_i)
+    for (int d = 0; d < hd; ++d) d_i += dout_row[d] * out_row[d];
+    D[i] = d_i;
+  }
 
   for (int i = 0; i < T; ++i) std::fill(dq + i * stride, dq + i * stride + hd, 0.0f);
 
@@ -273,9 +324,8 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
     std::fill(dv_acc, dv_acc + nk * hd, 0.0f);
     for (int i0 = j0; i0 < T; i0 += kBlock) {
       const int nq = std::min(kBlock, T - i0);
-      const float* dout_rows = load_tile<Fp32Storage>(
-          dout_tile, head_dout + static_cast<int64_t>(i0) * C, C, nq, hd);
-      const float* q = load_tile<S>(q_tile, hv.q + i0 * stride, stride, nq, hd);
+      const float* dout_rows = dout_all + static_cast<int64_t>(i0) * hd;
+      const float* q = q_all + static_cast<int64_t>(i0) * hd;
       tile_scores(p, q, k_t, nq, hd);
       // dP = dO V^T
       std::fill(ds, ds + nq * kBlock, 0.0f);
@@ -283,14 +333,7 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
       for (int ii = 0; ii < nq; ++ii) {
         const int i = i0 + ii;
         const int valid = visible_keys(i, j0, nk);
-        const float* dout_row = dout_rows + ii * hd;
-        load_tile<S>(out_row, head_out + static_cast<int64_t>(i) * C, C, 1, hd);
-        // D_i = dout_i . out_i = sum_j p_ij (dout_i . v_j): the softmax Jacobian's
-        // row term, without the full row of probabilities. (out_row is an fp32 copy,
-        // so the reduction vectorizes, and sums, the same way for every storage type.)
-        float d_i = 0.0f;
-#pragma omp simd reduction(+ : d_i)
-        for (int d = 0; d < hd; ++d) d_i += dout_row[d] * out_row[d];
+        const float d_i = D[i];
         const float row_lse = head_lse[i];
         float* p_row = p + ii * kBlock;
         float* ds_row = ds + ii * kBlock;
@@ -318,17 +361,10 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
 template <typename S>
 void forward_all(typename S::Elem* out, float* lse, const typename S::Elem* qkv, int B, int T,
                  int C, int H) {
-  const int num_query_blocks = (T + kBlock - 1) / kBlock;
-  const int64_t num_tasks = static_cast<int64_t>(B) * H * num_query_blocks;
+  const int64_t num_tasks = static_cast<int64_t>(B) * H;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < num_tasks; ++task) {
-    // Last query blocks first: they see the most keys, so dynamic scheduling
-    // balances better when they start early.
-    const int query_block = num_query_blocks - 1 - static_cast<int>(task % num_query_blocks);
-    const int64_t bh = task / num_query_blocks;
-    forward_query_block<S>(out, lse, qkv, static_cast<int>(bh / H), static_cast<int>(bh % H),
-                           query_block * kBlock, T, C, H);
-  }
+  for (int64_t task = 0; task < num_tasks; ++task)
+    forward_head<S>(out, lse, qkv, static_cast<int>(task / H), static_cast<int>(task % H), T, C, H);
 }
 
 template <typename S>

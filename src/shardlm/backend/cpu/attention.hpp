@@ -8,8 +8,9 @@
 //        columns [h*hd, (h+1)*hd) of each group (hd = C / H).
 //   out  [B, T, C]: head h in columns [h*hd, (h+1)*hd), ready for the c_proj GEMM.
 //   lse  [B, H, T]: log sum_{j<=i} exp(q_i . k_j / sqrt(hd)).
-// Work is split over (batch, head) (and query blocks in the forward) with OpenMP;
-// each task's scratch lives on its thread's stack.
+// Work is split over (batch, head) with OpenMP; each task builds its head's operands
+// once (fp32 rows, transposed key blocks) in a per-thread scratch that grows to the
+// largest head once, and its tiles live on the thread's stack.
 //
 // Mixed precision: qkv and out may be stored in a compute type (both in the same
 // one); lse, dout and dqkv are fp32. fp16 (and bf16 on a CPU without avx512_bf16)
