@@ -40,11 +40,15 @@
 
 #include <fmt/format.h>
 
+#include "quiet_machine.hpp"
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
 
 namespace {
+
+using shardlm::bench::load_average;
+using shardlm::bench::wait_until_quiet;
 
 using shardlm::Stopwatch;
 using shardlm::cpu::GemmLibrary;
@@ -266,12 +270,6 @@ std::string self_path() {
   return path;
 }
 
-std::string load_average() {
-  std::ifstream f("/proc/loadavg");
-  std::string one, five;
-  f >> one >> five;
-  return one + " " + five;
-}
 
 // OpenBLAS columns from a child process with OPENBLAS_CORETYPE flipped.
 // Returns (row, threads) -> seconds, and the child's OpenBLAS core name.
@@ -320,37 +318,6 @@ struct Column {
   std::function<double(const GemmShape&, double block, std::string* impl)> time;
 };
 
-// CPU time other processes used over a short window, as a fraction of the machine
-// (this process is asleep while it looks).
-double others_busy_fraction() {
-  auto sample = [] {
-    std::ifstream f("/proc/stat");
-    std::string cpu;
-    long long v, total = 0, idle = 0;
-    f >> cpu;
-    for (int k = 0; k < 8 && f >> v; ++k) {
-      total += v;
-      if (k == 3 || k == 4) idle += v;  // idle, iowait
-    }
-    return std::pair{total, idle};
-  };
-  const auto [t0, i0] = sample();
-  std::this_thread::sleep_for(std::chrono::milliseconds(60));
-  const auto [t1, i1] = sample();
-  return t1 > t0 ? 1.0 - static_cast<double>(i1 - i0) / static_cast<double>(t1 - t0) : 0.0;
-}
-
-// The machine is shared with other builds: wait (up to max_wait seconds) until the
-// other processes use under 10% of it. Returns whether it got quiet. The wait also
-// lets the previous library's spinning threads go to sleep.
-bool wait_until_quiet(double max_wait) {
-  Stopwatch waited;
-  while (others_busy_fraction() > 0.10) {
-    if (waited.seconds() > max_wait) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return true;
-}
 
 // Each shape is timed on every column in turn, in several passes; a column's figure
 // is its best block median over the passes. Other work on this shared machine only

@@ -34,6 +34,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "quiet_machine.hpp"
 #include "shardlm/backend/cpu/dtype.hpp"
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
@@ -45,6 +46,9 @@
 #include "shardlm/model/param_layout.hpp"
 
 namespace {
+
+using shardlm::bench::load_average;
+using shardlm::bench::wait_until_quiet;
 
 using shardlm::DType;
 using shardlm::Stopwatch;
@@ -118,42 +122,7 @@ double median_seconds(const std::function<void()>& run, double min_time) {
   return times[static_cast<size_t>(reps / 2)];
 }
 
-// CPU share other processes used over a short window (this process sleeps meanwhile).
-double others_busy_fraction() {
-  auto sample = [] {
-    std::ifstream f("/proc/stat");
-    std::string cpu;
-    long long v = 0, total = 0, idle = 0;
-    f >> cpu;
-    for (int k = 0; k < 8 && f >> v; ++k) {
-      total += v;
-      if (k == 3 || k == 4) idle += v;  // idle, iowait
-    }
-    return std::pair{total, idle};
-  };
-  const auto [t0, i0] = sample();
-  std::this_thread::sleep_for(std::chrono::milliseconds(60));
-  const auto [t1, i1] = sample();
-  return t1 > t0 ? 1.0 - static_cast<double>(i1 - i0) / static_cast<double>(t1 - t0) : 0.0;
-}
 
-// Waits up to max_wait seconds for the shared machine to go quiet; whether it did.
-bool wait_until_quiet(double max_wait) {
-  if (max_wait <= 0) return false;
-  Stopwatch waited;
-  while (others_busy_fraction() > 0.10) {
-    if (waited.seconds() > max_wait) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return true;
-}
-
-std::string load_average() {
-  std::ifstream f("/proc/loadavg");
-  std::string one, five, fifteen;
-  f >> one >> five >> fifteen;
-  return one + " " + five + " " + fifteen;
-}
 
 // One buffer per operand, sized for the largest call and filled once; 64-byte
 // aligned like the model's arena (row alignment changes some GEMM kernels' speed).
@@ -209,7 +178,7 @@ int main(int argc, char** argv) {
     for (int pass = 0; pass < passes; ++pass)
       for (size_t i = 0; i < calls.size(); ++i) {
         const Call& s = calls[i];
-        const bool was_quiet = wait_until_quiet(quiet_wait);
+        const bool was_quiet = quiet_wait > 0 && wait_until_quiet(quiet_wait);
         const double t = median_seconds(
             [&] {
               shardlm::cpu::gemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f,
