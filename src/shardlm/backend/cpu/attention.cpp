@@ -176,8 +176,6 @@ void tile_scores(float* s, const float* q, const float* k_t, int nq, int hd) {
   tile_gemm(s, kBlock, q, hd, 1, k_t, kBlock, nq, kBlock, hd);
 }
 
-// Keys j0 + [0, valid) are visible to query i: the causal prefix within the block.
-inline int visible_keys(int i, int j0, int nk) { return std::min(nk, i - j0 + 1); }
 
 // Per-thread scratch for one head's operands in fp32 (contiguous rows, transposed key
 // blocks): grows to the largest head once, then is reused (no allocation in steady state).
@@ -216,20 +214,8 @@ void forward_query_block(typename S::Elem* out, float* lse, const HeadView<S>& h
     tile_scores(s, q, k_t, nq, hd);
     for (int ii = 0; ii < nq; ++ii) {
       float* p = s + ii * kBlock;
-      const int valid = visible_keys(i0 + ii, j0, nk);
-      // max_j(p_j * scale) == max_j(p_j) * scale exactly (scale > 0, rounding monotone).
-      const float block_max = max_of(p, valid) * scale;
-      const float new_max = std::max(row_max[ii], block_max);
-      float block_sum = 0.0f;
-#pragma omp simd reduction(+ : block_sum)
-      for (int j = 0; j < valid; ++j) {
-        p[j] = exp_approx(p[j] * scale - new_max);
-        block_sum += p[j];
-      }
-      std::fill(p + valid, p + kBlock, 0.0f);
-      const float correction = exp_approx(row_max[ii] - new_max);  // 0 on the first block
-      row_sum[ii] = row_sum[ii] * correction + block_sum;
-      row_max[ii] = new_max;
+      const float correction = online_softmax_block(p, visible_keys(i0 + ii, j0, nk), kBlock,
+                                                    scale, row_max[ii], row_sum[ii]);
       float* a = acc + ii * hd;
 #pragma omp simd
       for (int d = 0; d < hd; ++d) a[d] *= correction;

@@ -220,8 +220,6 @@ void pairs_by_row_transposed(uint32_t* dst, const uint16_t* src, int64_t stride,
 
 inline const uint32_t* as_pairs(const uint16_t* p) { return reinterpret_cast<const uint32_t*>(p); }
 
-inline int visible_keys(int i, int j0, int nk) { return std::min(nk, i - j0 + 1); }
-
 // Per-thread scratch for one head's precomputed operands: grows to the largest head
 // once, then is reused (no allocation in steady state).
 uint32_t* head_scratch(size_t dwords) {
@@ -293,21 +291,9 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
                pairs);
       for (int ii = 0; ii < nq; ++ii) {
         float* sc = s + ii * kBlock;
-        const int valid = visible_keys(i0 + ii, j0, nk);
-        // max_j(s_j * scale) == max_j(s_j) * scale exactly (scale > 0, rounding monotone).
-        const float block_max = max_of(sc, valid) * scale;
-        const float new_max = std::max(row_max[ii], block_max);
-        float block_sum = 0.0f;
-#pragma omp simd reduction(+ : block_sum)
-        for (int j = 0; j < valid; ++j) {
-          sc[j] = exp_approx(sc[j] * scale - new_max);
-          block_sum += sc[j];
-        }
-        std::fill(sc + valid, sc + kBlock, 0.0f);
+        const float correction = online_softmax_block(sc, visible_keys(i0 + ii, j0, nk), kBlock,
+                                                      scale, row_max[ii], row_sum[ii]);
         round_to_bf16(p_tile + ii * kBlock, sc, kBlock);
-        const float correction = exp_approx(row_max[ii] - new_max);  // 0 on the first block
-        row_sum[ii] = row_sum[ii] * correction + block_sum;
-        row_max[ii] = new_max;
         float* a = acc + ii * hd;
 #pragma omp simd
         for (int d = 0; d < hd; ++d) a[d] *= correction;

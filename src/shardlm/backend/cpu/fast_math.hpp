@@ -54,6 +54,33 @@ inline float max_of(const float* x, int64_t n) {
   return m;
 }
 
+// Of a key block starting at j0 with nk keys, keys j0 + [0, visible) are visible to
+// query i: the causal prefix within the block.
+inline int visible_keys(int i, int j0, int nk) { return std::min(nk, i - j0 + 1); }
+
+// One key block of flash attention's online softmax for one query row. p[0, valid)
+// holds the raw scores q.k; on return p[j] = e^(p[j] scale - m) with m the row's new
+// running max, p[valid, width) = 0, and row_max / row_sum are updated (the old sum is
+// rescaled to the new max). Returns that rescaling factor e^(old max - new max), for
+// the row's output accumulator (0 on the first block).
+inline float online_softmax_block(float* p, int valid, int width, float scale, float& row_max,
+                                 float& row_sum) {
+  // max_j(p_j * scale) == max_j(p_j) * scale exactly (scale > 0, rounding monotone).
+  const float block_max = max_of(p, valid) * scale;
+  const float new_max = std::max(row_max, block_max);
+  float block_sum = 0.0f;
+#pragma omp simd reduction(+ : block_sum)
+  for (int j = 0; j < valid; ++j) {
+    p[j] = exp_approx(p[j] * scale - new_max);
+    block_sum += p[j];
+  }
+  std::fill(p + valid, p + width, 0.0f);
+  const float correction = exp_approx(row_max - new_max);
+  row_sum = row_sum * correction + block_sum;
+  row_max = new_max;
+  return correction;
+}
+
 // tanh(x) = sign(x) (1 - e) / (1 + e), e = e^{-2|x|}: absolute error ~1e-7.
 inline float tanh_approx(float x) {
   const float e = exp_approx(-2.0f * std::fabs(x));
