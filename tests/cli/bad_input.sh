@@ -58,4 +58,13 @@ expect_error "global batch 8 is not divisible by world size" "$SHARDLM" plan -n 
 expect_error "shard-group-size" "$SHARDLM" plan -n 4 --strategy hybrid --shard-group-size 3
 expect_error "reduce-dtype must be fp32 or bf16, got 'fp8'" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/r" --steps 1 --reduce-dtype fp8
 expect_error "does not exist" "$SHARDLM" sample --checkpoint "$WORK/nothing"
+# More threads than this machine's cores: the run goes on, and says why it may be slow.
+cores=$(nproc)
+"$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/oversubscribed" --steps 1 \
+  --threads $((cores + 1)) > "$WORK/oversubscribed.log" 2>&1 || fail "oversubscribed run failed"
+grep -q "warning: 1 rank(s) on this host x $((cores + 1)) threads = $((cores + 1)) threads on $cores cores" \
+  "$WORK/oversubscribed.log" || fail "no oversubscription warning: $(cat "$WORK/oversubscribed.log")"
+"$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/fits" --steps 1 --threads "$cores" \
+  > "$WORK/fits.log" 2>&1 || fail "run with --threads $cores failed"
+if grep -q "warning: .* threads on" "$WORK/fits.log"; then fail "oversubscription warning without oversubscription"; fi
 echo "1 passed, 0 failed"

@@ -325,6 +325,14 @@ TrainSummary Trainer::run() {
                     "on {} rank(s) x {} threads; GEMM {}\n",
                     global_batch, o_.seq_len, o_.micro_batch, accumulation, strategy_->name(),
                     world_, threads, cpu::gemm_library_name()));
+  // More busy threads than cores makes OpenMP barriers wait for descheduled threads
+  // (GEMMs and kernels are split evenly across threads, so the slowest one sets the pace).
+  if (const int cores = available_cores(), ranks_here = local_ranks(world_);
+      ranks_here * threads > cores)
+    print(fmt::format("warning: {} rank(s) on this host x {} threads = {} threads on {} cores; "
+                      "expect slower steps (use --threads {} or fewer ranks)\n",
+                      ranks_here, threads, ranks_here * threads, cores,
+                      std::max(1, cores / ranks_here)));
   if (model_options.precision != DType::fp32 || o_.activation_checkpointing)
     print(fmt::format("precision {} (fp32 master weights and gradients){}\n", o_.precision,
                       o_.activation_checkpointing ? "; activation checkpointing" : ""));
