@@ -13,11 +13,16 @@
 
 namespace shardlm {
 
-File File::open_read(const std::string& path) {
+File File::open_read(const std::string& path, std::string_view expected) {
   File f;
   f.path_ = path;
   f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  SHARDLM_CHECK(f.fd_ >= 0, "cannot open '{}' for reading: {}", path, std::strerror(errno));
+  if (f.fd_ < 0) {
+    const std::string reason = std::strerror(errno);
+    throw Error(expected.empty()
+                    ? fmt::format("cannot read '{}': {}", path, reason)
+                    : fmt::format("cannot read '{}': {} (expected {})", path, reason, expected));
+  }
   return f;
 }
 
@@ -53,6 +58,18 @@ void File::write_all(const void* data, size_t bytes) {
     SHARDLM_CHECK(n > 0, "cannot write '{}': {}", path_, std::strerror(errno));
     p += n;
     bytes -= static_cast<size_t>(n);
+  }
+}
+
+void File::write_at(const void* data, size_t bytes, int64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd_, p, bytes, offset);
+    if (n < 0 && errno == EINTR) continue;
+    SHARDLM_CHECK(n > 0, "cannot write '{}': {}", path_, std::strerror(errno));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+    offset += n;
   }
 }
 
@@ -95,22 +112,41 @@ void fsync_directory(const std::string& dir) {
   SHARDLM_CHECK(rc == 0, "cannot fsync directory '{}': {}", dir, std::strerror(errno));
 }
 
-void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    File f = File::create_write(tmp);
-    f.write_all(content.data(), content.size());
-    f.sync();
-    f.close();
-  }
-  SHARDLM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '{}' to '{}': {}", tmp,
-                path, std::strerror(errno));
-  auto parent = std::filesystem::path(path).parent_path();
+AtomicFileWriter::AtomicFileWriter(std::string path)
+    : path_(std::move(path)),
+      temp_path_(path_ + ".tmp." + std::to_string(::getpid())),
+      file_(File::create_write(temp_path_)) {}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (committed_) return;
+  file_ = File();  // closes without the error check of close()
+  ::unlink(temp_path_.c_str());
+}
+
+void AtomicFileWriter::finish() {
+  if (finished_) return;
+  file_.sync();
+  file_.close();
+  finished_ = true;
+}
+
+void AtomicFileWriter::commit() {
+  finish();
+  SHARDLM_CHECK(std::rename(temp_path_.c_str(), path_.c_str()) == 0,
+                "cannot rename '{}' to '{}': {}", temp_path_, path_, std::strerror(errno));
+  committed_ = true;
+  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
   fsync_directory(parent.empty() ? "." : parent.string());
 }
 
-std::string read_text_file(const std::string& path) {
-  File f = File::open_read(path);
+void write_file_atomic(const std::string& path, std::string_view content) {
+  AtomicFileWriter writer(path);
+  writer.write(content.data(), content.size());
+  writer.commit();
+}
+
+std::string read_text_file(const std::string& path, std::string_view expected) {
+  File f = File::open_read(path, expected);
   std::string content(static_cast<size_t>(f.size()), '\0');
   if (!content.empty()) f.read_at(content.data(), content.size(), 0);
   return content;

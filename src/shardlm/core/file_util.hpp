@@ -1,10 +1,13 @@
 // Small POSIX file helpers with one-line errors: durable writes (fsync), atomic
-// replacement, positional reads.
+// replacement (content goes to a temporary file next to the target, is fsynced, and
+// is renamed over the target only when complete, so a failed write never leaves a
+// half file behind), positional reads.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace shardlm {
 
@@ -12,7 +15,8 @@ namespace shardlm {
 class File {
  public:
   File() = default;
-  static File open_read(const std::string& path);   // Error naming the path on failure
+  // Error naming the path (and what it should be, if given) on failure.
+  static File open_read(const std::string& path, std::string_view expected = {});
   static File create_write(const std::string& path);  // truncates
   ~File();
   File(File&& other) noexcept;
@@ -21,6 +25,7 @@ class File {
   File& operator=(const File&) = delete;
 
   void write_all(const void* data, size_t bytes);  // Error (e.g. disk full) names the path
+  void write_at(const void* data, size_t bytes, int64_t offset);  // overwrite in place
   void read_at(void* out, size_t bytes, int64_t offset) const;  // Error on short read
   void sync();                                     // fsync
   int64_t size() const;
@@ -33,8 +38,37 @@ class File {
 };
 
 void fsync_directory(const std::string& dir);
-// Writes `content` to path via path.tmp + fsync + rename + fsync(dir).
-void write_file_atomic(const std::string& path, const std::string& content);
-std::string read_text_file(const std::string& path);  // Error naming the path if unreadable
+
+// A file that appears at `path` only when commit() renames its finished temporary
+// (path.tmp.<pid>) over it; destroyed uncommitted, the temporary is removed.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);  // Error naming the path if it cannot be created
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, size_t bytes) { file_.write_all(data, bytes); }
+  void write_at(const void* data, size_t bytes, int64_t offset) {
+    file_.write_at(data, bytes, offset);
+  }
+  // Fsyncs and closes the temporary file; it is still not visible.
+  void finish();
+  // Renames the finished temporary file onto the target and fsyncs the directory.
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string temp_path_;
+  File file_;
+  bool finished_ = false;
+  bool committed_ = false;
+};
+
+// Writes `content` to path through an AtomicFileWriter.
+void write_file_atomic(const std::string& path, std::string_view content);
+// The whole file; Error naming the path (and what it should be, if given) if unreadable.
+std::string read_text_file(const std::string& path, std::string_view expected = {});
 
 }  // namespace shardlm

@@ -9,7 +9,7 @@
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/sha256.hpp"
 #include "shardlm/core/timer.hpp"
-#include "shardlm/data/file_io.hpp"
+#include "shardlm/core/file_util.hpp"
 #include "shardlm/data/token_file.hpp"
 #include "shardlm/data/tokenizer.hpp"
 
@@ -21,7 +21,7 @@ std::string read_input(const std::string& path) {
   SHARDLM_CHECK(std::filesystem::exists(path, ec), "input file {} does not exist (expected a text file)", path);
   SHARDLM_CHECK(std::filesystem::is_regular_file(path, ec), "input file {} is not a regular file (expected a text file)",
                 path);
-  std::string text = data_io::read_whole_file(path, "a readable text file");
+  std::string text = read_text_file(path, "a readable text file");
   SHARDLM_CHECK(!text.empty(), "input file {} is empty (expected text to tokenize)", path);
   return text;
 }
@@ -104,7 +104,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   val.append(all.subspan(static_cast<size_t>(meta.train_tokens)));
   val.finish();
   const std::string meta_text = meta_to_json(meta).dump(2) + "\n";
-  data_io::AtomicFileWriter meta_file(summary.meta_path);
+  AtomicFileWriter meta_file(summary.meta_path);
   meta_file.write(meta_text.data(), meta_text.size());
   meta_file.finish();
   // meta.json goes last: a reader that finds it finds the token files it describes.
@@ -119,7 +119,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
 
 DatasetMeta read_dataset_meta(const std::string& dir) {
   const std::string path = dataset_meta_path(dir);
-  const std::string text = data_io::read_whole_file(path, "meta.json written by `shardlm prepare`");
+  const std::string text = read_text_file(path, "meta.json written by `shardlm prepare`");
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "shardlm/core/error.hpp"
-#include "shardlm/data/file_io.hpp"
+#include "shardlm/core/file_util.hpp"
 
 namespace shardlm {
 namespace {
@@ -49,7 +49,7 @@ int token_bytes_for_vocab(int64_t vocab_size) { return vocab_size <= 65536 ? 2 :
 
 struct TokenFileWriter::Impl {
   explicit Impl(const std::string& path) : file(path) {}
-  data_io::AtomicFileWriter file;
+  AtomicFileWriter file;
   TokenFileHeader header{};
   std::vector<unsigned char> chunk;
 };
