@@ -5,7 +5,9 @@ Trains the same GPT-2 shapes with shardlm (default environment, nothing tuned) a
 with the PyTorch reference (tools/pytorch_gpt2_ref.py through bench/pytorch_ref.sh,
 PyTorch run "default" and "tuned"), then prints tokens/s, peak RSS and the ratios.
 
-Right after each shardlm training it times the GEMM library alone on exactly the GEMM
+Each config and dtype runs PyTorch default, PyTorch tuned and shardlm back to back, so
+the three see the same load; --rounds R repeats that and reports medians. Right after
+the last round's shardlm training it times the GEMM library alone on exactly the GEMM
 calls of that step (bench/step_gemm_rate, same precision and threads) and prints the
 step's achieved model GFLOP/s as a fraction of the library's rate, and the median
 step's breakdown by phase (metrics.jsonl "phase_ms"; docs/profiling.md).
@@ -14,7 +16,7 @@ step's breakdown by phase (metrics.jsonl "phase_ms"; docs/profiling.md).
   124m   gpt2 124M: 12 layers x 768, B=1, T=1024
 
 usage: bench/speed_vs_pytorch.py [--configs small,124m] [--dtypes fp32,bf16]
-                                 [--steps 10] [--warmup 2] [--threads 2]
+                                 [--steps 10] [--warmup 2] [--threads 2] [--rounds 1]
                                  [--shardlm build/shardlm] [--step-gemm-rate PATH]
                                  [--gemm-quiet-wait 2]
 Standard library only; PyTorch comes from Debian's python3-torch (bench/pytorch_ref.sh
@@ -23,6 +25,7 @@ installs the tuned environment's packages if missing).
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +43,7 @@ MEASURE = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); 
 def run_shardlm(shardlm, data, work, config, dtype, args):
     preset, batch, seq = CONFIGS[config]
     out = os.path.join(work, f"shardlm_{config}_{dtype}")
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each round, not a resume
     cmd = [shardlm, "train", "--model", preset, "--data", data, "--out", out, "--steps",
            str(args.steps), "--micro-batch", str(batch), "--seq-len", str(seq), "--eval-batches",
            "0", "--threads", str(args.threads), "--precision", dtype, "--log-every",
@@ -70,6 +74,12 @@ def run_step_gemm_rate(binary, config, dtype, args):
         sys.exit(f"step_gemm_rate failed: {' '.join(cmd)}\n{result.stdout[-2000:]}"
                  f"{result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def median_run(results):
+    """The run with the median tokens/s (the upper median for an even count), whole, so
+    its step time, RSS and breakdown stay one run's own."""
+    return sorted(results, key=lambda r: r["tokens_per_s"])[len(results) // 2]
 
 
 PHASES = ["gemm", "attention", "norms_elementwise", "loss", "optimizer", "communication", "other"]
@@ -123,6 +133,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat every config's PyTorch default, tuned and shardlm runs this "
+                         "many times and report medians")
     ap.add_argument("--shardlm", default=os.path.join(ROOT, "build", "shardlm"))
     ap.add_argument("--step-gemm-rate", default=None,
                     help="bench/step_gemm_rate binary (default: bench/ next to --shardlm)")
@@ -137,31 +150,50 @@ def main():
         subprocess.run([args.shardlm, "prepare", "--tokenizer", f"gpt2:{SHARED}/gpt2", "--input",
                         f"{SHARED}/tinyshakespeare.txt", "--out", data], check=True,
                        capture_output=True)
+        # Each config and dtype runs PyTorch default, PyTorch tuned and shardlm back to
+        # back, so the three see the same machine load; with --rounds R > 1 the whole
+        # sequence repeats and each figure is the median over the rounds (ratios of
+        # medians), which damps this shared machine's swings.
         torch_file = os.path.join(work, "pytorch.jsonl")
-        subprocess.run(["bash", os.path.join(ROOT, "bench", "pytorch_ref.sh"), "--configs",
-                        args.configs, "--dtypes", args.dtypes, "--steps", str(args.steps),
-                        "--warmup", str(args.warmup), "--threads", str(args.threads),
-                        "--results", torch_file], check=True, stdout=subprocess.DEVNULL)
-        torch = {}
-        for line in open(torch_file):
-            r = json.loads(line)
-            config, dtype, env = r["label"].split()
-            torch[(config, dtype, env)] = r
+        samples = {}
+        runs = {}
+        for round_index in range(args.rounds):
+            for config in args.configs.split(","):
+                for dtype in args.dtypes.split(","):
+                    if os.path.exists(torch_file):
+                        os.remove(torch_file)
+                    subprocess.run(["bash", os.path.join(ROOT, "bench", "pytorch_ref.sh"),
+                                    "--configs", config, "--dtypes", dtype, "--steps",
+                                    str(args.steps), "--warmup", str(args.warmup), "--threads",
+                                    str(args.threads), "--results", torch_file], check=True,
+                                   stdout=subprocess.DEVNULL)
+                    entry = samples.setdefault((config, dtype), {"ours": []})
+                    for line in open(torch_file):
+                        r = json.loads(line)
+                        entry.setdefault(r["label"].split()[2], []).append(r)
+                    ours = run_shardlm(args.shardlm, data, work, config, dtype, args)
+                    entry["ours"].append(ours)
+                    print(f"round {round_index + 1}/{args.rounds} {config} {dtype}: shardlm "
+                          f"{ours['tokens_per_s']:.0f} tok/s, PyTorch default "
+                          f"{entry['default'][-1]['tokens_per_s']:.0f}, tuned "
+                          f"{entry['tuned'][-1]['tokens_per_s']:.0f}", flush=True)
+                    if round_index == args.rounds - 1:
+                        # The GEMM library alone, right after the last round's run.
+                        runs[(config, dtype)] = (median_run(entry["ours"]),
+                                                 run_step_gemm_rate(rate_binary, config, dtype,
+                                                                    args))
+        print(f"\n{args.rounds} round(s); each figure is the median over the rounds\n")
         print("| config | dtype | shardlm tok/s | PyTorch default | PyTorch tuned | vs default | "
               "vs tuned | shardlm RSS MiB | tuned RSS MiB | RSS ratio |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        runs = {}
-        for config in args.configs.split(","):
-            for dtype in args.dtypes.split(","):
-                ours = run_shardlm(args.shardlm, data, work, config, dtype, args)
-                runs[(config, dtype)] = (ours, run_step_gemm_rate(rate_binary, config, dtype, args))
-                d = torch[(config, dtype, "default")]
-                t = torch[(config, dtype, "tuned")]
-                print(f"| {config} | {dtype} | {ours['tokens_per_s']:.0f} | {d['tokens_per_s']:.0f} | "
-                      f"{t['tokens_per_s']:.0f} | {ours['tokens_per_s'] / d['tokens_per_s']:.2f}x | "
-                      f"{ours['tokens_per_s'] / t['tokens_per_s']:.2f}x | {ours['peak_rss_mib']:.0f} | "
-                      f"{t['peak_rss_mib']:.0f} | {ours['peak_rss_mib'] / t['peak_rss_mib']:.2f} |",
-                      flush=True)
+        for (config, dtype), entry in samples.items():
+            ours = median_run(entry["ours"])
+            d = median_run(entry["default"])
+            t = median_run(entry["tuned"])
+            print(f"| {config} | {dtype} | {ours['tokens_per_s']:.0f} | {d['tokens_per_s']:.0f} | "
+                  f"{t['tokens_per_s']:.0f} | {ours['tokens_per_s'] / d['tokens_per_s']:.2f}x | "
+                  f"{ours['tokens_per_s'] / t['tokens_per_s']:.2f}x | {ours['peak_rss_mib']:.0f} | "
+                  f"{t['peak_rss_mib']:.0f} | {ours['peak_rss_mib'] / t['peak_rss_mib']:.2f} |")
         print_efficiency(runs)
         print_breakdown(runs)
         print(f"\nload average at end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
