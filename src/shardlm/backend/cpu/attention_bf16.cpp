@@ -35,19 +35,30 @@ inline uint32_t bf16_pair(uint16_t first, uint16_t second) {
   return static_cast<uint32_t>(first) | (static_cast<uint32_t>(second) << 16);
 }
 
-// C[MR, 16 NV] += A[MR, kp pairs] B[kp pairs, 16 NV]. The last vector of each C row
-// is masked by last_mask (neither read nor written there); B is read in full vectors
-// (its rows are padded to a multiple of 16 pairs: what the padding holds only reaches
-// the masked lanes). Masking the B loads instead made GCC spill the accumulators.
-template <int MR, int NV>
+// C[MR, 16 NV] (+)= A[MR, kp pairs] B[kp pairs, 16 NV]: kAccumulate adds to C, else C
+// is overwritten (the accumulators start at zero: no fill of C and no load of it).
+// With kMasked the last vector of each C row is masked by last_mask (neither read nor
+// written there); B is read in full vectors (its rows are padded to a multiple of 16
+// pairs: what the padding holds only reaches the masked lanes). Masking the B loads
+// instead made GCC spill the accumulators; full-width tiles (kBlock keys, head_dim a
+// multiple of 16) take the unmasked form, where GCC also keeps C out of the stack.
+template <int MR, int NV, bool kAccumulate, bool kMasked>
 SHARDLM_BF16_TARGET inline void dot_kernel(float* c, int64_t ldc, const uint32_t* a, int64_t lda,
                                            const uint32_t* b, int64_t ldb, int kp,
                                            __mmask16 last_mask) {
+  // Every caller has kp >= 1. Telling GCC so keeps the accumulators in registers: for
+  // the kp = 0 path it otherwise routes them through the stack (32 extra spills per call).
+  if (kp < 1) __builtin_unreachable();
   __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV - 1; ++v) acc[r][v] = _mm512_loadu_ps(c + r * ldc + 16 * v);
-    acc[r][NV - 1] = _mm512_maskz_loadu_ps(last_mask, c + r * ldc + 16 * (NV - 1));
-  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      if (!kAccumulate)
+        acc[r][v] = _mm512_setzero_ps();
+      else if (kMasked && v == NV - 1)
+        acc[r][v] = _mm512_maskz_loadu_ps(last_mask, c + r * ldc + 16 * v);
+      else
+        acc[r][v] = _mm512_loadu_ps(c + r * ldc + 16 * v);
+    }
   for (int k = 0; k < kp; ++k) {
     __m512i bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + k * ldb + 16 * v);
@@ -57,42 +68,51 @@ SHARDLM_BF16_TARGET inline void dot_kernel(float* c, int64_t ldc, const uint32_t
         acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)av, (__m512bh)bv[v]);
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
-    _mm512_mask_storeu_ps(c + r * ldc + 16 * (NV - 1), last_mask, acc[r][NV - 1]);
-  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      if (kMasked && v == NV - 1)
+        _mm512_mask_storeu_ps(c + r * ldc + 16 * v, last_mask, acc[r][v]);
+      else
+        _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+    }
 }
 
-template <int MR>
+template <int MR, bool kAccumulate>
 SHARDLM_BF16_TARGET void dot_rows(float* c, int64_t ldc, const uint32_t* a, int64_t lda,
                                   const uint32_t* b, int64_t ldb, int n, int kp) {
   for (int col = 0; col < n; col += 64) {
     const int width = std::min(64, n - col);
+    if (width == 64) {
+      dot_kernel<MR, 4, kAccumulate, false>(c + col, ldc, a, lda, b + col, ldb, kp, 0xffff);
+      continue;
+    }
     const int vectors = (width + 15) / 16;
     const int tail = width - (vectors - 1) * 16;
     const auto last = static_cast<__mmask16>(tail == 16 ? 0xffffu : (1u << tail) - 1u);
     switch (vectors) {
-      case 4: dot_kernel<MR, 4>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
-      case 3: dot_kernel<MR, 3>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
-      case 2: dot_kernel<MR, 2>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
-      default: dot_kernel<MR, 1>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
+      case 3: dot_kernel<MR, 3, kAccumulate, true>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
+      case 2: dot_kernel<MR, 2, kAccumulate, true>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
+      default: dot_kernel<MR, 1, kAccumulate, true>(c + col, ldc, a, lda, b + col, ldb, kp, last); break;
     }
   }
 }
 
-// C[m, n] (fp32, row stride ldc) += A[m, kp pairs] B[kp pairs, n]; B's row stride ldb
-// is at least n rounded up to 16.
+// C[m, n] (fp32, row stride ldc) (+)= A[m, kp pairs] B[kp pairs, n]: kAccumulate adds
+// to C, else overwrites it. B's row stride ldb is at least n rounded up to 16.
+template <bool kAccumulate>
 SHARDLM_BF16_TARGET void dot_tile(float* c, int64_t ldc, const uint32_t* a, int64_t lda,
                                   const uint32_t* b, int64_t ldb, int m, int n, int kp) {
   int r = 0;
-  for (; r + 4 <= m; r += 4) dot_rows<4>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp);
+  for (; r + 4 <= m; r += 4)
+    dot_rows<4, kAccumulate>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp);
   switch (m - r) {
-    case 3: dot_rows<3>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
-    case 2: dot_rows<2>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
-    case 1: dot_rows<1>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
+    case 3: dot_rows<3, kAccumulate>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
+    case 2: dot_rows<2, kAccumulate>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
+    case 1: dot_rows<1, kAccumulate>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
     default: break;
   }
 }
+constexpr bool kAdd = true, kOverwrite = false;
 
 // dst[j] = src[j] rounded to bf16 for j < n, 32 values per vcvtne2ps2bf16: round to
 // nearest even like float_to_bf16, except that inputs below the smallest normal float
@@ -286,8 +306,7 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
     for (int j0 = 0; j0 <= i0; j0 += kBlock) {
       const int block = j0 / kBlock;
       const int nk = std::min(kBlock, T - j0);
-      std::fill(s, s + nq * kBlock, 0.0f);
-      dot_tile(s, kBlock, q, hv.stride / 2, k_cols + block * k_block_dwords, kBlock, nq, kBlock,
+      dot_tile<kOverwrite>(s, kBlock, q, hv.stride / 2, k_cols + block * k_block_dwords, kBlock, nq, kBlock,
                pairs);
       for (int ii = 0; ii < nq; ++ii) {
         float* sc = s + ii * kBlock;
@@ -299,7 +318,7 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
         for (int d = 0; d < hd; ++d) a[d] *= correction;
       }
       // acc += P V over the block's keys (masked probabilities are zero).
-      dot_tile(acc, hd, as_pairs(p_tile), kBlockPairs, v_rows + block * v_block_dwords, ld, nq,
+      dot_tile<kAdd>(acc, hd, as_pairs(p_tile), kBlockPairs, v_rows + block * v_block_dwords, ld, nq,
                hd, (nk + 1) / 2);
     }
     for (int ii = 0; ii < nq; ++ii) {
@@ -389,11 +408,9 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
     for (int i0 = j0; i0 < T; i0 += kBlock) {
       const int block = i0 / kBlock;
       const int nq = std::min(kBlock, T - i0);
-      std::fill(s, s + nq * kBlock, 0.0f);
-      dot_tile(s, kBlock, as_pairs(hv.q + i0 * stride), stride / 2, k_cols, kBlock, nq, kBlock,
+      dot_tile<kOverwrite>(s, kBlock, as_pairs(hv.q + i0 * stride), stride / 2, k_cols, kBlock, nq, kBlock,
                pairs);
-      std::fill(dp, dp + nq * kBlock, 0.0f);
-      dot_tile(dp, kBlock, as_pairs(dout16 + static_cast<int64_t>(i0) * hd), pairs, v_cols,
+      dot_tile<kOverwrite>(dp, kBlock, as_pairs(dout16 + static_cast<int64_t>(i0) * hd), pairs, v_cols,
                kBlock, nq, kBlock, pairs);
       for (int ii = 0; ii < nq; ++ii) {
         const int i = i0 + ii;
@@ -417,11 +434,11 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
       const int query_pairs = (nq + 1) / 2;
       pairs_by_row(p_rows, kBlock, p_tile, kBlock, nq, kBlock);
       pairs_by_row(ds_rows, kBlock, ds_tile, kBlock, nq, kBlock);
-      dot_tile(dv_t, kBlock, dout_t + block * transposed_dwords, kBlockPairs, p_rows, kBlock, hd,
+      dot_tile<kAdd>(dv_t, kBlock, dout_t + block * transposed_dwords, kBlockPairs, p_rows, kBlock, hd,
                kBlock, query_pairs);
-      dot_tile(dk_t, kBlock, q_t + block * transposed_dwords, kBlockPairs, ds_rows, kBlock, hd,
+      dot_tile<kAdd>(dk_t, kBlock, q_t + block * transposed_dwords, kBlockPairs, ds_rows, kBlock, hd,
                kBlock, query_pairs);
-      dot_tile(dq + i0 * stride, stride, as_pairs(ds_tile), kBlockPairs, k_rows, ld, nq, hd,
+      dot_tile<kAdd>(dq + i0 * stride, stride, as_pairs(ds_tile), kBlockPairs, k_rows, ld, nq, hd,
                (nk + 1) / 2);
     }
     // dK, dV rows = the accumulated dK^T, dV^T transposed back.
