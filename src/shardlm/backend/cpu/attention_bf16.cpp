@@ -13,7 +13,7 @@
 
 // Everything below that touches the bf16 instructions is compiled for them whatever
 // -march says, and runs only after the run-time check.
-#define SHARDLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define SHARDLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 
 namespace shardlm::cpu {
 
@@ -97,19 +97,33 @@ SHARDLM_BF16_TARGET void dot_rows(float* c, int64_t ldc, const uint32_t* a, int6
   }
 }
 
+// Of a tile on the causal diagonal (query block = key block), what a product needs: row
+// r (query i0 + r) sees keys [0, r], so a group of rows ending at row e needs the first
+// e keys. kKeysAlongN: the product's columns are keys (S = Q K^T, dP = dO V^T): the
+// group's columns stop at e rounded up to 16 (the later ones are left unwritten: every
+// reader masks them). kKeysAlongK: it sums over keys (P V, dS K), whose masked entries
+// are zero: the sum stops at the pair holding key e - 1.
+enum class Diagonal { kNo, kKeysAlongN, kKeysAlongK };
+
 // C[m, n] (fp32, row stride ldc) (+)= A[m, kp pairs] B[kp pairs, n]: kAccumulate adds
 // to C, else overwrites it. B's row stride ldb is at least n rounded up to 16.
 template <bool kAccumulate>
 SHARDLM_BF16_TARGET void dot_tile(float* c, int64_t ldc, const uint32_t* a, int64_t lda,
-                                  const uint32_t* b, int64_t ldb, int m, int n, int kp) {
-  int r = 0;
-  for (; r + 4 <= m; r += 4)
-    dot_rows<4, kAccumulate>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp);
-  switch (m - r) {
-    case 3: dot_rows<3, kAccumulate>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
-    case 2: dot_rows<2, kAccumulate>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
-    case 1: dot_rows<1, kAccumulate>(c + r * ldc, ldc, a + r * lda, lda, b, ldb, n, kp); break;
-    default: break;
+                                  const uint32_t* b, int64_t ldb, int m, int n, int kp,
+                                  Diagonal diagonal = Diagonal::kNo) {
+  for (int r = 0; r < m; r += 4) {
+    const int rows = std::min(4, m - r);
+    int group_n = n, group_kp = kp;
+    if (diagonal == Diagonal::kKeysAlongN) group_n = std::min(n, (r + rows + 15) / 16 * 16);
+    if (diagonal == Diagonal::kKeysAlongK) group_kp = std::min(kp, (r + rows + 1) / 2);
+    float* c_rows = c + r * ldc;
+    const uint32_t* a_rows = a + r * lda;
+    switch (rows) {
+      case 4: dot_rows<4, kAccumulate>(c_rows, ldc, a_rows, lda, b, ldb, group_n, group_kp); break;
+      case 3: dot_rows<3, kAccumulate>(c_rows, ldc, a_rows, lda, b, ldb, group_n, group_kp); break;
+      case 2: dot_rows<2, kAccumulate>(c_rows, ldc, a_rows, lda, b, ldb, group_n, group_kp); break;
+      default: dot_rows<1, kAccumulate>(c_rows, ldc, a_rows, lda, b, ldb, group_n, group_kp); break;
+    }
   }
 }
 constexpr bool kAdd = true, kOverwrite = false;
@@ -126,13 +140,127 @@ SHARDLM_BF16_TARGET inline void round_to_bf16(uint16_t* dst, const float* src, i
   for (; j < n; ++j) dst[j] = float_to_bf16(src[j]);
 }
 
+// Masks selecting every lane, for the masked forms of intrinsics (unpack, shuffle, max,
+// ...): the plain forms trip GCC 12's -Wuninitialized inside its own headers.
+constexpr __mmask16 kAll16 = 0xffff;
+constexpr __mmask8 kAll8 = 0xff;
+
+// exp_approx (fast_math.hpp) on 16 lanes: the same clamp, reduction and polynomial,
+// with the power of two applied by vscalefps (no integer exponent arithmetic).
+SHARDLM_BF16_TARGET inline __m512 exp16(__m512 x) {
+  x = _mm512_maskz_min_ps(kAll16, _mm512_maskz_max_ps(kAll16, x, _mm512_set1_ps(-87.0f)),
+                          _mm512_set1_ps(88.0f));
+  const __m512 n =
+      _mm512_maskz_roundscale_ps(kAll16, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kAll16, y, n);
+}
+
+SHARDLM_BF16_TARGET inline __m512 max16(__m512 a, __m512 b) { return _mm512_maskz_max_ps(kAll16, a, b); }
+
+// Maximum and sum of the 16 lanes (the library's _mm512_reduce_* trip -Wuninitialized).
+SHARDLM_BF16_TARGET inline float max_across(__m512 v) {
+  const __m256 a = _mm256_max_ps(_mm512_maskz_extractf32x8_ps(kAll8, v, 0),
+                                 _mm512_maskz_extractf32x8_ps(kAll8, v, 1));
+  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
+}
+SHARDLM_BF16_TARGET inline float sum_across(__m512 v) {
+  const __m256 a = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(kAll8, v, 0),
+                                 _mm512_maskz_extractf32x8_ps(kAll8, v, 1));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+
+// Lane masks of the kBlock = 4 x 16 columns of a tile row whose first `valid` are visible.
+struct RowMasks {
+  __mmask16 m[kBlock / 16];
+};
+inline RowMasks row_masks(int valid) {
+  const uint64_t all = valid >= 64 ? ~0ull : (1ull << valid) - 1;
+  return {{static_cast<__mmask16>(all), static_cast<__mmask16>(all >> 16),
+           static_cast<__mmask16>(all >> 32), static_cast<__mmask16>(all >> 48)}};
+}
+static_assert(kBlock == 64, "row_masks and the fused row passes assume 4 vectors per tile row");
+
+// online_softmax_block (fast_math.hpp) for one score row of a tile, in registers, that
+// writes the probabilities rounded to bf16 (p_out[0, kBlock); masked keys 0) instead of
+// fp32 in place: one pass over the row instead of max, exp + sum, zero fill and
+// rounding passes, with the reductions across lanes done once per row. The sum's order
+// differs from the fp32 kernel's (the bf16 results are bound by the roundings, not bits).
+SHARDLM_BF16_TARGET inline float softmax_row_to_bf16(uint16_t* p_out, const float* scores,
+                                                     int valid, float scale, float& row_max,
+                                                     float& row_sum) {
+  const RowMasks mask = row_masks(valid);
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+  __m512 x[4];
+  for (int v = 0; v < 4; ++v) x[v] = _mm512_mask_loadu_ps(minus_inf, mask.m[v], scores + 16 * v);
+  // max_j(s_j * scale) == max_j(s_j) * scale exactly (scale > 0, rounding monotone).
+  const float block_max =
+      max_across(max16(max16(x[0], x[1]), max16(x[2], x[3]))) * scale;
+  const float new_max = std::max(row_max, block_max);
+  const __m512 scale_v = _mm512_set1_ps(scale), max_v = _mm512_set1_ps(new_max);
+  __m512 p[4];
+  for (int v = 0; v < 4; ++v)
+    p[v] = _mm512_maskz_mov_ps(mask.m[v], exp16(_mm512_fmsub_ps(x[v], scale_v, max_v)));
+  const float block_sum =
+      sum_across(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
+  _mm512_storeu_si512(p_out, (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]));
+  _mm512_storeu_si512(p_out + 32, (__m512i)_mm512_cvtne2ps_pbh(p[3], p[2]));
+  const float correction = exp_approx(row_max - new_max);
+  row_sum = row_sum * correction + block_sum;
+  row_max = new_max;
+  return correction;
+}
+
+// One query row of a backward tile: p = e^(s scale - lse), dS = p (dP - D) scale for
+// the visible keys (0 for the rest), rounded to bf16 (round_to_bf16's rounding).
+struct ProbabilityAndGradient {
+  __m256bh p[4], ds[4];
+};
+SHARDLM_BF16_TARGET inline ProbabilityAndGradient score_gradient_row(const float* scores,
+                                                                     const float* dp, int valid,
+                                                                     float scale, float row_lse,
+                                                                     float d_i) {
+  const RowMasks mask = row_masks(valid);
+  const __m512 scale_v = _mm512_set1_ps(scale), lse_v = _mm512_set1_ps(row_lse);
+  const __m512 d_v = _mm512_set1_ps(d_i);
+  ProbabilityAndGradient out;
+  for (int v = 0; v < 4; ++v) {
+    // Masked loads: past the visible keys a diagonal tile's scores are not written.
+    const __m512 s = _mm512_maskz_loadu_ps(mask.m[v], scores + 16 * v);
+    const __m512 p =
+        _mm512_maskz_mov_ps(mask.m[v], exp16(_mm512_fmsub_ps(s, scale_v, lse_v)));
+    const __m512 dp_v = _mm512_maskz_loadu_ps(mask.m[v], dp + 16 * v);
+    const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(dp_v, d_v)), scale_v);
+    out.p[v] = _mm512_cvtneps_pbh(p);
+    out.ds[v] = _mm512_cvtneps_pbh(ds);
+  }
+  return out;
+}
+
+// 16 pairs (first[c], second[c]) of bf16 values, as vdpbf16ps reads them.
+SHARDLM_BF16_TARGET inline __m512i interleave_pairs(__m256bh first, __m256bh second) {
+  return _mm512_or_si512(_mm512_maskz_cvtepu16_epi32(kAll16, (__m256i)first),
+                         _mm512_maskz_slli_epi32(
+                             kAll16, _mm512_maskz_cvtepu16_epi32(kAll16, (__m256i)second), 16));
+}
+
 // Row stride of B operands whose rows are n pairs long: n rounded up to 16.
 inline int padded(int n) { return (n + 15) / 16 * 16; }
 
-// The unpack and shuffle intrinsics with every lane selected: the plain forms trip
-// GCC 12's -Wuninitialized inside its own headers.
-constexpr __mmask16 kAll16 = 0xffff;
-constexpr __mmask8 kAll8 = 0xff;
+// (kAll16, kAll8: see the top of the file.)
 SHARDLM_BF16_TARGET inline __m512i unpacklo32(__m512i a, __m512i b) {
   return _mm512_maskz_unpacklo_epi32(kAll16, a, b);
 }
@@ -306,20 +434,20 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
     for (int j0 = 0; j0 <= i0; j0 += kBlock) {
       const int block = j0 / kBlock;
       const int nk = std::min(kBlock, T - j0);
-      dot_tile<kOverwrite>(s, kBlock, q, hv.stride / 2, k_cols + block * k_block_dwords, kBlock, nq, kBlock,
-               pairs);
+      const bool diagonal = j0 == i0;
+      dot_tile<kOverwrite>(s, kBlock, q, hv.stride / 2, k_cols + block * k_block_dwords, kBlock,
+                           nq, kBlock, pairs, diagonal ? Diagonal::kKeysAlongN : Diagonal::kNo);
       for (int ii = 0; ii < nq; ++ii) {
-        float* sc = s + ii * kBlock;
-        const float correction = online_softmax_block(sc, visible_keys(i0 + ii, j0, nk), kBlock,
-                                                      scale, row_max[ii], row_sum[ii]);
-        round_to_bf16(p_tile + ii * kBlock, sc, kBlock);
+        const float correction =
+            softmax_row_to_bf16(p_tile + ii * kBlock, s + ii * kBlock,
+                                visible_keys(i0 + ii, j0, nk), scale, row_max[ii], row_sum[ii]);
         float* a = acc + ii * hd;
 #pragma omp simd
         for (int d = 0; d < hd; ++d) a[d] *= correction;
       }
       // acc += P V over the block's keys (masked probabilities are zero).
-      dot_tile<kAdd>(acc, hd, as_pairs(p_tile), kBlockPairs, v_rows + block * v_block_dwords, ld, nq,
-               hd, (nk + 1) / 2);
+      dot_tile<kAdd>(acc, hd, as_pairs(p_tile), kBlockPairs, v_rows + block * v_block_dwords, ld,
+                     nq, hd, (nk + 1) / 2, diagonal ? Diagonal::kKeysAlongK : Diagonal::kNo);
     }
     for (int ii = 0; ii < nq; ++ii) {
       const int i = i0 + ii;
@@ -391,7 +519,6 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
   alignas(64) float dv_t[kAttentionMaxHeadDim * kBlock];            // dV^T of the key block
   alignas(64) float s[kBlock * kBlock];
   alignas(64) float dp[kBlock * kBlock];
-  alignas(64) uint16_t p_tile[kBlock * kBlock];
   alignas(64) uint16_t ds_tile[kBlock * kBlock];                    // A of dQ
   alignas(64) uint32_t p_rows[kBlockPairs * kBlock];                // B of dV^T
   alignas(64) uint32_t ds_rows[kBlockPairs * kBlock];               // B of dK^T
@@ -408,38 +535,42 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
     for (int i0 = j0; i0 < T; i0 += kBlock) {
       const int block = i0 / kBlock;
       const int nq = std::min(kBlock, T - i0);
-      dot_tile<kOverwrite>(s, kBlock, as_pairs(hv.q + i0 * stride), stride / 2, k_cols, kBlock, nq, kBlock,
-               pairs);
-      dot_tile<kOverwrite>(dp, kBlock, as_pairs(dout16 + static_cast<int64_t>(i0) * hd), pairs, v_cols,
-               kBlock, nq, kBlock, pairs);
-      for (int ii = 0; ii < nq; ++ii) {
-        const int i = i0 + ii;
-        const int valid = visible_keys(i, j0, nk);
-        const float d_i = D[i];
-        const float row_lse = head_lse[i];
-        float* p_row = s + ii * kBlock;    // scores become probabilities in place
-        float* ds_row = dp + ii * kBlock;  // and dP becomes dS
-#pragma omp simd
-        for (int j = 0; j < valid; ++j) {
-          const float pj = exp_approx(p_row[j] * scale - row_lse);
-          p_row[j] = pj;
-          ds_row[j] = pj * (ds_row[j] - d_i) * scale;
+      const Diagonal keys_along_n = i0 == j0 ? Diagonal::kKeysAlongN : Diagonal::kNo;
+      dot_tile<kOverwrite>(s, kBlock, as_pairs(hv.q + i0 * stride), stride / 2, k_cols, kBlock,
+                           nq, kBlock, pairs, keys_along_n);
+      dot_tile<kOverwrite>(dp, kBlock, as_pairs(dout16 + static_cast<int64_t>(i0) * hd), pairs,
+                           v_cols, kBlock, nq, kBlock, pairs, keys_along_n);
+      // P and dS rounded to bf16 two query rows at a time: dS as rows (A of dQ), both as
+      // row pairs (B of dV^T and dK^T); a missing odd row pairs with zero.
+      const int query_pairs = (nq + 1) / 2;
+      for (int pair = 0; pair < query_pairs; ++pair) {
+        const int ii = 2 * pair, i = i0 + ii;
+        const ProbabilityAndGradient first =
+            score_gradient_row(s + ii * kBlock, dp + ii * kBlock, visible_keys(i, j0, nk), scale,
+                               head_lse[i], D[i]);
+        ProbabilityAndGradient second{};
+        if (ii + 1 < nq)
+          second = score_gradient_row(s + (ii + 1) * kBlock, dp + (ii + 1) * kBlock,
+                                      visible_keys(i + 1, j0, nk), scale, head_lse[i + 1], D[i + 1]);
+        for (int v = 0; v < 4; ++v) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_tile + ii * kBlock + 16 * v),
+                              (__m256i)first.ds[v]);
+          if (ii + 1 < nq)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_tile + (ii + 1) * kBlock + 16 * v),
+                                (__m256i)second.ds[v]);
+          _mm512_storeu_si512(p_rows + pair * kBlock + 16 * v,
+                              interleave_pairs(first.p[v], second.p[v]));
+          _mm512_storeu_si512(ds_rows + pair * kBlock + 16 * v,
+                              interleave_pairs(first.ds[v], second.ds[v]));
         }
-        std::fill(p_row + valid, p_row + kBlock, 0.0f);
-        std::fill(ds_row + valid, ds_row + kBlock, 0.0f);
-        round_to_bf16(p_tile + ii * kBlock, p_row, kBlock);
-        round_to_bf16(ds_tile + ii * kBlock, ds_row, kBlock);
       }
       // dV^T += dO^T P;  dK^T += Q^T dS;  dQ += dS K.
-      const int query_pairs = (nq + 1) / 2;
-      pairs_by_row(p_rows, kBlock, p_tile, kBlock, nq, kBlock);
-      pairs_by_row(ds_rows, kBlock, ds_tile, kBlock, nq, kBlock);
       dot_tile<kAdd>(dv_t, kBlock, dout_t + block * transposed_dwords, kBlockPairs, p_rows, kBlock, hd,
                kBlock, query_pairs);
       dot_tile<kAdd>(dk_t, kBlock, q_t + block * transposed_dwords, kBlockPairs, ds_rows, kBlock, hd,
                kBlock, query_pairs);
       dot_tile<kAdd>(dq + i0 * stride, stride, as_pairs(ds_tile), kBlockPairs, k_rows, ld, nq, hd,
-               (nk + 1) / 2);
+                     (nk + 1) / 2, i0 == j0 ? Diagonal::kKeysAlongK : Diagonal::kNo);
     }
     // dK, dV rows = the accumulated dK^T, dV^T transposed back.
     transpose(reinterpret_cast<uint32_t*>(dk + j0 * stride), stride,
