@@ -484,10 +484,15 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
   const int num_blocks = (T + kBlock - 1) / kBlock;
 
   // Per head: dout in bf16 [T, hd] (A of dP), dO^T and Q^T pairs [hd, kBlockPairs] per
-  // query block, D [T].
+  // query block, D [T], and dQ accumulated contiguously ([T, hd] fp32; copied into dqkv
+  // at the end): in place, its rows at dqkv's stride (3C floats) fall into few L1 sets.
   const size_t transposed_dwords = static_cast<size_t>(hd) * kBlockPairs;
   const size_t dout_dwords = (static_cast<size_t>(T) * hd + 1) / 2;
-  uint32_t* scratch = head_scratch(dout_dwords + 2 * num_blocks * transposed_dwords + T);
+  const size_t dq_floats = static_cast<size_t>(T) * hd;
+  uint32_t* scratch =
+      head_scratch(dq_floats + dout_dwords + 2 * num_blocks * transposed_dwords + T);
+  auto* dq_rows = reinterpret_cast<float*>(scratch);  // first: 64-byte aligned
+  scratch += dq_floats;
   auto* dout16 = reinterpret_cast<uint16_t*>(scratch);
   uint32_t* dout_t = scratch + dout_dwords;
   uint32_t* q_t = dout_t + num_blocks * transposed_dwords;
@@ -523,7 +528,7 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
   alignas(64) uint32_t p_rows[kBlockPairs * kBlock];                // B of dV^T
   alignas(64) uint32_t ds_rows[kBlockPairs * kBlock];               // B of dK^T
 
-  for (int i = 0; i < T; ++i) std::fill(dq + i * stride, dq + i * stride + hd, 0.0f);
+  std::fill(dq_rows, dq_rows + dq_floats, 0.0f);
 
   for (int j0 = 0; j0 < T; j0 += kBlock) {
     const int nk = std::min(kBlock, T - j0);
@@ -569,7 +574,8 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
                kBlock, query_pairs);
       dot_tile<kAdd>(dk_t, kBlock, q_t + block * transposed_dwords, kBlockPairs, ds_rows, kBlock, hd,
                kBlock, query_pairs);
-      dot_tile<kAdd>(dq + i0 * stride, stride, as_pairs(ds_tile), kBlockPairs, k_rows, ld, nq, hd,
+      dot_tile<kAdd>(dq_rows + static_cast<int64_t>(i0) * hd, hd, as_pairs(ds_tile), kBlockPairs,
+                     k_rows, ld, nq, hd,
                      (nk + 1) / 2, i0 == j0 ? Diagonal::kKeysAlongK : Diagonal::kNo);
     }
     // dK, dV rows = the accumulated dK^T, dV^T transposed back.
@@ -578,6 +584,9 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
     transpose(reinterpret_cast<uint32_t*>(dv + j0 * stride), stride,
               reinterpret_cast<const uint32_t*>(dv_t), kBlock, hd, nk);
   }
+  for (int i = 0; i < T; ++i)
+    std::copy(dq_rows + static_cast<int64_t>(i) * hd, dq_rows + static_cast<int64_t>(i + 1) * hd,
+              dq + i * stride);
 }
 
 }  // namespace
