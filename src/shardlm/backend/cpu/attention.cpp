@@ -36,6 +36,9 @@ inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 template <int MR, int NV>
 inline void tile_kernel(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
                         const float* b, int64_t ldb, int k) {
+  // Every caller has k >= 1. Telling GCC so keeps the accumulators in registers: for
+  // the k = 0 path it otherwise routes them through the stack around the loop.
+  if (k < 1) __builtin_unreachable();
   v16 acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = load16(c + r * ldc + v * kLanes);
@@ -285,14 +288,17 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
   alignas(64) float k_tile[kBlock * kAttentionMaxHeadDim];
   alignas(64) float out_row[kAttentionMaxHeadDim];
 
-  // Per head, once: q and dout rows in fp32 ([T, hd]) and D_i = dout_i . out_i, the
+  // Per head, once: q and dout rows in fp32 ([T, hd]), a contiguous dq accumulator
+  // ([T, hd], copied into dqkv at the end: in place, dq's rows at dqkv's 3C-float stride
+  // fall into few L1 sets) and D_i = dout_i . out_i, the
   // softmax Jacobian's row term (sum_j p_ij (dout_i . v_j), without the full row of
   // probabilities). out_row is an fp32 copy, so the reduction vectorizes, and sums, the
   // same way for every storage type.
   const int64_t rows = static_cast<int64_t>(T) * hd;
-  float* q_all = head_scratch(2 * rows + T);
+  float* q_all = head_scratch(3 * rows + T);
   float* dout_all = q_all + rows;
-  float* D = dout_all + rows;
+  float* dq_rows = dout_all + rows;
+  float* D = dq_rows + rows;
   load_tile<S>(q_all, hv.q, stride, T, hd);
   load_tile<Fp32Storage>(dout_all, head_dout, C, T, hd);
   for (int i = 0; i < T; ++i) {
@@ -304,7 +310,7 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
     D[i] = d_i;
   }
 
-  for (int i = 0; i < T; ++i) std::fill(dq + i * stride, dq + i * stride + hd, 0.0f);
+  std::fill(dq_rows, dq_rows + rows, 0.0f);
 
   for (int j0 = 0; j0 < T; j0 += kBlock) {
     const int nk = std::min(kBlock, T - j0);
@@ -340,13 +346,16 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
       // dV += P^T dO;  dK += dS^T Q;  dQ += dS K.
       tile_gemm(dv_acc, hd, p, 1, kBlock, dout_rows, hd, nk, hd, nq);
       tile_gemm(dk_acc, hd, ds, 1, kBlock, q, hd, nk, hd, nq);
-      tile_gemm(dq + i0 * stride, stride, ds, kBlock, 1, k, hd, nq, hd, nk);
+      tile_gemm(dq_rows + static_cast<int64_t>(i0) * hd, hd, ds, kBlock, 1, k, hd, nq, hd, nk);
     }
     for (int j = 0; j < nk; ++j) {
       std::copy(dk_acc + j * hd, dk_acc + (j + 1) * hd, dk + (j0 + j) * stride);
       std::copy(dv_acc + j * hd, dv_acc + (j + 1) * hd, dv + (j0 + j) * stride);
     }
   }
+  for (int i = 0; i < T; ++i)
+    std::copy(dq_rows + static_cast<int64_t>(i) * hd, dq_rows + static_cast<int64_t>(i + 1) * hd,
+              dq + i * stride);
 }
 
 template <typename S>
