@@ -353,17 +353,16 @@ void pairs_by_row(uint32_t* dst, int ld, const uint16_t* src, int64_t stride, in
 
 // A operand along the rows, of the transposed block: dst[d][k] = (src row 2k, src row
 // 2k+1) at column d: hd rows of kBlockPairs pairs (pairs from ceil(rows / 2) on zero).
-void pairs_by_row_transposed(uint32_t* dst, const uint16_t* src, int64_t stride, int rows,
-                             int hd) {
+// Built as the row pairs (pairs_by_row) transposed in 16 x 16 register blocks: the
+// element-by-element gather it replaces cost ~1.5% of the attention time.
+SHARDLM_BF16_TARGET void pairs_by_row_transposed(uint32_t* dst, const uint16_t* src,
+                                                 int64_t stride, int rows, int hd) {
   const int row_pairs = (rows + 1) / 2;
-  for (int d = 0; d < hd; ++d) {
-    uint32_t* out = dst + d * kBlockPairs;
-    for (int k = 0; k < row_pairs; ++k) {
-      const uint16_t second = 2 * k + 1 < rows ? src[(2 * k + 1) * stride + d] : 0;
-      out[k] = bf16_pair(src[2 * k * stride + d], second);
-    }
-    std::fill(out + row_pairs, out + kBlockPairs, 0u);
-  }
+  alignas(64) uint32_t by_row[kBlockPairs * kAttentionMaxHeadDim];
+  pairs_by_row(by_row, hd, src, stride, rows, hd);
+  transpose(dst, kBlockPairs, by_row, hd, row_pairs, hd);
+  for (int d = 0; d < hd; ++d)
+    std::fill(dst + d * kBlockPairs + row_pairs, dst + (d + 1) * kBlockPairs, 0u);
 }
 
 inline const uint32_t* as_pairs(const uint16_t* p) { return reinterpret_cast<const uint32_t*>(p); }
