@@ -7,6 +7,7 @@
 
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
+#include "shardlm/backend/cpu/vector_math.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/phase_profile.hpp"
 
@@ -16,21 +17,9 @@ namespace {
 
 // max(x[0], ..., x[n-1]) for n >= 1. fast_math's max_of compiles to scalar vmaxss when
 // GCC 12 inlines it here (perf annotate: a quarter of the softmax's time), so the row
-// maximum runs on explicit 16-float vectors (GCC vector extensions: the AVX-512
-// intrinsics trip GCC 12's -Wuninitialized on their internal undefined vectors). max
-// is exact, so the value is max_of's (inputs without NaN).
-using Float16Lanes = float __attribute__((vector_size(64)));
-
-inline Float16Lanes load_lanes(const float* p) {
-  Float16Lanes v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline Float16Lanes max_lanes(Float16Lanes a, Float16Lanes b) { return a < b ? b : a; }
-
+// maximum runs on explicit 16-float vectors. max is exact, so the value is max_of's
+// (inputs without NaN).
 inline float row_max(const float* x, int n) {
-  constexpr int kLanes = 16;
   if (n < kLanes) {
     float m = x[0];
     for (int i = 1; i < n; ++i) m = std::max(m, x[i]);
@@ -53,9 +42,6 @@ inline float row_max(const float* x, int n) {
   return m;
 }
 
-// One 64-byte cache line of floats.
-constexpr int kLineFloats = 16;
-
 // Cross-entropy of one row of logits; with want_grad, grad_scale * (softmax - onehot)
 // is written through `dlogits` (which may store into the logits row itself, fp32, or
 // round into a compute-type row: the fp32 value is the same either way).
@@ -68,26 +54,27 @@ constexpr int kLineFloats = 16;
 // written there (fp32), else a per-thread scratch row, which stays in L2 and leaves
 // the logits row clean (no write-back to memory).
 //
-// The sum runs in 16 lanes, lane l over j = l mod 16 of the whole lines in order,
-// the tail elements into lane 0, and the lanes are added in order: the order of the
-// `omp simd reduction` loop this replaces (GCC 12, AVX-512), so fp32 losses and
-// gradients of the GPT-2 vocabulary (50257 = 3141 lines + 1) are bitwise unchanged.
+// The numerators are exp_lanes (exp_approx's bits), and their sum runs in 16 lanes,
+// lane l over j = l mod 16 of the whole lines in order, the tail elements into lane
+// 0, the lanes added in order: the order of the `omp simd reduction` loop this
+// replaces (GCC 12, AVX-512), so fp32 losses and gradients of the GPT-2 vocabulary
+// (50257 = 3141 lines + 1) are bitwise unchanged (checked on 3 training steps).
 template <typename Writer>
 float row_cross_entropy(const float* logits, float* numerators, int V, int32_t target,
                         bool want_grad, float grad_scale, Writer dlogits, const float* next_row) {
   const float max_logit = row_max(logits, V);
   const float target_logit = logits[target];
-  float lanes[kLineFloats] = {};
+  Float16Lanes lane_sums = {};
+  const Float16Lanes max_lanes_value = broadcast_lanes(max_logit);
   int j0 = 0;
-  for (; j0 + kLineFloats <= V; j0 += kLineFloats) {
+  for (; j0 + kLanes <= V; j0 += kLanes) {
     if (next_row != nullptr) __builtin_prefetch(next_row + j0, 0, 2);
-#pragma omp simd
-    for (int l = 0; l < kLineFloats; ++l) {
-      const float e = exp_approx(logits[j0 + l] - max_logit);
-      numerators[j0 + l] = e;
-      lanes[l] += e;
-    }
+    const Float16Lanes e = exp_lanes(load_lanes(logits + j0) - max_lanes_value);
+    store_lanes(numerators + j0, e);
+    lane_sums += e;
   }
+  float lanes[kLanes];
+  std::memcpy(lanes, &lane_sums, sizeof(lanes));
   for (int j = j0; j < V; ++j) {
     const float e = exp_approx(logits[j] - max_logit);
     numerators[j] = e;

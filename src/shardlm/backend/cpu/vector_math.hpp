@@ -1,0 +1,57 @@
+// 16-float vectors (one 64-byte cache line, one AVX-512 register) for the loss and
+// elementwise kernels, written with GCC vector extensions.
+//
+// Why not `omp simd` over fast_math's scalar functions: GCC 12 compiles exp_approx's
+// two range clamps inside a simd loop into mask-register compares and masked blends
+// (and keeps max_of scalar when it is inlined into the LM head), which costs the LM
+// head's softmax several percent. Why not AVX-512 intrinsics: GCC 12 warns
+// (-Wuninitialized) about their internal undefined vectors.
+//
+// exp_lanes runs exp_approx's operations in exp_approx's order, so each lane is
+// exp_approx's value bit for bit (tests/unit/test_vector_math.cpp checks it).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace shardlm::cpu {
+
+using Float16Lanes = float __attribute__((vector_size(64)));
+using Int16Lanes = int32_t __attribute__((vector_size(64)));
+inline constexpr int kLanes = 16;
+
+inline Float16Lanes broadcast_lanes(float value) { return Float16Lanes{} + value; }
+
+inline Float16Lanes load_lanes(const float* p) {
+  Float16Lanes v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store_lanes(float* p, Float16Lanes v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Lane-wise std::max(a, b) (b where a < b).
+inline Float16Lanes max_lanes(Float16Lanes a, Float16Lanes b) { return a < b ? b : a; }
+
+// exp_approx (fast_math.hpp) on 16 lanes.
+inline Float16Lanes exp_lanes(Float16Lanes x) {
+  const Float16Lanes lo = broadcast_lanes(-87.0f), hi = broadcast_lanes(88.0f);
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  constexpr float kRoundMagic = 12582912.0f;
+  const Float16Lanes n = (x * 1.44269504088896341f + kRoundMagic) - kRoundMagic;
+  const Float16Lanes r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  Float16Lanes p = broadcast_lanes(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const Float16Lanes y = p * r * r + r + 1.0f;
+  const Int16Lanes exponent_bits = (__builtin_convertvector(n, Int16Lanes) + 127) << 23;
+  Float16Lanes scale;
+  std::memcpy(&scale, &exponent_bits, sizeof(scale));
+  return y * scale;
+}
+
+}  // namespace shardlm::cpu
