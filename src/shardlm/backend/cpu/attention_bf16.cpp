@@ -40,8 +40,8 @@ inline uint32_t bf16_pair(uint16_t first, uint16_t second) {
 // With kMasked the last vector of each C row is masked by last_mask (neither read nor
 // written there); B is read in full vectors (its rows are padded to a multiple of 16
 // pairs: what the padding holds only reaches the masked lanes). Masking the B loads
-// instead made GCC spill the accumulators; full-width tiles (kBlock keys, head_dim a
-// multiple of 16) take the unmasked form, where GCC also keeps C out of the stack.
+// instead made GCC spill the accumulators. Full-width tiles (kBlock keys, head_dim a
+// multiple of 16) take the unmasked form.
 template <int MR, int NV, bool kAccumulate, bool kMasked>
 SHARDLM_BF16_TARGET inline void dot_kernel(float* c, int64_t ldc, const uint32_t* a, int64_t lda,
                                            const uint32_t* b, int64_t ldb, int kp,
@@ -260,7 +260,7 @@ SHARDLM_BF16_TARGET inline __m512i interleave_pairs(__m256bh first, __m256bh sec
 // Row stride of B operands whose rows are n pairs long: n rounded up to 16.
 inline int padded(int n) { return (n + 15) / 16 * 16; }
 
-// (kAll16, kAll8: see the top of the file.)
+// (kAll16, kAll8: defined above exp16.)
 SHARDLM_BF16_TARGET inline __m512i unpacklo32(__m512i a, __m512i b) {
   return _mm512_maskz_unpacklo_epi32(kAll16, a, b);
 }
