@@ -145,24 +145,30 @@ SHARDLM_BF16_TARGET inline void round_to_bf16(uint16_t* dst, const float* src, i
 constexpr __mmask16 kAll16 = 0xffff;
 constexpr __mmask8 kAll8 = 0xff;
 
-// exp_approx (fast_math.hpp) on 16 lanes: the same clamp, reduction and polynomial,
-// with the power of two applied by vscalefps (no integer exponent arithmetic).
-SHARDLM_BF16_TARGET inline __m512 exp16(__m512 x) {
-  x = _mm512_maskz_min_ps(kAll16, _mm512_maskz_max_ps(kAll16, x, _mm512_set1_ps(-87.0f)),
-                          _mm512_set1_ps(88.0f));
+// The softmax here runs in base 2: scores scaled by scale * log2(e) (so exp becomes
+// 2^y with no reduction by ln 2: 11 vector operations where exp_approx takes 16), the
+// running maxima in the same units, lse stored in natural units. Against base e this
+// adds one fp32 rounding of the scale (relative 2^-24, i.e. ~1e-6 relative on a
+// probability 2^-30 below the row's maximum): fp32 noise next to the bf16 roundings of P.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+
+// 2^y on 16 lanes for y <= 0 (clamped below at -126): y = n + f with n an integer and
+// f in [-1/2, 1/2], 2^f by its Taylor polynomial of degree 6 (relative error < 9e-8,
+// below fp32's half ulp), times 2^n by vscalefps.
+SHARDLM_BF16_TARGET inline __m512 exp2_16(__m512 y) {
+  y = _mm512_maskz_max_ps(kAll16, y, _mm512_set1_ps(-126.0f));
   const __m512 n =
-      _mm512_maskz_roundscale_ps(kAll16, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(kAll16, y, n);
+      _mm512_maskz_roundscale_ps(kAll16, y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(y, n);  // exact
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);  // ln2^6 / 6!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kAll16, p, n);
 }
 
 SHARDLM_BF16_TARGET inline __m512 max16(__m512 a, __m512 b) { return _mm512_maskz_max_ps(kAll16, a, b); }
@@ -194,54 +200,57 @@ inline RowMasks row_masks(int valid) {
 }
 static_assert(kBlock == 64, "row_masks and the fused row passes assume 4 vectors per tile row");
 
-// online_softmax_block (fast_math.hpp) for one score row of a tile, in registers, that
-// writes the probabilities rounded to bf16 (p_out[0, kBlock); masked keys 0) instead of
-// fp32 in place: one pass over the row instead of max, exp + sum, zero fill and
-// rounding passes, with the reductions across lanes done once per row. The sum's order
-// differs from the fp32 kernel's (the bf16 results are bound by the roundings, not bits).
+// online_softmax_block (fast_math.hpp) for one score row of a tile, in registers and in
+// base 2 (scale2 = scale * log2(e); row_max in those units), that writes the
+// probabilities rounded to bf16 (p_out[0, kBlock); masked keys 0) instead of fp32 in
+// place: one pass over the row instead of max, exp + sum, zero fill and rounding
+// passes, with the reductions across lanes done once per row. The sum's order differs
+// from the fp32 kernel's (the bf16 results are bound by the roundings, not bits).
 SHARDLM_BF16_TARGET inline float softmax_row_to_bf16(uint16_t* p_out, const float* scores,
-                                                     int valid, float scale, float& row_max,
+                                                     int valid, float scale2, float& row_max,
                                                      float& row_sum) {
   const RowMasks mask = row_masks(valid);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
   __m512 x[4];
   for (int v = 0; v < 4; ++v) x[v] = _mm512_mask_loadu_ps(minus_inf, mask.m[v], scores + 16 * v);
-  // max_j(s_j * scale) == max_j(s_j) * scale exactly (scale > 0, rounding monotone).
+  // max_j(s_j * scale2) == max_j(s_j) * scale2 exactly (scale2 > 0, rounding monotone).
   const float block_max =
-      max_across(max16(max16(x[0], x[1]), max16(x[2], x[3]))) * scale;
+      max_across(max16(max16(x[0], x[1]), max16(x[2], x[3]))) * scale2;
   const float new_max = std::max(row_max, block_max);
-  const __m512 scale_v = _mm512_set1_ps(scale), max_v = _mm512_set1_ps(new_max);
+  const __m512 scale_v = _mm512_set1_ps(scale2), max_v = _mm512_set1_ps(new_max);
   __m512 p[4];
   for (int v = 0; v < 4; ++v)
-    p[v] = _mm512_maskz_mov_ps(mask.m[v], exp16(_mm512_fmsub_ps(x[v], scale_v, max_v)));
+    p[v] = _mm512_maskz_mov_ps(mask.m[v], exp2_16(_mm512_fmsub_ps(x[v], scale_v, max_v)));
   const float block_sum =
       sum_across(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
   _mm512_storeu_si512(p_out, (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]));
   _mm512_storeu_si512(p_out + 32, (__m512i)_mm512_cvtne2ps_pbh(p[3], p[2]));
-  const float correction = exp_approx(row_max - new_max);
+  const float correction = exp_approx((row_max - new_max) * kLn2);
   row_sum = row_sum * correction + block_sum;
   row_max = new_max;
   return correction;
 }
 
-// One query row of a backward tile: p = e^(s scale - lse), dS = p (dP - D) scale for
-// the visible keys (0 for the rest), rounded to bf16 (round_to_bf16's rounding).
+// One query row of a backward tile: p = e^(s scale - lse) = 2^(s scale2 - lse2) (base 2
+// as in the forward: scale2 = scale log2(e), lse2 = lse log2(e)), dS = p (dP - D) scale
+// for the visible keys (0 for the rest), rounded to bf16 (round_to_bf16's rounding).
 struct ProbabilityAndGradient {
   __m256bh p[4], ds[4];
 };
 SHARDLM_BF16_TARGET inline ProbabilityAndGradient score_gradient_row(const float* scores,
                                                                      const float* dp, int valid,
-                                                                     float scale, float row_lse,
-                                                                     float d_i) {
+                                                                     float scale, float scale2,
+                                                                     float row_lse2, float d_i) {
   const RowMasks mask = row_masks(valid);
-  const __m512 scale_v = _mm512_set1_ps(scale), lse_v = _mm512_set1_ps(row_lse);
+  const __m512 scale_v = _mm512_set1_ps(scale), scale2_v = _mm512_set1_ps(scale2);
+  const __m512 lse_v = _mm512_set1_ps(row_lse2);
   const __m512 d_v = _mm512_set1_ps(d_i);
   ProbabilityAndGradient out;
   for (int v = 0; v < 4; ++v) {
     // Masked loads: past the visible keys a diagonal tile's scores are not written.
     const __m512 s = _mm512_maskz_loadu_ps(mask.m[v], scores + 16 * v);
     const __m512 p =
-        _mm512_maskz_mov_ps(mask.m[v], exp16(_mm512_fmsub_ps(s, scale_v, lse_v)));
+        _mm512_maskz_mov_ps(mask.m[v], exp2_16(_mm512_fmsub_ps(s, scale2_v, lse_v)));
     const __m512 dp_v = _mm512_maskz_loadu_ps(mask.m[v], dp + 16 * v);
     const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(dp_v, d_v)), scale_v);
     out.p[v] = _mm512_cvtneps_pbh(p);
@@ -407,6 +416,7 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
   const int pairs = hd / 2;
   const int ld = padded(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale2 = scale * kLog2e;  // scores in base-2 units (see exp2_16)
   const int num_blocks = (T + kBlock - 1) / kBlock;
   const size_t k_block_dwords = static_cast<size_t>(pairs) * kBlock;
   const size_t v_block_dwords = static_cast<size_t>(kBlockPairs) * ld;
@@ -439,7 +449,7 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
       for (int ii = 0; ii < nq; ++ii) {
         const float correction =
             softmax_row_to_bf16(p_tile + ii * kBlock, s + ii * kBlock,
-                                visible_keys(i0 + ii, j0, nk), scale, row_max[ii], row_sum[ii]);
+                                visible_keys(i0 + ii, j0, nk), scale2, row_max[ii], row_sum[ii]);
         float* a = acc + ii * hd;
 #pragma omp simd
         for (int d = 0; d < hd; ++d) a[d] *= correction;
@@ -455,7 +465,7 @@ SHARDLM_BF16_TARGET void forward_head(uint16_t* out, float* lse, const uint16_t*
       const float* a = acc + ii * hd;
 #pragma omp simd
       for (int d = 0; d < hd; ++d) out_row[d] = float_to_bf16(a[d] * inv_sum);
-      lse[hv.lse_offset + i] = row_max[ii] + std::log(row_sum[ii]);
+      lse[hv.lse_offset + i] = row_max[ii] * kLn2 + std::log(row_sum[ii]);
     }
   }
 }
@@ -474,6 +484,7 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
   const int ld = padded(hd);
   const int64_t stride = hv.stride;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale2 = scale * kLog2e;  // scores in base-2 units (see exp2_16)
   float* dq = dqkv + (hv.q - qkv);
   float* dk = dq + C;
   float* dv = dq + 2 * C;
@@ -551,11 +562,12 @@ SHARDLM_BF16_TARGET void backward_head(float* dqkv, const float* dout, const uin
         const int ii = 2 * pair, i = i0 + ii;
         const ProbabilityAndGradient first =
             score_gradient_row(s + ii * kBlock, dp + ii * kBlock, visible_keys(i, j0, nk), scale,
-                               head_lse[i], D[i]);
+                               scale2, head_lse[i] * kLog2e, D[i]);
         ProbabilityAndGradient second{};
         if (ii + 1 < nq)
           second = score_gradient_row(s + (ii + 1) * kBlock, dp + (ii + 1) * kBlock,
-                                      visible_keys(i + 1, j0, nk), scale, head_lse[i + 1], D[i + 1]);
+                                      visible_keys(i + 1, j0, nk), scale, scale2,
+                                      head_lse[i + 1] * kLog2e, D[i + 1]);
         for (int v = 0; v < 4; ++v) {
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_tile + ii * kBlock + 16 * v),
                               (__m256i)first.ds[v]);
