@@ -14,27 +14,36 @@
 
 namespace shardlm::cpu {
 
-// e^x for x in [-87, 88]; inputs outside are clamped (e^-87 ~ 1.6e-38 stands in
-// for 0, which only matters as a softmax weight next to terms >= 1).
-inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
+// exp_approx's arithmetic after its range clamp, for F = float or a GCC vector of
+// floats (vector_math.hpp's Float16Lanes), so the scalar and the 16-lane exp are one
+// formula, bit for bit. two_to(n) is 2^n for the integer-valued n.
+template <typename F, typename TwoTo>
+inline F exp_approx_clamped(F x, TwoTo two_to) {
   // Round x / ln2 to the nearest integer by adding and subtracting 1.5 * 2^23 (the
   // float's ulp is 1 there): plain arithmetic, so it stays inline and vectorizes
   // where std::floor / std::nearbyint may become library calls.
   constexpr float kRoundMagic = 12582912.0f;
-  const float n = (x * 1.44269504088896341f + kRoundMagic) - kRoundMagic;
+  const F n = (x * 1.44269504088896341f + kRoundMagic) - kRoundMagic;
   // x - n ln2 in two parts so the reduced argument keeps full precision.
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+  const F r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  F p = F{} + 1.9875691500e-4f;  // F{} + c: c itself, or c in every lane
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t exponent = static_cast<int32_t>(n) + 127;
-  return y * std::bit_cast<float>(exponent << 23);
+  const F y = p * r * r + r + 1.0f;
+  return y * two_to(n);
+}
+
+// e^x for x in [-87, 88]; inputs outside are clamped (e^-87 ~ 1.6e-38 stands in
+// for 0, which only matters as a softmax weight next to terms >= 1).
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  return exp_approx_clamped(x, [](float n) {
+    return std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  });
 }
 
 // max(x[0], ..., x[n-1]) (-inf for n = 0) in 16 running maxima combined at the end:

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "shardlm/backend/cpu/fast_math.hpp"
+
 namespace shardlm::cpu {
 
 using Float16Lanes = float __attribute__((vector_size(64)));
@@ -33,25 +35,17 @@ inline void store_lanes(float* p, Float16Lanes v) { std::memcpy(p, &v, sizeof(v)
 // Lane-wise std::max(a, b) (b where a < b).
 inline Float16Lanes max_lanes(Float16Lanes a, Float16Lanes b) { return a < b ? b : a; }
 
-// exp_approx (fast_math.hpp) on 16 lanes.
+// exp_approx (fast_math.hpp) on 16 lanes: the same clamp and exp_approx_clamped.
 inline Float16Lanes exp_lanes(Float16Lanes x) {
   const Float16Lanes lo = broadcast_lanes(-87.0f), hi = broadcast_lanes(88.0f);
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  constexpr float kRoundMagic = 12582912.0f;
-  const Float16Lanes n = (x * 1.44269504088896341f + kRoundMagic) - kRoundMagic;
-  const Float16Lanes r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  Float16Lanes p = broadcast_lanes(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const Float16Lanes y = p * r * r + r + 1.0f;
-  const Int16Lanes exponent_bits = (__builtin_convertvector(n, Int16Lanes) + 127) << 23;
-  Float16Lanes scale;
-  std::memcpy(&scale, &exponent_bits, sizeof(scale));
-  return y * scale;
+  return exp_approx_clamped(x, [](Float16Lanes n) {
+    const Int16Lanes exponent_bits = (__builtin_convertvector(n, Int16Lanes) + 127) << 23;
+    Float16Lanes scale;
+    std::memcpy(&scale, &exponent_bits, sizeof(scale));
+    return scale;
+  });
 }
 
 }  // namespace shardlm::cpu
