@@ -173,21 +173,22 @@ SHARDLM_BF16_TARGET inline __m512 exp2_16(__m512 y) {
 
 SHARDLM_BF16_TARGET inline __m512 max16(__m512 a, __m512 b) { return _mm512_maskz_max_ps(kAll16, a, b); }
 
-// Maximum and sum of the 16 lanes (the library's _mm512_reduce_* trip -Wuninitialized).
-SHARDLM_BF16_TARGET inline float max_across(__m512 v) {
-  const __m256 a = _mm256_max_ps(_mm512_maskz_extractf32x8_ps(kAll8, v, 0),
-                                 _mm512_maskz_extractf32x8_ps(kAll8, v, 1));
-  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
+// Maximum (kMax) or sum of the 16 lanes, halving the width each time (the library's
+// _mm512_reduce_* trip -Wuninitialized).
+template <bool kMax>
+SHARDLM_BF16_TARGET inline float reduce_across(__m512 v) {
+  const __m256 lo8 = _mm512_maskz_extractf32x8_ps(kAll8, v, 0);
+  const __m256 hi8 = _mm512_maskz_extractf32x8_ps(kAll8, v, 1);
+  const __m256 a = kMax ? _mm256_max_ps(lo8, hi8) : _mm256_add_ps(lo8, hi8);
+  const __m128 lo4 = _mm256_castps256_ps128(a), hi4 = _mm256_extractf128_ps(a, 1);
+  __m128 b = kMax ? _mm_max_ps(lo4, hi4) : _mm_add_ps(lo4, hi4);
+  const __m128 upper2 = _mm_movehl_ps(b, b);
+  b = kMax ? _mm_max_ps(b, upper2) : _mm_add_ps(b, upper2);
+  const __m128 odd = _mm_movehdup_ps(b);
+  return _mm_cvtss_f32(kMax ? _mm_max_ss(b, odd) : _mm_add_ss(b, odd));
 }
-SHARDLM_BF16_TARGET inline float sum_across(__m512 v) {
-  const __m256 a = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(kAll8, v, 0),
-                                 _mm512_maskz_extractf32x8_ps(kAll8, v, 1));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
-}
+SHARDLM_BF16_TARGET inline float max_across(__m512 v) { return reduce_across<true>(v); }
+SHARDLM_BF16_TARGET inline float sum_across(__m512 v) { return reduce_across<false>(v); }
 
 // Lane masks of the kBlock = 4 x 16 columns of a tile row whose first `valid` are visible.
 struct RowMasks {
