@@ -22,6 +22,8 @@
 #include "shardlm/backend/cpu/dtype.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
+#include "naive_attention.hpp"
+#include "relative_error.hpp"
 
 namespace {
 
@@ -49,19 +51,6 @@ Vec widen(DType type, const Half& v) {
   Vec out(v.size());
   shardlm::cpu::convert(out.data(), ConstTypedPtr(v.data(), type), static_cast<int64_t>(v.size()));
   return out;
-}
-
-// max |got - want| / max |want|.
-template <typename A, typename B>
-double relative_to_max_error(const A& got, const B& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double max_ref = 0.0, max_diff = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
-    max_diff =
-        std::max(max_diff, std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
-  }
-  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
 }
 
 // Relative error bound of one rounding to nearest in `type`: the unit roundoff 2^-p
@@ -124,41 +113,14 @@ TEST(AddBiasComputeType, StoresTheFp32SumRoundedOnce) {
 
 // ---------------------------------------------------------------- attention
 
-struct AttentionShape {
-  int B, T, H, hd;
-};
+using naive_attention::AttentionShape;
 
 const AttentionShape kShapes[] = {{2, 1, 2, 8},  {2, 7, 2, 8},   {1, 13, 3, 8},  {2, 33, 2, 64},
                                   {1, 65, 2, 24}, {1, 130, 1, 64}, {1, 67, 2, 24}};
 
 // Naive causal attention in double: out [B, T, C] and the per-row log-sum-exp.
 DVec attention_ref(const Vec& qkv, const AttentionShape& s, DVec* lse) {
-  const int C = s.H * s.hd;
-  DVec out(static_cast<size_t>(s.B) * s.T * C);
-  const double scale = 1.0 / std::sqrt(double(s.hd));
-  auto at = [&](int b, int t, int group, int h, int d) {
-    return double(qkv[(static_cast<size_t>(b) * s.T + t) * 3 * C + group * C + h * s.hd + d]);
-  };
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < s.H; ++h)
-      for (int i = 0; i < s.T; ++i) {
-        DVec p(i + 1);
-        double mx = -1e300, sum = 0.0;
-        for (int j = 0; j <= i; ++j) {
-          double sc = 0.0;
-          for (int d = 0; d < s.hd; ++d) sc += at(b, i, 0, h, d) * at(b, j, 1, h, d);
-          p[j] = sc * scale;
-          mx = std::max(mx, p[j]);
-        }
-        for (int j = 0; j <= i; ++j) sum += std::exp(p[j] - mx);
-        for (int d = 0; d < s.hd; ++d) {
-          double acc = 0.0;
-          for (int j = 0; j <= i; ++j) acc += std::exp(p[j] - mx) / sum * at(b, j, 2, h, d);
-          out[(static_cast<size_t>(b) * s.T + i) * C + h * s.hd + d] = acc;
-        }
-        (*lse)[(static_cast<size_t>(b) * s.H + h) * s.T + i] = mx + std::log(sum);
-      }
-  return out;
+  return naive_attention::forward(qkv, s, lse);
 }
 
 // The widening path (fp16 always; bf16 where the CPU has no avx512_bf16).
@@ -236,7 +198,6 @@ struct AttentionReference {
 };
 
 AttentionReference attention_reference(const Vec& qkv, const Vec& dout, const AttentionShape& s) {
-  const int C = s.H * s.hd;
   const double scale = 1.0 / std::sqrt(double(s.hd));
   AttentionReference r;
   r.out.assign(dout.size(), 0.0);
@@ -244,24 +205,16 @@ AttentionReference attention_reference(const Vec& qkv, const Vec& dout, const At
   r.dqkv.assign(qkv.size(), 0.0);
   r.dqkv_bound.assign(qkv.size(), 0.0);
   auto idx = [&](int b, int t, int group, int h, int d) {
-    return (static_cast<size_t>(b) * s.T + t) * 3 * C + group * C + h * s.hd + d;
+    return naive_attention::qkv_index(s, b, t, group, h, d);
   };
   auto out_idx = [&](int b, int t, int h, int d) {
-    return (static_cast<size_t>(b) * s.T + t) * C + h * s.hd + d;
+    return naive_attention::out_index(s, b, t, h, d);
   };
+  DVec p;
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.H; ++h)
       for (int i = 0; i < s.T; ++i) {
-        DVec p(i + 1);
-        double mx = -1e300, sum = 0.0;
-        for (int j = 0; j <= i; ++j) {
-          double sc = 0.0;
-          for (int d = 0; d < s.hd; ++d) sc += double(qkv[idx(b, i, 0, h, d)]) * qkv[idx(b, j, 1, h, d)];
-          p[j] = sc * scale;
-          mx = std::max(mx, p[j]);
-        }
-        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (auto& x : p) x /= sum;
+        naive_attention::softmax_row(qkv, s, b, h, i, p);
         double D = 0.0, D_mag = 0.0;
         for (int d = 0; d < s.hd; ++d) {
           double acc = 0.0, mag = 0.0;

@@ -25,6 +25,8 @@
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
+#include "naive_attention.hpp"
+#include "relative_error.hpp"
 
 namespace {
 
@@ -39,18 +41,6 @@ Vec random_vec(size_t n, uint64_t seed, double scale = 1.0, double offset = 0.0)
 }
 
 DVec to_double(const Vec& v) { return DVec(v.begin(), v.end()); }
-
-// max |got - want| / max |want|: errors measured against the tensor's scale.
-template <typename A, typename B>
-double relative_to_max_error(const A& got, const B& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double max_ref = 0.0, max_diff = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
-  }
-  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
-}
 
 // Central differences of a double function of one input vector.
 DVec finite_difference(const std::function<double(const DVec&)>& f, DVec x, double h = 1e-6) {
@@ -273,63 +263,26 @@ TEST(Embedding, ForwardAndBackwardMatchNaive) {
 
 // ---------------------------------------------------------------- attention
 
-struct AttentionShape {
-  int B, T, H, hd;
-};
+using naive_attention::AttentionShape;
 
 // Naive causal attention in double with the full score matrix.
 DVec attention_ref(const DVec& qkv, const AttentionShape& s, DVec* lse = nullptr) {
-  const int C = s.H * s.hd;
-  DVec out(static_cast<size_t>(s.B) * s.T * C);
-  const double scale = 1.0 / std::sqrt(double(s.hd));
-  auto at = [&](int b, int t, int group, int h, int d) {
-    return qkv[(static_cast<size_t>(b) * s.T + t) * 3 * C + group * C + h * s.hd + d];
-  };
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < s.H; ++h)
-      for (int i = 0; i < s.T; ++i) {
-        DVec scores(i + 1);
-        double mx = -1e300;
-        for (int j = 0; j <= i; ++j) {
-          double sc = 0.0;
-          for (int d = 0; d < s.hd; ++d) sc += at(b, i, 0, h, d) * at(b, j, 1, h, d);
-          scores[j] = sc * scale;
-          mx = std::max(mx, scores[j]);
-        }
-        double sum = 0.0;
-        for (int j = 0; j <= i; ++j) sum += std::exp(scores[j] - mx);
-        for (int d = 0; d < s.hd; ++d) {
-          double acc = 0.0;
-          for (int j = 0; j <= i; ++j) acc += std::exp(scores[j] - mx) / sum * at(b, j, 2, h, d);
-          out[(static_cast<size_t>(b) * s.T + i) * C + h * s.hd + d] = acc;
-        }
-        if (lse) (*lse)[(static_cast<size_t>(b) * s.H + h) * s.T + i] = mx + std::log(sum);
-      }
-  return out;
+  return naive_attention::forward(qkv, s, lse);
 }
 
 // Naive analytic backward in double (softmax Jacobian written out).
 DVec attention_backward_ref(const DVec& qkv, const DVec& dout, const AttentionShape& s) {
-  const int C = s.H * s.hd;
   DVec dqkv(qkv.size(), 0.0);
   const double scale = 1.0 / std::sqrt(double(s.hd));
   auto idx = [&](int b, int t, int group, int h, int d) {
-    return (static_cast<size_t>(b) * s.T + t) * 3 * C + group * C + h * s.hd + d;
+    return naive_attention::qkv_index(s, b, t, group, h, d);
   };
+  DVec p;
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.H; ++h)
       for (int i = 0; i < s.T; ++i) {
-        DVec p(i + 1);
-        double mx = -1e300, sum = 0.0;
-        for (int j = 0; j <= i; ++j) {
-          double sc = 0.0;
-          for (int d = 0; d < s.hd; ++d) sc += qkv[idx(b, i, 0, h, d)] * qkv[idx(b, j, 1, h, d)];
-          p[j] = sc * scale;
-          mx = std::max(mx, p[j]);
-        }
-        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (auto& v : p) v /= sum;
-        const double* go = &dout[(static_cast<size_t>(b) * s.T + i) * C + h * s.hd];
+        naive_attention::softmax_row(qkv, s, b, h, i, p);
+        const double* go = &dout[naive_attention::out_index(s, b, i, h, 0)];
         DVec dp(i + 1);
         double weighted = 0.0;
         for (int j = 0; j <= i; ++j) {

@@ -14,6 +14,7 @@
 
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/model/gpt2_model.hpp"
+#include "relative_error.hpp"
 
 namespace st = shardlm::safetensors;
 
@@ -79,15 +80,6 @@ void train_micro_batch(shardlm::Gpt2Model& model, UnitBuffers& buf, const int32_
     model.forward_unit(u, buf.param_ptrs, buf.grad_ptrs, batch, true, grad_scale);
   for (int u = model.num_units() - 1; u >= 0; --u)
     model.backward_unit(u, buf.param_ptrs, buf.grad_ptrs, batch);
-}
-
-double relative_to_max_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double max_ref = 0.0, max_diff = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - want[i]));
-  }
-  return max_diff / max_ref;
 }
 
 int64_t count_targets() {

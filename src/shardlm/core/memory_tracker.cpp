@@ -127,4 +127,12 @@ TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
   return *this;
 }
 
+void* TrackedBuffer::grow_to(MemCategory category, size_t bytes) {
+  if (bytes_ < bytes) {
+    release();
+    *this = TrackedBuffer(category, bytes);
+  }
+  return data_;
+}
+
 }  // namespace shardlm

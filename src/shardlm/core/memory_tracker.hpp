@@ -65,6 +65,9 @@ class TrackedBuffer {
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
   void release();
+  // Scratch that grows to the largest request, then is reused: reallocates (releasing
+  // first, so the peak never holds both) only when `bytes` exceeds the current size.
+  void* grow_to(MemCategory category, size_t bytes);
 
  private:
   void* data_ = nullptr;

@@ -193,11 +193,7 @@ void tile_scores(float* s, const float* q, const float* k_t, int nq, int hd, boo
 // blocks): grows to the largest head once, then is reused (no allocation in steady state).
 float* head_scratch(size_t floats) {
   thread_local TrackedBuffer buffer;
-  if (buffer.bytes() < floats * sizeof(float)) {
-    buffer.release();  // first, so the peak never holds both
-    buffer = TrackedBuffer(MemCategory::other, floats * sizeof(float));
-  }
-  return buffer.as<float>();
+  return static_cast<float*>(buffer.grow_to(MemCategory::other, floats * sizeof(float)));
 }
 
 // One (batch, head, query block) of the forward, with an online softmax over key blocks.

@@ -381,11 +381,7 @@ inline const uint32_t* as_pairs(const uint16_t* p) { return reinterpret_cast<con
 // once, then is reused (no allocation in steady state).
 uint32_t* head_scratch(size_t dwords) {
   thread_local TrackedBuffer buffer;
-  if (buffer.bytes() < dwords * sizeof(uint32_t)) {
-    buffer.release();  // first, so the peak never holds both
-    buffer = TrackedBuffer(MemCategory::other, dwords * sizeof(uint32_t));
-  }
-  return buffer.as<uint32_t>();
+  return static_cast<uint32_t*>(buffer.grow_to(MemCategory::other, dwords * sizeof(uint32_t)));
 }
 
 struct Head {

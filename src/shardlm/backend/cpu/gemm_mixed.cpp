@@ -77,11 +77,7 @@ const Bf16Matmul& cached_matmul(const ShapeKey& key) {
 // One per thread, so concurrent callers do not share it.
 float* widening_scratch(size_t floats) {
   thread_local TrackedBuffer buffer;
-  if (buffer.bytes() < floats * sizeof(float)) {
-    buffer.release();  // first, so the peak never holds both
-    buffer = TrackedBuffer(MemCategory::other, floats * sizeof(float));
-  }
-  return buffer.as<float>();
+  return static_cast<float*>(buffer.grow_to(MemCategory::other, floats * sizeof(float)));
 }
 
 void gemm_widened(bool ta, bool tb, int M, int N, int K, float alpha, ConstTypedPtr A, int lda,
