@@ -28,12 +28,15 @@ using cpu::TypedPtr;
 // re-reads the [V, C] head weight twice and read-modify-writes its gradient once,
 // so small chunks make the head memory-bound and its GEMMs short and wide: on the
 // 2-vCPU Zen5 box (GPT-2 vocabulary, C = 384, one thread) 32 rows ran at ~53
-// GFLOP/s, 64 at ~72, 128 at ~93, 256-512 no better. With both threads the whole
-// head (three GEMMs + softmax, N = 2048, C = 384) kept improving past that: fp32
-// 1278 ms at 160 rows, 1203 at 320, 1175 at 512; bf16 745, 690, 690 (1024: 632, at
-// 200 MiB of logits). 64 MiB (~330 rows of 50304 logits) takes most of the gain;
-// the rows are then spread evenly over the chunks (a short last chunk is slow).
-constexpr int64_t kLogitsChunkBytes = 64ll << 20;
+// GFLOP/s, 64 at ~72, 128 at ~93, 256-512 no better. With both threads the head's
+// three bf16 GEMMs (N = 2048, C = 384) took 612 ms in 304-row chunks, 590 in 512,
+// 570 in 1024, 560 in one; whole training steps, alternating runs: gpt2-small-30m
+// bf16 1065-1124 ms at 64 MiB of logits (304 rows), 1031-1056 at 256 MiB (1024
+// rows); fp32 1923-1955 and 1875-1884. 256 MiB (~1330 rows of 50304 logits, plus
+// half as much again for bf16 dlogits) keeps peak RSS for that config at ~1.06 GiB,
+// well under half of PyTorch's; the rows are then spread evenly over the chunks (a
+// short last chunk is slow).
+constexpr int64_t kLogitsChunkBytes = 256ll << 20;
 
 // FNV-1a, 64-bit: a stable string hash (std::hash is not specified across
 // platforms), so init depends on the parameter name and nothing else.
