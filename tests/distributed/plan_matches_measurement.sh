@@ -3,7 +3,8 @@
 # plan's bytes per category (params, grads, optimizer, activations, comm) must equal
 # the tracker's peak of the real run on rank 0, byte for byte, and its traffic must
 # be within 3% of the measured bus bytes of a steady step. Covers every strategy,
-# merged and unmerged units, bf16 (zero3 gathering in bf16), --reduce-dtype bf16,
+# merged and unmerged units, bf16 (zero3 gathering in bf16; ddp/zero2 keeping a bf16
+# copy of their parameters), --reduce-dtype bf16,
 # activation checkpointing, gradient accumulation and hybrid sharding.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
@@ -43,6 +44,7 @@ PY
 check single 1
 check ddp_n2 2 --strategy ddp
 check zero1_n2 2 --strategy zero1
+check ddp_bf16_accumulation_n2 2 --strategy ddp --precision bf16 --global-batch 8
 check zero2_bf16_checkpointing_n2 2 --strategy zero2 --precision bf16 --activation-checkpointing
 check zero3_unmerged_n2 2 --strategy zero3 --min-unit-params 0 --prefetch 2
 check zero3_bf16_reduce_bf16_n2 2 --strategy zero3 --precision bf16 --reduce-dtype bf16

@@ -32,7 +32,9 @@
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
+#include "shardlm/comm/single_process_communicator.hpp"
 #include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
 
 namespace {
 
@@ -522,6 +524,50 @@ TEST(MixedPrecisionModel, ParamsInTheComputeTypeGiveBitwiseTheResultOfFp32Params
                                from_fp32.grads[u].size() * sizeof(float)))
           << shardlm::dtype_name(precision) << " unit " << u;
   }
+}
+
+// In a bf16 run the replicated strategies hand the model a bf16 copy of their fp32
+// parameters, rounded once per step: it must hold exactly the rounded masters before
+// the first forward, and again after an update (after_step), never a stale copy.
+TEST(MixedPrecisionStrategy, ReplicatedParamsReachTheModelRoundedToBf16AfterEveryUpdate) {
+  const auto config = shardlm::model_preset("gpt2-tiny");
+  const auto layout = shardlm::ParamLayout::build(config, 1);
+  shardlm::Gpt2Model model(config, layout, 1, 4, {DType::bf16, false});
+  std::vector<std::vector<int>> needs;
+  for (int m = 0; m < model.num_units(); ++m) needs.push_back(model.units_needed_for(m));
+  shardlm::SingleProcessCommunicator comm;
+  shardlm::StrategyOptions options;
+  options.param_dtype = DType::bf16;
+  shardlm::FlatUnitStrategy strategy(layout, needs, comm, options);
+  auto fill_masters = [&](uint64_t seed) {
+    shardlm::Rng rng(seed);
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const shardlm::OwnedSlice s = strategy.owned(u);
+      for (int64_t i = 0; i < s.end - s.begin; ++i)
+        s.master[i] = static_cast<float>(rng.uniform() - 0.5);
+    }
+  };
+  auto expect_rounded_copies = [&](const char* when) {
+    for (int m = 0; m < model.num_units(); ++m) strategy.before_forward(m, false);
+    const auto params = strategy.params();
+    for (int m = 0; m < model.num_units(); ++m) {
+      const auto& place = layout.model_units[static_cast<size_t>(m)];
+      ASSERT_EQ(params[static_cast<size_t>(m)].dtype, DType::bf16) << when;
+      // The whole flat unit the model unit lies in, from its start.
+      const auto* copy = static_cast<const uint16_t*>(params[static_cast<size_t>(m)].data) -
+                         place.base;
+      const float* master = strategy.replicated_params(place.unit);
+      for (int64_t i = 0; i < layout.units[static_cast<size_t>(place.unit)].padded_numel; ++i)
+        ASSERT_EQ(copy[i], shardlm::cpu::float_to_bf16(master[i]))
+            << when << ": unit " << place.unit << " element " << i;
+    }
+  };
+  fill_masters(1);
+  strategy.after_load();
+  expect_rounded_copies("after load");
+  fill_masters(2);  // what AdamW does between steps
+  strategy.after_step();
+  expect_rounded_copies("after a step");
 }
 
 TEST(MixedPrecisionModel, RejectsParamsOfAnotherType) {

@@ -21,6 +21,17 @@ TrackedBuffer elements(MemCategory category, DType type, int64_t count, MemoryTr
   return TrackedBuffer(category, static_cast<size_t>(count) * dtype_bytes(type), tracker);
 }
 
+// The type params() hands the model: zero3/hybrid gather in the compute type; the
+// replicated strategies keep a bf16 copy of their fp32 parameters in a bf16 run
+// (rounded once per step instead of by the model at every use), and hand fp16 runs
+// fp32, which the model rounds to fp16 values itself (there is no fp16 GEMM).
+DType model_param_type(const StrategyOptions& options) {
+  const bool shard_params =
+      options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid;
+  if (shard_params || options.param_dtype == DType::bf16) return options.param_dtype;
+  return DType::fp32;
+}
+
 void zero_floats(float* data, int64_t count) {
   std::memset(data, 0, static_cast<size_t>(count) * sizeof(float));
 }
@@ -34,7 +45,8 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   plan.shard_params = options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid;
   plan.shard_grads = options.kind == StrategyKind::zero2 || plan.shard_params;
   plan.shard_optimizer = options.kind != StrategyKind::ddp;
-  plan.param_type = plan.shard_params ? options.param_dtype : DType::fp32;
+  plan.param_type = model_param_type(options);
+  plan.compute_copy = !plan.shard_params && plan.param_type != DType::fp32;
   const size_t U = static_cast<size_t>(layout.num_units());
   plan.shared_unit.assign(U, false);
   for (size_t m = 0; m < unit_needs.size(); ++m)
@@ -48,6 +60,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
     const int64_t P = layout.units[u].padded_numel;
     const int64_t S = P / layout.world_size;
     plan.params_bytes += 4 * (plan.shard_params ? S : P);
+    if (plan.compute_copy) plan.params_bytes += pb * P;
     plan.grads_bytes += 4 * (plan.shard_grads ? S : P);
     plan.optimizer_bytes += 8 * (plan.shard_optimizer ? S : P);
     if (plan.shared_unit[u]) {  // kept in dedicated full buffers
@@ -107,7 +120,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       shard_params_(options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid),
       shard_grads_(options.kind == StrategyKind::zero2 || shard_params_),
       shard_optimizer_(options.kind != StrategyKind::ddp),
-      param_type_(shard_params_ ? options.param_dtype : DType::fp32),
+      param_type_(model_param_type(options)),
       reduce_wire_(options.reduce_dtype == DType::fp32 ? WireType::fp32 : WireType::bf16) {
   SHARDLM_CHECK(options.reduce_dtype == DType::fp32 || options.reduce_dtype == DType::bf16,
                 "--reduce-dtype must be fp32 or bf16, got {}", dtype_name(options.reduce_dtype));
@@ -136,6 +149,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
 
   const StrategyBufferPlan plan = plan_buffers(layout, unit_needs, options);
   shared_unit_ = plan.shared_unit;
+  compute_copy_ = plan.compute_copy;
   model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), cpu::ConstTypedPtr());
   model_grad_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
 
@@ -155,6 +169,8 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   gather_state_.assign(U, GatherState::none);
   gather_work_.resize(U);
   param_sync_.resize(U);
+  compute_params_.resize(U);
+  compute_params_stale_.assign(U, true);
 
   for (size_t u = 0; u < U; ++u) {
     const int64_t P = layout.units[u].padded_numel;
@@ -163,7 +179,12 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       owned_params_[u] = floats(MemCategory::params, S, tracker);
     } else {
       full_params_[u] = floats(MemCategory::params, P, tracker);
-      param_ptrs_[u] = full_params_[u].as<float>();  // fp32, rounded by the model
+      if (compute_copy_) {
+        compute_params_[u] = elements(MemCategory::params, param_type_, P, tracker);
+        param_ptrs_[u] = cpu::TypedPtr(compute_params_[u].data(), param_type_);
+      } else {
+        param_ptrs_[u] = full_params_[u].as<float>();
+      }
     }
     if (shard_grads_) {
       owned_grads_[u] = floats(MemCategory::grads, S, tracker);
@@ -471,7 +492,7 @@ void FlatUnitStrategy::before_forward(int model_unit, bool training) {
     for (int v : unit_needs) ensure_gathered(v);
     prefetch_after(cursor);
   } else {
-    for (int v : unit_needs) param_sync_[static_cast<size_t>(v)].wait();
+    for (int v : unit_needs) refresh_compute_params(v);
   }
   // A model unit that reads other units' parameters (the final unit: the tied LM
   // head) writes their gradients, and its own, during its training forward.
@@ -490,6 +511,8 @@ void FlatUnitStrategy::before_backward(int model_unit) {
     const size_t cursor = schedule_index(true, model_unit);
     for (int v : unit_needs) ensure_gathered(v);
     prefetch_after(cursor);
+  } else {
+    for (int v : unit_needs) refresh_compute_params(v);
   }
   if (shard_grads_)
     for (int v : unit_needs) acquire_grads(v);
@@ -537,6 +560,7 @@ void FlatUnitStrategy::after_step() {
   SHARDLM_CHECK(gathered_units() == 0 && pending_reductions() == 0,
                 "internal: step ended with {} units gathered and {} reductions in flight",
                 gathered_units(), pending_reductions());
+  compute_params_stale_.assign(compute_params_stale_.size(), true);
   if (options_.kind == StrategyKind::zero1 || options_.kind == StrategyKind::zero2) {
     // Owners updated their slices in place; gather them back, waited for lazily
     // before each unit's next forward.
@@ -551,6 +575,7 @@ void FlatUnitStrategy::after_step() {
 }
 
 void FlatUnitStrategy::after_load() {
+  compute_params_stale_.assign(compute_params_stale_.size(), true);
   if (options_.kind == StrategyKind::ddp) {
     // sync_module_states: every replica starts from rank 0's weights.
     for (int u = 0; u < num_units_; ++u) {
@@ -563,6 +588,14 @@ void FlatUnitStrategy::after_load() {
     after_step();
     synchronize();
   }
+}
+
+void FlatUnitStrategy::refresh_compute_params(int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  param_sync_[u].wait();
+  if (!compute_copy_ || !compute_params_stale_[u]) return;
+  cpu::convert(param_ptrs_[u], full_params_[u].as<float>(), layout_.units[u].padded_numel);
+  compute_params_stale_[u] = false;
 }
 
 void FlatUnitStrategy::synchronize() {

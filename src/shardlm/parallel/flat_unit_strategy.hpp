@@ -9,8 +9,11 @@
 //   hybrid   | zero3 in shard groups; owned slices all-reduced across replica groups
 //
 // zero3/hybrid gather parameters in StrategyOptions::param_dtype (the compute type:
-// bf16 gather buffers are half of fp32's); the model rounds replicated fp32
-// parameters to the same values itself, so every strategy computes the same.
+// bf16 gather buffers are half of fp32's). In a bf16 run ddp/zero1/zero2 also keep a
+// bf16 copy of their fp32 parameters, rounded once per step before the first use (the
+// model would otherwise round every unit at every forward and backward); in fp16 the
+// model rounds fp32 parameters itself. Rounding is the same function of the same fp32
+// master everywhere, so every strategy computes the same.
 // Gradients are reduce-scattered in StrategyOptions::reduce_dtype on the wire (fp32
 // or bf16); DDP's all-gather of the reduced slices and hybrid's all-reduce across
 // replica groups stay fp32, so replicas never diverge.
@@ -37,7 +40,8 @@ namespace shardlm {
 // one arithmetic the constructor follows and `shardlm plan` reports.
 struct StrategyBufferPlan {
   bool shard_params = false, shard_grads = false, shard_optimizer = false;
-  DType param_type = DType::fp32;   // of gathered parameters (zero3/hybrid)
+  DType param_type = DType::fp32;   // of what the model reads (gathered or copied)
+  bool compute_copy = false;        // replicated params also kept in param_type (bf16)
   std::vector<bool> shared_unit;    // flat units another model unit reads (tied head)
   int64_t largest_private_unit = 0; // elements
   int param_pool = 0;               // zero3/hybrid gather buffers of that size
@@ -124,6 +128,10 @@ class FlatUnitStrategy : public Strategy {
   void prefetch_after(size_t cursor);
   void release_after(size_t cursor);
   size_t schedule_index(bool backward, int model_unit) const;
+  // Replicated params in a bf16 run: waits for the unit's pending all-gather, then
+  // rounds its fp32 parameters into the bf16 copy if they changed since (after_step,
+  // after_load).
+  void refresh_compute_params(int unit);
   // zero2/zero3: transient full-unit gradient buffers.
   void acquire_grads(int unit);
   void consume_oldest_reduce();
@@ -182,6 +190,10 @@ class FlatUnitStrategy : public Strategy {
 
   // zero1/zero2: all-gather of updated params, waited before next use
   std::vector<Work> param_sync_;
+  // ddp/zero1/zero2 in bf16: the model reads these copies of full_params_
+  bool compute_copy_ = false;
+  std::vector<TrackedBuffer> compute_params_;
+  std::vector<bool> compute_params_stale_;
 };
 
 }  // namespace shardlm
