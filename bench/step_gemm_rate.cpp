@@ -6,13 +6,18 @@
 // (docs/profiling.md).
 //
 //   step_gemm_rate [--model gpt2-small-30m] [--batch 8] [--seq 256] [--precision fp32]
-//                  [--threads 2] [--min-time 0.3] [--passes 3] [--quiet-wait 0]
+//                  [--threads 2] [--min-time 0.3] [--passes 3] [--quiet-wait 0] [--flush-mb 96]
 //
 // Each distinct call shape is timed through cpu::gemm (the model's entry point: fp32
 // runs cpu::sgemm, bf16 oneDNN's matmul primitive) on buffers allocated and touched
 // once: the median of >= 3 runs after a warm-up, best of --passes passes spread over
 // the whole run. The library's rate on the step is FLOP-weighted:
 //   gemm_gflops = sum(flops x calls) / sum(best median seconds x calls).
+// Timed back to back, a shape's operands stay in the caches (up to 32 MiB of L3 here)
+// between runs, which a training step's GEMMs do not enjoy: their weights and most
+// activations were last touched a layer or more ago. So each shape is also timed with
+// the caches flushed before every run (--flush-mb of memory written and read by
+// every thread, untimed): cold_gemm_gflops, a bound from the other side.
 // Model FLOPs, counted analytically for the same step:
 //   step_gemm_flops = sum over those calls of 2 M N K (LM head over the real vocabulary),
 //   attention_flops = causal attention's matmuls, 6 C T (T + 1) per layer and sequence:
@@ -107,13 +112,17 @@ int model_chunk_rows(const shardlm::ModelConfig& config, int B, int T, DType pre
   return model.logits_chunk_rows();
 }
 
-double median_seconds(const std::function<void()>& run, double min_time) {
+// prepare (untimed) runs before every timed run.
+double median_seconds(const std::function<void()>& run, double min_time,
+                      const std::function<void()>& prepare) {
+  prepare();
   Stopwatch warm;
   run();
   const double first = warm.seconds();
   const int reps = std::clamp(static_cast<int>(min_time / std::max(first, 1e-7)), 3, 200);
   std::vector<double> times(static_cast<size_t>(reps));
   for (auto& t : times) {
+    prepare();
     Stopwatch sw;
     run();
     t = sw.seconds();
@@ -123,6 +132,27 @@ double median_seconds(const std::function<void()>& run, double min_time) {
 }
 
 
+
+// Evicts the operands from every thread's L2 and the shared L3: each OpenMP thread
+// writes and reads back its share of a buffer larger than the caches.
+class CacheFlusher {
+ public:
+  explicit CacheFlusher(size_t bytes) : data_(bytes / sizeof(float), 1.0f) {}
+  void operator()() {
+    const int64_t n = static_cast<int64_t>(data_.size());
+    float sum = 0.0f;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) {
+      data_[static_cast<size_t>(i)] += 1.0f;
+      sum += data_[static_cast<size_t>(i)];
+    }
+    sink_ = sum;  // keeps the loop from being optimised away
+  }
+
+ private:
+  std::vector<float> data_;
+  volatile float sink_ = 0.0f;
+};
 
 // One buffer per operand, sized for the largest call and filled once; 64-byte
 // aligned like the model's arena (row alignment changes some GEMM kernels' speed).
@@ -143,7 +173,7 @@ struct Operand {
 int main(int argc, char** argv) {
   std::string preset = "gpt2-small-30m", precision_name = "fp32";
   int B = 8, T = 256, threads = 2, passes = 3;
-  double min_time = 0.3, quiet_wait = 0.0;
+  double min_time = 0.3, quiet_wait = 0.0, flush_mb = 96.0;
   CLI::App app{"GEMM library rate on one training step's GEMM calls (one JSON line)"};
   app.add_option("--model", preset, "model preset");
   app.add_option("--batch", B, "micro-batch size")->check(CLI::PositiveNumber);
@@ -155,6 +185,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--quiet-wait", quiet_wait,
                  "seconds to wait for other processes to go idle before each shape (0: never)");
+  app.add_option("--flush-mb", flush_mb,
+                 "MiB written and read before each cold timed run (> the caches)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -173,36 +206,40 @@ int main(int argc, char** argv) {
     const Operand a(precision, na, 1), b(precision, nb, 2);
     const Operand c(DType::fp32, nc, 3);
 
-    std::vector<double> best(calls.size(), 1e30);
+    CacheFlusher flush(static_cast<size_t>(flush_mb * (1 << 20)));
+    const std::function<void()> keep_caches = [] {};
+    std::vector<double> best(calls.size(), 1e30), best_cold(calls.size(), 1e30);
     std::vector<bool> quiet(calls.size(), false);
     for (int pass = 0; pass < passes; ++pass)
       for (size_t i = 0; i < calls.size(); ++i) {
         const Call& s = calls[i];
+        const auto run = [&] {
+          shardlm::cpu::gemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f,
+                             shardlm::cpu::ConstTypedPtr(a.buffer.data(), precision), s.lda,
+                             shardlm::cpu::ConstTypedPtr(b.buffer.data(), precision), s.ldb,
+                             s.beta, c.buffer.as<float>(), s.ldc);
+        };
         const bool was_quiet = quiet_wait > 0 && wait_until_quiet(quiet_wait);
-        const double t = median_seconds(
-            [&] {
-              shardlm::cpu::gemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f,
-                                 shardlm::cpu::ConstTypedPtr(a.buffer.data(), precision), s.lda,
-                                 shardlm::cpu::ConstTypedPtr(b.buffer.data(), precision), s.ldb,
-                                 s.beta, c.buffer.as<float>(), s.ldc);
-            },
-            min_time / passes);
+        const double t = median_seconds(run, min_time / passes, keep_caches);
         if (t < best[i]) {
           best[i] = t;
           quiet[i] = was_quiet;
         }
+        best_cold[i] = std::min(best_cold[i], median_seconds(run, min_time / passes, flush));
       }
 
-    double gemm_flops = 0.0, gemm_seconds = 0.0;
+    double gemm_flops = 0.0, gemm_seconds = 0.0, cold_seconds = 0.0;
     nlohmann::json shapes = nlohmann::json::array();
     for (size_t i = 0; i < calls.size(); ++i) {
       const Call& s = calls[i];
       gemm_flops += s.flops() * static_cast<double>(s.calls);
       gemm_seconds += best[i] * static_cast<double>(s.calls);
+      cold_seconds += best_cold[i] * static_cast<double>(s.calls);
       shapes.push_back({{"name", s.name},
                         {"op", fmt::format("{}{}", s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N')},
                         {"M", s.M}, {"N", s.N}, {"K", s.K}, {"calls", s.calls},
-                        {"gflops", s.flops() / best[i] * 1e-9}, {"quiet", quiet[i]}});
+                        {"gflops", s.flops() / best[i] * 1e-9},
+                        {"cold_gflops", s.flops() / best_cold[i] * 1e-9}, {"quiet", quiet[i]}});
     }
     const double C = config.n_embd;
     const double attention_flops = 6.0 * C * T * (T + 1.0) * B * config.n_layer;
@@ -216,7 +253,10 @@ int main(int argc, char** argv) {
         {"model", preset}, {"batch", B}, {"seq", T}, {"precision", precision_name},
         {"threads", threads}, {"library", library}, {"head_chunk_rows", chunk_rows},
         {"step_gemm_flops", gemm_flops}, {"step_gemm_seconds", gemm_seconds},
-        {"gemm_gflops", gemm_flops / gemm_seconds * 1e-9}, {"attention_flops", attention_flops},
+        {"gemm_gflops", gemm_flops / gemm_seconds * 1e-9},
+        {"cold_step_gemm_seconds", cold_seconds},
+        {"cold_gemm_gflops", gemm_flops / cold_seconds * 1e-9}, {"flush_mb", flush_mb},
+        {"attention_flops", attention_flops},
         {"model_flops", gemm_flops + attention_flops}, {"load_average", load_average()},
         {"shapes", shapes}};
     std::printf("%s\n", out.dump().c_str());
