@@ -234,6 +234,11 @@ std::vector<GemmCase> gemm_cases() {
       cases.push_back({ta, tb, 64, 96, 128, 3, 1.0f, 1.0f});
       cases.push_back({ta, tb, 5, 300, 17, 5, 0.7f, 0.5f});
     }
+  // Dense operands of a linear layer's three products, which oneDNN runs on its
+  // brgemm kernel unless told otherwise (kOneDnnMatmulDense).
+  cases.push_back({false, false, 128, 192, 64, 0, 1.0f, 0.0f});
+  cases.push_back({false, true, 128, 64, 192, 0, 1.0f, 0.0f});
+  cases.push_back({true, false, 64, 192, 128, 0, 1.0f, 1.0f});
   cases.push_back({false, true, 160, 1000, 64, 24, 1.0f, 0.0f});  // the head's logits shape
   cases.push_back({true, false, 1000, 64, 160, 24, 1.0f, 1.0f});  // and its weight gradient
   return cases;
@@ -243,7 +248,8 @@ TEST(MixedGemm, Bf16OnOneDnnMatchesNaiveDouble) {
   if (!cpu::onednn_has_bf16_matmul()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
   std::printf("oneDNN bf16 matmul: %s\n", cpu::onednn_bf16_matmul_impl());
   uint64_t seed = 10;
-  for (const GemmCase& c : gemm_cases()) check_gemm(c, DType::bf16, cpu::Bf16GemmPath::kOneDnnMatmul, seed += 3);
+  for (auto path : {cpu::Bf16GemmPath::kOneDnnMatmul, cpu::Bf16GemmPath::kOneDnnMatmulDense})
+    for (const GemmCase& c : gemm_cases()) check_gemm(c, DType::bf16, path, seed += 3);
 }
 
 TEST(MixedGemm, Bf16WideningFallbackMatchesNaiveDouble) {

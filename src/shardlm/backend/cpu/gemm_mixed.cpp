@@ -3,11 +3,13 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "shardlm/backend/cpu/gemm.hpp"
@@ -27,7 +29,7 @@ dnnl::engine& cpu_engine() {
 
 // One cached primitive per call shape: creating a matmul primitive descriptor costs
 // ~0.5-10 ms, a step uses a few dozen distinct shapes, each many times.
-using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, float, float>;
+using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, float, float, bool>;
 
 struct Bf16Matmul {
   std::optional<dnnl::matmul> primitive;  // nullopt: oneDNN has no implementation
@@ -41,12 +43,36 @@ memory::desc matrix_desc(int rows, int cols, int ld, bool transposed, memory::da
   return memory::desc({rows, cols}, type, strides);
 }
 
+// The same matrix as a batch of one. With first_operand, the batch gets a stride other
+// than the dense one: oneDNN 2.6 runs dense bf16 matmuls on its brgemm kernels and
+// any other layout on its JIT GEMM (gemm_bf16bf16f32), which took 2-5% less time
+// over a training step's GEMMs here, up to 11% less on some shapes (docs/gemm.md,
+// "bf16: brgemm or JIT GEMM"); the LM head's padded rows took it already. With one batch the
+// batch stride never addresses memory, so it only chooses the kernel, the same one
+// on every call, so results stay the same bits from run to run. (Three dimensions,
+// not two, also keep these primitives apart from the dense ones in oneDNN's
+// primitive cache, which treats a batch of one's stride as irrelevant.)
+memory::desc jit_gemm_desc(int rows, int cols, int ld, bool transposed, memory::data_type type,
+                           bool first_operand) {
+  const memory::dim stored = static_cast<memory::dim>(transposed ? cols : rows) * ld;
+  const memory::dim batch_stride = first_operand ? 2 * stored : stored;
+  const memory::dims strides =
+      transposed ? memory::dims{batch_stride, 1, ld} : memory::dims{batch_stride, ld, 1};
+  return memory::desc({1, rows, cols}, type, strides);
+}
+
 Bf16Matmul make_matmul(const ShapeKey& key) {
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, dense] = key;
   Bf16Matmul m;
-  m.a = matrix_desc(M, K, lda, ta, memory::data_type::bf16);
-  m.b = matrix_desc(K, N, ldb, tb, memory::data_type::bf16);
-  m.c = matrix_desc(M, N, ldc, false, memory::data_type::f32);
+  if (dense) {
+    m.a = matrix_desc(M, K, lda, ta, memory::data_type::bf16);
+    m.b = matrix_desc(K, N, ldb, tb, memory::data_type::bf16);
+    m.c = matrix_desc(M, N, ldc, false, memory::data_type::f32);
+  } else {
+    m.a = jit_gemm_desc(M, K, lda, ta, memory::data_type::bf16, true);
+    m.b = jit_gemm_desc(K, N, ldb, tb, memory::data_type::bf16, false);
+    m.c = jit_gemm_desc(M, N, ldc, false, memory::data_type::f32, false);
+  }
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
@@ -106,12 +132,27 @@ void gemm_widened(bool ta, bool tb, int M, int N, int K, float alpha, ConstTyped
   sgemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
 }
 
-bool run_onednn_bf16(bool ta, bool tb, int M, int N, int K, float alpha, ConstTypedPtr A, int lda,
-                     ConstTypedPtr B, int ldb, float beta, float* C, int ldc) {
+// SHARDLM_BF16_MATMUL=dense lets oneDNN pick the kernel for dense operands (its
+// brgemm) in kAuto runs, to compare the two on whole training steps.
+bool dense_from_environment() {
+  static const bool dense = [] {
+    const char* value = std::getenv("SHARDLM_BF16_MATMUL");
+    const std::string_view name = value == nullptr ? "" : value;
+    if (name.empty() || name == "jit") return false;
+    if (name == "dense") return true;
+    throw Error(fmt::format("SHARDLM_BF16_MATMUL={} is not a bf16 matmul kernel choice; "
+                            "expected jit or dense", name));
+  }();
+  return dense;
+}
+
+bool run_onednn_bf16(bool dense, bool ta, bool tb, int M, int N, int K, float alpha,
+                     ConstTypedPtr A, int lda, ConstTypedPtr B, int ldb, float beta, float* C,
+                     int ldc) {
   // The fp32 and widened paths are charged to gemm inside sgemm (the widening
   // conversion to norms_elementwise), so each library call is counted once.
   const PhaseScope phase(Phase::gemm);
-  const Bf16Matmul& m = cached_matmul({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta});
+  const Bf16Matmul& m = cached_matmul({ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, dense});
   if (!m.primitive) return false;
   thread_local dnnl::stream stream(cpu_engine());
   dnnl::engine& engine = cpu_engine();
@@ -132,7 +173,8 @@ struct Bf16Support {
 const Bf16Support& bf16_support() {
   static const Bf16Support support = [] {
     Bf16Support s;
-    const Bf16Matmul& m = cached_matmul({false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f});
+    const Bf16Matmul& m = cached_matmul(
+        {false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f, dense_from_environment()});
     s.available = m.primitive.has_value();
     s.impl = m.impl;
     return s;
@@ -158,7 +200,9 @@ void gemm_on(Bf16GemmPath path, bool ta, bool tb, int M, int N, int K, float alp
     return;
   }
   if (A.dtype == DType::bf16 && B.dtype == DType::bf16 && path != Bf16GemmPath::kWidenToFp32) {
-    if (run_onednn_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+    const bool dense = path == Bf16GemmPath::kOneDnnMatmulDense ||
+                       (path == Bf16GemmPath::kAuto && dense_from_environment());
+    if (run_onednn_bf16(dense, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
     SHARDLM_CHECK(path == Bf16GemmPath::kAuto,
                   "gemm: oneDNN has no bf16 matmul for M={} N={} K={} on this CPU", M, N, K);
   }

@@ -8,7 +8,10 @@
 //   bf16 x bf16  oneDNN's matmul primitive (public API; oneDNN 2.6 exports no bf16
 //                gemm function): avx512_bf16 dot products where the CPU has them,
 //                oneDNN's emulation on plain AVX-512. Primitives are created once per
-//                shape and cached.
+//                shape and cached. The operands are described so that oneDNN runs its
+//                JIT GEMM kernel, measured faster here than the brgemm kernel it
+//                picks for dense operands (gemm_mixed.cpp, docs/gemm.md);
+//                SHARDLM_BF16_MATMUL=dense lets it pick (for benchmarking).
 //   otherwise    (fp16 anywhere, mixed types, or a CPU where oneDNN has no bf16
 //                matmul): every non-fp32 operand is widened into an fp32 scratch and
 //                cpu::sgemm runs. Widening is exact, so the result is the product of
@@ -23,9 +26,10 @@ namespace shardlm::cpu {
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, ConstTypedPtr A, int lda,
           ConstTypedPtr B, int ldb, float beta, float* C, int ldc);
 
-// How bf16 x bf16 products run. kAuto: oneDNN's matmul when it has a
-// bf16 implementation on this CPU, else kWidenToFp32. Tests force each path.
-enum class Bf16GemmPath { kAuto, kOneDnnMatmul, kWidenToFp32 };
+// How bf16 x bf16 products run. kAuto: oneDNN's matmul when it has a bf16
+// implementation on this CPU (its JIT GEMM kernel, or with SHARDLM_BF16_MATMUL=dense
+// the kernel oneDNN picks for dense operands), else kWidenToFp32. Tests force each path.
+enum class Bf16GemmPath { kAuto, kOneDnnMatmul, kOneDnnMatmulDense, kWidenToFp32 };
 
 void gemm_on(Bf16GemmPath path, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
              ConstTypedPtr A, int lda, ConstTypedPtr B, int ldb, float beta, float* C, int ldc);
