@@ -21,14 +21,16 @@ TrackedBuffer elements(MemCategory category, DType type, int64_t count, MemoryTr
   return TrackedBuffer(category, static_cast<size_t>(count) * dtype_bytes(type), tracker);
 }
 
+bool shards_params(const StrategyOptions& options) {
+  return options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid;
+}
+
 // The type params() hands the model: zero3/hybrid gather in the compute type; the
 // replicated strategies keep a bf16 copy of their fp32 parameters in a bf16 run
 // (rounded once per step instead of by the model at every use), and hand fp16 runs
 // fp32, which the model rounds to fp16 values itself (there is no fp16 GEMM).
 DType model_param_type(const StrategyOptions& options) {
-  const bool shard_params =
-      options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid;
-  if (shard_params || options.param_dtype == DType::bf16) return options.param_dtype;
+  if (shards_params(options) || options.param_dtype == DType::bf16) return options.param_dtype;
   return DType::fp32;
 }
 
@@ -42,7 +44,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
                                                   const std::vector<std::vector<int>>& unit_needs,
                                                   const StrategyOptions& options) {
   StrategyBufferPlan plan;
-  plan.shard_params = options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid;
+  plan.shard_params = shards_params(options);
   plan.shard_grads = options.kind == StrategyKind::zero2 || plan.shard_params;
   plan.shard_optimizer = options.kind != StrategyKind::ddp;
   plan.param_type = model_param_type(options);
@@ -117,7 +119,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       num_model_units_(layout.num_model_units()),
       shard_rank_(0),
       shard_size_(1),
-      shard_params_(options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid),
+      shard_params_(shards_params(options)),
       shard_grads_(options.kind == StrategyKind::zero2 || shard_params_),
       shard_optimizer_(options.kind != StrategyKind::ddp),
       param_type_(model_param_type(options)),

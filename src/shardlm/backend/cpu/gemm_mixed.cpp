@@ -43,15 +43,15 @@ memory::desc matrix_desc(int rows, int cols, int ld, bool transposed, memory::da
   return memory::desc({rows, cols}, type, strides);
 }
 
-// The same matrix as a batch of one. With first_operand, the batch gets a stride other
-// than the dense one: oneDNN 2.6 runs dense bf16 matmuls on its brgemm kernels and
-// any other layout on its JIT GEMM (gemm_bf16bf16f32), which took 2-5% less time
+// The same matrix as a batch of one. With first_operand, the batch gets a stride
+// other than the dense one: oneDNN 2.6 runs dense bf16 matmuls on its brgemm kernels
+// and any other layout on its JIT GEMM (gemm_bf16bf16f32), which took 2-5% less time
 // over a training step's GEMMs here, up to 11% less on some shapes (docs/gemm.md,
-// "bf16: brgemm or JIT GEMM"); the LM head's padded rows took it already. With one batch the
-// batch stride never addresses memory, so it only chooses the kernel, the same one
-// on every call, so results stay the same bits from run to run. (Three dimensions,
-// not two, also keep these primitives apart from the dense ones in oneDNN's
-// primitive cache, which treats a batch of one's stride as irrelevant.)
+// "bf16: brgemm or JIT GEMM"); the LM head's padded rows took it already. With one
+// batch the batch stride never addresses memory, so it only chooses the kernel, the
+// same one on every call, and results stay the same bits from run to run. (Three
+// dimensions, not two, also keep these primitives apart from the dense ones in
+// oneDNN's primitive cache, which treats a batch of one's stride as irrelevant.)
 memory::desc jit_gemm_desc(int rows, int cols, int ld, bool transposed, memory::data_type type,
                            bool first_operand) {
   const memory::dim stored = static_cast<memory::dim>(transposed ? cols : rows) * ld;

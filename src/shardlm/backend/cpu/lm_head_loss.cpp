@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/backend/cpu/vector_math.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm::cpu {
@@ -126,9 +126,12 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
       const bool in_place = want_grad && !round_dlogits;
 #pragma omp parallel
       {
-        thread_local std::vector<float> numerator_scratch;
-        if (!in_place && numerator_scratch.size() < static_cast<size_t>(a.V))
-          numerator_scratch.resize(static_cast<size_t>(a.V));
+        // One row of numerators per thread, grown once and counted by the tracker.
+        thread_local TrackedBuffer numerator_scratch;
+        float* numerators =
+            in_place ? nullptr
+                     : static_cast<float*>(numerator_scratch.grow_to(
+                           MemCategory::other, static_cast<size_t>(a.V) * sizeof(float)));
 #pragma omp for schedule(static)
         for (int r = 0; r < rows; ++r) {
           float* row = logits + static_cast<int64_t>(r) * ld;
@@ -139,7 +142,7 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
               for (int j = 0; j < a.V; ++j) grad_row(j, 0.0f);
           } else {
             const float* next_row = r + 1 < rows ? row + ld : nullptr;
-            losses[r0 + r] = row_cross_entropy(row, in_place ? row : numerator_scratch.data(),
+            losses[r0 + r] = row_cross_entropy(row, in_place ? row : numerators,
                                                a.V, targets[r], want_grad, a.grad_scale,
                                                grad_row, next_row);
           }
