@@ -34,6 +34,7 @@
 #include "shardlm/core/rng.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
 #include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/optim/adamw.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
 
 namespace {
@@ -533,47 +534,66 @@ TEST(MixedPrecisionModel, ParamsInTheComputeTypeGiveBitwiseTheResultOfFp32Params
 }
 
 // In a bf16 run the replicated strategies hand the model a bf16 copy of their fp32
-// parameters, rounded once per step: it must hold exactly the rounded masters before
-// the first forward, and again after an update (after_step), never a stale copy.
+// parameters: it must hold exactly the rounded masters before the first forward,
+// after every optimizer step (ddp: written by AdamW through OwnedSlice::compute_copy;
+// zero1: rebuilt from the gathered masters), and after a load, never a stale copy.
 TEST(MixedPrecisionStrategy, ReplicatedParamsReachTheModelRoundedToBf16AfterEveryUpdate) {
   const auto config = shardlm::model_preset("gpt2-tiny");
   const auto layout = shardlm::ParamLayout::build(config, 1);
   shardlm::Gpt2Model model(config, layout, 1, 4, {DType::bf16, false});
   std::vector<std::vector<int>> needs;
   for (int m = 0; m < model.num_units(); ++m) needs.push_back(model.units_needed_for(m));
-  shardlm::SingleProcessCommunicator comm;
-  shardlm::StrategyOptions options;
-  options.param_dtype = DType::bf16;
-  shardlm::FlatUnitStrategy strategy(layout, needs, comm, options);
-  auto fill_masters = [&](uint64_t seed) {
-    shardlm::Rng rng(seed);
-    for (int u = 0; u < layout.num_units(); ++u) {
-      const shardlm::OwnedSlice s = strategy.owned(u);
-      for (int64_t i = 0; i < s.end - s.begin; ++i)
-        s.master[i] = static_cast<float>(rng.uniform() - 0.5);
+  for (auto kind : {shardlm::StrategyKind::ddp, shardlm::StrategyKind::zero1}) {
+    const std::string name = shardlm::to_string(kind);
+    shardlm::SingleProcessCommunicator comm;
+    shardlm::StrategyOptions options;
+    options.kind = kind;
+    options.param_dtype = DType::bf16;
+    shardlm::FlatUnitStrategy strategy(layout, needs, comm, options);
+    auto fill = [&](uint64_t seed, bool masters) {
+      shardlm::Rng rng(seed);
+      for (int u = 0; u < layout.num_units(); ++u) {
+        const shardlm::OwnedSlice s = strategy.owned(u);
+        for (int64_t i = 0; i < s.size(); ++i)
+          (masters ? s.master : s.grad)[i] = static_cast<float>(rng.uniform() - 0.5);
+      }
+    };
+    auto expect_rounded_copies = [&](const std::string& when) {
+      for (int m = 0; m < model.num_units(); ++m) strategy.before_forward(m, false);
+      const auto params = strategy.params();
+      for (int m = 0; m < model.num_units(); ++m) {
+        const auto& place = layout.model_units[static_cast<size_t>(m)];
+        ASSERT_EQ(params[static_cast<size_t>(m)].dtype, DType::bf16) << when;
+        // The whole flat unit the model unit lies in, from its start.
+        const auto* copy = static_cast<const uint16_t*>(params[static_cast<size_t>(m)].data) -
+                           place.base;
+        const float* master = strategy.replicated_params(place.unit);
+        for (int64_t i = 0; i < layout.units[static_cast<size_t>(place.unit)].padded_numel; ++i)
+          ASSERT_EQ(copy[i], shardlm::cpu::float_to_bf16(master[i]))
+              << when << ": unit " << place.unit << " element " << i;
+      }
+    };
+    fill(1, true);
+    strategy.after_load();
+    expect_rounded_copies(name + ", after load");
+    for (int step = 1; step <= 2; ++step) {  // AdamW steps, as the trainer takes them
+      strategy.begin_step(1);
+      fill(10 + static_cast<uint64_t>(step), false);
+      for (int u = 0; u < layout.num_units(); ++u) {
+        const shardlm::OwnedSlice s = strategy.owned(u);
+        EXPECT_EQ(s.compute_copy.data != nullptr, kind == shardlm::StrategyKind::ddp) << name;
+        const auto decay = shardlm::weight_decay_ranges(layout.units[static_cast<size_t>(u)],
+                                                        s.begin, s.end);
+        shardlm::adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(), decay, 1e-2f,
+                              1.0f, step, shardlm::AdamWConfig{}, s.compute_copy);
+      }
+      strategy.after_step();
+      expect_rounded_copies(name + ", after AdamW step " + std::to_string(step));
     }
-  };
-  auto expect_rounded_copies = [&](const char* when) {
-    for (int m = 0; m < model.num_units(); ++m) strategy.before_forward(m, false);
-    const auto params = strategy.params();
-    for (int m = 0; m < model.num_units(); ++m) {
-      const auto& place = layout.model_units[static_cast<size_t>(m)];
-      ASSERT_EQ(params[static_cast<size_t>(m)].dtype, DType::bf16) << when;
-      // The whole flat unit the model unit lies in, from its start.
-      const auto* copy = static_cast<const uint16_t*>(params[static_cast<size_t>(m)].data) -
-                         place.base;
-      const float* master = strategy.replicated_params(place.unit);
-      for (int64_t i = 0; i < layout.units[static_cast<size_t>(place.unit)].padded_numel; ++i)
-        ASSERT_EQ(copy[i], shardlm::cpu::float_to_bf16(master[i]))
-            << when << ": unit " << place.unit << " element " << i;
-    }
-  };
-  fill_masters(1);
-  strategy.after_load();
-  expect_rounded_copies("after load");
-  fill_masters(2);  // what AdamW does between steps
-  strategy.after_step();
-  expect_rounded_copies("after a step");
+    fill(3, true);  // masters changed outside the optimizer: after_load rebuilds
+    strategy.after_load();
+    expect_rounded_copies(name + ", after a second load");
+  }
 }
 
 TEST(MixedPrecisionModel, RejectsParamsOfAnotherType) {

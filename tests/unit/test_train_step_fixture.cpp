@@ -67,7 +67,7 @@ TEST(TrainStepFixture, ThreeAdamWStepsWithClippingMatchPyTorch) {
       OwnedSlice s = strategy.owned(u);
       auto decay = weight_decay_ranges(layout.units[static_cast<size_t>(u)], s.begin, s.end);
       adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(), decay, lr, multiplier, step + 1,
-                   adam);
+                   adam, s.compute_copy);
     }
     strategy.after_step();
   }

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "shardlm/backend/cpu/dtype.hpp"
 #include "shardlm/model/param_layout.hpp"
 
 namespace shardlm {
@@ -33,9 +34,13 @@ std::vector<ElementRange> weight_decay_ranges(const UnitLayout& unit, int64_t sl
 // gradient first (gradient clipping, loss-scale removal). Matches torch.optim.AdamW:
 //   p *= 1 - lr * wd (decayed ranges only); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// With rounded_params set, also writes the updated p converted to its type (the
+// compute-type copy the model reads), block by block while p is still in cache:
+// bitwise cpu::convert's result, without a second pass over p.
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                   std::span<const ElementRange> decay_ranges, float lr, float grad_multiplier,
-                  int64_t step, const AdamWConfig& config);
+                  int64_t step, const AdamWConfig& config,
+                  cpu::TypedPtr rounded_params = cpu::TypedPtr());
 
 // Sum of squares of a gradient slice, accumulated in double (for the global norm).
 double sum_of_squares(const float* data, int64_t n);

@@ -281,14 +281,16 @@ OwnedSlice FlatUnitStrategy::owned(int unit) {
   float* v = adam_v_[u].as<float>();
   switch (options_.kind) {
     case StrategyKind::ddp:
-      return {0, P, full_params_[u].as<float>(), full_grads_[u].as<float>(), m, v};
+      // The whole unit is owned, so the optimizer can keep the compute copy current.
+      return {0, P, full_params_[u].as<float>(), full_grads_[u].as<float>(), m, v,
+              compute_copy_ ? param_ptrs_[u] : cpu::TypedPtr()};
     case StrategyKind::zero1:
-      return {b, b + S, full_params_[u].as<float>() + b, full_grads_[u].as<float>() + b, m, v};
+      return {b, b + S, full_params_[u].as<float>() + b, full_grads_[u].as<float>() + b, m, v, {}};
     case StrategyKind::zero2:
-      return {b, b + S, full_params_[u].as<float>() + b, owned_grads_[u].as<float>(), m, v};
+      return {b, b + S, full_params_[u].as<float>() + b, owned_grads_[u].as<float>(), m, v, {}};
     case StrategyKind::zero3:
     case StrategyKind::hybrid:
-      return {b, b + S, owned_params_[u].as<float>(), owned_grads_[u].as<float>(), m, v};
+      return {b, b + S, owned_params_[u].as<float>(), owned_grads_[u].as<float>(), m, v, {}};
   }
   SHARDLM_ASSERT(false);
   return {};
@@ -562,7 +564,10 @@ void FlatUnitStrategy::after_step() {
   SHARDLM_CHECK(gathered_units() == 0 && pending_reductions() == 0,
                 "internal: step ended with {} units gathered and {} reductions in flight",
                 gathered_units(), pending_reductions());
-  compute_params_stale_.assign(compute_params_stale_.size(), true);
+  // ddp's optimizer wrote the compute copy with the masters (OwnedSlice::compute_copy);
+  // zero1/zero2 rebuild it from the gathered masters.
+  if (options_.kind != StrategyKind::ddp)
+    compute_params_stale_.assign(compute_params_stale_.size(), true);
   if (options_.kind == StrategyKind::zero1 || options_.kind == StrategyKind::zero2) {
     // Owners updated their slices in place; gather them back, waited for lazily
     // before each unit's next forward.

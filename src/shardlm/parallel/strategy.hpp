@@ -6,12 +6,17 @@
 #include <cstdint>
 #include <string>
 
+#include "shardlm/backend/cpu/dtype.hpp"
 #include "shardlm/model/gpt2_model.hpp"
 
 namespace shardlm {
 
 // The rank's owned part of one unit: elements [begin, end) of the unit's flat
 // buffer, with its fp32 master weights, reduced gradient and AdamW moments.
+// compute_copy, where set, is the same elements of the compute-type copy of the
+// parameters the model reads (ddp in a bf16 run): the optimizer writes it along with
+// master (after_step then trusts it); anything else that changes master calls
+// after_load, which rebuilds it.
 struct OwnedSlice {
   int64_t begin = 0;
   int64_t end = 0;
@@ -19,6 +24,7 @@ struct OwnedSlice {
   float* grad = nullptr;
   float* adam_m = nullptr;
   float* adam_v = nullptr;
+  cpu::TypedPtr compute_copy;
   int64_t size() const { return end - begin; }
 };
 
@@ -46,7 +52,8 @@ class Strategy {
   virtual void finish_gradients() = 0;
   // Sum over all ranks of the squared reduced gradient (the global norm squared).
   virtual double global_grad_norm_squared() = 0;
-  // After the optimizer updated the owned master slices: make params consistent.
+  // After the optimizer updated the owned master slices (and their compute_copy, where
+  // the slice has one): make params consistent.
   virtual void after_step() = 0;
   // After master slices were initialised or loaded: make params consistent.
   virtual void after_load() = 0;

@@ -424,7 +424,8 @@ TrainSummary Trainer::run() {
       for (int u = 0; u < layout_->num_units(); ++u) {
         OwnedSlice s = strategy_->owned(u);
         adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(),
-                     decay_ranges[static_cast<size_t>(u)], lr, multiplier, adam_step, adam);
+                     decay_ranges[static_cast<size_t>(u)], lr, multiplier, adam_step, adam,
+                     s.compute_copy);
       }
     }
     strategy_->after_step();

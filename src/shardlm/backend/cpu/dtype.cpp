@@ -148,6 +148,10 @@ void convert(TypedPtr dst, ConstTypedPtr src, int64_t n) {
   convert_contiguous(dst, src, n);
 }
 
+void convert_in_thread(TypedPtr dst, ConstTypedPtr src, int64_t n) {
+  convert_contiguous(dst, src, n, /*may_thread=*/false);
+}
+
 void convert_rows(TypedPtr dst, int64_t ld_dst, ConstTypedPtr src, int64_t ld_src, int64_t rows,
                   int64_t cols) {
   const PhaseScope phase(Phase::norms_elementwise);
