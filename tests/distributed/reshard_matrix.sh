@@ -16,7 +16,8 @@ train_as() {  # train_as "strategy n" args...
 }
 for src in "${LAYOUTS[@]}"; do
   s="${src// /x}"
-  train_as "$src" --steps 4 --out "$WORK/src_$s" > /dev/null 2>&1 || fail "source $src"
+  train_as "$src" --steps 4 --out "$WORK/src_$s" > "$WORK/log_src_$s" 2>&1 \
+    || { cat "$WORK/log_src_$s"; fail "source $src"; }
   want="$("$SHARDLM" inspect "$WORK/src_$s" --quiet)"
   for dst in "${LAYOUTS[@]}"; do
     [ "$dst" != "$src" ] || continue
