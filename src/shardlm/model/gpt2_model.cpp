@@ -163,7 +163,7 @@ struct Gpt2Model::Impl {
   TypedPtr dbig_c;               // [N, 4C] dbig rounded for the GEMMs
   TypedPtr dlogits_c;            // [chunk_rows, Vp] the head's dlogits rounded
   // One unit's converted weights (MemCategory::params), allocated on first need:
-  // never when the weights arrive in the weight type (ZeRO-3 gathering bf16).
+  // never when the weights arrive in the weight type (bf16: every strategy hands bf16).
   MemoryTracker* tracker = nullptr;
   mutable TrackedBuffer weight_buffer;
   TrackedBuffer vector_buffer;   // one unit's rounded vectors, fp32 (MemCategory::params)

@@ -21,7 +21,8 @@
 //    FSDP's param_dtype does). Parameters arrive either as fp32 master weights, which
 //    the model rounds once per use of a unit (forward; backward, which also serves
 //    the recompute), or already in the compute type (ZeRO-3 gathers them so, at half
-//    the bytes); both give bitwise the same result. GEMMs read compute-type inputs
+//    the bytes; the replicated strategies keep a bf16 copy in bf16 runs); both give
+//    bitwise the same result. GEMMs read compute-type inputs
 //    and accumulate and write fp32.
 //    The activations kept for backward are stored in the compute type (ln_1, qkv,
 //    attention output, ln_2, GELU input and output, ln_f), except the residual
@@ -93,7 +94,8 @@ class Gpt2Model {
 
   // Bytes the constructor and the first step allocate, without building the model.
   // params_in_compute_type: the strategy hands the model parameters in the compute
-  // type (ZeRO-3/hybrid gathering them so), which spares the weight scratch.
+  // type (ZeRO-3/hybrid gathering them so, or any strategy's bf16 copy), which
+  // spares the weight scratch.
   static ModelMemoryPlan plan_memory(const ModelConfig& config, int max_batch, int max_seq,
                                      const ModelOptions& options, bool params_in_compute_type);
   // units_needed_for() of every unit, from the config alone.
