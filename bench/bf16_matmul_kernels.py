@@ -15,8 +15,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = {"small": ("gpt2-small-30m", 8, 256), "124m": ("gpt2", 1, 1024)}
+from speed_vs_pytorch import CONFIGS, ROOT  # the same two configs as issue 7's benchmark
 KERNELS = {"jit": "jit", "dense (brgemm)": "dense"}
 
 

@@ -38,9 +38,12 @@ struct Bf16Matmul {
 };
 
 // Row-major op(X)[rows, cols] stored with row stride ld, as oneDNN strides.
+memory::dims matrix_strides(int ld, bool transposed) {
+  return transposed ? memory::dims{1, ld} : memory::dims{ld, 1};
+}
+
 memory::desc matrix_desc(int rows, int cols, int ld, bool transposed, memory::data_type type) {
-  const memory::dims strides = transposed ? memory::dims{1, ld} : memory::dims{ld, 1};
-  return memory::desc({rows, cols}, type, strides);
+  return memory::desc({rows, cols}, type, matrix_strides(ld, transposed));
 }
 
 // The same matrix as a batch of one. With first_operand, the batch gets a stride
@@ -55,24 +58,22 @@ memory::desc matrix_desc(int rows, int cols, int ld, bool transposed, memory::da
 memory::desc jit_gemm_desc(int rows, int cols, int ld, bool transposed, memory::data_type type,
                            bool first_operand) {
   const memory::dim stored = static_cast<memory::dim>(transposed ? cols : rows) * ld;
-  const memory::dim batch_stride = first_operand ? 2 * stored : stored;
-  const memory::dims strides =
-      transposed ? memory::dims{batch_stride, 1, ld} : memory::dims{batch_stride, ld, 1};
+  memory::dims strides = matrix_strides(ld, transposed);
+  strides.insert(strides.begin(), first_operand ? 2 * stored : stored);
   return memory::desc({1, rows, cols}, type, strides);
 }
 
 Bf16Matmul make_matmul(const ShapeKey& key) {
   const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, dense] = key;
   Bf16Matmul m;
-  if (dense) {
-    m.a = matrix_desc(M, K, lda, ta, memory::data_type::bf16);
-    m.b = matrix_desc(K, N, ldb, tb, memory::data_type::bf16);
-    m.c = matrix_desc(M, N, ldc, false, memory::data_type::f32);
-  } else {
-    m.a = jit_gemm_desc(M, K, lda, ta, memory::data_type::bf16, true);
-    m.b = jit_gemm_desc(K, N, ldb, tb, memory::data_type::bf16, false);
-    m.c = jit_gemm_desc(M, N, ldc, false, memory::data_type::f32, false);
-  }
+  const auto desc = [dense = dense](int rows, int cols, int ld, bool transposed,
+                                    memory::data_type type, bool first_operand) {
+    return dense ? matrix_desc(rows, cols, ld, transposed, type)
+                 : jit_gemm_desc(rows, cols, ld, transposed, type, first_operand);
+  };
+  m.a = desc(M, K, lda, ta, memory::data_type::bf16, true);
+  m.b = desc(K, N, ldb, tb, memory::data_type::bf16, false);
+  m.c = desc(M, N, ldc, false, memory::data_type::f32, false);
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
