@@ -14,7 +14,7 @@
 
 #include "quiet_machine.hpp"
 #include "shardlm/backend/cpu/attention.hpp"
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
 
@@ -40,12 +40,12 @@ int main(int argc, char** argv) {
   for (float& x : qkv32) x = static_cast<float>(rng.normal());
   for (float& x : dout) x = 0.01f * static_cast<float>(rng.normal());
   std::vector<uint16_t> qkv16(qkv_n), out16(out_n);
-  for (size_t i = 0; i < qkv_n; ++i) qkv16[i] = cpu::float_to_bf16(qkv32[i]);
-  const cpu::ConstTypedPtr qkv = bf16 ? cpu::ConstTypedPtr{qkv16.data(), dtype}
-                                      : cpu::ConstTypedPtr{qkv32.data(), dtype};
-  const cpu::TypedPtr out = bf16 ? cpu::TypedPtr{out16.data(), dtype}
-                                 : cpu::TypedPtr{out32.data(), dtype};
-  const cpu::ConstTypedPtr out_c{out.data, dtype};
+  for (size_t i = 0; i < qkv_n; ++i) qkv16[i] = float_to_bf16(qkv32[i]);
+  const ConstTypedPtr qkv = bf16 ? ConstTypedPtr{qkv16.data(), dtype}
+                                      : ConstTypedPtr{qkv32.data(), dtype};
+  const TypedPtr out = bf16 ? TypedPtr{out16.data(), dtype}
+                                 : TypedPtr{out32.data(), dtype};
+  const ConstTypedPtr out_c{out.data, dtype};
 
   bench::wait_until_quiet(20.0);
   std::vector<double> fwd, bwd;

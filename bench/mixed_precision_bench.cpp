@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
@@ -104,7 +104,7 @@ double weight_rounding_ms(int64_t elements) {
   std::vector<double> ms;
   for (int i = 0; i < 6; ++i) {
     shardlm::Stopwatch w;
-    shardlm::cpu::convert(shardlm::cpu::TypedPtr(dst.data(), DType::bf16), src.as<float>(), elements);
+    shardlm::cpu::convert(shardlm::TypedPtr(dst.data(), DType::bf16), src.as<float>(), elements);
     if (i > 0) ms.push_back(w.millis());
   }
   return median(ms);

@@ -40,7 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "quiet_machine.hpp"
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/core/memory_tracker.hpp"
@@ -163,7 +163,7 @@ struct Operand {
     std::vector<float> values(elems);
     shardlm::Rng rng(seed);
     for (auto& x : values) x = static_cast<float>(rng.uniform() - 0.5) * 0.1f;
-    shardlm::cpu::convert(shardlm::cpu::TypedPtr(buffer.data(), dtype), values.data(),
+    shardlm::cpu::convert(shardlm::TypedPtr(buffer.data(), dtype), values.data(),
                           static_cast<int64_t>(elems));
   }
 };
@@ -215,8 +215,8 @@ int main(int argc, char** argv) {
         const Call& s = calls[i];
         const auto run = [&] {
           shardlm::cpu::gemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f,
-                             shardlm::cpu::ConstTypedPtr(a.buffer.data(), precision), s.lda,
-                             shardlm::cpu::ConstTypedPtr(b.buffer.data(), precision), s.ldb,
+                             shardlm::ConstTypedPtr(a.buffer.data(), precision), s.lda,
+                             shardlm::ConstTypedPtr(b.buffer.data(), precision), s.ldb,
                              s.beta, c.buffer.as<float>(), s.ldc);
         };
         const bool was_quiet = quiet_wait > 0 && wait_until_quiet(quiet_wait);

@@ -19,7 +19,7 @@
 
 #include "shardlm/backend/cpu/attention.hpp"
 #include "shardlm/backend/cpu/bias.hpp"
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
 #include "naive_attention.hpp"
@@ -28,8 +28,8 @@
 namespace {
 
 using shardlm::DType;
-using shardlm::cpu::ConstTypedPtr;
-using shardlm::cpu::TypedPtr;
+using shardlm::ConstTypedPtr;
+using shardlm::TypedPtr;
 using Vec = std::vector<float>;
 using DVec = std::vector<double>;
 using Half = std::vector<uint16_t>;
@@ -81,7 +81,7 @@ TEST(ConvertToBf16, EqualsTheScalarRoundingBitForBit) {
     Half got(src.size());
     shardlm::cpu::convert(TypedPtr(got.data(), DType::bf16), src.data(), n);
     for (size_t i = 0; i < src.size(); ++i)
-      ASSERT_EQ(got[i], shardlm::cpu::float_to_bf16(src[i]))
+      ASSERT_EQ(got[i], shardlm::float_to_bf16(src[i]))
           << "n=" << n << " i=" << i << " bits " << std::hex << std::bit_cast<uint32_t>(src[i]);
   }
 }
@@ -98,7 +98,7 @@ TEST(AddBiasComputeType, StoresTheFp32SumRoundedOnce) {
       Vec want(in.size());
       for (int n = 0; n < N; ++n)
         for (int m = 0; m < M; ++m)
-          want[static_cast<size_t>(n) * M + m] = shardlm::cpu::round_to(
+          want[static_cast<size_t>(n) * M + m] = shardlm::round_to(
               type, in[static_cast<size_t>(n) * M + m] + bias[static_cast<size_t>(m)]);
       EXPECT_EQ(widen(type, out), want) << shardlm::dtype_name(type) << " N=" << N << " M=" << M;
     }

@@ -16,6 +16,7 @@
 namespace {
 
 namespace cpu = shardlm::cpu;
+using namespace shardlm;  // dtypes and scalar conversions (core/dtype.hpp)
 
 class CapIsaAtAvx2 : public ::testing::Environment {
  public:
@@ -32,17 +33,17 @@ TEST(MixedGemmWithoutBf16, FallsBackToWideningAndMatchesNaiveDouble) {
   std::vector<uint16_t> a(static_cast<size_t>(K) * M), b(static_cast<size_t>(K) * N);
   std::vector<double> ar(a.size()), br(b.size());
   for (size_t i = 0; i < a.size(); ++i) {
-    a[i] = cpu::float_to_bf16(static_cast<float>(rng.normal()));
-    ar[i] = cpu::bf16_to_float(a[i]);
+    a[i] = float_to_bf16(static_cast<float>(rng.normal()));
+    ar[i] = bf16_to_float(a[i]);
   }
   for (size_t i = 0; i < b.size(); ++i) {
-    b[i] = cpu::float_to_bf16(static_cast<float>(rng.normal()));
-    br[i] = cpu::bf16_to_float(b[i]);
+    b[i] = float_to_bf16(static_cast<float>(rng.normal()));
+    br[i] = bf16_to_float(b[i]);
   }
   std::vector<float> c(static_cast<size_t>(M) * N, 1.0f);
   // C = A^T B + C, A stored [K, M].
-  cpu::gemm(true, false, M, N, K, 1.0f, cpu::ConstTypedPtr(a.data(), shardlm::DType::bf16), M,
-            cpu::ConstTypedPtr(b.data(), shardlm::DType::bf16), N, 1.0f, c.data(), N);
+  cpu::gemm(true, false, M, N, K, 1.0f, ConstTypedPtr(a.data(), shardlm::DType::bf16), M,
+            ConstTypedPtr(b.data(), shardlm::DType::bf16), N, 1.0f, c.data(), N);
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
       double want = 1.0, magnitude = 1.0;
@@ -54,8 +55,8 @@ TEST(MixedGemmWithoutBf16, FallsBackToWideningAndMatchesNaiveDouble) {
     }
   // Forcing oneDNN's matmul here is an error that says so, not a wrong result.
   EXPECT_THROW(cpu::gemm_on(cpu::Bf16GemmPath::kOneDnnMatmul, false, false, 2, 2, 2, 1.0f,
-                            cpu::ConstTypedPtr(a.data(), shardlm::DType::bf16), 2,
-                            cpu::ConstTypedPtr(b.data(), shardlm::DType::bf16), 2, 0.0f, c.data(), 2),
+                            ConstTypedPtr(a.data(), shardlm::DType::bf16), 2,
+                            ConstTypedPtr(b.data(), shardlm::DType::bf16), 2, 0.0f, c.data(), 2),
                shardlm::Error);
 }
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/gelu.hpp"
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
@@ -41,6 +41,7 @@ namespace {
 
 using shardlm::DType;
 namespace cpu = shardlm::cpu;
+using namespace shardlm;  // dtypes and scalar conversions (core/dtype.hpp)
 
 constexpr double kBf16Unit = 1.0 / 256;   // 2^-8
 constexpr double kFp16Unit = 1.0 / 2048;  // 2^-11
@@ -98,41 +99,41 @@ std::vector<float> rounding_cases() {
 TEST(Rounding, Bf16AndFp16MatchTheDefinition) {
   for (float x : rounding_cases()) {
     const double want_bf16 = bf16_reference(x);
-    const float got_bf16 = cpu::bf16_to_float(cpu::float_to_bf16(x));
+    const float got_bf16 = bf16_to_float(float_to_bf16(x));
     ASSERT_EQ(static_cast<double>(got_bf16), want_bf16) << "bf16 of " << x;
     ASSERT_EQ(std::signbit(got_bf16), std::signbit(x)) << "bf16 sign of " << x;
     const double want_fp16 = fp16_reference(x);
-    const float got_fp16 = cpu::fp16_to_float(cpu::float_to_fp16(x));
+    const float got_fp16 = fp16_to_float(float_to_fp16(x));
     ASSERT_EQ(static_cast<double>(got_fp16), want_fp16) << "fp16 of " << x;
-    EXPECT_EQ(cpu::round_to(DType::bf16, x), got_bf16);
-    EXPECT_EQ(cpu::round_to(DType::fp16, x), got_fp16);
+    EXPECT_EQ(round_to(DType::bf16, x), got_bf16);
+    EXPECT_EQ(round_to(DType::fp16, x), got_fp16);
   }
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_TRUE(std::isnan(cpu::bf16_to_float(cpu::float_to_bf16(nan))));
-  EXPECT_TRUE(std::isnan(cpu::bf16_to_float(cpu::float_to_bf16(-nan))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(nan))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(-nan))));
   // A NaN whose payload sits in the low bits only must not become inf.
   const float low_nan = std::bit_cast<float>(0x7f800001u);
-  EXPECT_TRUE(std::isnan(cpu::bf16_to_float(cpu::float_to_bf16(low_nan))));
-  EXPECT_TRUE(std::isnan(cpu::fp16_to_float(cpu::float_to_fp16(nan))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(low_nan))));
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(nan))));
 }
 
 TEST(Rounding, ArrayConversionsMatchTheScalarOnes) {
   const std::vector<float> src = random_vec(100003, 2, 100.0);  // parallel path + odd tail
   for (DType t : {DType::bf16, DType::fp16}) {
     std::vector<uint16_t> half(src.size());
-    cpu::convert(cpu::TypedPtr(half.data(), t), src.data(), static_cast<int64_t>(src.size()));
+    cpu::convert(TypedPtr(half.data(), t), src.data(), static_cast<int64_t>(src.size()));
     std::vector<float> back(src.size());
-    cpu::convert(back.data(), cpu::ConstTypedPtr(half.data(), t), static_cast<int64_t>(src.size()));
+    cpu::convert(back.data(), ConstTypedPtr(half.data(), t), static_cast<int64_t>(src.size()));
     std::vector<float> rounded(src.size());
     cpu::round_to(t, rounded.data(), src.data(), static_cast<int64_t>(src.size()));
     for (size_t i = 0; i < src.size(); ++i) {
-      ASSERT_EQ(back[i], cpu::round_to(t, src[i])) << i;
+      ASSERT_EQ(back[i], round_to(t, src[i])) << i;
       ASSERT_EQ(rounded[i], back[i]) << i;
     }
     // Strided rows: only the first `cols` of each row are converted.
     const int rows = 7, cols = 1000, ld = 1024;
     std::vector<uint16_t> strided(static_cast<size_t>(rows) * ld, 0xffff);
-    cpu::convert_rows(cpu::TypedPtr(strided.data(), t), ld, src.data(), ld, rows, cols);
+    cpu::convert_rows(TypedPtr(strided.data(), t), ld, src.data(), ld, rows, cols);
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < ld; ++c) {
         const uint16_t v = strided[static_cast<size_t>(r) * ld + c];
@@ -168,8 +169,8 @@ Operand make_operand(int rows, int cols, int pad, DType t, uint64_t seed) {
   o.rounded.resize(o.values.size());
   o.stored.resize(o.values.size());
   for (size_t i = 0; i < o.values.size(); ++i) {
-    o.rounded[i] = cpu::round_to(t, o.values[i]);
-    o.stored[i] = t == DType::bf16 ? cpu::float_to_bf16(o.values[i]) : cpu::float_to_fp16(o.values[i]);
+    o.rounded[i] = round_to(t, o.values[i]);
+    o.stored[i] = t == DType::bf16 ? float_to_bf16(o.values[i]) : float_to_fp16(o.values[i]);
   }
   return o;
 }
@@ -203,8 +204,8 @@ void check_gemm(const GemmCase& c, DType t, cpu::Bf16GemmPath path, uint64_t see
   std::vector<float> got = c0;
   if (c.beta == 0.0f)  // beta = 0 must not read C
     for (auto& x : got) x = std::numeric_limits<float>::quiet_NaN();
-  cpu::gemm_on(path, c.ta, c.tb, c.M, c.N, c.K, c.alpha, cpu::ConstTypedPtr(a.stored.data(), t), a.ld,
-               cpu::ConstTypedPtr(b.stored.data(), t), b.ld, c.beta, got.data(), ldc);
+  cpu::gemm_on(path, c.ta, c.tb, c.M, c.N, c.K, c.alpha, ConstTypedPtr(a.stored.data(), t), a.ld,
+               ConstTypedPtr(b.stored.data(), t), b.ld, c.beta, got.data(), ldc);
   std::vector<double> want_rounded, want_exact, magnitude;
   naive_gemm(c, a.rounded, a.ld, b.rounded, b.ld, c0, ldc, want_rounded, magnitude);
   naive_gemm(c, a.values, a.ld, b.values, b.ld, c0, ldc, want_exact, magnitude);
@@ -274,10 +275,10 @@ TEST(MixedGemm, Fp32OperandsRunSgemmAndMixedOperandsAreWidened) {
   std::vector<uint16_t> a16(a.size());
   std::vector<float> a_rounded(a.size());
   for (size_t i = 0; i < a.size(); ++i) {
-    a16[i] = cpu::float_to_bf16(a[i]);
-    a_rounded[i] = cpu::bf16_to_float(a16[i]);
+    a16[i] = float_to_bf16(a[i]);
+    a_rounded[i] = bf16_to_float(a16[i]);
   }
-  cpu::gemm(false, false, M, N, K, 1.0f, cpu::ConstTypedPtr(a16.data(), DType::bf16), K, b.data(), N,
+  cpu::gemm(false, false, M, N, K, 1.0f, ConstTypedPtr(a16.data(), DType::bf16), K, b.data(), N,
             0.0f, c1.data(), N);
   cpu::sgemm(false, false, M, N, K, 1.0f, a_rounded.data(), K, b.data(), N, 0.0f, c2.data(), N);
   EXPECT_EQ(c1, c2);
@@ -286,8 +287,8 @@ TEST(MixedGemm, Fp32OperandsRunSgemmAndMixedOperandsAreWidened) {
 TEST(MixedGemm, RejectsBadStrides) {
   std::vector<uint16_t> a(16), b(16);
   std::vector<float> c(16);
-  EXPECT_THROW(cpu::gemm(false, false, 4, 4, 4, 1.0f, cpu::ConstTypedPtr(a.data(), DType::bf16), 3,
-                         cpu::ConstTypedPtr(b.data(), DType::bf16), 4, 0.0f, c.data(), 4),
+  EXPECT_THROW(cpu::gemm(false, false, 4, 4, 4, 1.0f, ConstTypedPtr(a.data(), DType::bf16), 3,
+                         ConstTypedPtr(b.data(), DType::bf16), 4, 0.0f, c.data(), 4),
                shardlm::Error);
 }
 
@@ -296,12 +297,12 @@ TEST(MixedGemm, RejectsBadStrides) {
 template <typename Kernel>
 void expect_rounded_once(Kernel&& kernel, size_t count, const std::string& what) {
   std::vector<float> f32(count);
-  kernel(cpu::TypedPtr(f32.data()));
+  kernel(TypedPtr(f32.data()));
   for (DType t : {DType::bf16, DType::fp16}) {
     std::vector<uint16_t> half(count);
-    kernel(cpu::TypedPtr(half.data(), t));
+    kernel(TypedPtr(half.data(), t));
     for (size_t i = 0; i < count; ++i) {
-      const uint16_t want = t == DType::bf16 ? cpu::float_to_bf16(f32[i]) : cpu::float_to_fp16(f32[i]);
+      const uint16_t want = t == DType::bf16 ? float_to_bf16(f32[i]) : float_to_fp16(f32[i]);
       ASSERT_EQ(half[i], want) << what << " " << shardlm::dtype_name(t) << " element " << i;
     }
   }
@@ -315,10 +316,10 @@ TEST(ComputeTypeKernels, StoreTheFp32ResultRoundedOnce) {
   const auto x = random_vec(N * C, 300), w = random_vec(C, 301), bias = random_vec(C, 302),
              branch = random_vec(N * C, 303);
   std::vector<float> mean(N), rstd(N), residual(N * C);
-  expect_rounded_once([&](cpu::TypedPtr out) {
+  expect_rounded_once([&](TypedPtr out) {
     cpu::layernorm_forward(out, mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C);
   }, N * C, "layernorm");
-  expect_rounded_once([&](cpu::TypedPtr out) {
+  expect_rounded_once([&](TypedPtr out) {
     cpu::residual_layernorm_forward(residual.data(), out, mean.data(), rstd.data(), x.data(),
                                     branch.data(), bias.data(), w.data(), bias.data(), N, C);
   }, N * C, "residual layernorm");
@@ -327,15 +328,15 @@ TEST(ComputeTypeKernels, StoreTheFp32ResultRoundedOnce) {
   const auto pre0 = random_vec(N * 4 * C, 304, 2.0), fc_bias = random_vec(4 * C, 305);
   for (DType t : {DType::bf16, DType::fp16}) {
     std::vector<float> x(pre0.size());
-    for (size_t i = 0; i < x.size(); ++i) x[i] = cpu::round_to(t, pre0[i] + fc_bias[i % (4 * C)]);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = round_to(t, pre0[i] + fc_bias[i % (4 * C)]);
     std::vector<float> want_pre = x, want_out(x.size());
     cpu::bias_gelu_forward(want_out.data(), want_pre.data(), want_pre.data(), nullptr, N, 4 * C);
     std::vector<uint16_t> pre16(x.size()), out16(x.size());
-    cpu::bias_gelu_forward(cpu::TypedPtr(out16.data(), t), cpu::TypedPtr(pre16.data(), t),
+    cpu::bias_gelu_forward(TypedPtr(out16.data(), t), TypedPtr(pre16.data(), t),
                            pre0.data(), fc_bias.data(), N, 4 * C);
     for (size_t i = 0; i < x.size(); ++i) {
-      ASSERT_EQ(cpu::round_to(t, want_pre[i]), want_pre[i]);
-      const auto to_t = [&](float v) { return t == DType::bf16 ? cpu::float_to_bf16(v) : cpu::float_to_fp16(v); };
+      ASSERT_EQ(round_to(t, want_pre[i]), want_pre[i]);
+      const auto to_t = [&](float v) { return t == DType::bf16 ? float_to_bf16(v) : float_to_fp16(v); };
       ASSERT_EQ(pre16[i], to_t(want_pre[i])) << i;
       ASSERT_EQ(out16[i], to_t(want_out[i])) << i;
     }
@@ -343,7 +344,7 @@ TEST(ComputeTypeKernels, StoreTheFp32ResultRoundedOnce) {
     const auto dout = random_vec(x.size(), 306);
     std::vector<float> want_din(x.size()), din(x.size());
     cpu::gelu_backward(want_din.data(), dout.data(), want_pre.data(), static_cast<int64_t>(x.size()));
-    cpu::gelu_backward(din.data(), dout.data(), cpu::ConstTypedPtr(pre16.data(), t),
+    cpu::gelu_backward(din.data(), dout.data(), ConstTypedPtr(pre16.data(), t),
                        static_cast<int64_t>(x.size()));
     EXPECT_EQ(din, want_din) << shardlm::dtype_name(t);
   }
@@ -360,15 +361,15 @@ TEST(ComputeTypeKernels, Bf16LmHeadMatchesNaiveDouble) {
   for (int n = 0; n < N; ++n) targets[n] = n % 6 == 1 ? -1 : static_cast<int32_t>(rng.below(V));
   std::vector<uint16_t> x16(x.size()), w16(w.size());
   std::vector<double> xr(x.size()), wr(w.size());
-  for (size_t i = 0; i < x.size(); ++i) x16[i] = cpu::float_to_bf16(x[i]), xr[i] = cpu::bf16_to_float(x16[i]);
-  for (size_t i = 0; i < w.size(); ++i) w16[i] = cpu::float_to_bf16(w[i]), wr[i] = cpu::bf16_to_float(w16[i]);
+  for (size_t i = 0; i < x.size(); ++i) x16[i] = float_to_bf16(x[i]), xr[i] = bf16_to_float(x16[i]);
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = float_to_bf16(w[i]), wr[i] = bf16_to_float(w16[i]);
 
   std::vector<float> logits(static_cast<size_t>(chunk_rows) * Vp);
   std::vector<uint16_t> dlogits16(logits.size());
   std::vector<float> losses(N), dx(static_cast<size_t>(N) * C), dw(static_cast<size_t>(Vp) * C, 0.0f);
   cpu::LmHeadLossArgs args;
-  args.x = cpu::ConstTypedPtr(x16.data(), DType::bf16);
-  args.weight = cpu::ConstTypedPtr(w16.data(), DType::bf16);
+  args.x = ConstTypedPtr(x16.data(), DType::bf16);
+  args.weight = ConstTypedPtr(w16.data(), DType::bf16);
   args.targets = targets.data();
   args.N = N;
   args.C = C;
@@ -377,7 +378,7 @@ TEST(ComputeTypeKernels, Bf16LmHeadMatchesNaiveDouble) {
   args.logits_scratch = logits.data();
   args.logits_stride = Vp;
   args.chunk_rows = chunk_rows;
-  args.dlogits_scratch = cpu::TypedPtr(dlogits16.data(), DType::bf16);
+  args.dlogits_scratch = TypedPtr(dlogits16.data(), DType::bf16);
   cpu::lm_head_cross_entropy(args, losses.data(), dx.data(), dw.data());
 
   // Naive double head on the rounded inputs. The loss sees only fp32 accumulation
@@ -453,17 +454,17 @@ FixtureRun run_fixture(DType precision, bool params_in_compute_type = false) {
   int64_t count = 0;
   for (int32_t t : targets) count += t != shardlm::kIgnoreIndex;
   std::vector<std::vector<uint16_t>> converted;
-  std::vector<cpu::ConstTypedPtr> typed;
+  std::vector<ConstTypedPtr> typed;
   for (const auto& unit : params) {
     converted.emplace_back(unit.size());
-    cpu::convert(cpu::TypedPtr(converted.back().data(), precision), unit.data(),
+    cpu::convert(TypedPtr(converted.back().data(), precision), unit.data(),
                  static_cast<int64_t>(unit.size()));
   }
   for (size_t m = 0; m < pp.size(); ++m) {
     const auto& place = layout.model_units[m];
     typed.push_back(params_in_compute_type
-                        ? cpu::ConstTypedPtr(converted[place.unit].data(), precision).at(place.base)
-                        : cpu::ConstTypedPtr(pp[m]));
+                        ? ConstTypedPtr(converted[place.unit].data(), precision).at(place.base)
+                        : ConstTypedPtr(pp[m]));
   }
   const shardlm::ParamPointers typed_params(typed);
   shardlm::Gpt2Model model(config, layout, B, T, {precision, false});
@@ -569,7 +570,7 @@ TEST(MixedPrecisionStrategy, ReplicatedParamsReachTheModelRoundedToBf16AfterEver
                            place.base;
         const float* master = strategy.replicated_params(place.unit);
         for (int64_t i = 0; i < layout.units[static_cast<size_t>(place.unit)].padded_numel; ++i)
-          ASSERT_EQ(copy[i], shardlm::cpu::float_to_bf16(master[i]))
+          ASSERT_EQ(copy[i], shardlm::float_to_bf16(master[i]))
               << when << ": unit " << place.unit << " element " << i;
       }
     };
@@ -601,8 +602,8 @@ TEST(MixedPrecisionModel, RejectsParamsOfAnotherType) {
   const auto layout = shardlm::ParamLayout::build(config, 1);
   shardlm::Gpt2Model model(config, layout, 1, 4, {DType::bf16, false});
   std::vector<uint16_t> unit0(static_cast<size_t>(layout.units[0].padded_numel));
-  std::vector<cpu::ConstTypedPtr> params(static_cast<size_t>(model.num_units()));
-  params[0] = cpu::ConstTypedPtr(unit0.data(), DType::fp16);
+  std::vector<ConstTypedPtr> params(static_cast<size_t>(model.num_units()));
+  params[0] = ConstTypedPtr(unit0.data(), DType::fp16);
   std::vector<int32_t> tokens = {1, 2, 3, 4};
   const shardlm::MicroBatch micro{tokens.data(), nullptr, 1, 4};
   try {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/data/prepare.hpp"

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/comm/reduce_kernels.hpp"
 #include "shardlm/core/error.hpp"
 
@@ -69,7 +69,7 @@ void exchange_and_reduce(MPI_Comm comm, int n, int r, const float* send, float* 
   Wire* outgoing = received + static_cast<size_t>(n - 1) * chunk;  // bf16 only
   Wire* own = outgoing + static_cast<size_t>(n - 1) * chunk;       // bf16 only
   const auto round = [](Wire* dst, const float* src, size_t count) {
-    for (size_t i = 0; i < count; ++i) dst[i] = cpu::float_to_bf16(src[i]);
+    for (size_t i = 0; i < count; ++i) dst[i] = float_to_bf16(src[i]);
   };
   std::vector<MPI_Request> requests(2 * (n - 1));
   std::vector<const Wire*> inputs(n);
@@ -119,7 +119,7 @@ void reduce_scatter_rank_order(MPI_Comm comm, const float* send, float* recv, si
   if (recv_count == 0) return;
   if (n == 1) {
     if (wire == WireType::bf16) {  // the one contribution, as it would travel
-      for (size_t i = 0; i < recv_count; ++i) recv[i] = cpu::round_to(DType::bf16, own[i]);
+      for (size_t i = 0; i < recv_count; ++i) recv[i] = round_to(DType::bf16, own[i]);
     } else if (recv != own) {
       std::memcpy(recv, own, recv_count * sizeof(float));
     }

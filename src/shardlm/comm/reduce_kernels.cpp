@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
 
 namespace shardlm {
@@ -58,7 +58,7 @@ void reduce_in_rank_order(const uint16_t* const* bf16_inputs, int num_inputs, fl
   constexpr size_t kTile = 2048;
   alignas(64) float widened[kTile];
   const auto widen = [](float* dst, const uint16_t* src, size_t n) {
-    for (size_t i = 0; i < n; ++i) dst[i] = cpu::bf16_to_float(src[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
   };
   for (size_t base = 0; base < count; base += kTile) {
     const size_t n = std::min(kTile, count - base);

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/core/timer.hpp"
 
 namespace shardlm {
@@ -59,7 +59,7 @@ Work SingleProcessCommunicator::start_reduce_scatter(const float* send, float* r
                                                      WireType wire, const Collective& c) {
   if (wire == WireType::bf16) {  // the one contribution, as it would travel
     Stopwatch elapsed;
-    for (size_t i = 0; i < recv_count; ++i) recv[i] = cpu::round_to(DType::bf16, send[i]);
+    for (size_t i = 0; i < recv_count; ++i) recv[i] = round_to(DType::bf16, send[i]);
     counter_block()->add_seconds(c.info.kind, elapsed.seconds());
     return finish_copy(recv, recv, 0, c);
   }

@@ -1,3 +1,4 @@
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/model/gpt2_model.hpp"
 
 #include <algorithm>
@@ -20,9 +21,7 @@ namespace shardlm {
 
 namespace {
 
-using cpu::ConstTypedPtr;
 using cpu::gemm;
-using cpu::TypedPtr;
 
 // Target size of one chunk of logits in the fused LM head + loss. Each chunk
 // re-reads the [V, C] head weight twice and read-modify-writes its gradient once,

@@ -44,7 +44,7 @@
 #include <span>
 #include <vector>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/param_layout.hpp"
@@ -57,7 +57,7 @@ inline constexpr int32_t kIgnoreIndex = -1;
 // null.
 using UnitPointers = std::span<float* const>;
 // Parameters, one per unit, each fp32 or in the run's compute type.
-using ParamPointers = std::span<const cpu::ConstTypedPtr>;
+using ParamPointers = std::span<const ConstTypedPtr>;
 
 struct MicroBatch {
   const int32_t* tokens = nullptr;   // [B, T], ids < vocab_size

@@ -86,7 +86,7 @@ inline void adam_block(float* params, const float* grads, float* m, float* v, in
 
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                   std::span<const ElementRange> decay_ranges, float lr, float grad_multiplier,
-                  int64_t step, const AdamWConfig& config, cpu::TypedPtr rounded_params) {
+                  int64_t step, const AdamWConfig& config, TypedPtr rounded_params) {
   const PhaseScope phase(Phase::optimizer);
   const double bias1 = 1.0 - std::pow(static_cast<double>(config.beta1), static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(static_cast<double>(config.beta2), static_cast<double>(step));

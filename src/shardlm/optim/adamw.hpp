@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/model/param_layout.hpp"
 
 namespace shardlm {
@@ -40,7 +40,7 @@ std::vector<ElementRange> weight_decay_ranges(const UnitLayout& unit, int64_t sl
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                   std::span<const ElementRange> decay_ranges, float lr, float grad_multiplier,
                   int64_t step, const AdamWConfig& config,
-                  cpu::TypedPtr rounded_params = cpu::TypedPtr());
+                  TypedPtr rounded_params = TypedPtr());
 
 // Sum of squares of a gradient slice, accumulated in double (for the global norm).
 double sum_of_squares(const float* data, int64_t n);

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/optim/adamw.hpp"
 
@@ -152,7 +152,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   const StrategyBufferPlan plan = plan_buffers(layout, unit_needs, options);
   shared_unit_ = plan.shared_unit;
   compute_copy_ = plan.compute_copy;
-  model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), cpu::ConstTypedPtr());
+  model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), ConstTypedPtr());
   model_grad_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
 
   const size_t U = static_cast<size_t>(num_units_);
@@ -164,7 +164,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   adam_v_.resize(U);
   dedicated_params_.resize(U);
   dedicated_grads_.resize(U);
-  param_ptrs_.assign(U, cpu::TypedPtr());
+  param_ptrs_.assign(U, TypedPtr());
   grad_ptrs_.assign(U, nullptr);
   param_buffer_of_.assign(U, -1);
   grad_buffer_of_.assign(U, -1);
@@ -183,7 +183,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       full_params_[u] = floats(MemCategory::params, P, tracker);
       if (compute_copy_) {
         compute_params_[u] = elements(MemCategory::params, param_type_, P, tracker);
-        param_ptrs_[u] = cpu::TypedPtr(compute_params_[u].data(), param_type_);
+        param_ptrs_[u] = TypedPtr(compute_params_[u].data(), param_type_);
       } else {
         param_ptrs_[u] = full_params_[u].as<float>();
       }
@@ -283,7 +283,7 @@ OwnedSlice FlatUnitStrategy::owned(int unit) {
     case StrategyKind::ddp:
       // The whole unit is owned, so the optimizer can keep the compute copy current.
       return {0, P, full_params_[u].as<float>(), full_grads_[u].as<float>(), m, v,
-              compute_copy_ ? param_ptrs_[u] : cpu::TypedPtr()};
+              compute_copy_ ? param_ptrs_[u] : TypedPtr()};
     case StrategyKind::zero1:
       return {b, b + S, full_params_[u].as<float>() + b, full_grads_[u].as<float>() + b, m, v, {}};
     case StrategyKind::zero2:
@@ -363,14 +363,14 @@ void FlatUnitStrategy::start_gather(int unit) {
     buffer = param_pool_[static_cast<size_t>(param_buffer_of_[u])].data();
   }
   const int64_t S = layout_.units[u].padded_numel / shard_size_;
-  const cpu::TypedPtr gathered(buffer, param_type_);
+  const TypedPtr gathered(buffer, param_type_);
   const std::string label = "all_gather params unit " + layout_.units[u].name;
   const float* owned = owned_params_[u].as<float>();
   if (param_type_ == DType::fp32) {
     gather_work_[u] = shard_->all_gather(owned, gathered.f32(), static_cast<size_t>(S), label);
   } else {
     // This rank's block is rounded in place in the gather buffer, then gathered.
-    const cpu::TypedPtr mine = gathered.at(shard_rank_ * S);
+    const TypedPtr mine = gathered.at(shard_rank_ * S);
     cpu::convert(mine, owned, S);
     gather_work_[u] = shard_->all_gather_bytes(
         mine.data, buffer, static_cast<size_t>(S) * dtype_bytes(param_type_), label);
@@ -395,7 +395,7 @@ void FlatUnitStrategy::release_params(int unit) {
   if (param_buffer_of_[u] >= 0) free_param_buffers_.push_back(param_buffer_of_[u]);
   param_buffer_of_[u] = -1;
   gather_state_[u] = GatherState::none;
-  param_ptrs_[u] = cpu::TypedPtr();
+  param_ptrs_[u] = TypedPtr();
 }
 
 void FlatUnitStrategy::prefetch_after(size_t cursor) {

@@ -159,9 +159,9 @@ class FlatUnitStrategy : public Strategy {
   std::vector<TrackedBuffer> adam_m_, adam_v_;
   const DType param_type_;                   // of what params() hands out
   const WireType reduce_wire_;
-  std::vector<cpu::TypedPtr> param_ptrs_;    // per flat unit
+  std::vector<TypedPtr> param_ptrs_;    // per flat unit
   std::vector<float*> grad_ptrs_;            // per flat unit
-  std::vector<cpu::ConstTypedPtr> model_param_ptrs_;  // per model unit (what the model reads)
+  std::vector<ConstTypedPtr> model_param_ptrs_;  // per model unit (what the model reads)
   std::vector<float*> model_grad_ptrs_;
 
   // zero3 parameter gathering

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/model/gpt2_model.hpp"
 
 namespace shardlm {
@@ -24,7 +24,7 @@ struct OwnedSlice {
   float* grad = nullptr;
   float* adam_m = nullptr;
   float* adam_v = nullptr;
-  cpu::TypedPtr compute_copy;
+  TypedPtr compute_copy;
   int64_t size() const { return end - begin; }
 };
 

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 
 namespace shardlm {
 

@@ -23,7 +23,7 @@
 
 #include <cstdint>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 
 namespace shardlm::cpu {
 

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "shardlm/backend/cpu/attention.hpp"
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 

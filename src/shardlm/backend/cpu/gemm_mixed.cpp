@@ -12,6 +12,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/memory_tracker.hpp"

@@ -19,7 +19,7 @@
 //                type. The scratch grows to the largest operand once and is reused.
 #pragma once
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 
 namespace shardlm::cpu {
 

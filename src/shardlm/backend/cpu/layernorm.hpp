@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "shardlm/backend/cpu/dtype.hpp"
+#include "shardlm/core/dtype.hpp"
 
 namespace shardlm::cpu {
 

@@ -1,4 +1,5 @@
-// Element types of compute tensors, dtype-tagged pointers, and conversions.
+// Element types of compute tensors, dtype-tagged pointers, and scalar conversions
+// (every room uses them; the array conversions are CPU kernels: backend/cpu/convert.hpp).
 //
 // Precision is a property of the run (--precision fp32|bf16|fp16): master weights,
 // optimizer state and gradients stay fp32; GEMM inputs are held in the compute type.
@@ -26,9 +27,6 @@ std::string_view dtype_name(DType dtype);  // "fp32", "bf16", "fp16"
 // and the accepted values otherwise.
 DType parse_dtype(std::string_view name, std::string_view what);
 
-}  // namespace shardlm
-
-namespace shardlm::cpu {
 
 struct TypedPtr {
   void* data = nullptr;
@@ -145,15 +143,4 @@ void with_reader(ConstTypedPtr in, F&& f) {
   }
 }
 
-// dst[i] = src[i] in dst's type, for n elements (multi-threaded for large n).
-void convert(TypedPtr dst, ConstTypedPtr src, int64_t n);
-// The same on the calling thread alone, for callers inside a parallel region (and
-// charged to their phase).
-void convert_in_thread(TypedPtr dst, ConstTypedPtr src, int64_t n);
-// The same for a [rows, cols] matrix with row strides (elements) of its own.
-void convert_rows(TypedPtr dst, int64_t ld_dst, ConstTypedPtr src, int64_t ld_src, int64_t rows,
-                  int64_t cols);
-// dst[i] = round_to(dtype, src[i]): fp32 storage of values representable in dtype.
-void round_to(DType dtype, float* dst, const float* src, int64_t n);
-
-}  // namespace shardlm::cpu
+}  // namespace shardlm
