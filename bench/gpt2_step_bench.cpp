@@ -12,7 +12,7 @@
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 
 int main(int argc, char** argv) {
   const std::string preset = argc > 1 ? argv[1] : "gpt2-small-30m";

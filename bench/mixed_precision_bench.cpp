@@ -21,7 +21,7 @@
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 
 namespace {
 

@@ -47,7 +47,7 @@
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
 #include "shardlm/model/config.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 #include "shardlm/model/param_layout.hpp"
 
 namespace {

@@ -16,7 +16,7 @@
 
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/core/rng.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "shardlm/ckpt/safetensors.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 #include "relative_error.hpp"
 
 namespace st = shardlm::safetensors;

@@ -9,7 +9,7 @@
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 
 namespace {
 

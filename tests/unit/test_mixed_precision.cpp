@@ -33,7 +33,7 @@
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 #include "shardlm/optim/adamw.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
 

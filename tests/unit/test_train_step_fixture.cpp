@@ -12,7 +12,7 @@
 
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 #include "shardlm/optim/adamw.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
 #include "shardlm/train/model_runner.hpp"

@@ -11,6 +11,7 @@
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
+#include "shardlm/model/family.hpp"
 
 namespace fs = std::filesystem;
 
@@ -40,25 +41,7 @@ bool is_mask_buffer(const std::string& name) {
 }  // namespace
 
 std::string hugging_face_config_json(const ModelConfig& c) {
-  nlohmann::json j = {{"architectures", {"GPT2LMHeadModel"}},
-                      {"model_type", "gpt2"},
-                      {"vocab_size", c.vocab_size},
-                      {"n_positions", c.max_seq_len},
-                      {"n_ctx", c.max_seq_len},
-                      {"n_embd", c.n_embd},
-                      {"n_layer", c.n_layer},
-                      {"n_head", c.n_head},
-                      {"n_inner", nullptr},
-                      {"activation_function", "gelu_new"},
-                      {"layer_norm_epsilon", 1e-5},
-                      {"initializer_range", c.init_std},
-                      {"resid_pdrop", 0.0},
-                      {"embd_pdrop", 0.0},
-                      {"attn_pdrop", 0.0},
-                      {"scale_attn_weights", true},
-                      {"tie_word_embeddings", c.tie_embeddings},
-                      {"torch_dtype", "float32"}};
-  return j.dump(2) + "\n";
+  return model_family(c.family).hf_config(c).dump(2) + "\n";
 }
 
 void export_hugging_face(const CheckpointReader& checkpoint, const std::string& out_dir) {

@@ -25,4 +25,20 @@ void fault_point(std::string_view point) {
   throw Error(fmt::format("fault injected at {}", point));
 }
 
+void fault_at_step(int rank, int64_t step) {
+  const char* fault = std::getenv("SHARDLM_FAULT_STEP");
+  if (fault == nullptr) return;
+  int fault_rank = -1;
+  long long fault_step = -1;
+  char mode[16] = "";
+  const char* restart = std::getenv("SHARDLM_RESTART_COUNT");
+  const bool first_attempt = restart == nullptr || std::string_view(restart) == "0";
+  if (std::sscanf(fault, "%d:%lld:%15s", &fault_rank, &fault_step, mode) >= 2 &&
+      fault_rank == rank && fault_step == step &&
+      (first_attempt || std::string_view(mode) == "always")) {
+    std::fprintf(stderr, "rank %d: fault injected at step %lld: exiting\n", rank, fault_step);
+    std::_Exit(43);
+  }
+}
+
 }  // namespace shardlm

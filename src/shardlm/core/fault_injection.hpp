@@ -5,10 +5,17 @@
 // without unwinding or flushing anything.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 namespace shardlm {
 
 void fault_point(std::string_view point);
+
+// SHARDLM_FAULT_STEP="RANK:STEP[:always]" makes that rank exit at once (status 43)
+// when it reaches optimizer step STEP (1-based), in the first attempt of a `shardlm
+// launch` job only (SHARDLM_RESTART_COUNT unset or 0, so a restart gets past it)
+// unless ":always".
+void fault_at_step(int rank, int64_t step);
 
 }  // namespace shardlm

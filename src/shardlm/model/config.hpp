@@ -1,4 +1,7 @@
-// ModelConfig: the shape of a decoder-only model, named presets, and validation.
+// ModelConfig: the shape of a decoder-only model of any family shardlm computes
+// (gpt2, llama, qwen2, qwen3), named presets, and validation. What a field means for
+// a family, and which fields a family uses at all, is the family's business
+// (model/family.hpp); this struct only holds the values.
 #pragma once
 
 #include <cstdint>
@@ -9,15 +12,38 @@
 
 namespace shardlm {
 
+// Rotary embedding frequency scaling (Hugging Face `rope_scaling`). "default": none;
+// "llama3": Llama 3.1/3.2's smooth low-frequency interpolation.
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelConfig {
-  std::string family = "gpt2";  // "gpt2" (Llama/Qwen families later)
+  std::string family = "gpt2";  // gpt2, llama, qwen2, qwen3
   int n_layer = 0;
   int n_head = 0;
   int n_embd = 0;
-  int vocab_size = 0;       // the tokenizer's vocabulary (loss is over these ids only)
-  int max_seq_len = 1024;   // context length: size of the learned position table
-  float init_std = 0.02f;   // GPT-2 init; residual projections get init_std / sqrt(2 * n_layer)
-  bool tie_embeddings = true;  // LM head reuses the token embedding (GPT-2)
+  int vocab_size = 0;       // rows of the embedding as Hugging Face has them; the loss is
+                            // over these ids only
+  int max_seq_len = 1024;   // context length (GPT-2: size of the learned position table)
+  float init_std = 0.02f;   // normal init; GPT-2's residual projections get std / sqrt(2 L)
+  bool tie_embeddings = true;  // the LM head reuses the token embedding
+
+  // Llama families (ignored by gpt2, which fixes them: MHA, 4C MLP, LayerNorm 1e-5).
+  int n_kv_head = 0;          // key/value heads (grouped-query attention); 0: n_head
+  int head_dim_override = 0;  // per-head width; 0: n_embd / n_head
+  int intermediate_size = 0;  // MLP width; 0: 4 n_embd
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  float norm_eps = 1e-5f;     // RMSNorm epsilon
+  bool qkv_bias = false;      // q/k/v projections have biases (qwen2; llama/qwen3 attention_bias)
+  bool o_bias = false;        // the output projection has a bias (llama/qwen3 attention_bias)
+  bool qk_norm = false;       // per-head RMSNorm of q and k before RoPE (qwen3)
 
   // Rows of the embedding / logits padded to a multiple of 64 for GEMM speed; padded
   // logits never enter the softmax and padded rows stay exactly zero.
@@ -25,23 +51,30 @@ struct ModelConfig {
   int padded_vocab_size() const {
     return (vocab_size + kVocabPadMultiple - 1) / kVocabPadMultiple * kVocabPadMultiple;
   }
-  int head_dim() const { return n_embd / n_head; }
+  int head_dim() const { return head_dim_override > 0 ? head_dim_override : n_embd / n_head; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
 
-  // Throws Error naming the field if a size is not positive or n_embd % n_head != 0.
+  // Throws Error naming the field if the family is unknown or a value is out of range
+  // for it.
   void validate() const;
-  // Parameter count without vocabulary padding (what Hugging Face reports).
+  // Parameter count without vocabulary padding (what Hugging Face reports), from the
+  // family's tensors.
   int64_t num_parameters() const;
   // Model FLOPs per token for a training step (6N + attention), for MFU and GFLOP/s.
   double train_flops_per_token(int seq_len) const;
 
+  // The family's fields only (a GPT-2 config reads as it always has).
   nlohmann::json to_json() const;
   static ModelConfig from_json(const nlohmann::json& j);  // throws Error on missing fields
   bool operator==(const ModelConfig&) const = default;
 };
 
-// Presets: gpt2-tiny (~1M params, for tests), gpt2-small-30m, gpt2 (124M),
-// gpt2-medium (350M). The vocabulary defaults to GPT-2's 50257; `train` overrides it
-// with the data's vocabulary when the flag is not given.
+// Presets with the shapes of public models: gpt2-tiny (tests), gpt2-small-30m, gpt2
+// (124M), gpt2-medium (350M); llama-tiny, qwen2-tiny, qwen3-tiny (tests);
+// smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b; for planning qwen3-8b,
+// llama-3.1-8b, qwen2.5-7b, llama-3.1-70b. GPT-2 presets default to GPT-2's 50257-token
+// vocabulary, which `train` replaces with the data's when the flag is not given.
 ModelConfig model_preset(const std::string& name);  // throws Error on unknown name
 std::vector<std::string> model_preset_names();
 

@@ -1,7 +1,8 @@
 // ParamLayout: the flat-unit data layout (DESIGN.md "Flat units"), as pure functions.
 //
-// The model is cut into model units: 0 the embeddings, 1..n_layer the transformer
-// blocks, n_layer+1 the final norm (and an untied LM head). Parameters live in flat
+// The model is cut into model units (the family's: model/family.hpp), for every family
+// so far 0 the embeddings, 1..n_layer the transformer blocks, n_layer+1 the final norm
+// (and an untied LM head). Parameters live in flat
 // units: one contiguous buffer per unit, the granularity of all-gather,
 // reduce-scatter and prefetch. Usually a unit holds one model unit; model units
 // smaller than min_unit_params are merged with a neighbour into one unit so tiny
@@ -69,8 +70,5 @@ struct ParamLayout {
   // Locate a parameter by name: returns (unit index, info) or throws Error.
   std::pair<int, const ParamInfo*> find(const std::string& name) const;
 };
-
-// Hugging Face names for GPT-2 (`transformer.wte.weight`, ...), as built by build().
-std::string gpt2_param_name(int layer, const std::string& suffix);
 
 }  // namespace shardlm

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "shardlm/core/dtype.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/model.hpp"
 
 namespace shardlm {
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shardlm/data/sampler.hpp"
+#include "shardlm/model/family.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
 
@@ -16,14 +17,15 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.accumulation = BatchPartition(global_batch, n, r.micro_batch).accumulation_steps();
 
   const ParamLayout layout = ParamLayout::build(r.config, plan.partition, r.min_unit_params);
-  const auto needs = Gpt2Model::unit_needs(r.config);
+  const ModelFamily& family = model_family(r.config.family);
+  const auto needs = family.unit_needs(r.config);
   const StrategyBufferPlan buffers = FlatUnitStrategy::plan_buffers(layout, needs, r.strategy);
   plan.params = buffers.params_bytes;
   plan.grads = buffers.grads_bytes;
   plan.optimizer = buffers.optimizer_bytes;
   const bool params_in_compute_type = buffers.param_type != DType::fp32;
   const ModelMemoryPlan model =
-      Gpt2Model::plan_memory(r.config, r.micro_batch, r.seq_len, r.model, params_in_compute_type);
+      family.plan_memory(r.config, r.micro_batch, r.seq_len, r.model, params_in_compute_type);
   plan.activations = model.activations;
   plan.params += model.params_scratch;
   plan.comm = n > 1 ? static_cast<int64_t>(r.comm_scratch_bytes) : 0;

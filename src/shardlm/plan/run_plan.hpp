@@ -2,7 +2,7 @@
 // from its configuration before it starts (`shardlm plan`).
 //
 // Memory per category comes from the same arithmetic the strategy and the model
-// allocate by (FlatUnitStrategy::plan_buffers, Gpt2Model::plan_memory), so the
+// allocate by (FlatUnitStrategy::plan_buffers, the family's plan_memory), so the
 // prediction equals the tracker's peak for params, grads, optimizer, activations and
 // comm to the byte (tests/distributed/plan_matches_measurement.sh); a disagreement is
 // a bug in one of the two. Not planned: "other" (the data order, 8 bytes per window
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "shardlm/model/config.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/model.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {

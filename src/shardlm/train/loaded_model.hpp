@@ -7,23 +7,21 @@
 
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/model.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
 #include "shardlm/train/model_runner.hpp"
 
 namespace shardlm {
 
-std::vector<std::vector<int>> model_unit_needs(const Gpt2Model& model);
-
 class LoadedModel {
  public:
   LoadedModel(const CheckpointReader& checkpoint, int max_batch, int max_seq);
   ModelRunner& runner() { return runner_; }
-  Gpt2Model& model() { return model_; }
+  Model& model() { return *model_; }
 
  private:
   ParamLayout layout_;
-  Gpt2Model model_;
+  std::unique_ptr<Model> model_;
   SingleProcessCommunicator comm_;
   FlatUnitStrategy strategy_;
   ModelRunner runner_;

@@ -3,14 +3,14 @@
 // reduces in exactly one place.
 #pragma once
 
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/model.hpp"
 #include "shardlm/parallel/strategy.hpp"
 
 namespace shardlm {
 
 class ModelRunner {
  public:
-  ModelRunner(Gpt2Model& model, Strategy& strategy) : model_(model), strategy_(strategy) {}
+  ModelRunner(Model& model, Strategy& strategy) : model_(model), strategy_(strategy) {}
 
   // Forward of every unit; with targets, returns the loss sum over non-ignored targets.
   double forward(const MicroBatch& batch, bool training, float grad_scale);
@@ -18,11 +18,11 @@ class ModelRunner {
   // the accumulation the step is (DDP communicates on the last one only).
   void backward(const MicroBatch& batch, int micro_batch);
 
-  Gpt2Model& model() { return model_; }
+  Model& model() { return model_; }
   Strategy& strategy() { return strategy_; }
 
  private:
-  Gpt2Model& model_;
+  Model& model_;
   Strategy& strategy_;
 };
 

@@ -1,5 +1,5 @@
 #include "shardlm/backend/cpu/convert.hpp"
-#include "shardlm/model/gpt2_model.hpp"
+#include "shardlm/model/gpt2/gpt2_model.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -15,7 +15,7 @@
 #include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
 #include "shardlm/core/error.hpp"
-#include "shardlm/core/rng.hpp"
+#include "shardlm/model/gpt2/gpt2_family.hpp"
 
 namespace shardlm {
 
@@ -36,17 +36,6 @@ using cpu::gemm;
 // well under half of PyTorch's; the rows are then spread evenly over the chunks (a
 // short last chunk is slow).
 constexpr int64_t kLogitsChunkBytes = 256ll << 20;
-
-// FNV-1a, 64-bit: a stable string hash (std::hash is not specified across
-// platforms), so init depends on the parameter name and nothing else.
-uint64_t fnv1a64(const std::string& text) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : text) {
-    h ^= ch;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 // Offsets (elements) of a block's parameters inside its unit buffer.
 struct BlockOffsets {
@@ -214,10 +203,6 @@ struct Gpt2Model::Impl {
 };
 
 Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch,
-                     int max_seq, MemoryTracker& tracker)
-    : Gpt2Model(config, layout, max_batch, max_seq, ModelOptions{}, tracker) {}
-
-Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int max_batch,
                      int max_seq, const ModelOptions& options, MemoryTracker& tracker)
     : impl_(std::make_unique<Impl>()) {
   config.validate();
@@ -343,15 +328,6 @@ ModelMemoryPlan Gpt2Model::plan_memory(const ModelConfig& config, int max_batch,
   return plan;
 }
 
-std::vector<std::vector<int>> Gpt2Model::unit_needs(const ModelConfig& config) {
-  std::vector<std::vector<int>> needs;
-  const int final_unit = config.n_layer + 1;
-  for (int u = 0; u <= final_unit; ++u)
-    needs.push_back(u == final_unit && config.tie_embeddings ? std::vector<int>{0, u}
-                                                             : std::vector<int>{u});
-  return needs;
-}
-
 Gpt2Model::~Gpt2Model() = default;
 
 const ModelConfig& Gpt2Model::config() const { return impl_->config; }
@@ -359,46 +335,6 @@ const ParamLayout& Gpt2Model::layout() const { return impl_->layout; }
 const ModelOptions& Gpt2Model::options() const { return impl_->options; }
 int Gpt2Model::logits_chunk_rows() const { return impl_->chunk_rows; }
 int Gpt2Model::num_units() const { return impl_->L + 2; }
-
-void Gpt2Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
-  SHARDLM_CHECK(unit >= 0 && unit < impl_->layout.num_units(),
-                "model: layout unit {} out of range [0, {})", unit, impl_->layout.num_units());
-  init_range(unit, seed, 0, impl_->layout.units[static_cast<size_t>(unit)].padded_numel,
-             unit_params);
-}
-
-void Gpt2Model::init_range(int unit, uint64_t seed, int64_t begin, int64_t end,
-                           float* out) const {
-  SHARDLM_CHECK(unit >= 0 && unit < impl_->layout.num_units(),
-                "model: layout unit {} out of range [0, {})", unit, impl_->layout.num_units());
-  const UnitLayout& u = impl_->layout.units[static_cast<size_t>(unit)];
-  SHARDLM_CHECK(0 <= begin && begin <= end && end <= u.padded_numel,
-                "model: init range [{}, {}) is outside unit {} of {} elements", begin, end,
-                u.name, u.padded_numel);
-  std::fill(out, out + (end - begin), 0.0f);
-  for (const ParamInfo& p : u.params) {
-    // The part of the parameter inside [begin, end), in parameter-local indices.
-    const int64_t first = std::max<int64_t>(begin - p.offset, 0);
-    const int64_t last = std::min<int64_t>(end - p.offset, p.numel);
-    if (first >= last) continue;
-    const int64_t shift = p.offset - begin;  // out[shift + i] is element i of the parameter
-    if (p.init == "ones") {
-      std::fill(out + shift + first, out + shift + last, 1.0f);
-    } else if (p.init == "normal") {
-      const int64_t count =
-          p.valid_rows < 0 ? p.numel : p.valid_rows * (p.numel / std::max<int64_t>(p.shape[0], 1));
-      // The stream is sequential: draw up to the range's end, keep what falls in it.
-      Rng rng(splitmix64(seed ^ fnv1a64(p.name)));
-      for (int64_t i = 0; i < std::min(count, last); ++i) {
-        const float value = static_cast<float>(rng.normal()) * p.init_std;
-        if (i >= first) out[shift + i] = value;
-      }
-    } else {
-      SHARDLM_CHECK(p.init == "zeros", "model: parameter '{}' has unknown init '{}'", p.name,
-                    p.init);
-    }
-  }
-}
 
 ConstTypedPtr Gpt2Model::Impl::gemm_weight(ConstTypedPtr src, int64_t scratch_offset,
                                            int64_t count) const {
@@ -600,10 +536,6 @@ void check_pointers(std::span<const Pointer> pointers, int needed_unit, int num_
                 needed_unit, unit);
 }
 
-std::vector<ConstTypedPtr> typed(UnitPointers params) {
-  return std::vector<ConstTypedPtr>(params.begin(), params.end());
-}
-
 }  // namespace
 
 void Gpt2Model::Impl::check_params(ParamPointers params, int unit,
@@ -619,27 +551,10 @@ void Gpt2Model::Impl::check_params(ParamPointers params, int unit,
 
 std::vector<int> Gpt2Model::Impl::needed_units(int unit) const {
   SHARDLM_CHECK(unit >= 0 && unit < L + 2, "model: unit {} out of range [0, {})", unit, L + 2);
-  return Gpt2Model::unit_needs(config)[static_cast<size_t>(unit)];
+  return gpt2_family().unit_needs(config)[static_cast<size_t>(unit)];
 }
 
 std::vector<int> Gpt2Model::units_needed_for(int unit) const { return impl_->needed_units(unit); }
-
-void Gpt2Model::forward_unit(int unit, UnitPointers params, UnitPointers grads,
-                             const MicroBatch& batch, bool training, float grad_scale) {
-  const auto p = typed(params);
-  forward_unit(unit, ParamPointers(p), grads, batch, training, grad_scale);
-}
-
-void Gpt2Model::backward_unit(int unit, UnitPointers params, UnitPointers grads,
-                              const MicroBatch& batch) {
-  const auto p = typed(params);
-  backward_unit(unit, ParamPointers(p), grads, batch);
-}
-
-void Gpt2Model::logits_at(UnitPointers params, int t, float* out) const {
-  const auto p = typed(params);
-  logits_at(ParamPointers(p), t, out);
-}
 
 void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
                              const MicroBatch& batch, bool training, float grad_scale) {

@@ -1,0 +1,107 @@
+// Model: what the step loop, the strategies, checkpoints and `plan` know of a model
+// (DESIGN.md "The step"). A family (model/family.hpp) makes one; GPT-2 and the Llama
+// families implement it in their own folders.
+//
+// A model owns no parameters: the caller (the trainer, through a parallel Strategy)
+// hands it, per call, one pointer per model unit to that unit's parameters and
+// gradients (ParamLayout). Under ZeRO-3 those point into gather buffers that exist
+// only around the call, which is why they are arguments, not members.
+//
+// A training micro-batch:
+//   for u in 0..num_units()-1:   forward_unit(u, ...)   // last unit: norm + fused head/CE
+//   for u in num_units()-1..0:   backward_unit(u, ...)  // gradients ACCUMULATE (+=)
+// The loss is the sum of cross-entropy over targets != kIgnoreIndex, multiplied by
+// grad_scale for the gradient (grad_scale = 1 / global count of target tokens, so that
+// micro-batches and ranks sum to the global mean; times the loss scale in fp16).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "shardlm/core/dtype.hpp"
+#include "shardlm/model/config.hpp"
+#include "shardlm/model/param_layout.hpp"
+
+namespace shardlm {
+
+inline constexpr int32_t kIgnoreIndex = -1;
+
+// One pointer per model unit (index = model unit). Entries for units a call does not
+// need may be null.
+using UnitPointers = std::span<float* const>;
+// Parameters, one per model unit, each fp32 or in the run's compute type.
+using ParamPointers = std::span<const ConstTypedPtr>;
+
+struct MicroBatch {
+  const int32_t* tokens = nullptr;   // [B, T], ids < vocab_size
+  const int32_t* targets = nullptr;  // [B, T], ids < vocab_size or kIgnoreIndex; may be null
+                                     // when no loss is wanted (sampling)
+  int B = 0;
+  int T = 0;
+  // Packed sequences (several documents per row), or null: position ids [B, T]
+  // (restarting at 0 per document; null: t) and, per token, the row-local index where
+  // its document starts (attention never looks before it; null: 0).
+  const int32_t* positions = nullptr;
+  const int32_t* key_begin = nullptr;
+};
+
+struct ModelOptions {
+  DType precision = DType::fp32;
+  bool activation_checkpointing = false;
+};
+
+// What a model allocates (bytes), for `shardlm plan`.
+struct ModelMemoryPlan {
+  int64_t activations = 0;     // the arena (MemCategory::activations)
+  int64_t params_scratch = 0;  // rounding scratch (MemCategory::params)
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+  virtual const ModelOptions& options() const = 0;
+  // Model units (the granularity of the step loop's hooks).
+  virtual int num_units() const = 0;
+  // Model units whose parameters model unit u's forward/backward read (a tied LM head
+  // also reads the embeddings). The per-unit pointers of every call are indexed by
+  // model unit.
+  virtual std::vector<int> units_needed_for(int unit) const = 0;
+  // Rows of logits the fused LM head computes at a time.
+  virtual int logits_chunk_rows() const = 0;
+
+  // Forward of one unit for micro-batch `batch`. For the last unit with batch.targets
+  // != null this also computes the loss; with training == true it also computes the
+  // head's gradient (grad_scale-weighted) and keeps what backward needs. grads may be
+  // empty when !training.
+  virtual void forward_unit(int unit, ParamPointers params, UnitPointers grads,
+                            const MicroBatch& batch, bool training, float grad_scale) = 0;
+  virtual void backward_unit(int unit, ParamPointers params, UnitPointers grads,
+                             const MicroBatch& batch) = 0;
+
+  // After forward of the last unit with targets: sum of CE over non-ignored targets
+  // (double, unscaled) and the number of such targets.
+  virtual double last_loss_sum() const = 0;
+  virtual int64_t last_target_count() const = 0;
+
+  // After forward of the last unit with targets == null: logits of position t of each
+  // row, [B, vocab_size] (padded columns excluded), for sampling.
+  virtual void logits_at(ParamPointers params, int t, float* out) const = 0;
+
+  // Conveniences over the above for fp32 parameters (tests, tools).
+  void forward_unit(int unit, UnitPointers params, UnitPointers grads, const MicroBatch& batch,
+                    bool training, float grad_scale);
+  void backward_unit(int unit, UnitPointers params, UnitPointers grads, const MicroBatch& batch);
+  void logits_at(UnitPointers params, int t, float* out) const;
+  // Fill flat layout unit `unit` (which may hold several model units) with the
+  // family's init (init_param_range); deterministic in (seed, parameter name) only.
+  void init_unit(int unit, uint64_t seed, float* unit_params) const;
+  void init_range(int unit, uint64_t seed, int64_t begin, int64_t end, float* out) const;
+  // units_needed_for() of every unit.
+  std::vector<std::vector<int>> unit_needs() const;
+};
+
+}  // namespace shardlm

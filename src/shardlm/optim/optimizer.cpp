@@ -1,0 +1,23 @@
+#include "shardlm/optim/optimizer.hpp"
+
+namespace shardlm {
+
+AdamWOptimizer::AdamWOptimizer(const ParamLayout& layout, Strategy& strategy,
+                               const AdamWConfig& config)
+    : strategy_(strategy), config_(config) {
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const OwnedSlice s = strategy_.owned(u);
+    decay_ranges_.push_back(
+        weight_decay_ranges(layout.units[static_cast<size_t>(u)], s.begin, s.end));
+  }
+}
+
+void AdamWOptimizer::step(float lr, float grad_multiplier, int64_t step) {
+  for (size_t u = 0; u < decay_ranges_.size(); ++u) {
+    const OwnedSlice s = strategy_.owned(static_cast<int>(u));
+    adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(), decay_ranges_[u], lr,
+                 grad_multiplier, step, config_, s.compute_copy);
+  }
+}
+
+}  // namespace shardlm

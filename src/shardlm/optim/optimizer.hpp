@@ -1,0 +1,31 @@
+// AdamWOptimizer: one AdamW step over every owned slice a Strategy hands out (the
+// fp32 master weights, reduced gradient and moments of this rank's part of each unit),
+// with weight decay only where the layout's parameters ask for it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardlm/model/param_layout.hpp"
+#include "shardlm/optim/adamw.hpp"
+#include "shardlm/parallel/strategy.hpp"
+
+namespace shardlm {
+
+class AdamWOptimizer {
+ public:
+  // The strategy's owned slices must not move afterwards (they do not: strategies
+  // allocate once).
+  AdamWOptimizer(const ParamLayout& layout, Strategy& strategy, const AdamWConfig& config);
+
+  // step is AdamW's 1-based step count (bias correction); the gradient is multiplied
+  // by grad_multiplier first (clipping, loss-scale removal).
+  void step(float lr, float grad_multiplier, int64_t step);
+
+ private:
+  Strategy& strategy_;
+  AdamWConfig config_;
+  std::vector<std::vector<ElementRange>> decay_ranges_;  // per unit, relative to the slice
+};
+
+}  // namespace shardlm

@@ -1,0 +1,40 @@
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "shardlm/train/trainer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardlm {
+
+void print_summary(const TrainSummary& s) {
+  if (!s.is_root) return;
+  auto mib = [](size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); };
+  std::string table;
+  auto row = [&](const std::string& key, const std::string& value) {
+    table += fmt::format("| {:<28} | {:>22} |\n", key, value);
+  };
+  table += fmt::format("| {:<28} | {:>22} |\n", "summary", "");
+  table += fmt::format("|{:-<30}|{:->24}|\n", "", "");
+  row("steps", s.first_step > 0 ? fmt::format("{} (resumed at {})", s.steps, s.first_step)
+                                : fmt::format("{}", s.steps));
+  row("parameters", fmt::format("{:.2f}M", static_cast<double>(s.num_parameters) / 1e6));
+  row("tokens trained", fmt::format("{}", s.tokens));
+  row("first train loss", fmt::format("{:.4f}", s.first_loss));
+  row("final train loss", std::isfinite(s.final_train_loss) ? fmt::format("{:.4f}", s.final_train_loss) : "-");
+  row("final val loss", s.final_val_loss > 0 ? fmt::format("{:.4f}", s.final_val_loss) : "-");
+  row("tokens/s", fmt::format("{:.0f}", s.tokens_per_s));
+  row("wall time", fmt::format("{:.1f} s", s.wall_s));
+  const auto& peak = s.memory.at("peak");
+  for (auto it = peak.begin(); it != peak.end(); ++it)
+    row("peak memory: " + it.key(), mib(it.value().get<size_t>()));
+  row("peak memory: total", mib(s.memory.at("peak_total").get<size_t>()));
+  if (!s.last_checkpoint.empty()) row("checkpoint", fs::path(s.last_checkpoint).filename().string());
+  std::fputs(table.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace shardlm
