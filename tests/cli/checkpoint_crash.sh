@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Checkpoints survive crashes and bad disks: a process killed at each stage of a save
-# leaves the previous checkpoint intact and resumable; --resume skips a corrupt
-# newest checkpoint with a warning; a full disk or an unwritable checkpoint
-# directory is a clear error that never marks a partial checkpoint latest.
+# before its commit marker leaves the previous checkpoint the newest committed one,
+# intact and resumable; killed after the marker (before the `latest` hint moved), the
+# new checkpoint is committed and loaded; --resume skips a corrupt newest checkpoint
+# with a warning; a full disk or an unwritable checkpoint directory is a clear error
+# that never commits a partial checkpoint.
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 RUN=("${TINY[@]}" --global-batch 8 --data "$WORK/data" --save-every 5)
 "$SHARDLM" train "${RUN[@]}" --steps 10 --out "$WORK/clean" > /dev/null
-for point in ckpt_after_shard_files ckpt_before_rename ckpt_before_latest; do
+for point in ckpt_after_shard_files ckpt_before_rename ckpt_before_commit_marker ckpt_before_latest; do
   out="$WORK/crash_$point"
   # A run of 10 steps that dies at step 6, after its step-5 checkpoint.
   SHARDLM_FAULT_STEP=0:6 "$SHARDLM" train "${RUN[@]}" --steps 10 --out "$out" > /dev/null 2>&1 || true
@@ -17,6 +19,10 @@ for point in ckpt_after_shard_files ckpt_before_rename ckpt_before_latest; do
     > /dev/null 2>&1 || rc=$?
   [ "$rc" -eq 43 ] || fail "$point: expected the injected exit 43, got $rc"
   [ "$(cat "$out/checkpoints/latest")" = "step_00000005" ] || fail "$point: latest moved"
+  if [ "$point" = ckpt_before_latest ]; then
+    [ "$(digest_of "$out")" = "$(digest_of "$WORK/clean")" ] || fail "$point: committed step 10 not loaded"
+    continue
+  fi
   [ "$(digest_of "$out")" = "$good" ] || fail "$point: previous checkpoint changed"
   "$SHARDLM" train "${RUN[@]}" --steps 10 --out "$out" --resume > "$out.log" 2>&1 \
     || { cat "$out.log"; fail "$point: resume failed"; }

@@ -1,5 +1,6 @@
 // Checkpoint save/load in model space: round trip, reading under another world
-// size's layout, corruption and truncation detection, atomic `latest`.
+// size's layout, corruption and truncation detection, failed saves leave nothing.
+// (Manifest integrity and the recovery rule: test_checkpoint_integrity.cpp.)
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -82,8 +83,11 @@ TEST_F(CheckpointTest, RoundTripAndLatestPointer) {
   fill_distinct(layout, saved);
   save_checkpoint(dir_.string(), layout, saved, info_for(c, 5), 0, comm());
   std::string path = save_checkpoint(dir_.string(), layout, saved, info_for(c, 10), 0, comm());
-  ASSERT_EQ(latest_checkpoint(dir_.string()).value(), path);
-  EXPECT_EQ(resolve_checkpoint_path(dir_.string()), path);
+  std::ifstream latest(dir_ / "checkpoints" / "latest");
+  std::string latest_name;
+  latest >> latest_name;
+  EXPECT_EQ(latest_name, "step_00000010");
+  EXPECT_EQ(open_checkpoint(dir_.string(), [](const std::string& w) { FAIL() << w; })->dir(), path);
 
   CheckpointReader reader(path);
   EXPECT_EQ(reader.info().step, 10);
@@ -163,7 +167,7 @@ TEST_F(CheckpointTest, RejectsNewerFormatAndShapeMismatch) {
   std::ifstream in(manifest);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   in.close();
-  auto pos = text.find("\"format_version\": 1");
+  auto pos = text.find("\"format_version\": 2");
   ASSERT_NE(pos, std::string::npos);
   text.replace(pos, 19, "\"format_version\": 99");
   std::ofstream(manifest) << text;
@@ -194,11 +198,14 @@ TEST_F(CheckpointTest, FailureAtAnyCommitStageLeavesPreviousCheckpointLatest) {
   fill_distinct(layout, s);
   std::string good = save_checkpoint(dir_.string(), layout, s, info_for(c, 1), 1, comm());
   const std::string digest = CheckpointReader(good).weights_digest();
-  for (const char* point : {"ckpt_after_shard_files", "ckpt_before_rename", "ckpt_before_latest"}) {
+  for (const char* point : {"ckpt_after_shard_files", "ckpt_before_rename",
+                            "ckpt_before_commit_marker", "ckpt_before_latest"}) {
     ::setenv("SHARDLM_FAULT", point, 1);
     EXPECT_THROW(save_checkpoint(dir_.string(), layout, s, info_for(c, 2), 1, comm()), Error) << point;
     ::unsetenv("SHARDLM_FAULT");
-    ASSERT_EQ(latest_checkpoint(dir_.string()).value(), good) << point;
+    EXPECT_EQ(list_checkpoints(dir_.string()), std::vector<std::string>{good}) << point;
+    ASSERT_EQ(open_newest_valid_checkpoint(dir_.string(), [](const std::string&) {})->dir(), good)
+        << point;
     CheckpointReader reader(good);  // still verifies (sizes, sha256)
     EXPECT_EQ(reader.weights_digest(), digest) << point;
   }

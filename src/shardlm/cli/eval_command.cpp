@@ -47,7 +47,8 @@ void register_eval(CLI::App& app) {
                   "--split must be val or train, got '{}'", args->split);
     SHARDLM_CHECK(args->windows > 0 && args->micro_batch > 0 && args->seq_len > 0,
                   "--windows, --micro-batch and --seq-len must be positive");
-    CheckpointReader ckpt(resolve_checkpoint_path(args->checkpoint));
+    const auto opened = open_checkpoint(args->checkpoint, print_checkpoint_warning);
+    const CheckpointReader& ckpt = *opened;
     const ModelConfig& config = ckpt.info().model;
     SHARDLM_CHECK(args->seq_len <= config.max_seq_len,
                   "--seq-len {} is longer than the model's context ({})", args->seq_len,

@@ -16,7 +16,8 @@ void register_export(CLI::App& app) {
   cmd->add_option("--checkpoint", *checkpoint, "Checkpoint directory or run directory")->required();
   cmd->add_option("--out", *out, "Output directory (model.safetensors + config.json)")->required();
   cmd->callback([checkpoint, out]() {
-    CheckpointReader ckpt(resolve_checkpoint_path(*checkpoint));
+    const auto opened = open_checkpoint(*checkpoint, print_checkpoint_warning);
+    const CheckpointReader& ckpt = *opened;
     export_hugging_face(ckpt, *out);
     fmt::print("exported {} (step {}) to {}/model.safetensors and config.json\n", ckpt.dir(),
                ckpt.info().step, *out);

@@ -93,10 +93,11 @@ void register_inspect(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--quiet", args->quiet, "Only the digest line (and the comparison)");
   cmd->callback([args]() {
-    CheckpointReader ckpt(resolve_checkpoint_path(args->path));
+    const auto opened = open_checkpoint(args->path, print_checkpoint_warning);
+    const CheckpointReader& ckpt = *opened;
     if (!args->compare.empty()) {
-      CheckpointReader other(resolve_checkpoint_path(args->compare));
-      compare_checkpoints(ckpt, other, args->tolerance, args->relative_to);
+      const auto other = open_checkpoint(args->compare, print_checkpoint_warning);
+      compare_checkpoints(ckpt, *other, args->tolerance, args->relative_to);
       return;
     }
     if (args->quiet) {

@@ -81,8 +81,8 @@ int launch(const LaunchArgs& args) {
     std::fprintf(stderr, "launch: %s\n", fmt::format("{}", fmt::join(argv, " ")).c_str());
     const int status = run_and_wait(argv, restart);
     if (status == 0) return 0;
-    std::optional<std::string> checkpoint;
-    if (!run_dir.empty()) checkpoint = latest_checkpoint(run_dir);
+    std::unique_ptr<CheckpointReader> checkpoint;
+    if (!run_dir.empty()) checkpoint = open_newest_valid_checkpoint(run_dir, print_checkpoint_warning);
     if (restart >= args.max_restarts || !checkpoint) {
       std::fprintf(stderr, "launch: job exited with status %d%s\n", status,
                    restart >= args.max_restarts && args.max_restarts > 0
@@ -91,7 +91,7 @@ int launch(const LaunchArgs& args) {
                                                          : "; no checkpoint to restart from");
       return status;
     }
-    const int64_t step = CheckpointReader(*checkpoint).info().step;
+    const int64_t step = checkpoint->info().step;
     if (step == failed_at_step) {
       std::fprintf(stderr,
                    "launch: job failed again with no progress past checkpoint step %lld; giving up\n",
@@ -101,7 +101,7 @@ int launch(const LaunchArgs& args) {
     failed_at_step = step;
     if (std::find(job.begin(), job.end(), "--resume") == job.end()) job.push_back("--resume");
     std::fprintf(stderr, "launch: job exited with status %d; restarting from %s (restart %d of %d)\n",
-                 status, checkpoint->c_str(), restart + 1, args.max_restarts);
+                 status, checkpoint->dir().c_str(), restart + 1, args.max_restarts);
   }
 }
 

@@ -37,7 +37,8 @@ void register_sample(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "Compute threads (default: all cores)");
   cmd->callback([args]() {
     if (args->threads > 0) omp_set_num_threads(args->threads);
-    CheckpointReader ckpt(resolve_checkpoint_path(args->checkpoint));
+    const auto opened = open_checkpoint(args->checkpoint, print_checkpoint_warning);
+    const CheckpointReader& ckpt = *opened;
     const ModelConfig& config = ckpt.info().model;
     auto tokenizer = make_tokenizer(ckpt.info().tokenizer);
     LoadedModel loaded(ckpt, 1, config.max_seq_len);

@@ -1,0 +1,150 @@
+// CheckpointReader: verification on open, then reads by tensor name from whichever
+// shards hold the elements.
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+
+#include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/ckpt/checkpoint_commit.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/core/file_util.hpp"
+#include "shardlm/core/sha256.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardlm {
+
+namespace {
+
+nlohmann::json parse_manifest_text(const std::string& text, const std::string& path) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("checkpoint manifest '{}' is not valid JSON: {}", path, e.what()));
+  }
+}
+
+void verify_shard(const std::string& path, const ManifestShard& shard) {
+  SHARDLM_CHECK(fs::exists(path), "checkpoint shard '{}' is missing", path);
+  const auto actual_bytes = static_cast<int64_t>(fs::file_size(path));
+  SHARDLM_CHECK(actual_bytes == shard.bytes,
+                "checkpoint shard '{}' has {} bytes, the manifest expects {} (truncated or "
+                "corrupt)",
+                path, actual_bytes, shard.bytes);
+  SHARDLM_CHECK(sha256_file_hex(path) == shard.sha256,
+                "checkpoint shard '{}' fails its sha256 check (corrupt)", path);
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+  const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
+  SHARDLM_CHECK(fs::exists(manifest_path), "checkpoint '{}' has no manifest.json", dir);
+  const std::string text = read_text_file(manifest_path);
+  const nlohmann::json json = parse_manifest_text(text, manifest_path);
+  check_manifest_format(json, manifest_path);
+  const CommitMarker marker = read_commit_marker(dir);
+  SHARDLM_CHECK(sha256_hex(text.data(), text.size()) == marker.manifest_sha256,
+                "checkpoint manifest '{}' does not match the sha256 in its commit marker "
+                "(damaged)",
+                manifest_path);
+  manifest_ = parse_checkpoint_manifest(json, manifest_path);
+  SHARDLM_CHECK(marker.step == manifest_.info.step,
+                "checkpoint '{}': its commit marker is for step {}, the manifest for step {}",
+                dir, marker.step, manifest_.info.step);
+  for (const auto& shard : manifest_.shards)
+    verify_shard((fs::path(dir) / shard.file).string(), shard);
+  for (const auto& t : manifest_.tensors) tensors_.emplace_back(t.name, t.shape);
+}
+
+const ManifestTensor& CheckpointReader::locate(const std::string& name) const {
+  for (const auto& t : manifest_.tensors)
+    if (t.name == name) return t;
+  throw Error(fmt::format("checkpoint '{}' has no tensor named '{}'", dir_, name));
+}
+
+void CheckpointReader::read_unit_range(int unit, StateKind kind, int64_t begin, int64_t count,
+                                       float* out) const {
+  const int64_t end = begin + count;
+  int64_t covered = 0;
+  for (const auto& shard : manifest_.shards) {
+    std::optional<File> file;
+    for (const auto& sl : shard.slices) {
+      if (sl.unit != unit) continue;
+      const int64_t lo = std::max(begin, sl.begin);
+      const int64_t hi = std::min(end, sl.end);
+      if (lo >= hi) continue;
+      if (!file) file = File::open_read((fs::path(dir_) / shard.file).string());
+      const int64_t slice_len = sl.end - sl.begin;
+      const int64_t element = static_cast<int64_t>(kind) * slice_len + (lo - sl.begin);
+      file->read_at(out + (lo - begin), static_cast<size_t>(hi - lo) * sizeof(float),
+                    sl.file_offset + element * static_cast<int64_t>(sizeof(float)));
+      covered += hi - lo;
+    }
+  }
+  // The manifest was checked to cover every unit exactly once when it was opened.
+  SHARDLM_ASSERT(covered == count);
+}
+
+void CheckpointReader::read(const std::string& name, StateKind kind, int64_t begin, int64_t count,
+                            float* out) const {
+  const auto& t = locate(name);
+  SHARDLM_ASSERT(begin >= 0 && begin + count <= t.numel);
+  read_unit_range(t.unit, kind, t.offset + begin, count, out);
+}
+
+void CheckpointReader::load_into(const ParamLayout& layout, Strategy& strategy) const {
+  for (const auto* p : layout.all_params()) {
+    bool found = false;
+    for (const auto& [name, shape] : tensors_) {
+      if (name != p->name) continue;
+      found = true;
+      SHARDLM_CHECK(shape == p->shape,
+                    "checkpoint '{}' tensor '{}' has shape [{}], the model expects [{}]", dir_,
+                    name, fmt::join(shape, ", "), fmt::join(p->shape, ", "));
+    }
+    SHARDLM_CHECK(found, "checkpoint '{}' has no tensor '{}' that the model needs", dir_, p->name);
+  }
+  for (int u = 0; u < layout.num_units(); ++u) {
+    OwnedSlice s = strategy.owned(u);
+    float* states[kCheckpointStates] = {s.master, s.adam_m, s.adam_v};
+    for (auto* state : states) std::memset(state, 0, static_cast<size_t>(s.size()) * sizeof(float));
+    for (const auto& p : layout.units[static_cast<size_t>(u)].params) {
+      const int64_t lo = std::max(s.begin, p.offset);
+      const int64_t hi = std::min(s.end, p.offset + p.numel);
+      if (lo >= hi) continue;
+      for (int k = 0; k < kCheckpointStates; ++k)
+        read(p.name, static_cast<StateKind>(k), lo - p.offset, hi - lo, states[k] + (lo - s.begin));
+    }
+  }
+  strategy.after_load();
+}
+
+std::string CheckpointReader::optimizer_digest() const {
+  Sha256 hasher;
+  std::vector<float> buffer;
+  for (StateKind kind : {StateKind::adam_m, StateKind::adam_v}) {
+    for (const auto& t : manifest_.tensors) {
+      buffer.resize(static_cast<size_t>(t.numel));
+      read(t.name, kind, 0, t.numel, buffer.data());
+      hasher.update(buffer.data(), buffer.size() * sizeof(float));
+    }
+  }
+  return hasher.hex_digest();
+}
+
+std::string CheckpointReader::weights_digest() const {
+  Sha256 hasher;
+  std::vector<float> buffer;
+  for (const auto& t : manifest_.tensors) {
+    buffer.resize(static_cast<size_t>(t.numel));
+    read(t.name, StateKind::master, 0, t.numel, buffer.data());
+    hasher.update(buffer.data(), buffer.size() * sizeof(float));
+  }
+  return hasher.hex_digest();
+}
+
+}  // namespace shardlm

@@ -1,0 +1,199 @@
+// save_checkpoint: shards from every writing rank, then the commit on rank 0
+// (docs/checkpoint-format.md, "Commit and recovery").
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/ckpt/checkpoint_commit.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/core/fault_injection.hpp"
+#include "shardlm/core/file_util.hpp"
+#include "shardlm/core/sha256.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardlm {
+
+namespace {
+
+std::string shard_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
+
+// Runs `action` on this rank, then agrees with every rank on whether all succeeded:
+// a failure anywhere becomes an Error everywhere (the failing rank's own message
+// where it failed), so no rank waits for a peer that gave up.
+template <typename Action>
+void on_all_ranks(Communicator& comm, const std::string& what, Action&& action) {
+  std::string error;
+  try {
+    action();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int64_t failed = error.empty() ? 0 : 1;
+  comm.all_reduce_blocking(std::span<int64_t>(&failed, 1), ReduceOp::sum, what);
+  if (!error.empty()) throw Error(error);
+  SHARDLM_CHECK(failed == 0, "{} failed on {} other rank(s) (see their messages)", what, failed);
+}
+
+// What interrupted saves leave: temporary checkpoint directories and pointer files.
+// Only the job holding the run directory's lock saves, so none of them is in use.
+void remove_stale_temporaries(const fs::path& root) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-step_", 0) == 0 || name.rfind("latest.tmp.", 0) == 0)
+      fs::remove_all(entry.path(), ec);
+  }
+}
+
+// The marker goes first, so a crash while deleting never leaves a directory that
+// looks committed but lacks files.
+void remove_checkpoint_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::remove(dir / kCommitMarkerName, ec);
+  fs::remove_all(dir, ec);
+}
+
+// Keeps the newest `keep` committed checkpoints (all if keep <= 0) and the one just
+// committed; removes never-committed directories older than it (a later save of
+// their step would replace them anyway).
+void prune_checkpoints(const fs::path& root, int keep, const std::string& committed_name) {
+  std::vector<std::string> committed;
+  for (const auto& path : list_checkpoints(root.parent_path().string())) {  // newest first
+    const std::string name = fs::path(path).filename().string();
+    if (name == committed_name) {
+      committed.push_back(name);
+    } else if (!has_commit_marker(path)) {
+      if (name < committed_name) remove_checkpoint_dir(path);
+    } else if (keep > 0 && static_cast<int>(committed.size()) >= keep) {
+      remove_checkpoint_dir(path);
+    } else {
+      committed.push_back(name);
+    }
+  }
+}
+
+// Rank 0: the writing ranks' shard descriptions, each checked to be there.
+nlohmann::json collect_shards(const fs::path& tmp, const std::vector<uint64_t>& writers) {
+  nlohmann::json shards = nlohmann::json::array();
+  for (int r = 0; r < static_cast<int>(writers.size()); ++r) {
+    const fs::path shard = tmp / shard_file_name(r);
+    const fs::path sidecar = tmp / (shard_file_name(r) + ".json");
+    if (writers[static_cast<size_t>(r)] == 0) {
+      SHARDLM_CHECK(!fs::exists(shard) && !fs::exists(sidecar),
+                    "checkpoint: '{}' holds a shard of rank {}, which does not write checkpoints "
+                    "(is another job writing to this run directory?)",
+                    tmp.string(), r);
+      continue;
+    }
+    SHARDLM_CHECK(fs::exists(shard), "checkpoint: rank {}'s shard '{}' is missing; not committing",
+                  r, shard.string());
+    SHARDLM_CHECK(fs::exists(sidecar),
+                  "checkpoint: rank {}'s shard description '{}' is missing; not committing", r,
+                  sidecar.string());
+    try {
+      shards.push_back(nlohmann::json::parse(read_text_file(sidecar.string())));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("checkpoint: '{}' is not valid JSON: {}", sidecar.string(), e.what()));
+    }
+    fs::remove(sidecar);
+  }
+  return shards;
+}
+
+// This rank's owned slices into DIR/rank_R.bin, and a sidecar describing them.
+void write_shard(const fs::path& tmp, const ParamLayout& layout, Strategy& strategy, int rank) {
+  const std::string file_name = shard_file_name(rank);
+  nlohmann::json slices = nlohmann::json::array();
+  Sha256 hasher;
+  int64_t offset = 0;
+  File file = File::create_write((tmp / file_name).string());
+  for (int u = 0; u < layout.num_units(); ++u) {
+    OwnedSlice s = strategy.owned(u);
+    const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
+    for (const float* state : {s.master, s.adam_m, s.adam_v}) {
+      file.write_all(state, bytes);
+      hasher.update(state, bytes);
+    }
+    slices.push_back({{"unit", u}, {"begin", s.begin}, {"end", s.end}, {"offset", offset}});
+    offset += static_cast<int64_t>(bytes) * kCheckpointStates;
+  }
+  file.sync();
+  file.close();
+  nlohmann::json shard = {{"file", file_name},
+                          {"rank", rank},
+                          {"bytes", offset},
+                          {"sha256", hasher.hex_digest()},
+                          {"slices", slices}};
+  write_file_atomic((tmp / (file_name + ".json")).string(), shard.dump());
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layout,
+                            Strategy& strategy, const CheckpointInfo& info, int keep,
+                            Communicator& comm) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const std::string name = checkpoint_dir_name(info.step);
+  const fs::path tmp = root / (".tmp-" + name);
+  const fs::path final_dir = root / name;
+  std::error_code ec;
+  bool renamed = false;
+  try {
+    on_all_ranks(comm, "checkpoint: create directory", [&] {
+      if (comm.rank() != 0) return;
+      fs::create_directories(root, ec);
+      SHARDLM_CHECK(!ec, "cannot create checkpoint directory '{}': {}", root.string(), ec.message());
+      remove_stale_temporaries(root);
+      fs::create_directory(tmp, ec);
+      SHARDLM_CHECK(!ec, "cannot create '{}': {}", tmp.string(), ec.message());
+    });
+    const std::vector<uint64_t> writers =
+        comm.all_gather_u64(strategy.writes_checkpoint() ? 1 : 0, "checkpoint: writers");
+
+    on_all_ranks(comm, "checkpoint: write shards", [&] {
+      if (!strategy.writes_checkpoint()) return;
+      write_shard(tmp, layout, strategy, comm.rank());
+      fault_point("ckpt_after_shard_files");
+    });
+
+    on_all_ranks(comm, "checkpoint: commit", [&] {
+      if (comm.rank() != 0) return;
+      const nlohmann::json manifest =
+          manifest_to_json(info, layout_to_manifest_units(layout), collect_shards(tmp, writers));
+      const fs::path manifest_path = tmp / "manifest.json";
+      // The checks every reader makes (coverage above all) before anything is committed.
+      parse_checkpoint_manifest(manifest, manifest_path.string());
+      const std::string text = manifest.dump(1);
+      File file = File::create_write(manifest_path.string());
+      file.write_all(text.data(), text.size());
+      file.sync();
+      file.close();
+      fsync_directory(tmp.string());
+      fault_point("ckpt_before_rename");
+      if (fs::exists(final_dir)) remove_checkpoint_dir(final_dir);
+      SHARDLM_CHECK(std::rename(tmp.c_str(), final_dir.c_str()) == 0,
+                    "cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(),
+                    std::strerror(errno));
+      renamed = true;
+      fsync_directory(root.string());
+      fault_point("ckpt_before_commit_marker");
+      write_commit_marker(final_dir.string(), {info.step, sha256_hex(text.data(), text.size())});
+      fault_point("ckpt_before_latest");
+      write_file_atomic((root / "latest").string(), name + "\n");
+    });
+  } catch (...) {
+    // The previous checkpoints are untouched; drop what this save made.
+    if (comm.rank() == 0) {
+      fs::remove_all(tmp, ec);
+      if (renamed) remove_checkpoint_dir(final_dir);
+    }
+    throw;
+  }
+  if (comm.rank() == 0) prune_checkpoints(root, keep, name);
+  return final_dir.string();
+}
+
+}  // namespace shardlm
