@@ -13,6 +13,7 @@
 
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/ckpt/checkpoint_commit.hpp"
+#include "shardlm/comm/in_process_communicator.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/sha256.hpp"
@@ -320,4 +321,59 @@ TEST_F(CheckpointIntegrityTest, NextSaveRemovesWhatInterruptedSavesLeft) {
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000002", "step_00000003"}));
   EXPECT_EQ(recover(), third);
+}
+
+namespace {
+
+// A strategy on one of several in-process ranks whose shard may get lost.
+struct RankStrategy : FlatUnitStrategy {
+  RankStrategy(const ParamLayout& layout, Communicator& comm, bool loses_shard)
+      : FlatUnitStrategy(layout, identity_needs(layout), comm,
+                         StrategyOptions{.kind = StrategyKind::zero3}),
+        loses_shard_(loses_shard) {}
+  bool writes_checkpoint() const override { return !loses_shard_ || calls_++ == 0; }
+  bool loses_shard_;
+  mutable int calls_ = 0;
+};
+
+float weight_of(int unit, int64_t e) { return static_cast<float>(unit * 1000 + e % 991) / 128.0f; }
+
+}  // namespace
+
+TEST(CheckpointAcrossRanks, TwoRankShardsLoadIntoOneRankAndALostShardFailsTheCommit) {
+  const fs::path dir = fs::temp_directory_path() / "shardlm_ckpt_integrity_two_ranks";
+  fs::remove_all(dir);
+  const ModelConfig config = tiny_config();
+  const ParamLayout layout2 = ParamLayout::build(config, 2);
+  const CheckpointInfo info{1, 64, config, "byte", "zero3", 2, {{"options", {{"seed", 1}}}}};
+  for (bool lose : {false, true}) {
+    InProcessJob job(2);
+    const auto errors = job.run([&](Communicator& comm) {
+      RankStrategy s(layout2, comm, lose && comm.rank() == 1);
+      for (int u = 0; u < layout2.num_units(); ++u) {
+        OwnedSlice o = s.owned(u);
+        for (int64_t i = 0; i < o.size(); ++i) o.master[i] = weight_of(u, o.begin + i);
+      }
+      save_checkpoint(dir.string(), layout2, s, info, 0, comm);
+    });
+    if (!lose) {
+      EXPECT_EQ(errors, (std::vector<std::string>{"", ""}));
+      continue;
+    }
+    EXPECT_NE(errors[0].find("rank 1's shard"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("is missing; not committing"), std::string::npos) << errors[0];
+    EXPECT_EQ(errors[1], "checkpoint: commit failed on 1 other rank(s) (see their messages)");
+  }
+  // The lost shard's save committed nothing; the complete one reads back anywhere.
+  auto reader = open_checkpoint(dir.string(), [](const std::string& w) { ADD_FAILURE() << w; });
+  const ParamLayout layout1 = ParamLayout::build(config, 1);
+  SingleStrategy single(layout1);
+  reader->load_into(layout1, single);
+  for (int u = 0; u < layout1.num_units(); ++u) {
+    OwnedSlice o = single.owned(u);
+    for (const auto& p : layout1.units[static_cast<size_t>(u)].params)
+      for (int64_t e = p.offset; e < p.offset + p.numel; ++e)
+        ASSERT_EQ(o.master[e], weight_of(u, e)) << p.name;
+  }
+  fs::remove_all(dir);
 }

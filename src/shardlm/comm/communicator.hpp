@@ -7,7 +7,8 @@
 // and untouched until the returned Work has been waited for.
 //
 // Implementations: SingleProcessCommunicator (world size 1, no MPI) and
-// MpiCommunicator. make_world_communicator() (world.hpp) picks one.
+// MpiCommunicator; make_world_communicator() (world.hpp) picks one.
+// InProcessCommunicator runs N ranks on N threads for unit tests.
 #pragma once
 
 #include <cstddef>

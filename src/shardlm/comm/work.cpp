@@ -52,6 +52,7 @@ void WorkState::wait() {
         finished_.wait_for(lock, std::chrono::duration<double>(timeout),
                            [&] { return status_ != Status::pending; });
     if (!finished) {
+      observed_ = true;  // the caller learns its fate (the deadline): not a leak
       lock.unlock();
       std::string line = fmt::format("{}: timed out after {:.1f} s waiting for {}", policy_->who,
                                      blocked.seconds(), describe(info_));
