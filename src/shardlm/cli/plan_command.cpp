@@ -1,122 +1,203 @@
-// `shardlm plan`: memory per rank by category and traffic per step, predicted before
-// a run for each strategy, and the strategy to use for a memory budget.
+// `shardlm plan`: memory per rank by category, traffic per step and, with a hardware
+// profile, step time for each candidate strategy, and the one to use.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "shardlm/core/dtype.hpp"
 #include "shardlm/cli/commands.hpp"
+#include "shardlm/cli/plan_flags.hpp"
 #include "shardlm/core/error.hpp"
-#include "shardlm/data/prepare.hpp"
-#include "shardlm/plan/run_plan.hpp"
+#include "shardlm/plan/recommend.hpp"
 
 namespace shardlm::cli {
 namespace {
+
+std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / (1 << 20)); }
+std::string msf(double seconds) { return fmt::format("{:.1f}", seconds * 1e3); }
+
+nlohmann::json time_json(const StepTimePrediction& t) {
+  nlohmann::json comm = nlohmann::json::object();
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    const CollectiveTotals& c = t.comm[static_cast<size_t>(k)];
+    if (c.calls == 0) continue;
+    comm[std::string(to_string(static_cast<CollectiveKind>(k)))] = {
+        {"calls", c.calls}, {"bus_bytes", c.bus_bytes}, {"messages", c.messages},
+        {"ms", c.seconds * 1e3}, {"exposed_ms", c.exposed_s * 1e3}};
+  }
+  return {{"compute_ms", t.compute_s * 1e3},
+          {"compute_split_ms",
+           {{"gemm", t.gemm_s * 1e3}, {"attention", t.attention_s * 1e3},
+            {"elementwise", t.elementwise_s * 1e3}, {"loss", t.loss_s * 1e3},
+            {"state", t.state_s * 1e3}}},
+          {"comm_ms", t.comm_s * 1e3},
+          {"exposed_comm_ms", t.exposed_s * 1e3},
+          {"overlap_cost_ms", t.overlap_cost_s * 1e3},
+          {"step_ms", t.step_s * 1e3},
+          {"tokens_per_s", t.tokens_per_s},
+          {"collectives", comm}};
+}
+
+nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePrediction>& time) {
+  nlohmann::json j = {{"params", p.params},
+                      {"grads", p.grads},
+                      {"optimizer", p.optimizer},
+                      {"activations", p.activations},
+                      {"comm", p.comm},
+                      {"total", p.total()},
+                      {"wire_bytes_per_step", p.wire_bytes_per_step},
+                      {"partition", p.partition},
+                      {"accumulation", p.accumulation},
+                      {"parameters", p.parameters},
+                      {"flops_per_step", p.flops_per_step},
+                      {"tokens_per_step", p.tokens_per_step}};
+  if (time) j["time"] = time_json(*time);
+  return j;
+}
+
+// The candidate the flags asked for, marked in the tables.
+bool asked(const Candidate& c, const RunPlanRequest& r) {
+  const StrategyOptions& a = c.request.strategy;
+  const bool sharded = a.kind == StrategyKind::zero3 || a.kind == StrategyKind::hybrid;
+  return a.kind == r.strategy.kind &&
+         (a.kind != StrategyKind::hybrid || a.shard_group_size == r.strategy.shard_group_size) &&
+         (!sharded || a.reshard_after_forward == r.strategy.reshard_after_forward) &&
+         c.request.model.activation_checkpointing == r.model.activation_checkpointing;
+}
+
+std::string label(const Candidate& c, const RunPlanRequest& r, bool automatic) {
+  return c.label + (!automatic && asked(c, r) ? " (asked)" : "");
+}
+
+void print_memory_table(const std::vector<Candidate>& candidates, double budget, bool bounded,
+                        const RunPlanRequest& r, bool automatic) {
+  std::printf("| candidate | params MiB | grads MiB | optimizer MiB | activations MiB | comm MiB "
+              "| total MiB per rank | MiB on wire per step |%s\n",
+              bounded ? " fits |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|%s\n", bounded ? "---|" : "");
+  for (const Candidate& c : candidates) {
+    const RunPlan& p = c.plan;
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %.1f |%s\n", label(c, r, automatic).c_str(),
+                mib(p.params).c_str(), mib(p.grads).c_str(), mib(p.optimizer).c_str(),
+                mib(p.activations).c_str(), mib(p.comm).c_str(), mib(p.total()).c_str(),
+                p.wire_bytes_per_step / (1 << 20),
+                bounded ? (p.total() <= budget ? " yes |" : " no |") : "");
+  }
+}
+
+void print_time_table(const std::vector<Candidate>& candidates, const RunPlanRequest& r,
+                      bool automatic) {
+  std::printf("| candidate | compute ms | of which GEMM / attention / elementwise+loss / state "
+              "| comm ms | exposed comm ms | overlap cost ms | step ms | tokens/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const Candidate& c : candidates) {
+    const StepTimePrediction& t = *c.time;
+    std::printf("| %s | %s | %s / %s / %s / %s | %s | %s | %s | %s | %.0f |\n",
+                label(c, r, automatic).c_str(),
+                msf(t.compute_s).c_str(), msf(t.gemm_s).c_str(), msf(t.attention_s).c_str(),
+                msf(t.elementwise_s + t.loss_s).c_str(), msf(t.state_s).c_str(),
+                msf(t.comm_s).c_str(), msf(t.exposed_s).c_str(), msf(t.overlap_cost_s).c_str(),
+                msf(t.step_s).c_str(), t.tokens_per_s);
+  }
+}
+
+void print_collectives(const Candidate& c) {
+  std::printf("\nCollectives of %s per step (per rank):\n", c.label.c_str());
+  std::printf("| collective | calls | MiB (bus) | messages | ms | exposed ms |\n|---|---|---|---|---|---|\n");
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    const CollectiveTotals& t = c.time->comm[static_cast<size_t>(k)];
+    if (t.calls == 0) continue;
+    std::printf("| %s | %lld | %s | %.0f | %s | %s |\n",
+                std::string(to_string(static_cast<CollectiveKind>(k))).c_str(),
+                static_cast<long long>(t.calls), mib(t.bus_bytes).c_str(), t.messages,
+                msf(t.seconds).c_str(), msf(t.exposed_s).c_str());
+  }
+}
 
 struct PlanFlags {
   TrainOptions run;
   int ranks = 1;
   std::optional<double> memory_per_rank_gib;
+  ProfileOptions profile;
   bool json = false;
 };
-
-RunPlanRequest request_for(const PlanFlags& f, const ModelConfig& config, StrategyKind kind) {
-  RunPlanRequest r;
-  r.config = config;
-  r.world_size = f.ranks;
-  r.strategy = {kind,
-                f.run.bucket_mb,
-                f.run.prefetch,
-                f.run.reshard_after_forward,
-                f.run.shard_group_size,
-                parse_dtype(f.run.precision, "--precision"),
-                parse_dtype(f.run.reduce_dtype, "--reduce-dtype")};
-  r.model = {parse_dtype(f.run.precision, "--precision"), f.run.activation_checkpointing};
-  r.micro_batch = f.run.micro_batch;
-  r.seq_len = f.run.seq_len;
-  r.global_batch = f.run.global_batch;
-  r.min_unit_params = f.run.min_unit_params;
-  return r;
-}
-
-std::string mib(int64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / (1 << 20)); }
-
-nlohmann::json to_json(const RunPlan& p) {
-  return {{"params", p.params},       {"grads", p.grads},
-          {"optimizer", p.optimizer}, {"activations", p.activations},
-          {"comm", p.comm},           {"total", p.total()},       {"wire_bytes_per_step", p.wire_bytes_per_step},
-          {"partition", p.partition}, {"accumulation", p.accumulation},
-          {"parameters", p.parameters}, {"flops_per_step", p.flops_per_step}};
-}
 
 void run_plan(const PlanFlags& f) {
   SHARDLM_CHECK(f.ranks >= 1, "-n must be at least 1, got {}", f.ranks);
   SHARDLM_CHECK(!f.memory_per_rank_gib || *f.memory_per_rank_gib > 0,
                 "--memory-per-rank must be a positive number of GiB, got {}",
                 f.memory_per_rank_gib.value_or(0));
-  SHARDLM_CHECK(f.run.micro_batch > 0 && f.run.seq_len > 0,
-                "--micro-batch and --seq-len must be positive, got {} and {}", f.run.micro_batch,
-                f.run.seq_len);
-  SHARDLM_CHECK(f.run.reduce_dtype == "fp32" || f.run.reduce_dtype == "bf16",
-                "--reduce-dtype must be fp32 or bf16, got '{}'", f.run.reduce_dtype);
-  const int data_vocab = f.run.data_dir.empty()
-                             ? model_preset(f.run.model).vocab_size
-                             : static_cast<int>(read_dataset_meta(f.run.data_dir).vocab_size);
-  const ModelConfig config = resolve_model_config(f.run, data_vocab);
-  SHARDLM_CHECK(f.run.seq_len <= config.max_seq_len,
-                "--seq-len {} is longer than the model's context ({} positions)", f.run.seq_len,
-                config.max_seq_len);
-  const StrategyKind chosen = parse_strategy_kind(f.run.strategy);
-  if (f.json) {
-    std::printf("%s\n", to_json(plan_run(request_for(f, config, chosen))).dump(1).c_str());
+  const PlanInputs in = resolve_plan_inputs(f.run, f.ranks, f.profile);
+  const HardwareProfile* profile = in.profile ? &*in.profile : nullptr;
+  double budget = std::numeric_limits<double>::infinity();
+  if (f.memory_per_rank_gib) budget = *f.memory_per_rank_gib * double(1ll << 30);
+  else if (profile) budget = profile->memory_per_rank_bytes;
+  const bool bounded = std::isfinite(budget);
+  const bool automatic = f.run.strategy == "auto";
+
+  if (f.json && !automatic) {
+    const RunPlan plan = plan_run(in.request);
+    std::optional<StepTimePrediction> time;
+    if (profile) time = predict_step_time(plan, *profile, in.cluster);
+    std::printf("%s\n", plan_json(plan, time).dump(1).c_str());
     return;
   }
-  std::vector<StrategyKind> kinds = {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2,
-                                     StrategyKind::zero3};
-  if (chosen == StrategyKind::hybrid) kinds.push_back(StrategyKind::hybrid);
-  std::vector<RunPlan> plans;
-  for (StrategyKind k : kinds) plans.push_back(plan_run(request_for(f, config, k)));
-  const RunPlan& any = plans.front();
-  std::printf("%s: %.1fM parameters (Psi, padded), %d rank(s), micro-batch %d x %d tokens, "
-              "%d accumulation step(s), %s%s%s\n",
+  const std::vector<Candidate> candidates =
+      plan_candidates(in.request, profile, in.cluster, /*vary_checkpointing=*/true);
+  const Recommendation rec = bounded || profile
+                                 ? recommend(candidates, budget, in.request, profile, in.cluster)
+                                 : Recommendation{};
+  if (f.json) {
+    nlohmann::json j = {{"explanation", rec.explanation}};
+    if (rec.chosen) {
+      const Candidate& c = candidates[*rec.chosen];
+      j["candidate"] = c.label;
+      j["flags"] = candidate_flags(c);
+      j["plan"] = plan_json(c.plan, c.time);
+    }
+    std::printf("%s\n", j.dump(1).c_str());
+    return;
+  }
+  const RunPlan& any = candidates.front().plan;
+  std::printf("%s: %.1fM parameters (Psi, padded), %d rank(s) on %d node(s), micro-batch %d x %d "
+              "tokens, %d accumulation step(s), %s%s\n",
               f.run.model.c_str(), static_cast<double>(any.parameters) / 1e6, f.ranks,
-              f.run.micro_batch, f.run.seq_len, any.accumulation, f.run.precision.c_str(),
-              f.run.activation_checkpointing ? ", activation checkpointing" : "",
+              in.cluster.nodes, f.run.micro_batch, f.run.seq_len, any.accumulation,
+              f.run.precision.c_str(),
               f.run.reduce_dtype == "bf16" ? ", gradients reduced in bf16" : "");
   std::printf("model FLOPs per rank and step: %.1f GFLOP\n\n", any.flops_per_step / 1e9);
-  std::printf("| strategy | params MiB | grads MiB | optimizer MiB | activations MiB | comm MiB "
-              "| total MiB per rank | MiB on wire per step |%s\n",
-              f.memory_per_rank_gib ? " fits |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|%s\n", f.memory_per_rank_gib ? "---|" : "");
-  const double budget = f.memory_per_rank_gib.value_or(0) * (1ll << 30);
-  std::optional<size_t> recommended;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    const RunPlan& p = plans[i];
-    const bool fits = static_cast<double>(p.total()) <= budget;
-    if (fits && !recommended) recommended = i;  // kinds go from least to most traffic
-    std::printf("| %s%s | %s | %s | %s | %s | %s | %s | %.1f |%s\n",
-                to_string(kinds[i]).c_str(), kinds[i] == chosen ? " (chosen)" : "",
-                mib(p.params).c_str(), mib(p.grads).c_str(), mib(p.optimizer).c_str(),
-                mib(p.activations).c_str(), mib(p.comm).c_str(),
-                mib(p.total()).c_str(), p.wire_bytes_per_step / (1 << 20),
-                f.memory_per_rank_gib ? (fits ? " yes |" : " no |") : "");
-  }
+  print_memory_table(candidates, budget, bounded, in.request, automatic);
   std::printf("\nBytes are what the run allocates per rank (to the byte; plus a few KiB for "
               "the data order). Traffic is bus bytes per rank and step.\n");
-  if (!f.memory_per_rank_gib) return;
-  if (recommended) {
-    std::printf("recommended for %.2f GiB per rank: --strategy %s (the least traffic of those "
-                "that fit)\n",
-                *f.memory_per_rank_gib, to_string(kinds[*recommended]).c_str());
+  if (profile) {
+    std::printf("\nStep time on profile '%s' (%s), %d rank(s) per node; within a node: %s%s%s\n\n",
+                profile->name.c_str(), profile->description.c_str(), f.ranks / in.cluster.nodes,
+                profile->intra_node.name.c_str(),
+                in.cluster.nodes > 1 ? ", between nodes: " : "",
+                in.cluster.nodes > 1 ? (in.cluster.link.empty() ? profile->inter_node.name
+                                                                : in.cluster.link).c_str()
+                                     : "");
+    print_time_table(candidates, in.request, automatic);
+    std::printf("\nexposed comm: the compute thread waiting for collectives; overlap cost: "
+                "computation slowed while collectives ran beside it (docs/planning.md).\n");
   } else {
-    std::printf("nothing fits in %.2f GiB per rank: try more ranks (-n), --precision bf16, "
-                "--activation-checkpointing or a smaller --micro-batch\n",
-                *f.memory_per_rank_gib);
+    std::printf("\nNo step time: no hardware profile (run `shardlm calibrate`, which writes %s, "
+                "or pass --profile %s or a profile file).\n",
+                default_profile_path().c_str(), fmt::format("{}", fmt::join(builtin_profile_names(), "|")).c_str());
+  }
+  if (!rec.explanation.empty()) {
+    if (rec.chosen && profile) print_collectives(candidates[*rec.chosen]);
+    std::printf("\nrecommended%s: %s%s%s\n",
+                bounded ? fmt::format(" for {} per rank", gib(budget)).c_str() : "",
+                rec.chosen ? candidate_flags(candidates[*rec.chosen]).c_str() : "",
+                rec.chosen ? "\n  why: " : "", rec.explanation.c_str());
   }
 }
 
@@ -125,15 +206,19 @@ void run_plan(const PlanFlags& f) {
 void register_plan(CLI::App& app) {
   auto flags = std::make_shared<PlanFlags>();
   auto* cmd = app.add_subcommand(
-      "plan", "Predict memory per rank and traffic per step of a run, for each strategy");
+      "plan",
+      "Predict memory per rank, traffic and step time of a run for each strategy, and "
+      "recommend one");
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("-n,--ranks", flags->ranks, "Ranks (processes) of the run")->capture_default_str();
   cmd->add_option("--data", flags->run.data_dir,
                   "Prepared data directory, for its vocabulary (default: the preset's)");
   cmd->add_option("--memory-per-rank", flags->memory_per_rank_gib,
-                  "GiB available per rank: recommend the strategy with the least traffic that "
-                  "fits");
-  cmd->add_flag("--json", flags->json, "Print the plan of --strategy as JSON (bytes)");
+                  "GiB available per rank (default: the profile's memory per rank)");
+  add_profile_flags(*cmd, flags->profile);
+  cmd->add_flag("--json", flags->json,
+                "Print the plan of --strategy as JSON (bytes; with a profile, times), or with "
+                "--strategy auto the recommendation");
   add_run_shape_flags(*cmd, flags->run);
   cmd->callback([flags]() { run_plan(*flags); });
 }

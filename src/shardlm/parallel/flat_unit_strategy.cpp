@@ -90,10 +90,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   if (plan.shard_params) {
     // Walk one training micro-batch's schedule with the release rule.
     const FlatNeeds needs = flat_needs(layout, unit_needs);
-    const int M = layout.num_model_units();
-    std::vector<Step> schedule;
-    for (int m = 0; m < M; ++m) schedule.push_back({false, m});
-    for (int m = M - 1; m >= 0; --m) schedule.push_back({true, m});
+    const std::vector<Step> schedule = training_schedule(layout.num_model_units());
     plan.gathers_per_micro_batch.assign(U, 0);
     std::vector<bool> gathered(U, false);
     for (size_t s = 0; s < schedule.size(); ++s)
@@ -212,27 +209,41 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     free_grad_buffers_.push_back(i);
   }
 
-  for (int m = 0; m < num_model_units_; ++m) train_schedule_.push_back({false, m});
-  for (int m = num_model_units_ - 1; m >= 0; --m) train_schedule_.push_back({true, m});
+  train_schedule_ = training_schedule(num_model_units_);
   for (int m = 0; m < num_model_units_; ++m) eval_schedule_.push_back({false, m});
 
   if (!shard_grads_) {
-    // Buckets of whole units in backward order; a small first bucket starts
-    // communication early (as PyTorch DDP does).
-    const double cap = options.bucket_mb * 1024.0 * 1024.0;
-    const double first_cap = std::min(cap, 1024.0 * 1024.0);
+    buckets_ = plan_buckets(layout, options.bucket_mb);
     bucket_of_unit_.assign(U, -1);
-    double bytes = 0;
-    for (int u = num_units_ - 1; u >= 0; --u) {
-      if (buckets_.empty() || bytes >= (buckets_.size() == 1 ? first_cap : cap)) {
-        buckets_.emplace_back();
-        bytes = 0;
-      }
-      buckets_.back().push_back(u);
-      bucket_of_unit_[static_cast<size_t>(u)] = static_cast<int>(buckets_.size()) - 1;
-      bytes += static_cast<double>(layout.units[static_cast<size_t>(u)].padded_numel) * 4.0;
-    }
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      for (int u : buckets_[b]) bucket_of_unit_[static_cast<size_t>(u)] = static_cast<int>(b);
   }
+}
+
+std::vector<std::vector<int>> FlatUnitStrategy::plan_buckets(const ParamLayout& layout,
+                                                             double bucket_mb) {
+  // Buckets of whole units in backward order; a small first bucket starts
+  // communication early (as PyTorch DDP does).
+  const double cap = bucket_mb * 1024.0 * 1024.0;
+  const double first_cap = std::min(cap, 1024.0 * 1024.0);
+  std::vector<std::vector<int>> buckets;
+  double bytes = 0;
+  for (int u = layout.num_units() - 1; u >= 0; --u) {
+    if (buckets.empty() || bytes >= (buckets.size() == 1 ? first_cap : cap)) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(u);
+    bytes += static_cast<double>(layout.units[static_cast<size_t>(u)].padded_numel) * 4.0;
+  }
+  return buckets;
+}
+
+std::vector<FlatUnitStrategy::Step> FlatUnitStrategy::training_schedule(int num_model_units) {
+  std::vector<Step> schedule;
+  for (int m = 0; m < num_model_units; ++m) schedule.push_back({false, m});
+  for (int m = num_model_units - 1; m >= 0; --m) schedule.push_back({true, m});
+  return schedule;
 }
 
 FlatUnitStrategy::~FlatUnitStrategy() {

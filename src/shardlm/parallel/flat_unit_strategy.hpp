@@ -58,6 +58,23 @@ class FlatUnitStrategy : public Strategy {
   static StrategyBufferPlan plan_buffers(const ParamLayout& layout,
                                          const std::vector<std::vector<int>>& unit_needs,
                                          const StrategyOptions& options);
+  // ddp/zero1 gradient buckets: flat units per bucket, in launch (backward) order.
+  static std::vector<std::vector<int>> plan_buckets(const ParamLayout& layout, double bucket_mb);
+
+  // The static schedule of a training micro-batch (forward 0..M-1, backward M-1..0)
+  // and the release rule zero3/hybrid follow, for `plan`'s step-time model.
+  struct Step {
+    bool backward;
+    int model_unit;
+  };
+  using FlatNeeds = std::vector<std::vector<int>>;  // per model unit: flat units it reads
+  static std::vector<Step> training_schedule(int num_model_units);
+  static FlatNeeds flat_needs(const ParamLayout& layout,
+                              const std::vector<std::vector<int>>& unit_needs);
+  // After schedule step `cursor`, whether flat unit v (which that step read) stays
+  // gathered: the release rule, shared by release_after and plan_buffers.
+  static bool keeps_gathered(const std::vector<Step>& schedule, const FlatNeeds& needs,
+                             size_t cursor, int v, bool keep_forward_units);
 
   // layout must be built for partition_size(options, world.size()) ranks. unit_needs[m]
   // lists the model units whose parameters model unit m reads
@@ -102,19 +119,8 @@ class FlatUnitStrategy : public Strategy {
   const std::vector<std::vector<int>>& buckets() const { return buckets_; }
 
  private:
-  struct Step {
-    bool backward;
-    int model_unit;
-  };
-  using FlatNeeds = std::vector<std::vector<int>>;  // per model unit: flat units it reads
-  static FlatNeeds flat_needs(const ParamLayout& layout,
-                              const std::vector<std::vector<int>>& unit_needs);
   static bool step_needs(const std::vector<Step>& schedule, const FlatNeeds& needs, size_t step,
                          int unit);
-  // After schedule step `cursor`, whether flat unit v (which that step read) stays
-  // gathered: the release rule, shared by release_after and plan_buffers.
-  static bool keeps_gathered(const std::vector<Step>& schedule, const FlatNeeds& needs,
-                             size_t cursor, int v, bool keep_forward_units);
   struct PendingReduce {
     int unit;
     Work work;

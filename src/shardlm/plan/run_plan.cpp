@@ -6,6 +6,7 @@
 #include "shardlm/model/family.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/plan/unit_work.hpp"
 
 namespace shardlm {
 
@@ -61,8 +62,29 @@ RunPlan plan_run(const RunPlanRequest& r) {
     plan.wire_bytes_per_step +=
         a * 2 * 4 * static_cast<double>(plan.parameters) / g * (replicas - 1) / replicas;
   }
-  plan.flops_per_step = r.config.train_flops_per_token(r.seq_len) *
-                        static_cast<double>(global_batch) / n * r.seq_len;
+  const double flops_per_token = r.config.train_flops_per_token(r.seq_len);
+  plan.flops_per_step = flops_per_token * static_cast<double>(global_batch) / n * r.seq_len;
+  plan.tokens_per_step = static_cast<double>(global_batch) * r.seq_len;
+  plan.precision = r.model.precision;
+
+  StepShape& step = plan.step;
+  step.strategy = r.strategy;
+  step.world_size = n;
+  step.partition = plan.partition;
+  step.accumulation = plan.accumulation;
+  for (const auto& u : layout.units) step.unit_numel.push_back(u.padded_numel);
+  for (const auto& m : layout.model_units) step.flat_unit_of.push_back(m.unit);
+  step.flat_needs = FlatUnitStrategy::flat_needs(layout, needs);
+  step.work = model_unit_work(r.config, family.model_units(r.config), needs,
+                              flops_per_token, r.micro_batch, r.seq_len,
+                              r.model.activation_checkpointing);
+  step.shared_unit = buffers.shared_unit;
+  step.param_pool = buffers.param_pool;
+  step.grad_pool = buffers.grad_pool;
+  if (!buffers.shard_grads) step.buckets = FlatUnitStrategy::plan_buckets(layout, r.strategy.bucket_mb);
+  step.param_type = buffers.param_type;
+  step.compute_copy = buffers.compute_copy;
+  step.comm_scratch_bytes = r.comm_scratch_bytes;
   return plan;
 }
 

@@ -10,6 +10,9 @@
 // bf16 instructions).
 // Traffic is the strategy's ideal bus bytes per rank and optimizer step; the
 // measured figure is within a few per cent of it (docs/parallelism.md).
+// `step` is what the step-time model needs (plan/time_model.hpp): per unit sizes and
+// FLOPs/bytes, the strategy's buffers and buckets; from it the model derives every
+// collective of a step with its bytes and messages.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/model.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
+#include "shardlm/plan/step_program.hpp"
 
 namespace shardlm {
 
@@ -43,6 +47,9 @@ struct RunPlan {
   int64_t total() const { return params + grads + optimizer + activations + comm; }
   double wire_bytes_per_step = 0;  // bus bytes per rank and optimizer step
   double flops_per_step = 0;       // model FLOPs per rank and step (GEMMs + attention)
+  double tokens_per_step = 0;      // global batch x sequence length
+  DType precision = DType::fp32;   // compute type
+  StepShape step;                  // for the step-time model
 };
 
 RunPlan plan_run(const RunPlanRequest& request);

@@ -1,0 +1,63 @@
+#include "shardlm/plan/plan_inputs.hpp"
+
+#include <filesystem>
+
+#include "shardlm/core/error.hpp"
+#include "shardlm/data/prepare.hpp"
+
+namespace shardlm {
+
+RunPlanRequest plan_request(const TrainOptions& o, const ModelConfig& config, int world_size) {
+  RunPlanRequest r;
+  r.config = config;
+  r.world_size = world_size;
+  const DType precision = parse_dtype(o.precision, "--precision");
+  r.strategy = {o.strategy == "auto" ? StrategyKind::ddp : parse_strategy_kind(o.strategy),
+                o.bucket_mb,
+                o.prefetch,
+                o.reshard_after_forward,
+                o.shard_group_size,
+                precision,
+                parse_dtype(o.reduce_dtype, "--reduce-dtype")};
+  r.model = {precision, o.activation_checkpointing};
+  r.micro_batch = o.micro_batch;
+  r.seq_len = o.seq_len;
+  r.global_batch = o.global_batch;
+  r.min_unit_params = o.min_unit_params;
+  return r;
+}
+
+std::optional<HardwareProfile> resolve_profile(const std::string& flag) {
+  if (!flag.empty()) return load_profile(flag);
+  const std::string path = default_profile_path();
+  if (std::filesystem::exists(path)) return load_profile(path);
+  return std::nullopt;
+}
+
+PlanInputs resolve_plan_inputs(const TrainOptions& o, int world_size, const ProfileOptions& p) {
+  SHARDLM_CHECK(world_size >= 1, "-n must be at least 1, got {}", world_size);
+  SHARDLM_CHECK(o.micro_batch > 0 && o.seq_len > 0,
+                "--micro-batch and --seq-len must be positive, got {} and {}", o.micro_batch,
+                o.seq_len);
+  SHARDLM_CHECK(o.reduce_dtype == "fp32" || o.reduce_dtype == "bf16",
+                "--reduce-dtype must be fp32 or bf16, got '{}'", o.reduce_dtype);
+  SHARDLM_CHECK(p.nodes >= 1 && world_size % p.nodes == 0,
+                "--nodes {} must divide the {} ranks (the same number of ranks on every node)",
+                p.nodes, world_size);
+  if (!p.link.empty()) link_transport(p.link, 1.0);  // names the flag on a bad value
+  PlanInputs in;
+  const int data_vocab = o.data_dir.empty()
+                             ? model_preset(o.model).vocab_size
+                             : static_cast<int>(read_dataset_meta(o.data_dir).vocab_size);
+  in.config = resolve_model_config(o, data_vocab);
+  SHARDLM_CHECK(o.seq_len <= in.config.max_seq_len,
+                "--seq-len {} is longer than the model's context ({} positions)", o.seq_len,
+                in.config.max_seq_len);
+  in.request = plan_request(o, in.config, world_size);
+  if (o.strategy != "auto") partition_size(in.request.strategy, world_size);  // names the flag
+  in.profile = resolve_profile(p.profile);
+  in.cluster = {p.nodes, p.link};
+  return in;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,227 @@
+#include "shardlm/plan/recommend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <limits>
+
+namespace shardlm {
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1ll << 30)); }
+
+namespace {
+
+std::string ms(double seconds) {
+  return seconds >= 10 ? fmt::format("{:.1f} s", seconds) : fmt::format("{:.0f} ms", seconds * 1e3);
+}
+
+struct Choice {
+  std::string label;
+  StrategyKind kind;
+  bool reshard;
+  int group;
+};
+
+std::vector<Choice> strategy_choices(int world_size) {
+  std::vector<Choice> choices = {{"ddp", StrategyKind::ddp, true, 0},
+                                 {"zero1", StrategyKind::zero1, true, 0},
+                                 {"zero2", StrategyKind::zero2, true, 0},
+                                 {"zero3", StrategyKind::zero3, true, 0}};
+  if (world_size > 1) choices.push_back({"zero3 no-reshard", StrategyKind::zero3, false, 0});
+  for (int g = 2; g < world_size; ++g)
+    if (world_size % g == 0)
+      choices.push_back({fmt::format("hybrid {}", g), StrategyKind::hybrid, true, g});
+  return choices;
+}
+
+bool fits(const Candidate& c, double budget) { return static_cast<double>(c.plan.total()) <= budget; }
+
+// Step 3 among `eligible` (non-empty): the index into candidates.
+size_t pick(const std::vector<Candidate>& c, const std::vector<size_t>& eligible) {
+  const bool timed = c[eligible.front()].time.has_value();
+  size_t best = eligible.front();
+  for (size_t i : eligible) {
+    const bool better = timed ? c[i].time->step_s < c[best].time->step_s
+                              : c[i].plan.wire_bytes_per_step < c[best].plan.wire_bytes_per_step;
+    if (better) best = i;
+  }
+  if (!timed) return best;
+  // Within 2% of the fastest: fewer bytes on the wire, then the simpler strategy
+  // (candidates come in order: ddp, zero1, zero2, zero3, ..., checkpointing last).
+  size_t chosen = best;
+  for (size_t i : eligible) {
+    if (c[i].time->step_s > c[best].time->step_s * 1.02) continue;
+    const auto key = [&](size_t j) { return std::make_pair(c[j].plan.wire_bytes_per_step, j); };
+    if (key(i) < key(chosen)) chosen = i;
+  }
+  return chosen;
+}
+
+std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t>& eligible,
+                       size_t chosen, double budget) {
+  const Candidate& x = c[chosen];
+  const bool bounded = std::isfinite(budget);
+  // What more memory would buy: of the candidates that did not fit and are more than
+  // 2% faster, the one needing the least.
+  const auto more_memory = [&]() -> std::string {
+    if (!x.time) return "";
+    size_t faster = chosen;
+    for (size_t i = 0; i < c.size(); ++i)
+      if (!fits(c[i], budget) && c[i].time->step_s * 1.02 < x.time->step_s &&
+          (faster == chosen || c[i].plan.total() < c[faster].plan.total()))
+        faster = i;
+    if (faster == chosen) return "";
+    return fmt::format("; {} would take {} but needs {}", c[faster].label,
+                       ms(c[faster].time->step_s), gib(c[faster].plan.total()));
+  };
+  if (eligible.size() == 1 && bounded) {
+    std::string s = fmt::format("{}: the only candidate that fits ({} of {} per rank)", x.label,
+                                gib(x.plan.total()), gib(budget));
+    if (x.time) s += fmt::format("; predicted {} per step", ms(x.time->step_s));
+    return s + more_memory();
+  }
+  std::string s = x.label + ": ";
+  if (bounded) s += fmt::format("fits with {} to spare", gib(budget - x.plan.total()));
+  bool fewest = true;
+  for (size_t i : eligible) fewest = fewest && c[i].plan.wire_bytes_per_step >= x.plan.wire_bytes_per_step;
+  if (!x.time) {
+    s += fmt::format("{}moves the fewest bytes of those that fit ({:.1f} MiB per step)",
+                     bounded ? " and " : "", x.plan.wire_bytes_per_step / (1 << 20));
+    return s;
+  }
+  // The runner-up among the other strategies (not the chosen one with checkpointing).
+  const auto same_strategy = [&](size_t i) {
+    const StrategyOptions& a = c[i].request.strategy;
+    const StrategyOptions& b = x.request.strategy;
+    return a.kind == b.kind && a.shard_group_size == b.shard_group_size &&
+           a.reshard_after_forward == b.reshard_after_forward;
+  };
+  size_t runner_up = chosen;
+  for (size_t i : eligible)
+    if (!same_strategy(i) &&
+        (runner_up == chosen || c[i].time->step_s < c[runner_up].time->step_s))
+      runner_up = i;
+  s += fmt::format("{}predicted {} per step ({:.0f} tokens/s)", bounded ? ", " : "",
+                   ms(x.time->step_s), x.time->tokens_per_s);
+  if (runner_up != chosen)
+    s += fmt::format(", next {} at {}", c[runner_up].label, ms(c[runner_up].time->step_s));
+  if (fewest) s += ", and moves the fewest bytes";
+  return s + more_memory();
+}
+
+// Step 4: the first change, in order, that lets some candidate fit: activation
+// checkpointing, bf16, a smaller micro-batch (same global batch), more ranks; then
+// all of them together.
+std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried,
+                            const HardwareProfile* profile, const ClusterShape& cluster,
+                            double budget) {
+  struct Change {
+    std::string flags;
+    RunPlanRequest request;
+  };
+  const int global = base.global_batch > 0 ? base.global_batch : base.micro_batch * base.world_size;
+  const auto with_checkpointing = [](RunPlanRequest r) {
+    r.model.activation_checkpointing = true;
+    return r;
+  };
+  const auto in_bf16 = [](RunPlanRequest r) {
+    r.model.precision = r.strategy.param_dtype = DType::bf16;
+    return r;
+  };
+  const auto with_micro_batch = [&](RunPlanRequest r, int mb) {
+    r.micro_batch = mb;
+    r.global_batch = global;
+    return r;
+  };
+  const auto on_ranks = [&](RunPlanRequest r, int n) {
+    r.world_size = n;
+    r.global_batch = std::max(global, r.micro_batch * n);
+    return r;
+  };
+  std::vector<Change> changes;
+  if (!checkpointing_tried) changes.push_back({"--activation-checkpointing", with_checkpointing(base)});
+  if (base.model.precision == DType::fp32) changes.push_back({"--precision bf16", in_bf16(base)});
+  for (int mb = base.micro_batch / 2; mb >= 1; mb /= 2)
+    changes.push_back({fmt::format("--micro-batch {}", mb), with_micro_batch(base, mb)});
+  for (int n = base.world_size * 2; n <= 4096; n *= 2)
+    changes.push_back({fmt::format("-n {}", n), on_ranks(base, n)});
+  RunPlanRequest all = with_micro_batch(in_bf16(with_checkpointing(base)), 1);
+  for (int n = base.world_size * 2; n <= 4096; n *= 2)
+    changes.push_back({fmt::format("--activation-checkpointing --precision bf16 --micro-batch 1 -n {}", n),
+                       on_ranks(all, n)});
+  const int ranks_per_node = std::max(1, base.world_size / std::max(1, cluster.nodes));
+  for (const Change& change : changes) {
+    ClusterShape scaled = cluster;
+    scaled.nodes = std::max(1, change.request.world_size / ranks_per_node);
+    const auto candidates = plan_candidates(change.request, profile, scaled, false);
+    std::vector<size_t> eligible;
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (fits(candidates[i], budget)) eligible.push_back(i);
+    if (eligible.empty()) continue;
+    const Candidate& best = candidates[pick(candidates, eligible)];
+    return fmt::format("the smallest change that fits is {} ({}: {})", change.flags, best.label,
+                       gib(best.plan.total()));
+  }
+  return "no change tried fits (activation checkpointing, bf16, micro-batch 1, up to 4096 ranks)";
+}
+
+}  // namespace
+
+std::string candidate_flags(const Candidate& c) {
+  const StrategyOptions& s = c.request.strategy;
+  std::string flags = "--strategy " + to_string(s.kind);
+  if (s.kind == StrategyKind::hybrid) flags += fmt::format(" --shard-group-size {}", s.shard_group_size);
+  if ((s.kind == StrategyKind::zero3 || s.kind == StrategyKind::hybrid) && !s.reshard_after_forward)
+    flags += " --reshard-after-forward false";
+  if (c.request.model.activation_checkpointing) flags += " --activation-checkpointing";
+  return flags;
+}
+
+std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
+                                       const ClusterShape& cluster, bool vary_checkpointing) {
+  std::vector<bool> checkpointing = {base.model.activation_checkpointing};
+  if (vary_checkpointing && !base.model.activation_checkpointing) checkpointing.push_back(true);
+  std::vector<Candidate> out;
+  for (bool ckpt : checkpointing)
+    for (const Choice& choice : strategy_choices(base.world_size)) {
+      Candidate c;
+      c.label = choice.label + (ckpt && !base.model.activation_checkpointing ? " + ckpt" : "");
+      c.request = base;
+      c.request.strategy.kind = choice.kind;
+      c.request.strategy.reshard_after_forward = choice.reshard;
+      c.request.strategy.shard_group_size = choice.group;
+      c.request.model.activation_checkpointing = ckpt;
+      c.plan = plan_run(c.request);
+      if (profile != nullptr) c.time = predict_step_time(c.plan, *profile, cluster);
+      out.push_back(std::move(c));
+    }
+  return out;
+}
+
+Recommendation recommend(const std::vector<Candidate>& candidates, double budget_bytes,
+                         const RunPlanRequest& base, const HardwareProfile* profile,
+                         const ClusterShape& cluster) {
+  Recommendation out;
+  std::vector<size_t> eligible;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (fits(candidates[i], budget_bytes)) eligible.push_back(i);
+  if (!eligible.empty()) {
+    out.chosen = pick(candidates, eligible);
+    out.explanation = why_chosen(candidates, eligible, *out.chosen, budget_bytes);
+    return out;
+  }
+  size_t smallest = 0;
+  bool checkpointing_tried = false;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].plan.total() < candidates[smallest].plan.total()) smallest = i;
+    checkpointing_tried = checkpointing_tried || candidates[i].request.model.activation_checkpointing;
+  }
+  out.explanation = fmt::format(
+      "nothing fits in {} per rank (the smallest, {}, needs {}): {}", gib(budget_bytes),
+      candidates.empty() ? "-" : candidates[smallest].label,
+      candidates.empty() ? "-" : gib(candidates[smallest].plan.total()),
+      smallest_change(base, checkpointing_tried, profile, cluster, budget_bytes));
+  return out;
+}
+
+}  // namespace shardlm

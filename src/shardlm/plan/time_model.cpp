@@ -1,0 +1,118 @@
+#include "shardlm/plan/time_model.hpp"
+
+#include <algorithm>
+
+#include "shardlm/core/error.hpp"
+#include "shardlm/plan/run_plan.hpp"
+#include "shardlm/plan/step_simulation.hpp"
+
+namespace shardlm {
+
+GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node) {
+  if (world_size <= ranks_per_node) return {true, 1};
+  switch (group) {
+    case CommGroup::world:
+      return {false, 1};
+    case CommGroup::shard:  // consecutive ranks
+      if (partition <= ranks_per_node && ranks_per_node % partition == 0) return {true, 1};
+      return {false, 1};
+    case CommGroup::replica:  // every partition-th rank: each node's link carries
+                              // one ring per group with members on the node
+      return {false, std::max(1, std::min(partition, ranks_per_node))};
+  }
+  return {false, 1};
+}
+
+double compute_seconds(const ComputeWork& w, const ComputeRates& r) {
+  return w.gemm_flops / r.gemm_flops_per_s + w.attention_flops / r.attention_flops_per_s +
+         w.elementwise_bytes / r.elementwise_bytes_per_s + w.loss_bytes / r.loss_bytes_per_s +
+         w.state_bytes / r.state_bytes_per_s;
+}
+
+double collective_seconds(double bus_bytes, double messages, const CollectiveRate& rate,
+                          int nic_sharing) {
+  if (bus_bytes <= 0 && messages <= 0) return 0;
+  return rate.latency_s * messages + bus_bytes * nic_sharing / rate.bus_bytes_per_s;
+}
+
+StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile& profile,
+                                     const ClusterShape& cluster) {
+  const StepShape& shape = plan.step;
+  const int n = shape.world_size;
+  SHARDLM_CHECK(cluster.nodes >= 1 && n % cluster.nodes == 0,
+                "--nodes {} must divide the {} ranks (the same number of ranks on every node)",
+                cluster.nodes, n);
+  const int ranks_per_node = n / cluster.nodes;
+  const ComputeRates& rates = profile.rates(std::string(dtype_name(plan.precision)), ranks_per_node);
+  const TransportFigures inter =
+      cluster.link.empty()
+          ? profile.inter_node
+          : link_transport(cluster.link, profile.inter_node.compute_share_during_comm);
+
+  constexpr int kSteps = 3;
+  const StepProgram program = build_step_program(shape, kSteps);
+  std::vector<double> op_seconds(program.ops.size(), 0.0);
+  for (size_t i = 0; i < program.ops.size(); ++i)
+    if (program.ops[i].kind == StepOp::Kind::compute)
+      op_seconds[i] = compute_seconds(program.ops[i].work, rates);
+
+  StepTimePrediction out;
+  std::vector<double> comm_seconds, shares;
+  for (const PlannedCollective& c : program.collectives) {
+    const GroupPlacement place = place_group(c.group, n, shape.partition, ranks_per_node);
+    const TransportFigures& t = place.within_node ? profile.intra_node : inter;
+    // Across nodes the slower of the node's own transport and its link sets the pace.
+    CollectiveRate rate = t.rate(c.kind);
+    int sharing = place.nic_sharing;
+    if (!place.within_node) {
+      const CollectiveRate& own = profile.intra_node.rate(c.kind);
+      if (own.bus_bytes_per_s < rate.bus_bytes_per_s / sharing) {
+        rate.bus_bytes_per_s = own.bus_bytes_per_s;
+        sharing = 1;
+      }
+      rate.latency_s = std::max(rate.latency_s, own.latency_s);
+    }
+    comm_seconds.push_back(collective_seconds(c.bus_bytes, c.messages, rate, sharing));
+    shares.push_back(place.within_node ? profile.intra_node.compute_share_during_comm
+                                       : std::min(inter.compute_share_during_comm,
+                                                  profile.intra_node.compute_share_during_comm));
+    if (c.bus_bytes > 0) (place.within_node ? out.intra_transport : out.inter_transport) = t.name;
+  }
+  const std::vector<SimulatedStep> steps =
+      simulate_steps(program, op_seconds, comm_seconds, shares);
+  const SimulatedStep& last = steps.back();
+
+  // Totals of the last step's ops and collectives.
+  size_t first_op = 0;
+  for (size_t i = 0, ends = 0; i < program.ops.size(); ++i)
+    if (program.ops[i].kind == StepOp::Kind::step_end && ++ends == kSteps - 1) first_op = i + 1;
+  for (size_t i = first_op; i < program.ops.size(); ++i) {
+    const StepOp& op = program.ops[i];
+    if (op.kind == StepOp::Kind::compute) {
+      out.gemm_s += op.work.gemm_flops / rates.gemm_flops_per_s;
+      out.attention_s += op.work.attention_flops / rates.attention_flops_per_s;
+      out.elementwise_s += op.work.elementwise_bytes / rates.elementwise_bytes_per_s;
+      out.loss_s += op.work.loss_bytes / rates.loss_bytes_per_s;
+      out.state_s += op.work.state_bytes / rates.state_bytes_per_s;
+    } else if (op.kind == StepOp::Kind::issue) {
+      const size_t c = static_cast<size_t>(op.collective);
+      CollectiveTotals& k = out.comm[static_cast<size_t>(program.collectives[c].kind)];
+      k.calls += 1;
+      k.bus_bytes += program.collectives[c].bus_bytes;
+      k.messages += program.collectives[c].messages;
+      k.seconds += comm_seconds[c];
+    }
+  }
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    out.comm[static_cast<size_t>(k)].exposed_s = last.exposed_by_kind[static_cast<size_t>(k)];
+    out.comm_s += out.comm[static_cast<size_t>(k)].seconds;
+  }
+  out.compute_s = last.compute_s;
+  out.exposed_s = last.exposed_s;
+  out.overlap_cost_s = last.overlap_cost_s;
+  out.step_s = last.step_s;
+  out.tokens_per_s = out.step_s > 0 ? plan.tokens_per_step / out.step_s : 0;
+  return out;
+}
+
+}  // namespace shardlm

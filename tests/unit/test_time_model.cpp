@@ -1,0 +1,316 @@
+// The step-time model's arithmetic on hand-computed cases: compute and collective
+// durations, where groups sit, the simulation of one compute thread and one FIFO
+// communication thread, and whole steps of ddp and zero3 whose timelines are worked
+// out in the comments. Also: the collectives the step program issues carry exactly
+// the bytes `plan` predicts (and measurement confirms, plan_matches_measurement.sh),
+// for every strategy.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "shardlm/plan/run_plan.hpp"
+#include "shardlm/plan/step_program.hpp"
+#include "shardlm/plan/step_simulation.hpp"
+#include "shardlm/plan/time_model.hpp"
+
+using namespace shardlm;
+
+namespace {
+
+StepOp compute_op(double gemm_flops) {
+  StepOp op;
+  op.kind = StepOp::Kind::compute;
+  op.work.gemm_flops = gemm_flops;
+  return op;
+}
+StepOp issue_op(int c) { return {StepOp::Kind::issue, {}, c, ""}; }
+StepOp wait_op(int c) { return {StepOp::Kind::wait, {}, c, ""}; }
+StepOp end_op() { return {StepOp::Kind::step_end, {}, -1, ""}; }
+
+// Durations of compute ops = their gemm_flops (rate 1).
+std::vector<double> unit_rate_durations(const StepProgram& p) {
+  std::vector<double> d;
+  for (const auto& op : p.ops) d.push_back(op.kind == StepOp::Kind::compute ? op.work.gemm_flops : 0);
+  return d;
+}
+
+StepProgram program(int collectives, std::vector<StepOp> ops) {
+  StepProgram p;
+  p.collectives.resize(static_cast<size_t>(collectives));
+  p.ops = std::move(ops);
+  return p;
+}
+
+}  // namespace
+
+TEST(TimeModel, ComputeSecondsSumsEachCountOverItsRate) {
+  ComputeWork w{2e9, 1e9, 4e9, 1e9, 2e9};
+  ComputeRates r{1e9, 0.5e9, 2e9, 1e9, 1e9};
+  // 2 + 2 + 2 + 1 + 2
+  EXPECT_DOUBLE_EQ(compute_seconds(w, r), 9.0);
+}
+
+TEST(TimeModel, CollectiveSecondsIsLatencyTimesMessagesPlusBytesOverSharedBandwidth) {
+  const CollectiveRate rate{10e-6, 1e8};
+  EXPECT_DOUBLE_EQ(collective_seconds(1e6, 3, rate, 1), 30e-6 + 0.01);
+  EXPECT_DOUBLE_EQ(collective_seconds(1e6, 3, rate, 4), 30e-6 + 0.04);
+  EXPECT_EQ(collective_seconds(0, 0, rate, 1), 0.0);
+}
+
+TEST(TimeModel, MessagesFollowTheAlgorithms) {
+  const size_t scratch = size_t{4} << 20;  // 1 Mi floats
+  EXPECT_EQ(collective_messages(CollectiveKind::all_gather, 1e6, 4, scratch, 4), 3);
+  EXPECT_EQ(collective_messages(CollectiveKind::all_gather, 1e6, 1, scratch, 4), 0);
+  // 16 MiB reduce-scatter on 2 ranks: 2 Mi floats per rank in chunks of 1 Mi floats.
+  EXPECT_EQ(collective_messages(CollectiveKind::reduce_scatter, 16 << 20, 2, scratch, 4), 2);
+  // On 3 ranks the chunk is 1 Mi / 2 floats: 4 Mi floats per rank take 8 rounds of 2.
+  EXPECT_EQ(collective_messages(CollectiveKind::reduce_scatter, 48 << 20, 3, scratch, 4), 16);
+  // A small all-reduce is one all-gather; a large one reduce-scatter + all-gather.
+  EXPECT_EQ(collective_messages(CollectiveKind::all_reduce, 8, 4, scratch, 8), 3);
+  EXPECT_EQ(collective_messages(CollectiveKind::all_reduce, 16 << 20, 2, scratch, 4), 3);
+}
+
+TEST(TimeModel, GroupsAcrossNodesShareTheLink) {
+  // 2 nodes x 8 ranks.
+  EXPECT_FALSE(place_group(CommGroup::world, 16, 16, 8).within_node);
+  EXPECT_EQ(place_group(CommGroup::world, 16, 16, 8).nic_sharing, 1);
+  EXPECT_TRUE(place_group(CommGroup::shard, 16, 8, 8).within_node);
+  EXPECT_FALSE(place_group(CommGroup::shard, 16, 16, 8).within_node);
+  // hybrid with groups of 8: 8 replica pairs cross the link at once; groups of 4: 4.
+  EXPECT_FALSE(place_group(CommGroup::replica, 16, 8, 8).within_node);
+  EXPECT_EQ(place_group(CommGroup::replica, 16, 8, 8).nic_sharing, 8);
+  EXPECT_EQ(place_group(CommGroup::replica, 16, 4, 8).nic_sharing, 4);
+  // Everything on one node.
+  EXPECT_TRUE(place_group(CommGroup::world, 4, 4, 8).within_node);
+  EXPECT_TRUE(place_group(CommGroup::replica, 8, 2, 8).within_node);
+}
+
+TEST(StepSimulation, CommunicationShorterThanTheComputeAfterItIsHidden) {
+  // compute 1, issue A (0.5), compute 1, wait A: A runs [1, 1.5], hidden.
+  const auto p = program(1, {compute_op(1), issue_op(0), compute_op(1), wait_op(0), end_op()});
+  const auto s = simulate_steps(p, unit_rate_durations(p), {0.5}, {1.0});
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_DOUBLE_EQ(s[0].step_s, 2.0);
+  EXPECT_DOUBLE_EQ(s[0].exposed_s, 0.0);
+  EXPECT_DOUBLE_EQ(s[0].compute_s, 2.0);
+  EXPECT_DOUBLE_EQ(s[0].comm_busy_s, 0.5);
+}
+
+TEST(StepSimulation, TheRemainderIsExposed) {
+  // A (1.5) runs [1, 2.5]; compute ends at 2; the wait exposes 0.5.
+  const auto p = program(1, {compute_op(1), issue_op(0), compute_op(1), wait_op(0), end_op()});
+  const auto s = simulate_steps(p, unit_rate_durations(p), {1.5}, {1.0});
+  EXPECT_DOUBLE_EQ(s[0].step_s, 2.5);
+  EXPECT_DOUBLE_EQ(s[0].exposed_s, 0.5);
+  EXPECT_DOUBLE_EQ(s[0].overlap_cost_s, 0.0);
+}
+
+TEST(StepSimulation, ComputeSlowsWhileACollectiveSharesItsCores) {
+  // Share 0.5, A (0.5) over [1, 1.5]: the second compute does 0.25 there, 0.75 after.
+  const auto p = program(1, {compute_op(1), issue_op(0), compute_op(1), wait_op(0), end_op()});
+  const auto s = simulate_steps(p, unit_rate_durations(p), {0.5}, {0.5});
+  EXPECT_DOUBLE_EQ(s[0].step_s, 2.25);
+  EXPECT_DOUBLE_EQ(s[0].overlap_cost_s, 0.25);
+  EXPECT_DOUBLE_EQ(s[0].exposed_s, 0.0);
+}
+
+TEST(StepSimulation, CollectivesRunOneAtATimeInIssueOrder) {
+  // A and B (1 each) issued at 0: B runs [1, 2]; the compute of 0.5 then waits 1.5.
+  const auto p = program(2, {issue_op(0), issue_op(1), compute_op(0.5), wait_op(1), end_op(),
+                             compute_op(1), end_op()});
+  const auto s = simulate_steps(p, unit_rate_durations(p), {1, 1}, {1, 1});
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_DOUBLE_EQ(s[0].step_s, 2.0);
+  EXPECT_DOUBLE_EQ(s[0].exposed_s, 1.5);
+  EXPECT_DOUBLE_EQ(s[1].step_s, 1.0);
+  EXPECT_DOUBLE_EQ(s[1].exposed_s, 0.0);
+}
+
+namespace {
+
+// Two model units, each its own flat unit of 1M elements: forward 1 s, backward 2 s at
+// a GEMM rate of 1 FLOP/s; 2 ranks; every big collective moves 2e6 bus bytes in 0.5 s.
+StepShape two_unit_shape(StrategyKind kind) {
+  StepShape s;
+  s.strategy.kind = kind;
+  s.strategy.prefetch = 1;
+  s.world_size = 2;
+  s.partition = 2;
+  s.unit_numel = {1000000, 1000000};
+  s.flat_unit_of = {0, 1};
+  s.flat_needs = {{0}, {1}};
+  UnitWork w;
+  w.forward.gemm_flops = 1;
+  w.backward.gemm_flops = 2;
+  s.work = {w, w};
+  s.shared_unit = {false, false};
+  if (kind == StrategyKind::zero3) {
+    s.param_pool = 2;
+    s.grad_pool = 2;
+  } else {
+    s.buckets = {{1}, {0}};  // 4 MB units: the 1 MiB first bucket holds one
+  }
+  return s;
+}
+
+HardwareProfile unit_profile(double share) {
+  HardwareProfile p;
+  p.name = "test";
+  ComputeFigures c;
+  c.ranks_per_node = 2;
+  // GEMM 1 FLOP/s; state work (zeroing, AdamW) free.
+  c.by_precision["fp32"] = {1, 1, 1, 1, 1e30};
+  p.compute.push_back(c);
+  p.ranks_per_node = 2;
+  const CollectiveRate r{0, 4e6};
+  p.intra_node = {"test", r, r, r, share};
+  p.inter_node = p.intra_node;
+  return p;
+}
+
+RunPlan plan_of(const StepShape& s) {
+  RunPlan plan;
+  plan.step = s;
+  plan.tokens_per_step = 7;
+  return plan;
+}
+
+// The three blocking scalar all-reduces (target count, loss sum, grad norm): 8 bus
+// bytes each on 2 ranks at 4e6 B/s.
+constexpr double kScalars = 3 * 8 / 4e6;
+
+}  // namespace
+
+TEST(TimeModel, DdpStepOnAHandTimeline) {
+  // fwd 0 [0,1], fwd 1 [1,2], bwd 1 [2,4] -> bucket {1}: RS + AG [4,5];
+  // bwd 0 [4,6] -> bucket {0}: RS + AG [6,7]; finish_gradients waits until 7.
+  const auto t = predict_step_time(plan_of(two_unit_shape(StrategyKind::ddp)), unit_profile(1.0), {});
+  EXPECT_NEAR(t.step_s, 7.0 + kScalars, 1e-12);
+  EXPECT_NEAR(t.compute_s, 6.0, 1e-12);
+  EXPECT_NEAR(t.exposed_s, 1.0 + kScalars, 1e-12);
+  EXPECT_EQ(t.comm[static_cast<size_t>(CollectiveKind::reduce_scatter)].calls, 2);
+  EXPECT_EQ(t.comm[static_cast<size_t>(CollectiveKind::all_gather)].calls, 2);
+  EXPECT_NEAR(t.comm_s, 2.0 + kScalars, 1e-12);
+  EXPECT_NEAR(t.tokens_per_s, 7 / t.step_s, 1e-12);
+  // At half speed beside communication: bwd 0 gets 0.5 done over [4,5], ends at 6.5.
+  const auto slow = predict_step_time(plan_of(two_unit_shape(StrategyKind::ddp)), unit_profile(0.5), {});
+  EXPECT_NEAR(slow.step_s, 7.5 + kScalars, 1e-12);
+  EXPECT_NEAR(slow.overlap_cost_s, 0.5, 1e-12);
+}
+
+TEST(TimeModel, Zero3StepWithPrefetchOnAHandTimeline) {
+  // gather 0 [0,0.5] waited; prefetch gather 1 [0.5,1]; fwd 0 [0.5,1.5]; release 0;
+  // fwd 1 [1.5,2.5] after prefetching 0 again for backward [1.5,2];
+  // bwd 1 [2.5,4.5] -> RS 1 [4.5,5]; bwd 0 [4.5,6.5] -> RS 0 [6.5,7], waited.
+  const auto t =
+      predict_step_time(plan_of(two_unit_shape(StrategyKind::zero3)), unit_profile(1.0), {});
+  EXPECT_NEAR(t.step_s, 7.0 + kScalars, 1e-12);
+  EXPECT_NEAR(t.exposed_s, 1.0 + kScalars, 1e-12);
+  EXPECT_EQ(t.comm[static_cast<size_t>(CollectiveKind::all_gather)].calls, 3);
+  EXPECT_EQ(t.comm[static_cast<size_t>(CollectiveKind::reduce_scatter)].calls, 2);
+  // Without prefetch every gather is waited for: 3 x 0.5 more exposed, step 8.5.
+  StepShape no_prefetch = two_unit_shape(StrategyKind::zero3);
+  no_prefetch.strategy.prefetch = 0;
+  no_prefetch.param_pool = 1;
+  const auto u = predict_step_time(plan_of(no_prefetch), unit_profile(1.0), {});
+  EXPECT_NEAR(u.step_s, 8.5 + kScalars, 1e-12);
+}
+
+TEST(TimeModel, ASlowerLinkBetweenNodesSlowsOnlyWhatCrossesIt) {
+  // The same ddp step on 2 nodes x 1 rank: the profile's inter-node transport at a
+  // quarter of the bandwidth makes each collective 2 s: bucket {1} [4,8] (half hidden
+  // under bwd 0), bucket {0} [8,12].
+  HardwareProfile p = unit_profile(1.0);
+  const CollectiveRate slow{0, 1e6};
+  p.inter_node = {"slow", slow, slow, slow, 1.0};
+  const auto t = predict_step_time(plan_of(two_unit_shape(StrategyKind::ddp)), p, {2, ""});
+  EXPECT_NEAR(t.step_s, 12.0 + 3 * 8 / 1e6, 1e-12);
+  EXPECT_NEAR(t.exposed_s, 6.0 + 3 * 8 / 1e6, 1e-12);
+  EXPECT_EQ(t.inter_transport, "slow");
+}
+
+namespace {
+
+RunPlanRequest tiny_request(StrategyKind kind, int n) {
+  RunPlanRequest r;
+  r.config = model_preset("gpt2-tiny");
+  r.config.n_layer = 3;
+  r.config.n_embd = 64;
+  r.config.n_head = 4;
+  r.config.vocab_size = 256;
+  r.world_size = n;
+  r.strategy.kind = kind;
+  r.micro_batch = 2;
+  r.seq_len = 32;
+  return r;
+}
+
+double program_bus_bytes_of_one_step(const RunPlan& plan) {
+  const StepProgram p = build_step_program(plan.step, 1);
+  double bytes = 0;
+  for (const auto& c : p.collectives)
+    if (c.label != "target count" && c.label != "loss sum" && c.label != "grad norm")
+      bytes += c.bus_bytes;
+  return bytes;
+}
+
+}  // namespace
+
+TEST(StepProgram, CarriesExactlyThePlannedTrafficForEveryStrategy) {
+  struct Case {
+    StrategyKind kind;
+    int n;
+    int global_batch;
+    DType precision;
+    DType reduce;
+    int group;
+    bool reshard;
+    int prefetch;
+  };
+  const Case cases[] = {
+      {StrategyKind::ddp, 2, 0, DType::fp32, DType::fp32, 0, true, 1},
+      {StrategyKind::zero1, 3, 0, DType::fp32, DType::fp32, 0, true, 1},
+      {StrategyKind::zero2, 2, 8, DType::fp32, DType::fp32, 0, true, 1},
+      {StrategyKind::zero3, 2, 0, DType::bf16, DType::bf16, 0, true, 2},
+      {StrategyKind::zero3, 2, 8, DType::fp32, DType::fp32, 0, false, 1},
+      {StrategyKind::zero3, 4, 0, DType::fp32, DType::fp32, 0, true, 0},
+      {StrategyKind::hybrid, 4, 8, DType::fp32, DType::fp32, 2, true, 1},
+      {StrategyKind::ddp, 2, 8, DType::bf16, DType::bf16, 0, true, 1},
+  };
+  for (const Case& c : cases) {
+    RunPlanRequest r = tiny_request(c.kind, c.n);
+    r.global_batch = c.global_batch;
+    r.strategy.param_dtype = c.precision;
+    r.model.precision = c.precision;
+    r.strategy.reduce_dtype = c.reduce;
+    r.strategy.shard_group_size = c.group;
+    r.strategy.reshard_after_forward = c.reshard;
+    r.strategy.prefetch = c.prefetch;
+    const RunPlan plan = plan_run(r);
+    // plan_run's bytes come from per-unit formulas; the program's from walking the
+    // hooks. Both are sums of integers far below 2^53, so they agree exactly.
+    EXPECT_EQ(program_bus_bytes_of_one_step(plan), plan.wire_bytes_per_step)
+        << to_string(c.kind) << " n=" << c.n;
+  }
+}
+
+TEST(StepProgram, UnitWorkAddsUpToTheFamilysFlops) {
+  RunPlanRequest r = tiny_request(StrategyKind::ddp, 1);
+  r.micro_batch = 3;
+  const RunPlan plan = plan_run(r);
+  double flops = 0;
+  for (const auto& w : plan.step.work)
+    flops += w.forward.gemm_flops + w.forward.attention_flops + w.backward.gemm_flops +
+             w.backward.attention_flops;
+  EXPECT_DOUBLE_EQ(flops, plan.flops_per_step);
+  // The first unit only looks up embeddings; the last holds the tied head's GEMMs and
+  // the loss; checkpointing adds each block's forward to its backward.
+  EXPECT_EQ(plan.step.work.front().forward.gemm_flops, 0);
+  const double head = 2.0 * r.config.padded_vocab_size() * r.config.n_embd * 3 * 32;
+  EXPECT_DOUBLE_EQ(plan.step.work.back().forward.gemm_flops, head);
+  EXPECT_GT(plan.step.work.back().forward.loss_bytes, 0);
+  r.model.activation_checkpointing = true;
+  const RunPlan ckpt = plan_run(r);
+  EXPECT_DOUBLE_EQ(ckpt.step.work[1].backward.gemm_flops,
+                   plan.step.work[1].backward.gemm_flops + plan.step.work[1].forward.gemm_flops);
+}
