@@ -22,42 +22,16 @@
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
+#include "kernel_test_helpers.hpp"
 #include "naive_attention.hpp"
 #include "relative_error.hpp"
 
 namespace {
 
+using namespace kernel_test;
 using shardlm::DType;
 using shardlm::ConstTypedPtr;
 using shardlm::TypedPtr;
-using Vec = std::vector<float>;
-using DVec = std::vector<double>;
-using Half = std::vector<uint16_t>;
-
-Vec random_vec(size_t n, uint64_t seed, double scale = 1.0) {
-  shardlm::Rng rng(seed);
-  Vec v(n);
-  for (auto& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
-
-Half to_half(DType type, const Vec& v) {
-  Half out(v.size());
-  shardlm::cpu::convert(TypedPtr(out.data(), type), v.data(), static_cast<int64_t>(v.size()));
-  return out;
-}
-
-Vec widen(DType type, const Half& v) {
-  Vec out(v.size());
-  shardlm::cpu::convert(out.data(), ConstTypedPtr(v.data(), type), static_cast<int64_t>(v.size()));
-  return out;
-}
-
-// Relative error bound of one rounding to nearest in `type`: the unit roundoff 2^-p
-// (p significant bits: 8 for bf16, 11 for fp16), half an ulp at the bottom of a binade.
-double unit_roundoff(DType type) {
-  return type == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
-}
 
 // ---------------------------------------------------------------- conversion
 
@@ -123,6 +97,10 @@ DVec attention_ref(const Vec& qkv, const AttentionShape& s, DVec* lse) {
   return naive_attention::forward(qkv, s, lse);
 }
 
+shardlm::cpu::AttentionShape kernel_shape(const AttentionShape& s) {
+  return {s.B, s.T, s.H, s.kv_heads(), s.hd};
+}
+
 // The widening path (fp16 always; bf16 where the CPU has no avx512_bf16).
 constexpr auto kWiden = shardlm::cpu::Bf16AttentionPath::kWidenToFp32;
 
@@ -140,9 +118,9 @@ TEST_P(AttentionComputeType, ForwardIsTheFp32KernelOnTheStoredValuesRoundedOnce)
     Half out(n_out);
     Vec lse(n_lse);
     shardlm::cpu::attention_forward_on(kWiden, TypedPtr(out.data(), type), lse.data(),
-                                       ConstTypedPtr(qkv.data(), type), s.B, s.T, C, s.H);
+                                       ConstTypedPtr(qkv.data(), type), kernel_shape(s));
     Vec out32(n_out), lse32(n_lse);
-    shardlm::cpu::attention_forward(out32.data(), lse32.data(), qkv_wide.data(), s.B, s.T, C, s.H);
+    shardlm::cpu::attention_forward(out32.data(), lse32.data(), qkv_wide.data(), kernel_shape(s));
     EXPECT_EQ(out, to_half(type, out32)) << "T=" << s.T << " hd=" << s.hd;
     EXPECT_EQ(lse, lse32) << "T=" << s.T << " hd=" << s.hd;
 
@@ -165,16 +143,16 @@ TEST_P(AttentionComputeType, BackwardIsTheFp32KernelOnTheStoredValues) {
     Half out(n_out);
     Vec lse(n_lse);
     shardlm::cpu::attention_forward_on(kWiden, TypedPtr(out.data(), type), lse.data(),
-                                       ConstTypedPtr(qkv.data(), type), s.B, s.T, C, s.H);
+                                       ConstTypedPtr(qkv.data(), type), kernel_shape(s));
     Vec dqkv(qkv.size(), 1234.0f);  // must be overwritten
     shardlm::cpu::attention_backward_on(kWiden, dqkv.data(), dout.data(),
                                         ConstTypedPtr(qkv.data(), type),
-                                        ConstTypedPtr(out.data(), type), lse.data(), s.B, s.T, C,
-                                        s.H);
+                                        ConstTypedPtr(out.data(), type), lse.data(),
+                                        kernel_shape(s));
     const Vec qkv_wide = widen(type, qkv), out_wide = widen(type, out);
     Vec dqkv32(qkv.size(), -1.0f);
     shardlm::cpu::attention_backward(dqkv32.data(), dout.data(), qkv_wide.data(), out_wide.data(),
-                                     lse.data(), s.B, s.T, C, s.H);
+                                     lse.data(), kernel_shape(s));
     EXPECT_EQ(dqkv, dqkv32) << "T=" << s.T << " hd=" << s.hd;
   }
 }
@@ -268,7 +246,7 @@ int count_outside(const Got& got, const DVec& want, const DVec& bound, double fa
 }
 
 TEST(AttentionBf16DotProducts, MatchNaiveDoubleWithinTheRoundingBound) {
-  if (!shardlm::cpu::attention_uses_bf16_dot_products(8))
+  if (!shardlm::cpu::attention_uses_bf16_dot_products({1, 1, 1, 1, 8}))
     GTEST_SKIP() << "this CPU has no avx512_bf16";
   constexpr auto kDot = shardlm::cpu::Bf16AttentionPath::kBf16DotProducts;
   for (const AttentionShape s : kShapes) {
@@ -281,12 +259,12 @@ TEST(AttentionBf16DotProducts, MatchNaiveDoubleWithinTheRoundingBound) {
     Half out(n_out);
     Vec lse(n_lse);
     shardlm::cpu::attention_forward_on(kDot, TypedPtr(out.data(), DType::bf16), lse.data(),
-                                       ConstTypedPtr(qkv.data(), DType::bf16), s.B, s.T, C, s.H);
+                                       ConstTypedPtr(qkv.data(), DType::bf16), kernel_shape(s));
     Vec dqkv(qkv.size(), 1234.0f);  // must be overwritten
     shardlm::cpu::attention_backward_on(kDot, dqkv.data(), dout.data(),
                                         ConstTypedPtr(qkv.data(), DType::bf16),
-                                        ConstTypedPtr(out.data(), DType::bf16), lse.data(), s.B,
-                                        s.T, C, s.H);
+                                        ConstTypedPtr(out.data(), DType::bf16), lse.data(),
+                                        kernel_shape(s));
     const AttentionReference want = attention_reference(widen(DType::bf16, qkv), dout, s);
     EXPECT_EQ(count_outside(widen(DType::bf16, out), want.out, want.out_bound, 2.0), 0)
         << "forward T=" << s.T << " hd=" << s.hd;
@@ -306,13 +284,14 @@ TEST(AttentionBf16DotProducts, AutoTakesThemWhereAvailable) {
   Half out_auto(n_out), out_dot(n_out), out_widen(n_out);
   Vec lse(static_cast<size_t>(s.H) * s.T);
   const ConstTypedPtr in(qkv.data(), DType::bf16);
-  shardlm::cpu::attention_forward(TypedPtr(out_auto.data(), DType::bf16), lse.data(), in, 1, s.T, C, s.H);
+  shardlm::cpu::attention_forward(TypedPtr(out_auto.data(), DType::bf16), lse.data(), in,
+                                  kernel_shape(s));
   shardlm::cpu::attention_forward_on(kWiden, TypedPtr(out_widen.data(), DType::bf16), lse.data(),
-                                     in, 1, s.T, C, s.H);
-  if (shardlm::cpu::attention_uses_bf16_dot_products(s.hd)) {
+                                     in, kernel_shape(s));
+  if (shardlm::cpu::attention_uses_bf16_dot_products(kernel_shape(s))) {
     shardlm::cpu::attention_forward_on(shardlm::cpu::Bf16AttentionPath::kBf16DotProducts,
-                                       TypedPtr(out_dot.data(), DType::bf16), lse.data(), in, 1,
-                                       s.T, C, s.H);
+                                       TypedPtr(out_dot.data(), DType::bf16), lse.data(), in,
+                                       kernel_shape(s));
     EXPECT_EQ(out_auto, out_dot);
   } else {
     EXPECT_EQ(out_auto, out_widen);
@@ -323,7 +302,8 @@ TEST(AttentionComputeType, RejectsOutputAndQkvOfDifferentTypes) {
   Half qkv(3 * 8), out(8);
   Vec lse(1);
   EXPECT_THROW(shardlm::cpu::attention_forward(TypedPtr(out.data(), DType::fp16), lse.data(),
-                                               ConstTypedPtr(qkv.data(), DType::bf16), 1, 1, 8, 1),
+                                               ConstTypedPtr(qkv.data(), DType::bf16),
+                                               {1, 1, 1, 1, 8}),
                shardlm::Error);
 }
 

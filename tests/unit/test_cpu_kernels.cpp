@@ -25,43 +25,14 @@
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
+#include "kernel_test_helpers.hpp"
 #include "naive_attention.hpp"
 #include "relative_error.hpp"
 
 namespace {
 
-using Vec = std::vector<float>;
-using DVec = std::vector<double>;
+using namespace kernel_test;
 
-Vec random_vec(size_t n, uint64_t seed, double scale = 1.0, double offset = 0.0) {
-  shardlm::Rng rng(seed);
-  Vec v(n);
-  for (auto& x : v) x = static_cast<float>(offset + scale * rng.normal());
-  return v;
-}
-
-DVec to_double(const Vec& v) { return DVec(v.begin(), v.end()); }
-
-// Central differences of a double function of one input vector.
-DVec finite_difference(const std::function<double(const DVec&)>& f, DVec x, double h = 1e-6) {
-  DVec grad(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double plus = f(x);
-    x[i] = saved - h;
-    const double minus = f(x);
-    x[i] = saved;
-    grad[i] = (plus - minus) / (2.0 * h);
-  }
-  return grad;
-}
-
-double dot(const DVec& a, const DVec& b) {
-  double s = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
 
 // ---------------------------------------------------------------- fast math
 
@@ -313,9 +284,10 @@ AttentionRun run_attention(const Vec& qkv, const Vec& dout, const AttentionShape
   r.out.assign(static_cast<size_t>(s.B) * s.T * C, 0.0f);
   r.lse.assign(static_cast<size_t>(s.B) * s.H * s.T, 0.0f);
   r.dqkv.assign(qkv.size(), 12345.0f);  // must be overwritten
-  shardlm::cpu::attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, C, s.H);
+  const shardlm::cpu::AttentionShape shape{s.B, s.T, s.H, s.H, s.hd};
+  shardlm::cpu::attention_forward(r.out.data(), r.lse.data(), qkv.data(), shape);
   shardlm::cpu::attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(),
-                                   r.lse.data(), s.B, s.T, C, s.H);
+                                   r.lse.data(), shape);
   return r;
 }
 
@@ -333,7 +305,7 @@ TEST(Attention, ForwardMatchesNaiveDouble) {
     const Vec qkv = attention_input(s, 30 + s.T);
     const int C = s.H * s.hd;
     Vec out(static_cast<size_t>(s.B) * s.T * C), lse(static_cast<size_t>(s.B) * s.H * s.T);
-    shardlm::cpu::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, C, s.H);
+    shardlm::cpu::attention_forward(out.data(), lse.data(), qkv.data(), {s.B, s.T, s.H, s.H, s.hd});
     DVec want_lse(lse.size());
     const DVec want = attention_ref(to_double(qkv), s, &want_lse);
     EXPECT_LT(relative_to_max_error(out, want), 2e-6) << "T=" << s.T << " hd=" << s.hd;
@@ -376,7 +348,7 @@ TEST(Attention, BackwardMatchesNaiveBackwardAcrossKeyBlocks) {
 
 TEST(Attention, RejectsUnsupportedHeadDim) {
   std::vector<float> buf(3 * 256 * 2);
-  EXPECT_THROW(shardlm::cpu::attention_forward(buf.data(), buf.data(), buf.data(), 1, 2, 256, 1),
+  EXPECT_THROW(shardlm::cpu::attention_forward(buf.data(), buf.data(), buf.data(), {1, 2, 1, 1, 256}),
                shardlm::Error);
 }
 

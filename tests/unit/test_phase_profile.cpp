@@ -153,7 +153,7 @@ TEST(PhaseProfile, KernelsChargeTheirPhase) {
 
   const int T = 8, H = 2;
   std::vector<float> qkv(T * 3 * C, 0.1f), out(T * C), lse(H * T);
-  cpu::attention_forward(out.data(), lse.data(), qkv.data(), 1, T, C, H);
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), {1, T, H, H, C / H});
   std::vector<float> mean(T), rstd(T), ln_w(C, 1.0f), ln_b(C, 0.0f);
   cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), qkv.data(), ln_w.data(),
                          ln_b.data(), T, C);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <immintrin.h>
+
 #include "shardlm/backend/cpu/attention_bf16.hpp"
 #include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/core/error.hpp"
@@ -18,20 +20,56 @@ namespace {
 // same grid, so only diagonal tiles straddle the causal boundary.
 constexpr int kBlock = 64;
 
-// 16 floats as one value (GCC/Clang vector extension): one zmm register with
-// AVX-512, split by the compiler on narrower machines. Lets the tile products below
-// keep a 4 x 64 accumulator block in registers, which plain loops do not get.
-using v16 = float __attribute__((vector_size(64)));
+// One vector register of floats (GCC/Clang vector extension), so the tile products
+// below keep an accumulator block in registers, which plain loops do not get. The
+// register file decides the block (kTileRows x kTileVectors vectors):
+//  - AVX-512: 16 floats (zmm); 6 x 4 vectors: 24 accumulators + 4 B vectors + a
+//    broadcast fit the 32 zmm registers (~15% faster than four rows on 64 x 64 x 64).
+//  - otherwise (AVX2): 8 floats (ymm); 6 x 2 vectors: 12 accumulators + 2 B vectors +
+//    a broadcast fit the 16 ymm registers. 64-byte vectors there make GCC 12 keep
+//    every value in memory (one layer of GPT-2 124M, fp32, 2 threads on a Zen 3:
+//    854 ms forward + backward with the AVX-512 block, 146 ms with this one; 4 x 3,
+//    5 x 2 and 8 x 1 blocks of ymm: 173-186 ms).
+// Each element's sum runs over k in order, one fused multiply-add per term, whatever
+// the blocking, so the results do not depend on it.
+#ifdef __AVX512F__
 constexpr int kLanes = 16;
+constexpr int kTileRows = 6;
+constexpr int kTileVectors = 4;
+#else
+constexpr int kLanes = 8;
+constexpr int kTileRows = 6;
+constexpr int kTileVectors = 2;
+#endif
+using FloatVec = float __attribute__((vector_size(kLanes * sizeof(float))));
 
-inline v16 load16(const float* p) {
-  v16 v;
+inline FloatVec load_vec(const float* p) {
+  FloatVec v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+inline void store_vec(float* p, FloatVec v) { std::memcpy(p, &v, sizeof(v)); }
 
-// C[MR x 16*NV] += A[MR x k] B[k x 16*NV], with A(r, kk) = a[r * a_rs + kk * a_cs]
+// acc + a * b rounded once. With ymm vectors GCC's Zen tuning (avoid-fma-max-bits)
+// leaves a single accumulator chain as a multiply and an add (tile_kernel<1, 1>, and
+// the scalar column tail): the explicit FMA keeps every element one fused multiply-add
+// per k, whatever the block.
+inline FloatVec fused_multiply_add(FloatVec a, FloatVec b, FloatVec acc) {
+#if !defined(__AVX512F__) && defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, acc);
+#else
+  return acc + a * b;
+#endif
+}
+inline float fused_multiply_add(float a, float b, float acc) {
+#if !defined(__AVX512F__) && defined(__FMA__)
+  return std::fma(a, b, acc);
+#else
+  return acc + a * b;
+#endif
+}
+
+// C[MR x kLanes*NV] += A[MR x k] B[k x kLanes*NV], with A(r, kk) = a[r * a_rs + kk * a_cs]
 // (so A may be read transposed) and B's rows contiguous at stride ldb.
 template <int MR, int NV>
 inline void tile_kernel(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
@@ -39,54 +77,62 @@ inline void tile_kernel(float* c, int64_t ldc, const float* a, int64_t a_rs, int
   // Every caller has k >= 1. Telling GCC so keeps the accumulators in registers: for
   // the k = 0 path it otherwise routes them through the stack around the loop.
   if (k < 1) __builtin_unreachable();
-  v16 acc[MR][NV];
+  FloatVec acc[MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = load16(c + r * ldc + v * kLanes);
+    for (int v = 0; v < NV; ++v) acc[r][v] = load_vec(c + r * ldc + v * kLanes);
   for (int kk = 0; kk < k; ++kk) {
-    v16 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = load16(b + kk * ldb + v * kLanes);
+    FloatVec bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load_vec(b + kk * ldb + v * kLanes);
     for (int r = 0; r < MR; ++r) {
       const float av = a[r * a_rs + kk * a_cs];
-      for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+      for (int v = 0; v < NV; ++v)
+        acc[r][v] = fused_multiply_add(FloatVec{} + av, bv[v], acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) store16(c + r * ldc + v * kLanes, acc[r][v]);
+    for (int v = 0; v < NV; ++v) store_vec(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+// The last `vectors` (< kTileVectors) whole vectors of a row block: tile_kernel<MR, vectors>.
+template <int MR, int NV>
+inline void tile_remainder(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
+                           const float* b, int64_t ldb, int k, int vectors) {
+  if constexpr (NV > 0) {
+    if (vectors == NV)
+      tile_kernel<MR, NV>(c, ldc, a, a_rs, a_cs, b, ldb, k);
+    else
+      tile_remainder<MR, NV - 1>(c, ldc, a, a_rs, a_cs, b, ldb, k, vectors);
+  }
 }
 
 template <int MR>
 inline void tile_row_block(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
                            const float* b, int64_t ldb, int n, int k) {
   int col = 0;
-  for (; col + 4 * kLanes <= n; col += 4 * kLanes)
-    tile_kernel<MR, 4>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k);
-  switch ((n - col) / kLanes) {
-    case 3: tile_kernel<MR, 3>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k); break;
-    case 2: tile_kernel<MR, 2>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k); break;
-    case 1: tile_kernel<MR, 1>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k); break;
-    default: break;
-  }
-  col += (n - col) / kLanes * kLanes;
-  // Columns beyond a multiple of 16 (head_dim 8, 24, ...): plain loops.
+  for (; col + kTileVectors * kLanes <= n; col += kTileVectors * kLanes)
+    tile_kernel<MR, kTileVectors>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k);
+  const int vectors = (n - col) / kLanes;
+  tile_remainder<MR, kTileVectors - 1>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k, vectors);
+  col += vectors * kLanes;
+  // Columns beyond a multiple of kLanes (odd head_dim, ...): plain loops.
   for (int r = 0; r < MR; ++r)
     for (int kk = 0; kk < k; ++kk) {
       const float av = a[r * a_rs + kk * a_cs];
-      for (int j = col; j < n; ++j) c[r * ldc + j] += av * b[kk * ldb + j];
+      for (int j = col; j < n; ++j)
+        c[r * ldc + j] = fused_multiply_add(av, b[kk * ldb + j], c[r * ldc + j]);
     }
 }
 
 // C[m x n] += A[m x k] B[k x n] for the small tiles of attention (A as above). With
 // causal_columns (a score tile on the causal diagonal: row r is query i0 + r, column j
-// key i0 + j) each group of rows stops at the first column block of 16 past its last
+// key i0 + j) each group of rows stops at the first vector of columns past its last
 // row's key: the later columns are masked for every row of the group, so they keep
 // what C held (no reader uses them).
 void tile_gemm(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
                int64_t ldb, int m, int n, int k, bool causal_columns = false) {
-  // Six rows at a time: 24 accumulators + 4 B vectors + a broadcast fit the 32 zmm
-  // registers (~15% faster than four rows on 64 x 64 x 64 tiles). Each element's sum
-  // runs over k in order whatever the blocking, so the results do not depend on it.
-  for (int r = 0; r < m; r += 6) {
-    const int rows = std::min(6, m - r);
+  static_assert(kTileRows == 6, "the switch below dispatches up to six rows");
+  for (int r = 0; r < m; r += kTileRows) {
+    const int rows = std::min(kTileRows, m - r);
     const int cols = causal_columns ? std::min(n, (r + rows + kLanes - 1) / kLanes * kLanes) : n;
     float* c_rows = c + r * ldc;
     const float* a_rows = a + r * a_rs;
@@ -147,36 +193,70 @@ const float* load_tile(float* tile, const typename S::Elem* src, int64_t stride,
   return tile;
 }
 
-void check_shape(int T, int C, int H) {
-  SHARDLM_CHECK(H > 0 && C % H == 0, "attention: n_embd {} is not divisible by n_head {}", C, H);
-  SHARDLM_CHECK(C / H <= kAttentionMaxHeadDim, "attention: head_dim {} exceeds the supported {}",
-                C / H, kAttentionMaxHeadDim);
-  SHARDLM_CHECK(T > 0, "attention: sequence length must be positive, got {}", T);
+void check_shape(const AttentionShape& s) {
+  SHARDLM_CHECK(s.B > 0 && s.T > 0, "attention: batch {} and sequence length {} must be positive",
+                s.B, s.T);
+  SHARDLM_CHECK(s.n_head > 0 && s.n_kv_head > 0 && s.n_head % s.n_kv_head == 0,
+                "attention: n_head {} must be a positive multiple of n_kv_head {}", s.n_head,
+                s.n_kv_head);
+  SHARDLM_CHECK(s.head_dim >= 1 && s.head_dim <= kAttentionMaxHeadDim,
+                "attention: head_dim {} outside the supported 1..{}", s.head_dim,
+                kAttentionMaxHeadDim);
 }
 
-// Where one (batch, head) lives in the qkv / out / lse tensors.
+// Every query sees a non-empty key range [key_begin, t] of its own sequence.
+void check_key_begin(const int32_t* key_begin, const AttentionShape& s) {
+  if (key_begin == nullptr) return;
+  for (int b = 0; b < s.B; ++b)
+    for (int t = 0; t < s.T; ++t) {
+      const int32_t begin = key_begin[static_cast<int64_t>(b) * s.T + t];
+      SHARDLM_CHECK(begin >= 0 && begin <= t,
+                    "attention: key_begin[{}] = {} outside [0, {}] (batch row {}, position {})",
+                    static_cast<int64_t>(b) * s.T + t, begin, t, b, t);
+    }
+}
+
+// Where one (batch, query head) lives in the qkv / out / lse tensors, and the key
+// range of its queries.
 template <typename S>
 struct HeadView {
   const typename S::Elem* q;
-  const typename S::Elem* k;
+  const typename S::Elem* k;  // the query head's kv head
   const typename S::Elem* v;
-  int64_t qkv_stride;  // 3C
+  int64_t qkv_stride;  // (n_head + 2 n_kv_head) hd
+  int64_t out_stride;  // n_head hd
   int64_t out_offset;  // of row 0, head h in out / dout
   int64_t lse_offset;
+  const int32_t* key_begin;  // row 0 of the batch row, or null (every query from key 0)
   int hd;
+
+  // Of the key block starting at j0 with nk keys, query i sees keys j0 + [first, visible):
+  // the causal prefix, from its key_begin on (first >= visible: none of them).
+  int first_key(int i, int j0) const {
+    return key_begin == nullptr ? 0 : std::max(0, key_begin[i] - j0);
+  }
+  // The smallest key any of the queries [i0, i0 + nq) sees.
+  int min_key(int i0, int nq) const {
+    if (key_begin == nullptr) return 0;
+    return *std::min_element(key_begin + i0, key_begin + i0 + nq);
+  }
 };
 
 template <typename S>
-HeadView<S> head_view(const typename S::Elem* qkv, int b, int h, int T, int C, int H) {
-  const int hd = C / H;
-  const int64_t stride = 3 * static_cast<int64_t>(C);
-  const typename S::Elem* q = qkv + static_cast<int64_t>(b) * T * stride + h * hd;
-  return {q,
-          q + C,
-          q + 2 * C,
+HeadView<S> head_view(const typename S::Elem* qkv, int b, int h, const AttentionShape& s,
+                      const int32_t* key_begin) {
+  const int hd = s.head_dim;
+  const int kv = h / s.group_size();
+  const int64_t stride = s.qkv_columns();
+  const typename S::Elem* row0 = qkv + static_cast<int64_t>(b) * s.T * stride;
+  return {row0 + static_cast<int64_t>(h) * hd,
+          row0 + static_cast<int64_t>(s.n_head + kv) * hd,
+          row0 + static_cast<int64_t>(s.n_head + s.n_kv_head + kv) * hd,
           stride,
-          static_cast<int64_t>(b) * T * C + h * hd,
-          (static_cast<int64_t>(b) * H + h) * T,
+          s.out_columns(),
+          static_cast<int64_t>(b) * s.T * s.out_columns() + static_cast<int64_t>(h) * hd,
+          (static_cast<int64_t>(b) * s.n_head + h) * s.T,
+          key_begin == nullptr ? nullptr : key_begin + static_cast<int64_t>(b) * s.T,
           hd};
 }
 
@@ -188,6 +268,19 @@ void tile_scores(float* s, const float* q, const float* k_t, int nq, int hd, boo
   tile_gemm(s, kBlock, q, hd, 1, k_t, kBlock, nq, kBlock, hd, diagonal);
 }
 
+// online_softmax_block (fast_math.hpp) for the keys [first, valid) of one score row p
+// of a tile: p zero outside them. A row that sees none of the block's keys keeps its
+// statistics (correction 1).
+inline float softmax_visible_keys(float* p, int first, int valid, float scale, float& row_max,
+                                  float& row_sum) {
+  if (first == 0) return online_softmax_block(p, valid, kBlock, scale, row_max, row_sum);
+  if (first >= valid) {
+    std::fill(p, p + kBlock, 0.0f);
+    return 1.0f;
+  }
+  std::fill(p, p + first, 0.0f);
+  return online_softmax_block(p + first, valid - first, kBlock - first, scale, row_max, row_sum);
+}
 
 // Per-thread scratch for one head's operands in fp32 (contiguous rows, transposed key
 // blocks): grows to the largest head once, then is reused (no allocation in steady state).
@@ -196,13 +289,14 @@ float* head_scratch(size_t floats) {
   return static_cast<float*>(buffer.grow_to(MemCategory::other, floats * sizeof(float)));
 }
 
-// One (batch, head, query block) of the forward, with an online softmax over key blocks.
-// q_all and v_all are the head's q and v rows in fp32 ([T, hd]), k_t_all its key blocks
-// transposed ([T / kBlock][hd][kBlock]), all built once per head (forward_head).
+// One (batch, head, query block) of the forward, with an online softmax over the key
+// blocks its queries see. q_all and v_all are the head's q and v rows in fp32 ([T, hd]),
+// k_t_all its key blocks transposed ([T / kBlock][hd][kBlock]), all built once per
+// head (forward_head).
 template <typename S>
 void forward_query_block(typename S::Elem* out, float* lse, const HeadView<S>& hv,
                          const float* q_all, const float* k_t_all, const float* v_all, int i0,
-                         int T, int C) {
+                         int T) {
   const int hd = hv.hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nq = std::min(kBlock, T - i0);
@@ -216,26 +310,31 @@ void forward_query_block(typename S::Elem* out, float* lse, const HeadView<S>& h
   std::fill(row_sum, row_sum + nq, 0.0f);
 
   const float* q = q_all + static_cast<int64_t>(i0) * hd;
-  for (int j0 = 0; j0 <= i0; j0 += kBlock) {
+  // Key blocks wholly before every query's first key are skipped.
+  const int min_key = hv.min_key(i0, nq);
+  for (int j0 = min_key / kBlock * kBlock; j0 <= i0; j0 += kBlock) {
     const int nk = std::min(kBlock, T - j0);
     const float* k_t = k_t_all + static_cast<int64_t>(j0 / kBlock) * hd * kBlock;
     tile_scores(s, q, k_t, nq, hd, j0 == i0);
     for (int ii = 0; ii < nq; ++ii) {
-      float* p = s + ii * kBlock;
-      const float correction = online_softmax_block(p, visible_keys(i0 + ii, j0, nk), kBlock,
-                                                    scale, row_max[ii], row_sum[ii]);
+      const int i = i0 + ii;
+      const float correction =
+          softmax_visible_keys(s + ii * kBlock, hv.first_key(i, j0), visible_keys(i, j0, nk),
+                               scale, row_max[ii], row_sum[ii]);
       float* a = acc + ii * hd;
 #pragma omp simd
       for (int d = 0; d < hd; ++d) a[d] *= correction;
     }
-    // acc += P V over the block's keys (masked probabilities are zero).
-    const float* v = v_all + static_cast<int64_t>(j0) * hd;
-    tile_gemm(acc, hd, s, kBlock, 1, v, hd, nq, hd, nk);
+    // acc += P V over the block's keys (masked probabilities are zero; keys before
+    // every row's first are left out).
+    const int skip = std::max(0, min_key - j0);
+    const float* v = v_all + static_cast<int64_t>(j0 + skip) * hd;
+    tile_gemm(acc, hd, s + skip, kBlock, 1, v, hd, nq, hd, nk - skip);
   }
   for (int ii = 0; ii < nq; ++ii) {
     const int i = i0 + ii;
     const float inv_sum = 1.0f / row_sum[ii];
-    typename S::Elem* out_row = out + hv.out_offset + static_cast<int64_t>(i) * C;
+    typename S::Elem* out_row = out + hv.out_offset + static_cast<int64_t>(i) * hv.out_stride;
     const float* a = acc + ii * hd;
 #pragma omp simd
     for (int d = 0; d < hd; ++d) out_row[d] = S::narrow(a[d] * inv_sum);
@@ -246,9 +345,7 @@ void forward_query_block(typename S::Elem* out, float* lse, const HeadView<S>& h
 // One (batch, head) of the forward: its q and v rows (widened) and transposed key blocks
 // are built once, where building them per (query block, key block) tile cost ~20%.
 template <typename S>
-void forward_head(typename S::Elem* out, float* lse, const typename S::Elem* qkv, int b, int h,
-                  int T, int C, int H) {
-  const HeadView<S> hv = head_view<S>(qkv, b, h, T, C, H);
+void forward_head(typename S::Elem* out, float* lse, const HeadView<S>& hv, int T) {
   const int hd = hv.hd;
   const int num_blocks = (T + kBlock - 1) / kBlock;
   const int64_t rows = static_cast<int64_t>(T) * hd;
@@ -263,23 +360,26 @@ void forward_head(typename S::Elem* out, float* lse, const typename S::Elem* qkv
                        hv.k + j0 * hv.qkv_stride, hv.qkv_stride, std::min(kBlock, T - j0), hd);
   }
   for (int i0 = 0; i0 < T; i0 += kBlock)
-    forward_query_block<S>(out, lse, hv, q_all, k_t_all, v_all, i0, T, C);
+    forward_query_block<S>(out, lse, hv, q_all, k_t_all, v_all, i0, T);
 }
+
+// Where a backward task writes the gradient of its head's k and v rows: dqkv itself
+// (multi-head attention), or a per-query-head slot that the group's reduction sums.
+struct KvGradient {
+  float* dk;
+  float* dv;
+  int64_t stride;
+};
 
 // One (batch, head) of the backward. Key blocks outer: a block's dk and dv
 // accumulate in scratch over the query blocks that see it and are written once; dq
 // accumulates in place. Probabilities are recomputed from the saved log-sum-exp.
 template <typename S>
-void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
-                   const typename S::Elem* out, const float* lse, int b, int h, int T, int C,
-                   int H) {
-  const HeadView<S> hv = head_view<S>(qkv, b, h, T, C, H);
+void backward_head(float* dq, const KvGradient& dkv, const float* dout, const typename S::Elem* out,
+                   const float* lse, const HeadView<S>& hv, int T) {
   const int hd = hv.hd;
   const int64_t stride = hv.qkv_stride;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  float* dq = dqkv + (hv.q - qkv);
-  float* dk = dq + C;
-  float* dv = dq + 2 * C;
   const float* head_dout = dout + hv.out_offset;
   const typename S::Elem* head_out = out + hv.out_offset;
   const float* head_lse = lse + hv.lse_offset;
@@ -294,21 +394,21 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
   alignas(64) float out_row[kAttentionMaxHeadDim];
 
   // Per head, once: q and dout rows in fp32 ([T, hd]), a contiguous dq accumulator
-  // ([T, hd], copied into dqkv at the end: in place, dq's rows at dqkv's 3C-float stride
-  // fall into few L1 sets) and D_i = dout_i . out_i, the
-  // softmax Jacobian's row term (sum_j p_ij (dout_i . v_j), without the full row of
-  // probabilities). out_row is an fp32 copy, so the reduction vectorizes, and sums, the
-  // same way for every storage type.
+  // ([T, hd], copied into dqkv at the end: in place, dq's rows at dqkv's row stride
+  // fall into few L1 sets) and D_i = dout_i . out_i, the softmax Jacobian's row term
+  // (sum_j p_ij (dout_i . v_j), without the full row of probabilities). out_row is an
+  // fp32 copy, so the reduction vectorizes, and sums, the same way for every storage type.
   const int64_t rows = static_cast<int64_t>(T) * hd;
   float* q_all = head_scratch(3 * rows + T);
   float* dout_all = q_all + rows;
   float* dq_rows = dout_all + rows;
   float* D = dq_rows + rows;
   load_tile<S>(q_all, hv.q, stride, T, hd);
-  load_tile<Fp32Storage>(dout_all, head_dout, C, T, hd);
+  load_tile<Fp32Storage>(dout_all, head_dout, hv.out_stride, T, hd);
   for (int i = 0; i < T; ++i) {
     const float* dout_row = dout_all + static_cast<int64_t>(i) * hd;
-    load_tile<S>(out_row, head_out + static_cast<int64_t>(i) * C, C, 1, hd);
+    load_tile<S>(out_row, head_out + static_cast<int64_t>(i) * hv.out_stride, hv.out_stride, 1,
+                 hd);
     float d_i = 0.0f;
 #pragma omp simd reduction(+ : d_i)
     for (int d = 0; d < hd; ++d) d_i += dout_row[d] * out_row[d];
@@ -326,6 +426,8 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
     std::fill(dv_acc, dv_acc + nk * hd, 0.0f);
     for (int i0 = j0; i0 < T; i0 += kBlock) {
       const int nq = std::min(kBlock, T - i0);
+      // Query blocks that see none of this block's keys are skipped.
+      if (hv.min_key(i0, nq) >= j0 + nk) continue;
       const float* dout_rows = dout_all + static_cast<int64_t>(i0) * hd;
       const float* q = q_all + static_cast<int64_t>(i0) * hd;
       tile_scores(p, q, k_t, nq, hd, i0 == j0);
@@ -334,17 +436,20 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
       tile_gemm(ds, kBlock, dout_rows, hd, 1, v_t, kBlock, nq, kBlock, hd, i0 == j0);
       for (int ii = 0; ii < nq; ++ii) {
         const int i = i0 + ii;
+        const int first = std::min(hv.first_key(i, j0), kBlock);
         const int valid = visible_keys(i, j0, nk);
         const float d_i = D[i];
         const float row_lse = head_lse[i];
         float* p_row = p + ii * kBlock;
         float* ds_row = ds + ii * kBlock;
 #pragma omp simd
-        for (int j = 0; j < valid; ++j) {
+        for (int j = first; j < valid; ++j) {
           const float pj = exp_approx(p_row[j] * scale - row_lse);
           p_row[j] = pj;
           ds_row[j] = pj * (ds_row[j] - d_i) * scale;  // dS, with the scores' 1/sqrt(hd)
         }
+        std::fill(p_row, p_row + first, 0.0f);
+        std::fill(ds_row, ds_row + first, 0.0f);
         std::fill(p_row + valid, p_row + kBlock, 0.0f);
         std::fill(ds_row + valid, ds_row + kBlock, 0.0f);
       }
@@ -354,8 +459,8 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
       tile_gemm(dq_rows + static_cast<int64_t>(i0) * hd, hd, ds, kBlock, 1, k, hd, nq, hd, nk);
     }
     for (int j = 0; j < nk; ++j) {
-      std::copy(dk_acc + j * hd, dk_acc + (j + 1) * hd, dk + (j0 + j) * stride);
-      std::copy(dv_acc + j * hd, dv_acc + (j + 1) * hd, dv + (j0 + j) * stride);
+      std::copy(dk_acc + j * hd, dk_acc + (j + 1) * hd, dkv.dk + (j0 + j) * dkv.stride);
+      std::copy(dv_acc + j * hd, dv_acc + (j + 1) * hd, dkv.dv + (j0 + j) * dkv.stride);
     }
   }
   for (int i = 0; i < T; ++i)
@@ -364,22 +469,73 @@ void backward_head(float* dqkv, const float* dout, const typename S::Elem* qkv,
 }
 
 template <typename S>
-void forward_all(typename S::Elem* out, float* lse, const typename S::Elem* qkv, int B, int T,
-                 int C, int H) {
-  const int64_t num_tasks = static_cast<int64_t>(B) * H;
+void forward_all(typename S::Elem* out, float* lse, const typename S::Elem* qkv,
+                 const AttentionShape& s, const int32_t* key_begin) {
+  const int64_t num_tasks = static_cast<int64_t>(s.B) * s.n_head;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < num_tasks; ++task)
-    forward_head<S>(out, lse, qkv, static_cast<int>(task / H), static_cast<int>(task % H), T, C, H);
+  for (int64_t task = 0; task < num_tasks; ++task) {
+    const HeadView<S> hv = head_view<S>(qkv, static_cast<int>(task / s.n_head),
+                                        static_cast<int>(task % s.n_head), s, key_begin);
+    forward_head<S>(out, lse, hv, s.T);
+  }
+}
+
+// Per-call scratch of the GQA backward: each query head's k and v gradients
+// ([B*T, n_head, hd] each), summed per group afterwards. Grows to the largest call
+// once, on the calling thread (ranks run as threads may call concurrently).
+float* gqa_gradient_scratch(size_t floats) {
+  thread_local TrackedBuffer buffer;
+  return static_cast<float*>(buffer.grow_to(MemCategory::other, floats * sizeof(float)));
 }
 
 template <typename S>
 void backward_all(float* dqkv, const float* dout, const typename S::Elem* qkv,
-                  const typename S::Elem* out, const float* lse, int B, int T, int C, int H) {
-  const int64_t num_tasks = static_cast<int64_t>(B) * H;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < num_tasks; ++task)
-    backward_head<S>(dqkv, dout, qkv, out, lse, static_cast<int>(task / H),
-                     static_cast<int>(task % H), T, C, H);
+                  const typename S::Elem* out, const float* lse, const AttentionShape& s,
+                  const int32_t* key_begin) {
+  const int64_t num_tasks = static_cast<int64_t>(s.B) * s.n_head;
+  const int hd = s.head_dim;
+  const int group = s.group_size();
+  const int64_t stride = s.qkv_columns();
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  // Multi-head attention writes dk, dv in place; GQA a slot per query head.
+  float* slots = group == 1 ? nullptr
+                            : gqa_gradient_scratch(2 * static_cast<size_t>(N) * s.out_columns());
+#pragma omp parallel
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < num_tasks; ++task) {
+      const int b = static_cast<int>(task / s.n_head), h = static_cast<int>(task % s.n_head);
+      const HeadView<S> hv = head_view<S>(qkv, b, h, s, key_begin);
+      float* dq = dqkv + (hv.q - qkv);
+      KvGradient dkv{dqkv + (hv.k - qkv), dqkv + (hv.v - qkv), stride};
+      if (slots != nullptr) {
+        float* dk_slot = slots + static_cast<int64_t>(b) * s.T * s.out_columns() +
+                         static_cast<int64_t>(h) * hd;
+        dkv = {dk_slot, dk_slot + N * s.out_columns(), s.out_columns()};
+      }
+      backward_head<S>(dq, dkv, dout, out, lse, hv, s.T);
+    }
+    // GQA: dk, dv of kv head g = the sum of its query heads' slots, in head order.
+    if (slots != nullptr) {
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n)
+        for (int which = 0; which < 2; ++which) {  // k, then v
+          const float* slot_row = slots + (which * N + n) * s.out_columns();
+          float* grad_row =
+              dqkv + n * stride + static_cast<int64_t>(s.n_head + which * s.n_kv_head) * hd;
+          for (int g = 0; g < s.n_kv_head; ++g) {
+            const float* first = slot_row + static_cast<int64_t>(g) * group * hd;
+            float* dst = grad_row + static_cast<int64_t>(g) * hd;
+            std::copy(first, first + hd, dst);
+            for (int r = 1; r < group; ++r) {
+              const float* add = first + static_cast<int64_t>(r) * hd;
+#pragma omp simd
+              for (int d = 0; d < hd; ++d) dst[d] += add[d];
+            }
+          }
+        }
+    }
+  }
 }
 
 // Calls f with the storage type of `dtype` (a value of that type; only its type matters).
@@ -392,69 +548,83 @@ void with_storage(DType dtype, F&& f) {
   }
 }
 
-}  // namespace
-
-bool attention_uses_bf16_dot_products(int head_dim) {
-  return head_dim % 2 == 0 && bf16_dot_products_available();
+// The bf16 dot-product kernels (attention_bf16.cpp) handle multi-head attention without
+// key_begin and an even head_dim: GPT-2's case, which they keep exactly. GQA and packed
+// documents take the widening fp32 path everywhere; the dot-product kernels are not
+// extended to them because no CPU with avx512_bf16 was at hand to test such code on.
+bool bf16_dot_products_handle(const AttentionShape& s, bool has_key_begin) {
+  return s.n_kv_head == s.n_head && !has_key_begin && s.head_dim % 2 == 0;
 }
 
-namespace {
-
-// Whether a bf16 attention call takes the dot-product kernels (attention_bf16.hpp).
-bool use_bf16_dot_products(Bf16AttentionPath path, DType dtype, int C, int H) {
+// Whether a bf16 attention call takes the dot-product kernels.
+bool use_bf16_dot_products(Bf16AttentionPath path, DType dtype, const AttentionShape& s,
+                           bool has_key_begin) {
   if (dtype != DType::bf16 || path == Bf16AttentionPath::kWidenToFp32) return false;
-  const bool available = attention_uses_bf16_dot_products(C / H);
+  const bool available = attention_uses_bf16_dot_products(s, has_key_begin);
   SHARDLM_CHECK(available || path == Bf16AttentionPath::kAuto,
-                "attention: bf16 dot products need avx512_bf16 and an even head_dim (got {})",
-                C / H);
+                "attention: bf16 dot products need avx512_bf16 (this CPU: {}), an even head_dim "
+                "(got {}), n_kv_head == n_head (got {} and {}) and no key_begin (got {})",
+                bf16_dot_products_available() ? "yes" : "no", s.head_dim, s.n_kv_head, s.n_head,
+                has_key_begin ? "one" : "none");
   return available;
 }
 
+void check_call(const AttentionShape& s, DType out_type, DType qkv_type,
+                const int32_t* key_begin) {
+  check_shape(s);
+  SHARDLM_CHECK(out_type == qkv_type, "attention: output is {} but qkv is {}; expected one type",
+                dtype_name(out_type), dtype_name(qkv_type));
+  check_key_begin(key_begin, s);
+}
+
 }  // namespace
 
-void attention_forward(TypedPtr out, float* lse, ConstTypedPtr qkv, int B, int T, int C, int H) {
-  attention_forward_on(Bf16AttentionPath::kAuto, out, lse, qkv, B, T, C, H);
+bool attention_uses_bf16_dot_products(const AttentionShape& s, bool has_key_begin) {
+  return bf16_dot_products_handle(s, has_key_begin) && bf16_dot_products_available();
+}
+
+void attention_forward(TypedPtr out, float* lse, ConstTypedPtr qkv, const AttentionShape& s,
+                       const int32_t* key_begin) {
+  attention_forward_on(Bf16AttentionPath::kAuto, out, lse, qkv, s, key_begin);
 }
 
 void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
-                        const float* lse, int B, int T, int C, int H) {
-  attention_backward_on(Bf16AttentionPath::kAuto, dqkv, dout, qkv, out, lse, B, T, C, H);
+                        const float* lse, const AttentionShape& s, const int32_t* key_begin) {
+  attention_backward_on(Bf16AttentionPath::kAuto, dqkv, dout, qkv, out, lse, s, key_begin);
 }
 
 void attention_forward_on(Bf16AttentionPath path, TypedPtr out, float* lse, ConstTypedPtr qkv,
-                          int B, int T, int C, int H) {
+                          const AttentionShape& s, const int32_t* key_begin) {
   const PhaseScope phase(Phase::attention);
-  check_shape(T, C, H);
-  SHARDLM_CHECK(out.dtype == qkv.dtype, "attention: output is {} but qkv is {}; expected one type",
-                dtype_name(out.dtype), dtype_name(qkv.dtype));
-  if (use_bf16_dot_products(path, qkv.dtype, C, H)) {
+  check_call(s, out.dtype, qkv.dtype, key_begin);
+  if (use_bf16_dot_products(path, qkv.dtype, s, key_begin != nullptr)) {
     attention_forward_bf16_dot(static_cast<uint16_t*>(out.data), lse,
-                               static_cast<const uint16_t*>(qkv.data), B, T, C, H);
+                               static_cast<const uint16_t*>(qkv.data), s.B, s.T,
+                               s.n_head * s.head_dim, s.n_head);
     return;
   }
   with_storage(qkv.dtype, [&](auto storage) {
     using S = decltype(storage);
     forward_all<S>(static_cast<typename S::Elem*>(out.data), lse,
-                   static_cast<const typename S::Elem*>(qkv.data), B, T, C, H);
+                   static_cast<const typename S::Elem*>(qkv.data), s, key_begin);
   });
 }
 
 void attention_backward_on(Bf16AttentionPath path, float* dqkv, const float* dout,
-                           ConstTypedPtr qkv, ConstTypedPtr out, const float* lse, int B, int T,
-                           int C, int H) {
+                           ConstTypedPtr qkv, ConstTypedPtr out, const float* lse,
+                           const AttentionShape& s, const int32_t* key_begin) {
   const PhaseScope phase(Phase::attention);
-  check_shape(T, C, H);
-  SHARDLM_CHECK(out.dtype == qkv.dtype, "attention: output is {} but qkv is {}; expected one type",
-                dtype_name(out.dtype), dtype_name(qkv.dtype));
-  if (use_bf16_dot_products(path, qkv.dtype, C, H)) {
+  check_call(s, out.dtype, qkv.dtype, key_begin);
+  if (use_bf16_dot_products(path, qkv.dtype, s, key_begin != nullptr)) {
     attention_backward_bf16_dot(dqkv, dout, static_cast<const uint16_t*>(qkv.data),
-                                static_cast<const uint16_t*>(out.data), lse, B, T, C, H);
+                                static_cast<const uint16_t*>(out.data), lse, s.B, s.T,
+                                s.n_head * s.head_dim, s.n_head);
     return;
   }
   with_storage(qkv.dtype, [&](auto storage) {
     using S = decltype(storage);
     backward_all<S>(dqkv, dout, static_cast<const typename S::Elem*>(qkv.data),
-                    static_cast<const typename S::Elem*>(out.data), lse, B, T, C, H);
+                    static_cast<const typename S::Elem*>(out.data), lse, s, key_begin);
   });
 }
 

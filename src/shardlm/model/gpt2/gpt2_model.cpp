@@ -412,7 +412,7 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   float* qkv_out = fp32 ? a.qkv.f32() : dbig;
   gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv_out, 3 * C);
   cpu::add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * C);
-  cpu::attention_forward(a.att, a.att_lse, a.qkv, B, T, C, H);
+  cpu::attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H});
   gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
   cpu::residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
                                   v.attn_proj_b, v.ln2_w, v.ln2_b, n, C);
@@ -458,7 +458,7 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
   float* datt = dsmall;
   gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
   float* dqkv = dbig;
-  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, B, T, C, H);
+  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, C / H});
   const ConstTypedPtr dqkv_g = for_gemm(dqkv, dbig_c, n * 3 * C);
   gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
   cpu::bias_backward(g + o.attn_b, dqkv, n, 3 * C);
