@@ -14,6 +14,7 @@ STEPS="${DEMO_STEPS:-120}"
   exit 1
 }
 mkdir -p "$OUT"
+rm -rf "$OUT/data"  # the demo's own previous data (prepare never replaces a dataset)
 "$SHARDLM" prepare --tokenizer "gpt2:$SHARED_DATA/gpt2" \
   --input "$SHARED_DATA/tinyshakespeare.txt" --out "$OUT/data" --val-fraction 0.1
 rm -rf "$OUT/run"  # the demo's own previous run

@@ -8,8 +8,8 @@ expect_error "unknown model preset 'gpt5'" "$SHARDLM" train --model gpt5 --data 
 expect_error "seq-len 512 is longer than the model's context (256" "$SHARDLM" train --model gpt2-tiny --data "$D" --out "$WORK/r" --steps 1 --seq-len 512
 expect_error "n_embd (30) must be divisible by n_head (4)" "$SHARDLM" train --model gpt2-tiny --n-embd 30 --data "$D" --out "$WORK/r" --steps 1
 expect_error "steps must be >= 0" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/r" --steps -1
-expect_error "micro-batch must be positive" "$SHARDLM" train --model gpt2-tiny --micro-batch -2 --data "$D" --out "$WORK/r" --steps 1
-expect_error "n_layer must be positive" "$SHARDLM" train --model gpt2-tiny --n-layer 0 --data "$D" --out "$WORK/r" --steps 1
+expect_error "--micro-batch must be >= 1, got -2" "$SHARDLM" train --model gpt2-tiny --micro-batch -2 --data "$D" --out "$WORK/r" --steps 1
+expect_error "--n-layer must be >= 1, got 0" "$SHARDLM" train --model gpt2-tiny --n-layer 0 --data "$D" --out "$WORK/r" --steps 1
 expect_error "global batch 6 is not divisible" "$SHARDLM" train "${TINY[@]}" --global-batch 6 --data "$D" --out "$WORK/r" --steps 1
 expect_error "vocab-size 100 is smaller than the data's vocabulary (256" "$SHARDLM" train "${TINY[@]}" --vocab-size 100 --data "$D" --out "$WORK/r" --steps 1
 
@@ -43,6 +43,59 @@ expect_error "already holds a run" "$SHARDLM" train "${TINY[@]}" --data "$D" --o
 expect_error "n_layer=2, but this run asks for 3" "$SHARDLM" train "${TINY[@]}" --n-layer 3 --data "$D" --out "$WORK/run" --steps 4 --resume
 expect_error "lr=" "$SHARDLM" train "${TINY[@]}" --lr 1e-2 --data "$D" --out "$WORK/run" --steps 4 --resume
 [ "$(digest_of "$WORK/run")" = "$before" ] || fail "checkpoint changed by a refused run"
+
+# Every flag out of range or not finite is refused with its name and range, before the
+# run directory exists (nothing is written).
+bad_flag() {
+  local needle="$1"; shift
+  expect_error "$needle" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/never" --steps 1 "$@"
+  [ ! -e "$WORK/never" ] || fail "a refused run left '$WORK/never' behind ($*)"
+}
+bad_flag "--lr must be a finite number > 0, got inf" --lr 1e39
+bad_flag "--lr must be a finite number > 0, got 0" --lr 0
+bad_flag "--min-lr must be a finite number in \[0, --lr\], got nan" --min-lr nan
+bad_flag "--beta2 must be a finite number in \[0, 1), got nan" --beta2 nan
+bad_flag "--beta1 must be a finite number in \[0, 1), got 1.5" --beta1 1.5
+bad_flag "--weight-decay must be a finite number >= 0, got -1" --weight-decay -1
+bad_flag "--grad-clip must be a finite number >= 0 (0: off), got -1" --grad-clip -1
+bad_flag "--save-every must be >= 0, got -1" --save-every -1
+bad_flag "--keep must be >= 0, got -1" --keep -1
+bad_flag "--eval-every must be >= 0, got -3" --eval-every -3
+bad_flag "--sample-tokens must be >= 0, got -1" --sample-tokens -1
+bad_flag "--threads must be >= 1, got 0" --threads 0
+bad_flag "--comm-timeout must be a finite number > 0 (seconds), got nan" --comm-timeout nan
+bad_flag "--loss-scale must be a finite number > 0, got inf" --loss-scale inf
+bad_flag "--bucket-mb must be a finite number > 0 (MiB), got 0" --bucket-mb 0
+bad_flag "--context-len must be >= 1, got 0" --context-len 0
+bad_flag "--shard-group-size applies to --strategy hybrid only (this run uses zero3)" --strategy zero3 --shard-group-size 2
+bad_flag "--init-from and --resume exclude each other" --init-from "$WORK/hf" --resume
+bad_flag "--resume (must resume) and --resume-if-exists (resume when there is a checkpoint) exclude each other" --resume --resume-if-exists
+bad_flag "seq-len 64 is longer than the model's context (32 positions; --context-len sets it)" --context-len 32 --seq-len 64
+# --resume means "must resume": a typo in --out is an error, and leaves nothing behind.
+bad_flag "--resume: run directory '$WORK/never' holds no committed checkpoint to continue from" --resume
+expect_error "--resume: run directory '$WORK/a/b/c' holds no committed checkpoint" \
+  "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/a/b/c" --steps 1 --resume
+[ ! -e "$WORK/a" ] || fail "a refused --resume left the directories it created"
+
+# sample, eval, prepare, plan: the same rules, with bounds written as a user would.
+expect_error "--tokens must be >= 1, got 0" "$SHARDLM" sample --checkpoint "$WORK/run" --tokens 0
+expect_error "--temperature must be a finite number >= 0 (0: greedy), got -1" "$SHARDLM" sample --checkpoint "$WORK/run" --temperature -1
+expect_error "--top-k must be >= 0 (0: all), got -2" "$SHARDLM" sample --checkpoint "$WORK/run" --top-k -2
+expect_error "--threads must be >= 1, got 0" "$SHARDLM" eval --checkpoint "$WORK/run" --data "$D" --threads 0
+expect_error "--windows must be >= 1, got 0" "$SHARDLM" eval --checkpoint "$WORK/run" --data "$D" --windows 0
+"$SHARDLM" prepare --tokenizer "gpt2:$SHARED_DATA/gpt2" --input "$WORK/small.txt" --out "$WORK/gpt2data" > /dev/null
+expect_error "--data '$WORK/gpt2data' was tokenized with 'gpt2:.*gpt2', but checkpoint '.*step_00000002' was trained with 'byte'" \
+  "$SHARDLM" eval --checkpoint "$WORK/run" --data "$WORK/gpt2data" --seq-len 32 --windows 2
+before_meta="$(sha256sum "$D/meta.json" "$D/train.bin")"
+expect_error "--out '$D' already holds a prepared dataset ('$D/meta.json'); prepare never replaces one" \
+  "$SHARDLM" prepare --tokenizer byte --input "$WORK/short.txt" --out "$D"
+[ "$(sha256sum "$D/meta.json" "$D/train.bin")" = "$before_meta" ] || fail "prepare replaced a dataset"
+"$SHARDLM" plan --model gpt2-tiny --vocab-size 1000 -n 2 > "$WORK/plan.txt" 2>&1 || { cat "$WORK/plan.txt"; fail "plan --vocab-size without data"; }
+"$SHARDLM" plan --model gpt2 -n 2 --precision bf16 --memory-per-rank 0.01 > "$WORK/plan.txt" 2>&1 || fail "plan"
+grep -q "nothing fits" "$WORK/plan.txt" && ! grep -q -- "--precision bf16" "$WORK/plan.txt" \
+  || { cat "$WORK/plan.txt"; fail "plan advises a bf16 run to use --precision bf16"; }
+"$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/zero" --steps 0 > "$WORK/zero.log" 2>&1 || fail "--steps 0"
+grep -q "| first train loss *| *- |" "$WORK/zero.log" || { cat "$WORK/zero.log"; fail "--steps 0 summary"; }
 
 # Unknown flag / subcommand: CLI11's parse error, non-zero.
 if "$SHARDLM" train --no-such-flag > /dev/null 2>&1; then fail "unknown flag accepted"; fi

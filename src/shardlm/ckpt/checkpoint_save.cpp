@@ -7,6 +7,7 @@
 
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/ckpt/checkpoint_commit.hpp"
+#include "shardlm/comm/on_all_ranks.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/fault_injection.hpp"
 #include "shardlm/core/file_util.hpp"
@@ -19,23 +20,6 @@ namespace shardlm {
 namespace {
 
 std::string shard_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
-
-// Runs `action` on this rank, then agrees with every rank on whether all succeeded:
-// a failure anywhere becomes an Error everywhere (the failing rank's own message
-// where it failed), so no rank waits for a peer that gave up.
-template <typename Action>
-void on_all_ranks(Communicator& comm, const std::string& what, Action&& action) {
-  std::string error;
-  try {
-    action();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  int64_t failed = error.empty() ? 0 : 1;
-  comm.all_reduce_blocking(std::span<int64_t>(&failed, 1), ReduceOp::sum, what);
-  if (!error.empty()) throw Error(error);
-  SHARDLM_CHECK(failed == 0, "{} failed on {} other rank(s) (see their messages)", what, failed);
-}
 
 // What interrupted saves leave: temporary checkpoint directories and pointer files.
 // Only the job holding the run directory's lock saves, so none of them is in use.

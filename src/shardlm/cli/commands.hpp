@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
+
 #include "shardlm/train/train_options.hpp"
 
 namespace shardlm::cli {
@@ -11,6 +13,10 @@ namespace shardlm::cli {
 // and `plan`; and the rest of `train`'s (schedule, checkpoints, threads, ...).
 void add_run_shape_flags(CLI::App& cmd, TrainOptions& opts);
 void add_run_flags(CLI::App& cmd, TrainOptions& opts);
+
+// --threads of the single-process commands (eval, sample): Error unless >= 1; sets
+// OpenMP's thread count when given.
+void apply_threads_flag(const std::optional<int>& threads);
 
 void register_prepare(CLI::App& app);
 void register_train(CLI::App& app);

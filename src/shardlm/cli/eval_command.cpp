@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "shardlm/ckpt/checkpoint.hpp"
@@ -23,7 +25,7 @@ struct EvalArgs {
   int seq_len = 256;
   int windows = 32;
   int micro_batch = 4;
-  int threads = 0;
+  std::optional<int> threads;
 };
 }  // namespace
 
@@ -42,14 +44,22 @@ void register_eval(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "Compute threads (default: all cores)");
   cmd->callback([args]() {
-    if (args->threads > 0) omp_set_num_threads(args->threads);
     SHARDLM_CHECK(args->split == "val" || args->split == "train",
                   "--split must be val or train, got '{}'", args->split);
-    SHARDLM_CHECK(args->windows > 0 && args->micro_batch > 0 && args->seq_len > 0,
-                  "--windows, --micro-batch and --seq-len must be positive");
+    for (const auto& [flag, value] : {std::pair{"--windows", args->windows},
+                                      std::pair{"--micro-batch", args->micro_batch},
+                                      std::pair{"--seq-len", args->seq_len}})
+      SHARDLM_CHECK(value >= 1, "{} must be >= 1, got {}", flag, value);
+    apply_threads_flag(args->threads);
+    const DatasetMeta meta = read_dataset_meta(args->data);
     const auto opened = open_checkpoint(args->checkpoint, print_checkpoint_warning);
     const CheckpointReader& ckpt = *opened;
     const ModelConfig& config = ckpt.info().model;
+    // Token ids mean nothing under another tokenizer, though they may fit the vocabulary.
+    SHARDLM_CHECK(meta.tokenizer == ckpt.info().tokenizer,
+                  "--data '{}' was tokenized with '{}', but checkpoint '{}' was trained with '{}' "
+                  "(prepare the text with that tokenizer)",
+                  args->data, meta.tokenizer, ckpt.dir(), ckpt.info().tokenizer);
     SHARDLM_CHECK(args->seq_len <= config.max_seq_len,
                   "--seq-len {} is longer than the model's context ({})", args->seq_len,
                   config.max_seq_len);

@@ -2,11 +2,22 @@
 // room; this file only parses flags (CLI11) and turns errors into one line + exit 1.
 #include <CLI/CLI.hpp>
 
+#include <omp.h>
+
 #include <cstdio>
 #include <exception>
 
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/core/error.hpp"
+
+namespace shardlm::cli {
+
+void apply_threads_flag(const std::optional<int>& threads) {
+  SHARDLM_CHECK(!threads || *threads >= 1, "--threads must be >= 1, got {}", threads.value_or(0));
+  if (threads) omp_set_num_threads(*threads);
+}
+
+}  // namespace shardlm::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"shardlm: train GPT-2-family language models on one or many processes"};

@@ -17,6 +17,7 @@ void register_train(CLI::App& app) {
   add_run_shape_flags(*cmd, *opts);
   add_run_flags(*cmd, *opts);
   cmd->callback([opts]() {
+    opts->validate();
     TrainSummary summary = run_training(*opts);
     if (!summary.sample.empty()) {
       std::printf("\n--- sample ---\n%s\n--------------\n\n", summary.sample.c_str());
@@ -36,6 +37,9 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   cmd->add_option("--n-embd", opts->n_embd, "Override the preset's width");
   cmd->add_option("--vocab-size", opts->vocab_size,
                   "Override the vocabulary size (default: the data's)");
+  cmd->add_option("--context-len", opts->context_len,
+                  "Override the preset's context length (positions; GPT-2: rows of the "
+                  "position table, n_positions)");
   cmd->add_option("--micro-batch", opts->micro_batch, "Sequences per forward/backward")
       ->capture_default_str();
   cmd->add_option("--seq-len", opts->seq_len, "Tokens per sequence")->capture_default_str();
@@ -95,7 +99,12 @@ void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   cmd->add_option("--save-every", opts->save_every, "Checkpoint every N steps (0: at the end)")
       ->capture_default_str();
   cmd->add_option("--keep", opts->keep, "Checkpoints to keep (0: all)")->capture_default_str();
-  cmd->add_flag("--resume", opts->resume, "Continue from the run directory's latest checkpoint");
+  cmd->add_flag("--resume", opts->resume,
+                "Continue from the run directory's newest valid checkpoint (an error when it "
+                "has none)");
+  cmd->add_flag("--resume-if-exists", opts->resume_if_exists,
+                "Continue from the newest valid checkpoint if the run directory has one, else "
+                "start at step 0 (for job scripts that restart blindly; launch uses it)");
   cmd->add_option("--init-from", opts->init_from,
                   "Start from Hugging Face GPT-2 weights (a directory with model.safetensors, or "
                   "a .safetensors file) instead of random init");
@@ -110,7 +119,8 @@ void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "fp16: steps without overflow before the loss scale doubles")
       ->capture_default_str();
   cmd->add_option("--threads", opts->threads,
-                  "Compute threads per rank (default: the cores available / ranks on this host)");
+                  "Compute threads per rank, >= 1 (default: the cores this host's ranks may "
+                  "use, shared out among them)");
   cmd->add_option("--log-every", opts->log_every,
                   "Progress line every N steps when stdout is not a terminal");
   cmd->add_option("--sample-tokens", opts->sample_tokens,

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "shardlm/comm/comm_thread.hpp"
+#include "shardlm/comm/launcher_watch.hpp"
+#include "shardlm/comm/world.hpp"
 #include "shardlm/comm/mpi_algorithms.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 
@@ -88,6 +90,8 @@ class MpiRuntime {
           "rank {}: MPI provides thread level {}, but shardlm calls MPI from its communication "
           "thread and needs at least MPI_THREAD_SERIALIZED ({})",
           rank_, thread_level_, MPI_THREAD_SERIALIZED));
+    // A rank whose mpirun (or Open MPI daemon) is gone stops instead of training on.
+    if (launched_by_mpi_launcher()) exit_when_launcher_dies(fmt::format("rank {}", rank_));
     scratch_ = TrackedBuffer(MemCategory::comm, options.scratch_bytes);
     WaitPolicy policy;
     policy.who = fmt::format("rank {}", rank_);

@@ -139,6 +139,27 @@ void AtomicFileWriter::commit() {
   fsync_directory(parent.empty() ? "." : parent.string());
 }
 
+std::vector<std::string> create_directories_reporting(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> created;
+  std::error_code ec;
+  const fs::path target = fs::absolute(dir).lexically_normal();
+  for (fs::path p = target; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    created.insert(created.begin(), p.string());
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(target, ec);
+  SHARDLM_CHECK(!ec && fs::is_directory(target), "cannot create directory '{}': {}", dir,
+                ec ? ec.message() : "a file with that name exists");
+  return created;
+}
+
+void remove_created_directories(const std::vector<std::string>& created) {
+  std::error_code ec;
+  for (auto it = created.rbegin(); it != created.rend(); ++it)
+    if (!std::filesystem::remove(*it, ec)) return;  // not empty (or gone): stop here
+}
+
 void write_file_atomic(const std::string& path, std::string_view content) {
   AtomicFileWriter writer(path);
   writer.write(content.data(), content.size());

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace shardlm {
 
@@ -65,6 +66,13 @@ class AtomicFileWriter {
   bool finished_ = false;
   bool committed_ = false;
 };
+
+// Creates DIR and its missing parents; returns the directories it created, outermost
+// first (Error naming DIR when it cannot, or when a file of that name exists).
+std::vector<std::string> create_directories_reporting(const std::string& dir);
+// Removes directories create_directories_reporting made, innermost first, stopping at
+// the first one that is not empty (a failed job leaves nothing it created behind).
+void remove_created_directories(const std::vector<std::string>& created);
 
 // Writes `content` to path through an AtomicFileWriter.
 void write_file_atomic(const std::string& path, std::string_view content);

@@ -36,23 +36,15 @@ std::optional<HardwareProfile> resolve_profile(const std::string& flag) {
 
 PlanInputs resolve_plan_inputs(const TrainOptions& o, int world_size, const ProfileOptions& p) {
   SHARDLM_CHECK(world_size >= 1, "-n must be at least 1, got {}", world_size);
-  SHARDLM_CHECK(o.micro_batch > 0 && o.seq_len > 0,
-                "--micro-batch and --seq-len must be positive, got {} and {}", o.micro_batch,
-                o.seq_len);
-  SHARDLM_CHECK(o.reduce_dtype == "fp32" || o.reduce_dtype == "bf16",
-                "--reduce-dtype must be fp32 or bf16, got '{}'", o.reduce_dtype);
+  o.validate_run_shape();
   SHARDLM_CHECK(p.nodes >= 1 && world_size % p.nodes == 0,
                 "--nodes {} must divide the {} ranks (the same number of ranks on every node)",
                 p.nodes, world_size);
   if (!p.link.empty()) link_transport(p.link, 1.0);  // names the flag on a bad value
   PlanInputs in;
-  const int data_vocab = o.data_dir.empty()
-                             ? model_preset(o.model).vocab_size
-                             : static_cast<int>(read_dataset_meta(o.data_dir).vocab_size);
+  std::optional<int> data_vocab;  // without data: the preset's, and no data to cover
+  if (!o.data_dir.empty()) data_vocab = static_cast<int>(read_dataset_meta(o.data_dir).vocab_size);
   in.config = resolve_model_config(o, data_vocab);
-  SHARDLM_CHECK(o.seq_len <= in.config.max_seq_len,
-                "--seq-len {} is longer than the model's context ({} positions)", o.seq_len,
-                in.config.max_seq_len);
   in.request = plan_request(o, in.config, world_size);
   if (o.strategy != "auto") partition_size(in.request.strategy, world_size);  // names the flag
   in.profile = resolve_profile(p.profile);

@@ -2,8 +2,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/file_util.hpp"
 
 namespace shardlm {
 
@@ -24,6 +26,31 @@ nlohmann::json phase_ms_json(const PhaseTotals& phases, double step_seconds,
   out["communication"] = exposed_comm_seconds * 1e3;
   out["other"] = (step_seconds - phases.total_seconds() - exposed_comm_seconds) * 1e3;
   return out;
+}
+
+void truncate_metrics_after(const std::string& path, int64_t step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  const std::string text = read_text_file(path);
+  std::string kept;
+  bool dropped = false;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    const bool complete = end != std::string::npos;
+    if (!complete) end = text.size();
+    const std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool keep = complete && record.is_object() && record.contains("step") &&
+                      record.at("step").is_number_integer() &&
+                      record.at("step").get<int64_t>() <= step;
+    if (keep)
+      kept += line + "\n";
+    else
+      dropped = dropped || !line.empty();
+  }
+  if (dropped) write_file_atomic(path, kept);
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {

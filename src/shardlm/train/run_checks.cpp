@@ -1,7 +1,5 @@
 #include "shardlm/train/run_checks.hpp"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstdlib>
 
@@ -9,29 +7,6 @@
 #include "shardlm/core/error.hpp"
 
 namespace shardlm {
-
-void validate_options(const TrainOptions& o, const ModelConfig& config) {
-  SHARDLM_CHECK(o.steps >= 0, "--steps must be >= 0, got {}", o.steps);
-  SHARDLM_CHECK(o.micro_batch > 0, "--micro-batch must be positive, got {}", o.micro_batch);
-  SHARDLM_CHECK(o.seq_len > 0, "--seq-len must be positive, got {}", o.seq_len);
-  SHARDLM_CHECK(o.seq_len <= config.max_seq_len,
-                "--seq-len {} is longer than the model's context ({} positions)", o.seq_len,
-                config.max_seq_len);
-  SHARDLM_CHECK(o.global_batch >= 0, "--global-batch must be positive, got {}", o.global_batch);
-  SHARDLM_CHECK(o.lr > 0.0f, "--lr must be positive, got {}", o.lr);
-  SHARDLM_CHECK(o.warmup >= 0, "--warmup must be >= 0, got {}", o.warmup);
-  SHARDLM_CHECK(o.eval_batches >= 0, "--eval-batches must be >= 0, got {}", o.eval_batches);
-  SHARDLM_CHECK(o.threads >= 0, "--threads must be >= 0, got {}", o.threads);
-  SHARDLM_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive, got {}", o.comm_timeout);
-  SHARDLM_CHECK(!o.out_dir.empty(), "--out is required (the run directory)");
-  parse_dtype(o.precision, "--precision");
-  SHARDLM_CHECK(o.reduce_dtype == "fp32" || o.reduce_dtype == "bf16",
-                "--reduce-dtype must be fp32 or bf16, got '{}'", o.reduce_dtype);
-  SHARDLM_CHECK(o.loss_scale > 0, "--loss-scale must be positive, got {}", o.loss_scale);
-  SHARDLM_CHECK(o.loss_scale_growth_interval > 0,
-                "--loss-scale-growth-interval must be positive, got {}",
-                o.loss_scale_growth_interval);
-}
 
 void check_resume_compatible(const CheckpointReader& ckpt, const ModelConfig& config,
                              const nlohmann::json& wanted, const std::string& tokenizer) {
@@ -74,18 +49,6 @@ void check_ranks_agree(Communicator& comm, const nlohmann::json& mine) {
                   "run the same command on the same data)",
                   comm.rank(), it.key(), other.dump(), it.value().dump());
   }
-}
-
-int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return 1;
-}
-
-int local_ranks(int world_size) {
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
-  return world_size;
 }
 
 }  // namespace shardlm

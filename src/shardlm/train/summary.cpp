@@ -23,7 +23,7 @@ void print_summary(const TrainSummary& s) {
                                 : fmt::format("{}", s.steps));
   row("parameters", fmt::format("{:.2f}M", static_cast<double>(s.num_parameters) / 1e6));
   row("tokens trained", fmt::format("{}", s.tokens));
-  row("first train loss", fmt::format("{:.4f}", s.first_loss));
+  row("first train loss", std::isfinite(s.first_loss) ? fmt::format("{:.4f}", s.first_loss) : "-");
   row("final train loss", std::isfinite(s.final_train_loss) ? fmt::format("{:.4f}", s.final_train_loss) : "-");
   row("final val loss", s.final_val_loss > 0 ? fmt::format("{:.4f}", s.final_val_loss) : "-");
   row("tokens/s", fmt::format("{:.0f}", s.tokens_per_s));

@@ -1,22 +1,104 @@
 #include "shardlm/train/train_options.hpp"
 
+#include <cmath>
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
 
-ModelConfig resolve_model_config(const TrainOptions& o, int data_vocab_size) {
+ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_vocab_size) {
   ModelConfig config = model_preset(o.model);
   if (o.n_layer) config.n_layer = *o.n_layer;
   if (o.n_head) config.n_head = *o.n_head;
   if (o.n_embd) config.n_embd = *o.n_embd;
-  config.vocab_size = o.vocab_size.value_or(data_vocab_size);
+  if (o.context_len) config.max_seq_len = *o.context_len;
+  config.vocab_size = o.vocab_size.value_or(data_vocab_size.value_or(config.vocab_size));
   config.validate();
-  SHARDLM_CHECK(config.vocab_size >= data_vocab_size,
+  SHARDLM_CHECK(!data_vocab_size || config.vocab_size >= *data_vocab_size,
                 "--vocab-size {} is smaller than the data's vocabulary ({} from meta.json)",
-                config.vocab_size, data_vocab_size);
+                config.vocab_size, data_vocab_size.value_or(0));
+  SHARDLM_CHECK(o.seq_len <= config.max_seq_len,
+                "--seq-len {} is longer than the model's context ({} positions; --context-len "
+                "sets it)",
+                o.seq_len, config.max_seq_len);
   return config;
+}
+
+namespace {
+
+// One-line errors naming the flag and the range it must be in.
+template <typename T>
+void check_at_least(const char* flag, T value, T min) {
+  SHARDLM_CHECK(value >= min, "{} must be >= {}, got {}", flag, min, value);
+}
+
+// `in_range` is the flag's condition; `range` says it to the user ("in [0, 1)", "> 0").
+template <typename T>
+void check_finite(const char* flag, T value, bool in_range, const char* range) {
+  SHARDLM_CHECK(std::isfinite(static_cast<double>(value)) && in_range,
+                "{} must be a finite number {}, got {}", flag, range, value);
+}
+
+}  // namespace
+
+void TrainOptions::validate_run_shape() const {
+  for (const auto& [flag, value] : {std::pair{"--n-layer", n_layer}, std::pair{"--n-head", n_head},
+                                    std::pair{"--n-embd", n_embd}, std::pair{"--vocab-size", vocab_size},
+                                    std::pair{"--context-len", context_len}})
+    if (value) check_at_least(flag, *value, 1);
+  check_at_least("--micro-batch", micro_batch, 1);
+  check_at_least("--seq-len", seq_len, 1);
+  SHARDLM_CHECK(global_batch >= 0, "--global-batch must be >= 1, got {}", global_batch);
+  check_finite("--bucket-mb", bucket_mb, bucket_mb > 0, "> 0 (MiB)");
+  check_at_least("--prefetch", prefetch, 0);
+  check_at_least("--min-unit-params", min_unit_params, int64_t{0});
+  // `plan --strategy auto` considers hybrid among others.
+  const bool hybrid = strategy == "auto" || parse_strategy_kind(strategy) == StrategyKind::hybrid;
+  if (strategy != "auto" && hybrid) check_at_least("--shard-group-size", shard_group_size, 1);
+  SHARDLM_CHECK(hybrid || shard_group_size == 0,
+                "--shard-group-size applies to --strategy hybrid only (this run uses {})",
+                strategy);
+  parse_dtype(precision, "--precision");
+  SHARDLM_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16",
+                "--reduce-dtype must be fp32 or bf16, got '{}'", reduce_dtype);
+}
+
+void TrainOptions::validate() const {
+  SHARDLM_CHECK(!data_dir.empty(), "--data is required (a directory written by `shardlm prepare`)");
+  SHARDLM_CHECK(!out_dir.empty(), "--out is required (the run directory)");
+  validate_run_shape();
+  parse_strategy_kind(strategy);  // train runs one strategy (no "auto")
+  check_at_least("--steps", steps, int64_t{0});
+  check_finite("--lr", lr, lr > 0, "> 0");
+  if (min_lr) check_finite("--min-lr", *min_lr, *min_lr >= 0 && *min_lr <= lr, "in [0, --lr]");
+  check_at_least("--warmup", warmup, int64_t{0});
+  check_finite("--weight-decay", weight_decay, weight_decay >= 0, ">= 0");
+  check_finite("--grad-clip", grad_clip, grad_clip >= 0, ">= 0 (0: off)");
+  check_finite("--beta1", beta1, beta1 >= 0 && beta1 < 1, "in [0, 1)");
+  check_finite("--beta2", beta2, beta2 >= 0 && beta2 < 1, "in [0, 1)");
+  check_at_least("--eval-every", eval_every, int64_t{0});
+  check_at_least("--eval-batches", eval_batches, 0);
+  check_at_least("--save-every", save_every, int64_t{0});
+  check_at_least("--keep", keep, 0);
+  SHARDLM_CHECK(!(resume && resume_if_exists),
+                "--resume (must resume) and --resume-if-exists (resume when there is a "
+                "checkpoint) exclude each other");
+  SHARDLM_CHECK(init_from.empty() || !resume,
+                "--init-from and --resume exclude each other (a resumed run continues from its "
+                "checkpoint; --resume-if-exists imports only when there is none)");
+  check_finite("--comm-timeout", comm_timeout, comm_timeout > 0, "> 0 (seconds)");
+  check_finite("--loss-scale", loss_scale, loss_scale > 0, "> 0");
+  check_at_least("--loss-scale-growth-interval", loss_scale_growth_interval, int64_t{1});
+  if (threads) check_at_least("--threads", *threads, 1);
+  check_at_least("--log-every", log_every, int64_t{0});
+  check_at_least("--sample-tokens", sample_tokens, 0);
+  check_finite("sample temperature", sample_temperature, sample_temperature >= 0, ">= 0");
+  check_at_least("sample top-k", sample_top_k, 0);
 }
 
 nlohmann::json TrainOptions::trajectory_json() const {

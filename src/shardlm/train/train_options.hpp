@@ -15,6 +15,7 @@ struct TrainOptions {
   // Model: a preset, optionally overridden field by field.
   std::string model = "gpt2-small-30m";
   std::optional<int> n_layer, n_head, n_embd, vocab_size;
+  std::optional<int> context_len;  // positions (GPT-2: rows of the position table)
 
   std::string data_dir;  // from `shardlm prepare`: train.bin, val.bin, meta.json
   std::string out_dir;   // run directory: metrics.jsonl, checkpoints/
@@ -28,7 +29,7 @@ struct TrainOptions {
   std::optional<float> min_lr;  // default lr / 10
   int64_t warmup = 0;
   float weight_decay = 0.1f;
-  float grad_clip = 1.0f;  // <= 0 disables clipping
+  float grad_clip = 1.0f;  // 0 disables clipping
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   uint64_t seed = 1337;
@@ -37,7 +38,8 @@ struct TrainOptions {
   int eval_batches = 8;
   int64_t save_every = 0;  // 0: save at the end only
   int keep = 0;            // checkpoints kept; 0: all
-  bool resume = false;
+  bool resume = false;            // must continue from a checkpoint of out_dir
+  bool resume_if_exists = false;  // continue if out_dir has a committed checkpoint, else start
   std::string init_from;  // Hugging Face weights (directory or .safetensors) to start from
 
   // Distribution (see parallel/strategy_options.hpp).
@@ -59,13 +61,19 @@ struct TrainOptions {
   double loss_scale = 65536.0;            // fp16: initial dynamic loss scale
   int64_t loss_scale_growth_interval = 1000;  // fp16: good steps before the scale doubles
 
-  int threads = 0;  // 0: the cores available to this process (divided among local ranks)
+  std::optional<int> threads;  // default: the cores this host's ranks may use, shared out
   int64_t log_every = 0;  // plain progress lines when not a terminal; 0: ~20 lines per run
 
   int sample_tokens = 0;  // > 0: print a sample of this many tokens at the end
   std::string sample_prompt = "\n";
   float sample_temperature = 0.8f;
   int sample_top_k = 40;
+
+  // Error naming the first flag out of range or not finite, or flags that exclude each
+  // other: every range check of `train`'s flags, in one place. validate_run_shape()
+  // is the part `plan` shares (model, batch, strategy, precision).
+  void validate() const;
+  void validate_run_shape() const;
 
   // The options a resumed run must share with the run that wrote the checkpoint
   // (anything that changes the trajectory; --steps may grow, which only stretches
@@ -74,7 +82,9 @@ struct TrainOptions {
 };
 
 // The model a run trains: the preset with the flags' overrides; the vocabulary is the
-// data's unless --vocab-size widens it. Error when the result is invalid.
-ModelConfig resolve_model_config(const TrainOptions& o, int data_vocab_size);
+// data's (the preset's without data) unless --vocab-size widens it. Error when the
+// result is invalid, narrower than the data's vocabulary, or --seq-len exceeds its
+// context.
+ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_vocab_size);
 
 }  // namespace shardlm

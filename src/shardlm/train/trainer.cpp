@@ -32,9 +32,12 @@
 #include "shardlm/train/metrics.hpp"
 #include "shardlm/train/model_runner.hpp"
 #include "shardlm/train/progress.hpp"
+#include "shardlm/train/finite_state.hpp"
 #include "shardlm/train/run_checks.hpp"
+#include "shardlm/train/run_directory.hpp"
 #include "shardlm/train/sampling.hpp"
 #include "shardlm/train/step_record.hpp"
+#include "shardlm/train/thread_budget.hpp"
 
 namespace fs = std::filesystem;
 
@@ -64,7 +67,7 @@ class Trainer {
   std::unique_ptr<CheckpointReader> find_checkpoint_to_resume();
   void build_model_and_strategy();
   int64_t load_initial_state(std::unique_ptr<CheckpointReader> resume_from);
-  void open_metrics();
+  void open_metrics(int64_t start_step);
   void print_run_description() const;
 
   StepOutcome train_step(int64_t step);
@@ -92,7 +95,8 @@ class Trainer {
   const bool is_root_ = comm_.rank() == 0;
   const int world_ = comm_.size();
   const int rank_ = comm_.rank();
-  int threads_ = 1;
+  ThreadBudget threads_;
+  std::unique_ptr<RunDirectoryLock> lock_;  // rank 0: held for the job's life
 
   DatasetMeta meta_;
   ModelConfig config_;
@@ -276,21 +280,17 @@ void Trainer::check_replicas(int64_t done) {
 }
 
 int64_t Trainer::set_up() {
-  threads_ = o_.threads > 0 ? o_.threads : std::max(1, available_cores() / local_ranks(world_));
-  omp_set_num_threads(threads_);
+  threads_ = plan_threads(comm_, o_.threads);
+  omp_set_num_threads(threads_.threads);
   read_inputs();
+  lock_ = lock_run_directory(o_.out_dir, comm_);  // before anything in it is read or written
   std::unique_ptr<CheckpointReader> resume_from = find_checkpoint_to_resume();
-  if (is_root_) {
-    std::error_code ec;
-    fs::create_directories(o_.out_dir, ec);
-    SHARDLM_CHECK(!ec, "cannot create run directory '{}': {}", o_.out_dir, ec.message());
-  }
   build_model_and_strategy();
   const int64_t start_step = load_initial_state(std::move(resume_from));
   SHARDLM_CHECK(start_step <= o_.steps,
                 "checkpoint is at step {}, beyond --steps {} (raise --steps to train further)",
                 start_step, o_.steps);
-  open_metrics();
+  open_metrics(start_step);
   schedule_.emplace(LrSchedule{o_.lr, o_.min_lr.value_or(o_.lr / 10.0f), o_.warmup, o_.steps});
   optimizer_ = std::make_unique<AdamWOptimizer>(
       *layout_, *strategy_, AdamWConfig{o_.beta1, o_.beta2, 1e-8f, o_.weight_decay});
@@ -305,8 +305,8 @@ int64_t Trainer::set_up() {
 // checks that it runs the same command on the same data as rank 0.
 void Trainer::read_inputs() {
   meta_ = read_dataset_meta(o_.data_dir);
+  o_.validate();
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
-  validate_options(o_, config_);
   strategy_options_ = {parse_strategy_kind(o_.strategy), o_.bucket_mb, o_.prefetch,
                        o_.reshard_after_forward, o_.shard_group_size,
                        parse_dtype(o_.precision, "--precision"),
@@ -346,16 +346,8 @@ void Trainer::read_inputs() {
 }
 
 std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
-  if (!o_.resume) {
-    const auto existing = list_checkpoints(o_.out_dir);
-    SHARDLM_CHECK(existing.empty(),
-                  "run directory '{}' already holds a run (checkpoint '{}'); pass --resume to "
-                  "continue it or choose another --out",
-                  o_.out_dir, existing.empty() ? "" : existing.front());
-    return nullptr;
-  }
-  auto resume_from = open_newest_valid_checkpoint(
-      o_.out_dir, [&](const std::string& warning) { print("warning: " + warning + "\n"); });
+  auto resume_from = checkpoint_to_resume(
+      o_, [&](const std::string& warning) { print("warning: " + warning + "\n"); });
   if (resume_from) check_resume_compatible(*resume_from, config_, trajectory_, meta_.tokenizer);
   return resume_from;
 }
@@ -415,7 +407,7 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
   return 0;
 }
 
-void Trainer::open_metrics() {
+void Trainer::open_metrics(int64_t start_step) {
   if (!is_root_) return;
   nlohmann::json run_config = {{"model", config_.to_json()},
                                {"tokenizer", meta_.tokenizer},
@@ -423,11 +415,12 @@ void Trainer::open_metrics() {
                                {"options", trajectory_},
                                {"steps", o_.steps},
                                {"micro_batch", o_.micro_batch},
-                               {"threads", threads_},
+                               {"threads", threads_.threads},
                                {"activation_checkpointing", o_.activation_checkpointing},
                                {"strategy", strategy_->name()},
                                {"world_size", world_}};
   write_file_atomic((fs::path(o_.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
+  truncate_metrics_after((fs::path(o_.out_dir) / "metrics.jsonl").string(), start_step);
   metrics_ = std::make_unique<MetricsWriter>((fs::path(o_.out_dir) / "metrics.jsonl").string());
 }
 
@@ -441,15 +434,8 @@ void Trainer::print_run_description() const {
   print(fmt::format("batch {} x {} tokens (micro-batch {}, {} accumulation steps); strategy {} "
                     "on {} rank(s) x {} threads; GEMM {}\n",
                     global_batch_, o_.seq_len, o_.micro_batch, accumulation_, strategy_->name(),
-                    world_, threads_, cpu::gemm_library_name()));
-  // More busy threads than cores makes OpenMP barriers wait for descheduled threads
-  // (GEMMs and kernels are split evenly across threads, so the slowest one sets the pace).
-  if (const int cores = available_cores(), ranks_here = local_ranks(world_);
-      ranks_here * threads_ > cores)
-    print(fmt::format("warning: {} rank(s) on this host x {} threads = {} threads on {} cores; "
-                      "expect slower steps (use --threads {} or fewer ranks)\n",
-                      ranks_here, threads_, ranks_here * threads_, cores,
-                      std::max(1, cores / ranks_here)));
+                    world_, threads_.threads, cpu::gemm_library_name()));
+  print(threads_.oversubscription_warning());
   if (model_->options().precision != DType::fp32 || o_.activation_checkpointing)
     print(fmt::format("precision {} (fp32 master weights and gradients){}\n", o_.precision,
                       o_.activation_checkpointing ? "; activation checkpointing" : ""));
@@ -489,6 +475,7 @@ double Trainer::evaluate() {
 }
 
 void Trainer::save(int64_t step, const std::string& run_dir) {
+  check_state_finite(*layout_, *strategy_, comm_, step);  // a diverged state is never committed
   nlohmann::json options = trajectory_;
   options["steps"] = o_.steps;
   CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy_->name(), world_,

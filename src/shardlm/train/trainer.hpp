@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +17,7 @@ struct TrainSummary {
   int64_t first_step = 0;  // > 0 when resumed
   int64_t steps = 0;       // last completed step
   int64_t tokens = 0;      // tokens trained on in this invocation
-  double first_loss = 0.0;
+  double first_loss = std::numeric_limits<double>::quiet_NaN();  // no step run: NaN
   double final_train_loss = 0.0;
   double final_val_loss = 0.0;
   double tokens_per_s = 0.0;

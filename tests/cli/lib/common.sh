@@ -11,6 +11,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # A small byte-level dataset from the first 60 KB of TinyShakespeare (fast to train on).
 make_byte_data() {
   head -c 60000 "$SHARED_DATA/tinyshakespeare.txt" > "$WORK/small.txt"
+  rm -rf "$WORK/data"  # prepare never replaces a dataset
   "$SHARDLM" prepare --tokenizer byte --input "$WORK/small.txt" --out "$WORK/data" > /dev/null
 }
 

@@ -1,0 +1,35 @@
+// RunDirectoryLock: one job per run directory. An exclusive flock on RUN_DIR/run.lock,
+// held for the life of the object; the kernel drops it when the process ends, however
+// it ends, so a killed job never leaves a stale lock. The file records who holds it
+// (pid, host, start time) for the error a second job gets.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace shardlm {
+
+class RunDirectoryLock {
+ public:
+  static constexpr const char* kFileName = "run.lock";
+
+  // Creates RUN_DIR (and missing parents) if needed and takes the lock. Error naming
+  // the holder ("pid 1234 on host h since ...") when another job holds it; then
+  // nothing this call created is left behind.
+  static std::unique_ptr<RunDirectoryLock> acquire(const std::string& run_dir);
+  // Releases the lock. If acquire() created the directory and it holds nothing but
+  // the lock file (the job failed before writing anything), removes what it created.
+  ~RunDirectoryLock();
+  RunDirectoryLock(const RunDirectoryLock&) = delete;
+  RunDirectoryLock& operator=(const RunDirectoryLock&) = delete;
+
+ private:
+  RunDirectoryLock() = default;
+  int fd_ = -1;
+  std::filesystem::path dir_;
+  std::vector<std::string> created_;  // directories acquire() made, outermost first
+};
+
+}  // namespace shardlm

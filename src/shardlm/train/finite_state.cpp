@@ -1,0 +1,34 @@
+#include "shardlm/train/finite_state.hpp"
+
+#include <string>
+
+#include "shardlm/core/error.hpp"
+#include "shardlm/core/finite.hpp"
+
+namespace shardlm {
+
+void check_state_finite(const ParamLayout& layout, Strategy& strategy, Communicator& comm,
+                        int64_t step) {
+  static const char* const kStates[] = {"the weights", "the AdamW first moment",
+                                        "the AdamW second moment"};
+  // 0: finite; else 1 + unit * 3 + state of the first non-finite state found.
+  uint64_t found = 0;
+  for (int u = 0; u < layout.num_units() && found == 0; ++u) {
+    const OwnedSlice s = strategy.owned(u);
+    const float* states[] = {s.master, s.adam_m, s.adam_v};
+    for (uint64_t k = 0; k < 3 && found == 0; ++k)
+      if (!all_finite(states[k], s.size())) found = 1 + static_cast<uint64_t>(u) * 3 + k;
+  }
+  const std::vector<uint64_t> all = comm.all_gather_u64(found, "finite state check");
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == 0) continue;
+    const uint64_t unit = (all[r] - 1) / 3;
+    throw Error(fmt::format(
+        "training diverged at step {}: after the update {} of unit '{}' on rank {} are not "
+        "finite; nothing was saved (the last checkpoint is kept; try a lower --lr, a lower "
+        "--weight-decay or a higher --warmup)",
+        step, kStates[(all[r] - 1) % 3], layout.units[unit].name, r));
+  }
+}
+
+}  // namespace shardlm

@@ -1,0 +1,35 @@
+#include "shardlm/train/run_directory.hpp"
+
+#include "shardlm/comm/on_all_ranks.hpp"
+#include "shardlm/core/error.hpp"
+
+namespace shardlm {
+
+std::unique_ptr<RunDirectoryLock> lock_run_directory(const std::string& run_dir,
+                                                     Communicator& comm) {
+  std::unique_ptr<RunDirectoryLock> lock;
+  on_all_ranks(comm, "taking the run directory's lock", [&] {
+    if (comm.rank() == 0) lock = RunDirectoryLock::acquire(run_dir);
+  });
+  return lock;
+}
+
+std::unique_ptr<CheckpointReader> checkpoint_to_resume(const TrainOptions& o,
+                                                       const CheckpointWarning& warn) {
+  if (!o.resume && !o.resume_if_exists) {
+    const auto existing = list_checkpoints(o.out_dir);
+    SHARDLM_CHECK(existing.empty(),
+                  "run directory '{}' already holds a run (checkpoint '{}'); pass --resume to "
+                  "continue it or choose another --out",
+                  o.out_dir, existing.empty() ? "" : existing.front());
+    return nullptr;
+  }
+  auto checkpoint = open_newest_valid_checkpoint(o.out_dir, warn);
+  SHARDLM_CHECK(checkpoint != nullptr || !o.resume,
+                "--resume: run directory '{}' holds no committed checkpoint to continue from "
+                "(check --out; --resume-if-exists starts a new run when there is none)",
+                o.out_dir);
+  return checkpoint;
+}
+
+}  // namespace shardlm

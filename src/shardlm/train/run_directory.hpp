@@ -1,0 +1,30 @@
+// What a training job may do with its run directory: own it (one job at a time), and
+// which checkpoint in it to continue from (--resume, --resume-if-exists, neither).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/comm/communicator.hpp"
+#include "shardlm/core/run_directory_lock.hpp"
+#include "shardlm/train/train_options.hpp"
+
+namespace shardlm {
+
+// Collective: rank 0 creates the run directory if needed and takes its lock for the
+// job (core/run_directory_lock.hpp); every rank fails when it cannot (the holder's
+// pid and host on rank 0). nullptr on the other ranks.
+std::unique_ptr<RunDirectoryLock> lock_run_directory(const std::string& run_dir,
+                                                     Communicator& comm);
+
+// The checkpoint a run continues from, by the recovery rule (checkpoint.hpp):
+//  neither flag: none; Error if the directory already holds checkpoints (another run);
+//  --resume: the newest valid one; Error when the directory has none committed;
+//  --resume-if-exists: the newest valid one, or nullptr when none was committed.
+// Committed checkpoints that all fail verification are an Error under either flag,
+// never a fresh start.
+std::unique_ptr<CheckpointReader> checkpoint_to_resume(const TrainOptions& options,
+                                                       const CheckpointWarning& warn);
+
+}  // namespace shardlm
