@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "shardlm/data/utf8.hpp"
+
 namespace shardlm::gpt2 {
 namespace {
 
@@ -30,50 +32,23 @@ const ByteTable& table() {
   return instance;
 }
 
-// Strict UTF-8 decoding of one code point at text[pos]; advances pos. Returns
-// nullopt for malformed, overlong or surrogate sequences.
-std::optional<char32_t> next_code_point(std::string_view text, size_t& pos) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
-  const unsigned char lead = byte(pos);
-  int length = 0;
-  char32_t cp = 0;
-  if (lead < 0x80) {
-    ++pos;
-    return lead;
-  } else if ((lead & 0xE0) == 0xC0) {
-    length = 2;
-    cp = lead & 0x1F;
-  } else if ((lead & 0xF0) == 0xE0) {
-    length = 3;
-    cp = lead & 0x0F;
-  } else if ((lead & 0xF8) == 0xF0) {
-    length = 4;
-    cp = lead & 0x07;
-  } else {
-    return std::nullopt;
-  }
-  if (pos + length > text.size()) return std::nullopt;
-  for (int i = 1; i < length; ++i) {
-    const unsigned char c = byte(pos + i);
-    if ((c & 0xC0) != 0x80) return std::nullopt;
-    cp = (cp << 6) | (c & 0x3F);
-  }
-  static constexpr char32_t kMinimum[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < kMinimum[length] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return std::nullopt;
-  pos += length;
-  return cp;
-}
-
 }  // namespace
 
 char32_t byte_to_code_point(uint8_t byte) { return table().code_point_of_byte[byte]; }
+
+std::string bytes_to_token_text(std::string_view bytes) {
+  std::string text;
+  text.reserve(bytes.size() * 2);
+  for (char b : bytes) utf8::append(text, table().code_point_of_byte[static_cast<uint8_t>(b)]);
+  return text;
+}
 
 std::optional<std::string> token_text_to_bytes(std::string_view token_text) {
   std::string bytes;
   bytes.reserve(token_text.size());
   size_t pos = 0;
   while (pos < token_text.size()) {
-    const std::optional<char32_t> cp = next_code_point(token_text, pos);
+    const std::optional<char32_t> cp = utf8::decode(token_text, pos);
     if (!cp || *cp >= table().byte_of_code_point.size()) return std::nullopt;
     const int16_t byte = table().byte_of_code_point[*cp];
     if (byte < 0) return std::nullopt;

@@ -13,6 +13,9 @@ namespace shardlm::gpt2 {
 // The code point GPT-2 uses to spell `byte` (bytes_to_unicode() in encoder.py).
 char32_t byte_to_code_point(uint8_t byte);
 
+// The text vocab.json / merges.txt / tokenizer.json use for a token's bytes.
+std::string bytes_to_token_text(std::string_view bytes);
+
 // Decodes a token as written in vocab.json / merges.txt (UTF-8 text of mapped
 // code points) into the raw bytes it stands for. nullopt when the text is not
 // valid UTF-8 or holds a code point outside the table.
