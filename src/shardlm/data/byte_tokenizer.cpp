@@ -4,7 +4,7 @@
 
 namespace shardlm {
 
-std::vector<int32_t> ByteTokenizer::encode(std::string_view text) const {
+std::vector<int32_t> ByteTokenizer::encode_text(std::string_view text, SpecialTokens) const {
   std::vector<int32_t> ids(text.size());
   for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
   return ids;

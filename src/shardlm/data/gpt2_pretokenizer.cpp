@@ -1,84 +1,26 @@
 #include "shardlm/data/gpt2_pretokenizer.hpp"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
+#include <algorithm>
 
-#include <array>
-#include <memory>
+namespace shardlm {
 
-#include "shardlm/core/error.hpp"
-
-namespace shardlm::gpt2 {
-namespace {
-
-constexpr std::string_view kPattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-std::string pcre2_message(int code) {
-  std::array<PCRE2_UCHAR, 256> buffer{};
-  pcre2_get_error_message(code, buffer.data(), buffer.size());
-  return reinterpret_cast<const char*>(buffer.data());
-}
-
-struct MatchDataDeleter {
-  void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
-};
-struct JitStackDeleter {
-  void operator()(pcre2_jit_stack* stack) const { pcre2_jit_stack_free(stack); }
-};
-struct MatchContextDeleter {
-  void operator()(pcre2_match_context* context) const { pcre2_match_context_free(context); }
-};
-
-}  // namespace
-
-PreTokenizer::PreTokenizer() {
-  int error_code = 0;
-  PCRE2_SIZE error_offset = 0;
-  // MATCH_INVALID_UTF: invalid bytes are simply never matched (instead of the
-  // whole subject being rejected), and no per-call UTF validation scan is made.
-  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern.data()), kPattern.size(),
-                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error_code,
-                        &error_offset, nullptr);
-  SHARDLM_CHECK(code_ != nullptr, "internal error: GPT-2 pre-tokenizer regex rejected by PCRE2 at {}: {}",
-                error_offset, pcre2_message(error_code));
-  // Without JIT the interpreter still gives the same matches, only slower.
-  pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
-}
-
-PreTokenizer::~PreTokenizer() { pcre2_code_free(code_); }
-
-size_t PreTokenizer::split(std::string_view text, size_t start, std::vector<std::string_view>& words,
-                          size_t max_words) const {
-  std::unique_ptr<pcre2_match_data, MatchDataDeleter> match(
-      pcre2_match_data_create_from_pattern(code_, nullptr));
-  SHARDLM_CHECK(match != nullptr, "out of memory creating PCRE2 match data");
-  // A long whitespace run backtracks through \s+(?!\S); give JIT a stack that
-  // grows on demand instead of its 32 KiB default.
-  std::unique_ptr<pcre2_match_context, MatchContextDeleter> context(pcre2_match_context_create(nullptr));
-  std::unique_ptr<pcre2_jit_stack, JitStackDeleter> jit_stack(
-      pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr));
-  SHARDLM_CHECK(context != nullptr && jit_stack != nullptr, "out of memory creating PCRE2 match context");
-  pcre2_jit_stack_assign(context.get(), nullptr, jit_stack.get());
-
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+size_t split_isolated(const Pcre2Regex& regex, std::string_view text, size_t start,
+                      std::vector<std::string_view>& words, size_t max_words) {
+  std::vector<TextSpan> matches;
+  matches.reserve(std::min<size_t>(max_words, 1 << 16));
+  const size_t next = regex.find_matches(text, start, matches, max_words);
   size_t cursor = start;
-  for (size_t found = 0; cursor < text.size() && found < max_words; ++found) {
-    const int rc = pcre2_match(code_, subject, text.size(), cursor, 0, match.get(), context.get());
-    if (rc == PCRE2_ERROR_NOMATCH) {  // only invalid UTF-8 is left
-      words.push_back(text.substr(cursor));
-      return text.size();
-    }
-    SHARDLM_CHECK(rc > 0, "GPT-2 pre-tokenizer failed at byte {}: {}", cursor, pcre2_message(rc));
-    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
-    const size_t match_start = ovector[0];
-    const size_t match_end = ovector[1];
-    SHARDLM_ASSERT(match_end > match_start && match_start >= cursor);
-    if (match_start > cursor) words.push_back(text.substr(cursor, match_start - cursor));  // invalid UTF-8
-    words.push_back(text.substr(match_start, match_end - match_start));
-    cursor = match_end;
+  for (const TextSpan& m : matches) {
+    if (m.begin > cursor) words.push_back(text.substr(cursor, m.begin - cursor));
+    words.push_back(text.substr(m.begin, m.end - m.begin));
+    cursor = m.end;
+  }
+  // When the text is exhausted, whatever follows the last match is a word too.
+  if (next == text.size() && cursor < text.size()) {
+    words.push_back(text.substr(cursor));
+    cursor = text.size();
   }
   return cursor;
 }
 
-}  // namespace shardlm::gpt2
+}  // namespace shardlm

@@ -1,34 +1,29 @@
-// GPT-2's pre-tokenizer: the regex that cuts text into words before BPE,
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// with real Unicode letter/number/space categories (PCRE2 in UTF + UCP mode,
-// JIT-compiled).
+// Regex pre-tokenization: cutting text into the words BPE merges within.
 #pragma once
 
 #include <cstddef>
 #include <string_view>
 #include <vector>
 
-struct pcre2_real_code_8;
+#include "shardlm/data/pcre2_regex.hpp"
 
-namespace shardlm::gpt2 {
+namespace shardlm {
 
-class PreTokenizer {
- public:
-  PreTokenizer();
-  ~PreTokenizer();
-  PreTokenizer(const PreTokenizer&) = delete;
-  PreTokenizer& operator=(const PreTokenizer&) = delete;
+// Cuts text into words: the matches of `regex` and, as words of their own, the
+// stretches between matches (with GPT-2's and similar patterns these are only
+// bytes that are not valid UTF-8), so the words concatenate back to the text
+// exactly and no byte is ever dropped. Hugging Face's Split with behaviour
+// "Isolated". Appends the words of text[start..) to `words`, stopping after about
+// `max_words`; returns where the next call should start (text.size() when done).
+size_t split_isolated(const Pcre2Regex& regex, std::string_view text, size_t start,
+                      std::vector<std::string_view>& words, size_t max_words);
 
-  // Appends the words of `text` that start at byte `start` or later to `words`,
-  // in order, stopping after `max_words`; returns where the next call should
-  // start (text.size() when done). The words concatenate back to the text
-  // exactly: bytes that are not valid UTF-8 (which the regex never matches)
-  // become words of their own, so no byte is ever dropped. Thread-safe.
-  size_t split(std::string_view text, size_t start, std::vector<std::string_view>& words,
-               size_t max_words) const;
+namespace gpt2 {
 
- private:
-  pcre2_real_code_8* code_ = nullptr;
-};
+// GPT-2's pre-tokenizer regex, with real Unicode letter/number/space categories
+// under PCRE2's UTF + UCP mode.
+inline constexpr std::string_view kPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-}  // namespace shardlm::gpt2
+}  // namespace gpt2
+}  // namespace shardlm

@@ -67,12 +67,18 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   meta.end_of_text = tokenizer->end_of_text();
   meta.val_fraction = options.val_fraction;
 
+  const Tokenizer::Frame frame = tokenizer->frame();
   // Inputs are all read (and checked) before the output directory is touched.
   std::vector<int32_t> stream;
   for (size_t i = 0; i < options.inputs.size(); ++i) {
     const std::string& input = options.inputs[i];
     const std::string text = read_input(input);
-    std::vector<int32_t> ids = tokenizer->encode(text);
+    // Special-token text in the data stays text; a tokenizer.json post-processor's
+    // BOS/EOS (Llama 3: <|begin_of_text|>) frame each file, as Hugging Face's encode does.
+    std::vector<int32_t> ids = frame.prefix;
+    const std::vector<int32_t> body = tokenizer->encode(text);
+    ids.insert(ids.end(), body.begin(), body.end());
+    ids.insert(ids.end(), frame.suffix.begin(), frame.suffix.end());
     SourceFileInfo source;
     source.path = std::filesystem::absolute(input).lexically_normal().string();
     source.bytes = static_cast<int64_t>(text.size());

@@ -10,7 +10,7 @@
 namespace shardlm {
 
 struct PrepareOptions {
-  std::string tokenizer = "byte";   // a make_tokenizer() spec: "byte" or "gpt2:DIR"
+  std::string tokenizer = "byte";   // a make_tokenizer() spec (tokenizer.hpp)
   std::vector<std::string> inputs;  // text files, concatenated in this order
   std::string out_dir;              // created if missing
   double val_fraction = 0.1;        // the last fraction of the token stream, in [0, 1)
@@ -20,7 +20,7 @@ struct SourceFileInfo {
   std::string path;  // absolute
   int64_t bytes = 0;
   std::string sha256;
-  int64_t tokens = 0;  // tokens of this file alone (no end-of-text)
+  int64_t tokens = 0;  // tokens of this file alone (with the tokenizer's BOS/EOS frame, no end-of-text)
 };
 
 // What meta.json records.
