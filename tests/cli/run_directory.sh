@@ -35,6 +35,14 @@ expect_error "--resume: run directory '$WORK/restart' holds no committed checkpo
   "$SHARDLM" train "${RUN[@]}" --steps 8 --save-every 4 --out "$WORK/restart" --resume
 "$SHARDLM" train "${RUN[@]}" --steps 8 --save-every 4 --out "$WORK/restart" --resume-if-exists \
   > "$WORK/restart.log" 2>&1 || { cat "$WORK/restart.log"; fail "restart from step 0"; }
+# (The temporary is gone as soon as the new job holds the lock; a job that ends before
+# its first save shows it.)
+SHARDLM_FAULT=ckpt_before_rename:exit "$SHARDLM" train "${RUN[@]}" --steps 8 --save-every 4 \
+  --out "$WORK/early_end" > /dev/null 2>&1 || true
+[ -d "$WORK/early_end/checkpoints/.tmp-step_00000004" ] || fail "no temporary left by the killed save"
+expect_error "not found" "$SHARDLM" train "${RUN[@]}" --steps 8 --out "$WORK/early_end" --resume-if-exists \
+  --init-from "$WORK/no_such_model"
+ls -a "$WORK/early_end/checkpoints" | grep -q "tmp" && fail "temporary left after the lock was taken"
 if grep -q "resumed from" "$WORK/restart.log"; then fail "resumed from nothing"; fi
 ls -a "$WORK/restart/checkpoints" | grep -q "tmp" && fail "temporary directory not cleaned"
 [ "$(digest_of "$WORK/restart")" = "$(digest_of "$WORK/clean")" ] || fail "restarted run differs"

@@ -38,6 +38,11 @@ std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layou
                             Strategy& strategy, const CheckpointInfo& info, int keep,
                             Communicator& comm);
 
+// Removes what saves killed midway left in RUN_DIR/checkpoints (temporary checkpoint
+// directories and pointer files). Only for the job holding the run directory's lock:
+// no other job is saving then.
+void remove_interrupted_saves(const std::string& run_dir);
+
 // Every step_* directory of RUN_DIR/checkpoints, committed or not, newest step first.
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 

@@ -21,17 +21,6 @@ namespace {
 
 std::string shard_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
 
-// What interrupted saves leave: temporary checkpoint directories and pointer files.
-// Only the job holding the run directory's lock saves, so none of them is in use.
-void remove_stale_temporaries(const fs::path& root) {
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(".tmp-step_", 0) == 0 || name.rfind("latest.tmp.", 0) == 0)
-      fs::remove_all(entry.path(), ec);
-  }
-}
-
 // The marker goes first, so a crash while deleting never leaves a directory that
 // looks committed but lacks files.
 void remove_checkpoint_dir(const fs::path& dir) {
@@ -116,6 +105,15 @@ void write_shard(const fs::path& tmp, const ParamLayout& layout, Strategy& strat
 
 }  // namespace
 
+void remove_interrupted_saves(const std::string& run_dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-step_", 0) == 0 || name.rfind("latest.tmp.", 0) == 0)
+      fs::remove_all(entry.path(), ec);
+  }
+}
+
 std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layout,
                             Strategy& strategy, const CheckpointInfo& info, int keep,
                             Communicator& comm) {
@@ -130,7 +128,7 @@ std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layou
       if (comm.rank() != 0) return;
       fs::create_directories(root, ec);
       SHARDLM_CHECK(!ec, "cannot create checkpoint directory '{}': {}", root.string(), ec.message());
-      remove_stale_temporaries(root);
+      remove_interrupted_saves(run_dir);
       fs::create_directory(tmp, ec);
       SHARDLM_CHECK(!ec, "cannot create '{}': {}", tmp.string(), ec.message());
     });

@@ -9,7 +9,9 @@ std::unique_ptr<RunDirectoryLock> lock_run_directory(const std::string& run_dir,
                                                      Communicator& comm) {
   std::unique_ptr<RunDirectoryLock> lock;
   on_all_ranks(comm, "taking the run directory's lock", [&] {
-    if (comm.rank() == 0) lock = RunDirectoryLock::acquire(run_dir);
+    if (comm.rank() != 0) return;
+    lock = RunDirectoryLock::acquire(run_dir);
+    remove_interrupted_saves(run_dir);  // the lock says no other job is saving
   });
   return lock;
 }

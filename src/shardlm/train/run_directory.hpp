@@ -12,9 +12,9 @@
 
 namespace shardlm {
 
-// Collective: rank 0 creates the run directory if needed and takes its lock for the
-// job (core/run_directory_lock.hpp); every rank fails when it cannot (the holder's
-// pid and host on rank 0). nullptr on the other ranks.
+// Collective: rank 0 creates the run directory if needed, takes its lock for the job
+// (core/run_directory_lock.hpp) and removes what killed saves left; every rank fails
+// when it cannot (the holder's pid and host on rank 0). nullptr on the other ranks.
 std::unique_ptr<RunDirectoryLock> lock_run_directory(const std::string& run_dir,
                                                      Communicator& comm);
 
