@@ -232,6 +232,33 @@ TEST(Embedding, ForwardAndBackwardMatchNaive) {
   EXPECT_LT(relative_to_max_error(dwpe, want_dwpe), 1e-6);
 }
 
+// Llama and Qwen have no position table: the rows are the token rows themselves
+// (rounded to the value type), and the backward gives the token gradient it gives
+// with a position table.
+TEST(Embedding, WithoutPositionTableIsTheTokenRows) {
+  const int B = 2, T = 37, C = 40, V = 9;
+  std::vector<int32_t> tokens(B * T);
+  shardlm::Rng rng(30);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(V));
+  const Vec wte = random_vec(V * C, 31), wpe = random_vec(T * C, 32), dout = random_vec(B * T * C, 33);
+  for (const shardlm::DType type : {shardlm::DType::fp32, shardlm::DType::bf16}) {
+    Vec out(B * T * C);
+    shardlm::cpu::embedding_forward(out.data(), tokens.data(), wte.data(), shardlm::ConstTypedPtr(),
+                                    B, T, C, type);
+    Vec want(B * T * C);
+    for (int n = 0; n < B * T; ++n)
+      for (int c = 0; c < C; ++c) want[n * C + c] = shardlm::round_to(type, wte[tokens[n] * C + c]);
+    EXPECT_EQ(out, want) << shardlm::dtype_name(type);
+  }
+  const Vec dwte0 = random_vec(V * C, 34), dwpe0 = random_vec(T * C, 35);
+  Vec with_positions = dwte0, dwpe = dwpe0, without = dwte0;
+  shardlm::cpu::embedding_backward(with_positions.data(), dwpe.data(), dout.data(), tokens.data(),
+                                   B, T, C);
+  shardlm::cpu::embedding_backward(without.data(), nullptr, dout.data(), tokens.data(), B, T, C);
+  EXPECT_EQ(without, with_positions);
+  EXPECT_NE(without, dwte0);
+}
+
 // ---------------------------------------------------------------- attention
 
 using naive_attention::AttentionShape;

@@ -120,18 +120,21 @@ void with_writer(TypedPtr out, F&& f) {
 }
 
 // Element readers, the counterpart for kernels that read a compute-type input and
-// compute in fp32.
+// compute in fp32. at(offset) is the reader `offset` elements further on.
 struct Fp32Reader {
   const float* p;
   float operator()(int64_t i) const { return p[i]; }
+  Fp32Reader at(int64_t offset) const { return {p + offset}; }
 };
 struct Bf16Reader {
   const uint16_t* p;
   float operator()(int64_t i) const { return bf16_to_float(p[i]); }
+  Bf16Reader at(int64_t offset) const { return {p + offset}; }
 };
 struct Fp16Reader {
   const uint16_t* p;
   float operator()(int64_t i) const { return fp16_to_float(p[i]); }
+  Fp16Reader at(int64_t offset) const { return {p + offset}; }
 };
 
 template <typename F>

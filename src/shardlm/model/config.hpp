@@ -10,18 +10,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-namespace shardlm {
+#include "shardlm/core/rope_scaling.hpp"
 
-// Rotary embedding frequency scaling (Hugging Face `rope_scaling`). "default": none;
-// "llama3": Llama 3.1/3.2's smooth low-frequency interpolation.
-struct RopeScaling {
-  std::string type = "default";
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int original_max_position_embeddings = 8192;
-  bool operator==(const RopeScaling&) const = default;
-};
+namespace shardlm {
 
 struct ModelConfig {
   std::string family = "gpt2";  // gpt2, llama, qwen2, qwen3

@@ -11,6 +11,18 @@ void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, Con
                        int B, int T, int C, DType value_type) {
   const PhaseScope phase(Phase::norms_elementwise);
   const int64_t N = static_cast<int64_t>(B) * T;
+  if (wpe.data == nullptr) {
+    with_reader(wte, [&](auto token_table) {
+#pragma omp parallel for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t token_row = static_cast<int64_t>(tokens[n]) * C;
+        float* out_row = out + n * C;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) out_row[c] = round_to(value_type, token_table(token_row + c));
+      }
+    });
+    return;
+  }
   with_reader(wte, [&](auto token_table) {
     with_reader(wpe, [&](auto position_table) {
 #pragma omp parallel for schedule(static)
@@ -50,7 +62,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     }
     // Position rows: each position is owned by one thread.
 #pragma omp for schedule(static)
-    for (int t = 0; t < T; ++t) {
+    for (int t = 0; t < (dwpe != nullptr ? T : 0); ++t) {
       float* grad_row = dwpe + static_cast<int64_t>(t) * C;
       for (int b = 0; b < B; ++b) {
         const float* dout_row = dout + (static_cast<int64_t>(b) * T + t) * C;
