@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -24,6 +26,7 @@
 #include "shardlm/core/sha256.hpp"
 #include "shardlm/data/byte_level_unicode.hpp"
 #include "shardlm/data/tiktoken_tokenizer.hpp"
+#include "shardlm/data/tokenizer.hpp"
 
 namespace shardlm::testing {
 
@@ -154,6 +157,14 @@ inline std::string hf_tokenizer_dir(const std::string& kind) {
   fs::rename(staging, dir, ec);
   if (ec) fs::remove_all(staging);  // another process got there first
   return dir.string();
+}
+
+// The fixture tokenizer `kind`, loaded once per test process.
+inline const Tokenizer& hf_tokenizer(const std::string& kind) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
+  std::unique_ptr<Tokenizer>& slot = loaded[kind];
+  if (!slot) slot = make_tokenizer(hf_tokenizer_dir(kind));
+  return *slot;
 }
 
 }  // namespace shardlm::testing

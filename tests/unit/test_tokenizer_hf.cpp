@@ -33,12 +33,7 @@ const nlohmann::json& fixture() {
   return cases;
 }
 
-const Tokenizer& hf(const std::string& kind) {
-  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
-  auto& slot = loaded[kind];
-  if (!slot) slot = make_tokenizer(hf_tokenizer_dir(kind));
-  return *slot;
-}
+const Tokenizer& hf(const std::string& kind) { return testing::hf_tokenizer(kind); }
 
 // What Hugging Face's encode(text) gives: specials recognized, post-processor ids around.
 std::vector<int32_t> hf_encode(const Tokenizer& tokenizer, const std::string& text) {

@@ -10,6 +10,7 @@
 #include "shardlm/core/sha256.hpp"
 #include "shardlm/core/timer.hpp"
 #include "shardlm/core/file_util.hpp"
+#include "shardlm/data/dataset_meta_json.hpp"
 #include "shardlm/data/token_file.hpp"
 #include "shardlm/data/tokenizer.hpp"
 
@@ -52,6 +53,13 @@ std::string dataset_train_path(const std::string& dir) { return (std::filesystem
 std::string dataset_val_path(const std::string& dir) { return (std::filesystem::path(dir) / "val.bin").string(); }
 std::string dataset_meta_path(const std::string& dir) { return (std::filesystem::path(dir) / "meta.json").string(); }
 
+void create_dataset_directory(const std::string& out_dir, std::string_view command) {
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  SHARDLM_CHECK(!ec && std::filesystem::is_directory(out_dir), "{}: cannot create output directory {}: {}", command,
+                out_dir, ec ? ec.message() : "a file with that name exists");
+}
+
 PrepareSummary prepare_dataset(const PrepareOptions& options) {
   Stopwatch stopwatch;
   SHARDLM_CHECK(!options.inputs.empty(), "prepare: no input files (expected at least one text file)");
@@ -92,11 +100,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   meta.val_tokens = static_cast<int64_t>(std::floor(static_cast<double>(total) * options.val_fraction));
   meta.train_tokens = total - meta.val_tokens;
 
-  std::error_code ec;
-  std::filesystem::create_directories(options.out_dir, ec);
-  SHARDLM_CHECK(!ec && std::filesystem::is_directory(options.out_dir),
-                "prepare: cannot create output directory {}: {}", options.out_dir,
-                ec ? ec.message() : "a file with that name exists");
+  create_dataset_directory(options.out_dir, "prepare");
 
   PrepareSummary summary;
   summary.train_path = dataset_train_path(options.out_dir);
@@ -109,14 +113,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   TokenFileWriter val(summary.val_path, meta.vocab_size);
   val.append(all.subspan(static_cast<size_t>(meta.train_tokens)));
   val.finish();
-  const std::string meta_text = meta_to_json(meta).dump(2) + "\n";
-  AtomicFileWriter meta_file(summary.meta_path);
-  meta_file.write(meta_text.data(), meta_text.size());
-  meta_file.finish();
-  // meta.json goes last: a reader that finds it finds the token files it describes.
-  train.commit();
-  val.commit();
-  meta_file.commit();
+  commit_dataset(summary.meta_path, meta_to_json(meta).dump(2) + "\n", train, val);
 
   summary.meta = std::move(meta);
   summary.seconds = stopwatch.seconds();
@@ -124,47 +121,24 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
 }
 
 DatasetMeta read_dataset_meta(const std::string& dir) {
-  const std::string path = dataset_meta_path(dir);
-  const std::string text = read_text_file(path, "meta.json written by `shardlm prepare`");
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(fmt::format("{} is not valid JSON at byte {} (expected meta.json written by `shardlm prepare`)",
-                            path, e.byte));
-  }
-  SHARDLM_CHECK(json.is_object(), "{} is not a JSON object (expected meta.json written by `shardlm prepare`)", path);
-  auto field = [&](const char* name, auto is_type, const char* expected) -> const nlohmann::json& {
-    SHARDLM_CHECK(json.contains(name), "{}: missing field \"{}\" (expected {})", path, name, expected);
-    const nlohmann::json& value = json.at(name);
-    SHARDLM_CHECK(is_type(value), "{}: field \"{}\" is {} (expected {})", path, name, value.dump(), expected);
-    return value;
-  };
-  const auto is_count = [](const nlohmann::json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; };
+  const DatasetMetaJson json(dir);
+  SHARDLM_CHECK(json.kind() == "text", "{} describes an SFT dataset (written by `shardlm prepare --sft`; expected a "
+                "text dataset here)", json.path());
   DatasetMeta meta;
-  meta.format_version = field("format_version", is_count, "an integer").get<int>();
-  SHARDLM_CHECK(meta.format_version >= 1 && meta.format_version <= kDatasetFormatVersion,
-                "{}: format_version {} (this build reads versions 1..{}; a newer shardlm wrote it)", path,
-                meta.format_version, kDatasetFormatVersion);
-  meta.tokenizer = field("tokenizer", [](const nlohmann::json& v) { return v.is_string(); }, "a tokenizer spec string")
-                       .get<std::string>();
-  meta.vocab_size = field("vocab_size", is_count, "a positive integer").get<int64_t>();
-  SHARDLM_CHECK(meta.vocab_size > 0, "{}: vocab_size is 0 (expected a positive integer)", path);
-  const nlohmann::json& eot =
-      field("end_of_text", [](const nlohmann::json& v) { return v.is_null() || v.is_number_integer(); },
-            "a token id or null");
-  if (!eot.is_null()) meta.end_of_text = eot.get<int32_t>();
-  meta.train_tokens = field("train_tokens", is_count, "a token count").get<int64_t>();
-  meta.val_tokens = field("val_tokens", is_count, "a token count").get<int64_t>();
-  meta.val_fraction = field("val_fraction", [](const nlohmann::json& v) { return v.is_number(); }, "a number")
+  meta.format_version = json.format_version(kDatasetFormatVersion);
+  meta.tokenizer = json.tokenizer();
+  meta.vocab_size = json.vocab_size();
+  meta.end_of_text = json.end_of_text();
+  meta.train_tokens = json.count("train_tokens");
+  meta.val_tokens = json.count("val_tokens");
+  meta.val_fraction = json.field("val_fraction", [](const nlohmann::json& v) { return v.is_number(); }, "a number")
                           .get<double>();
-  const nlohmann::json& sources =
-      field("sources", [](const nlohmann::json& v) { return v.is_array(); }, "an array of source files");
-  for (const nlohmann::json& source : sources) {
+  const auto is_count = [](const nlohmann::json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; };
+  for (const nlohmann::json& source : json.array("sources")) {
     SHARDLM_CHECK(source.is_object() && source.contains("path") && source["path"].is_string() &&
                       source.contains("bytes") && is_count(source["bytes"]) && source.contains("sha256") &&
                       source["sha256"].is_string() && source.contains("tokens") && is_count(source["tokens"]),
-                  "{}: source entry {} (expected {{\"path\", \"bytes\", \"sha256\", \"tokens\"}})", path,
+                  "{}: source entry {} (expected {{\"path\", \"bytes\", \"sha256\", \"tokens\"}})", json.path(),
                   source.dump());
     meta.sources.push_back({source["path"].get<std::string>(), source["bytes"].get<int64_t>(),
                             source["sha256"].get<std::string>(), source["tokens"].get<int64_t>()});

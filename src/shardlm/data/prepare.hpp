@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "shardlm/core/file_util.hpp"
 
 namespace shardlm {
 
@@ -56,6 +59,21 @@ std::string dataset_meta_path(const std::string& dir);   // DIR/meta.json
 // line, naming the file or option) for a missing, unreadable or empty input,
 // no inputs, a val fraction outside [0, 1), a bad tokenizer spec, or I/O failure.
 PrepareSummary prepare_dataset(const PrepareOptions& options);
+
+// Creates a dataset's output directory; Error naming it (and `command`) when impossible.
+void create_dataset_directory(const std::string& out_dir, std::string_view command);
+
+// Writes meta.json's text to a temporary file, then renames every finished data
+// file writer (commit()) into place and meta.json last: a reader that finds
+// meta.json finds the files it describes.
+template <typename... DataFiles>
+void commit_dataset(const std::string& meta_path, const std::string& meta_text, DataFiles&... data_files) {
+  AtomicFileWriter meta_file(meta_path);
+  meta_file.write(meta_text.data(), meta_text.size());
+  meta_file.finish();
+  (data_files.commit(), ...);
+  meta_file.commit();
+}
 
 // Reads and validates DIR/meta.json; Error naming the file and the field.
 DatasetMeta read_dataset_meta(const std::string& dir);

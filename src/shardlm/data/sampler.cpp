@@ -37,14 +37,17 @@ BatchSampler::BatchSampler(const TokenFile& file, int seq_len, uint64_t seed)
       num_windows_(count_windows(file, seq_len)),
       permutation_(MemCategory::other, static_cast<size_t>(num_windows_) * sizeof(int64_t)) {}
 
-void BatchSampler::load_epoch(int64_t epoch) {
-  int64_t* perm = permutation_.as<int64_t>();
-  for (int64_t i = 0; i < num_windows_; ++i) perm[i] = i;
-  Rng rng(epoch_seed(seed_, epoch));
-  for (int64_t i = num_windows_ - 1; i > 0; --i) {
+void epoch_permutation(uint64_t seed, int64_t epoch, int64_t* perm, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  Rng rng(epoch_seed(seed, epoch));
+  for (int64_t i = n - 1; i > 0; --i) {
     const auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i) + 1));
     std::swap(perm[i], perm[j]);
   }
+}
+
+void BatchSampler::load_epoch(int64_t epoch) {
+  epoch_permutation(seed_, epoch, permutation_.as<int64_t>(), num_windows_);
   cached_epoch_ = epoch;
 }
 

@@ -20,6 +20,11 @@ namespace shardlm {
 // The seed of epoch `epoch`'s shuffle: splitmix64(splitmix64(seed) ^ epoch).
 uint64_t epoch_seed(uint64_t seed, int64_t epoch);
 
+// perm[0..n) = epoch `epoch`'s order of n items: the Fisher-Yates shuffle of
+// 0..n-1 (i from n-1 down to 1 swaps with Rng::below(i+1)) driven by
+// Rng(epoch_seed(seed, epoch)). BatchSampler's windows and SftSampler's examples.
+void epoch_permutation(uint64_t seed, int64_t epoch, int64_t* perm, int64_t n);
+
 // Number of windows of seq_len + 1 tokens; Error naming the file when there
 // is not even one ("has N tokens, fewer than seq_len+1 = M").
 int64_t count_windows(const TokenFile& file, int seq_len);

@@ -1,15 +1,8 @@
 #include "shardlm/data/token_file.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "shardlm/core/error.hpp"
@@ -46,6 +39,19 @@ int64_t first_token_at_or_above(const T* tokens, int64_t count, uint64_t limit) 
 }  // namespace
 
 int token_bytes_for_vocab(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+void check_token_header(const std::string& path, std::string_view what, uint32_t format_version, uint32_t newest,
+                        uint64_t vocab_size, uint32_t token_bytes) {
+  SHARDLM_CHECK(format_version >= 1 && format_version <= newest,
+                "{} {} has format version {} (this build reads versions 1..{}; a newer shardlm wrote it)", what, path,
+                format_version, newest);
+  SHARDLM_CHECK(vocab_size >= 1 && vocab_size <= (uint64_t{1} << 31),
+                "{} {}: vocab size {} in the header (expected 1..2^31)", what, path, vocab_size);
+  const int expected_bytes = token_bytes_for_vocab(static_cast<int64_t>(vocab_size));
+  SHARDLM_CHECK(token_bytes == static_cast<uint32_t>(expected_bytes),
+                "{} {}: {}-byte tokens in the header (expected {} for vocab size {})", what, path, token_bytes,
+                expected_bytes, vocab_size);
+}
 
 struct TokenFileWriter::Impl {
   explicit Impl(const std::string& path) : file(path) {}
@@ -111,100 +117,31 @@ void write_token_file(const std::string& path, int64_t vocab_size, std::span<con
   writer.commit();
 }
 
-TokenFile::TokenFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  SHARDLM_CHECK(fd >= 0, "cannot open token file {}: {} (expected a file written by `shardlm prepare`)", path,
-                std::strerror(errno));
-  struct stat st {};
-  const int stat_rc = ::fstat(fd, &st);
-  const int stat_errno = errno;
-  if (stat_rc != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(fmt::format("cannot read token file {}: {} (expected a regular file written by `shardlm prepare`)",
-                            path, stat_rc != 0 ? std::strerror(stat_errno) : "not a regular file"));
-  }
-  const auto file_bytes = static_cast<int64_t>(st.st_size);
-  if (file_bytes < kTokenFileHeaderBytes) {
-    ::close(fd);
-    throw Error(fmt::format("token file {} is {} (expected at least the {}-byte header of a shardlm token file)",
-                            path, file_bytes == 0 ? std::string("empty") : fmt::format("only {} bytes", file_bytes),
-                            kTokenFileHeaderBytes));
-  }
-  mapping_ = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int mmap_errno = errno;
-  ::close(fd);
-  if (mapping_ == MAP_FAILED) {
-    mapping_ = nullptr;
-    throw Error(fmt::format("cannot memory-map token file {}: {}", path, std::strerror(mmap_errno)));
-  }
-  mapping_bytes_ = static_cast<size_t>(file_bytes);
+TokenFile::TokenFile(const std::string& path)
+    : path_(path),
+      file_(path, "token file", "a shardlm token file written by `shardlm prepare`", kTokenFileHeaderBytes) {
+  TokenFileHeader header;
+  std::memcpy(&header, file_.data(), sizeof(header));
+  SHARDLM_CHECK(std::memcmp(header.magic, kTokenFileMagic, sizeof(header.magic)) == 0,
+                "{} is not a shardlm token file (bad magic; expected a file written by `shardlm prepare`)", path);
+  check_token_header(path, "token file", header.format_version, kTokenFileFormatVersion, header.vocab_size,
+                     header.token_bytes);
+  const uint64_t payload = file_.size() - kTokenFileHeaderBytes;
+  SHARDLM_CHECK(payload % header.token_bytes == 0 && payload / header.token_bytes == header.token_count,
+                "token file {}: header says {} tokens ({} bytes after the header) but the file has {} bytes "
+                "after the header (truncated or corrupt)",
+                path, header.token_count, header.token_count * header.token_bytes, payload);
+  count_ = static_cast<int64_t>(header.token_count);
+  vocab_size_ = static_cast<int64_t>(header.vocab_size);
+  token_bytes_ = static_cast<int>(header.token_bytes);
+  tokens_ = file_.data() + kTokenFileHeaderBytes;
 
-  try {
-    TokenFileHeader header;
-    std::memcpy(&header, mapping_, sizeof(header));
-    SHARDLM_CHECK(std::memcmp(header.magic, kTokenFileMagic, sizeof(header.magic)) == 0,
-                  "{} is not a shardlm token file (bad magic; expected a file written by `shardlm prepare`)", path);
-    SHARDLM_CHECK(header.format_version >= 1 && header.format_version <= kTokenFileFormatVersion,
-                  "token file {} has format version {} (this build reads versions 1..{}; a newer shardlm wrote it)",
-                  path, header.format_version, kTokenFileFormatVersion);
-    SHARDLM_CHECK(header.vocab_size >= 1 && header.vocab_size <= (uint64_t{1} << 31),
-                  "token file {}: vocab size {} in the header (expected 1..2^31)", path, header.vocab_size);
-    const int expected_bytes = token_bytes_for_vocab(static_cast<int64_t>(header.vocab_size));
-    SHARDLM_CHECK(header.token_bytes == static_cast<uint32_t>(expected_bytes),
-                  "token file {}: {}-byte tokens in the header (expected {} for vocab size {})", path,
-                  header.token_bytes, expected_bytes, header.vocab_size);
-    const uint64_t payload = mapping_bytes_ - kTokenFileHeaderBytes;
-    SHARDLM_CHECK(payload % header.token_bytes == 0 && payload / header.token_bytes == header.token_count,
-                  "token file {}: header says {} tokens ({} bytes after the header) but the file has {} bytes "
-                  "after the header (truncated or corrupt)",
-                  path, header.token_count, header.token_count * header.token_bytes, payload);
-    count_ = static_cast<int64_t>(header.token_count);
-    vocab_size_ = static_cast<int64_t>(header.vocab_size);
-    token_bytes_ = expected_bytes;
-    tokens_ = static_cast<const unsigned char*>(mapping_) + kTokenFileHeaderBytes;
-
-    const int64_t bad =
-        token_bytes_ == 2
-            ? first_token_at_or_above(reinterpret_cast<const uint16_t*>(tokens_), count_, header.vocab_size)
-            : first_token_at_or_above(reinterpret_cast<const uint32_t*>(tokens_), count_, header.vocab_size);
-    SHARDLM_CHECK(bad < 0, "token file {}: token {} at position {} is not below the vocab size {} (corrupt file)",
-                  path, bad < 0 ? 0 : static_cast<uint64_t>((*this)[bad]), bad, vocab_size_);
-  } catch (...) {
-    close();
-    throw;
-  }
-}
-
-TokenFile::~TokenFile() { close(); }
-
-void TokenFile::close() {
-  if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
-  mapping_ = nullptr;
-  mapping_bytes_ = 0;
-  tokens_ = nullptr;
-}
-
-TokenFile::TokenFile(TokenFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      mapping_(std::exchange(other.mapping_, nullptr)),
-      mapping_bytes_(std::exchange(other.mapping_bytes_, 0)),
-      tokens_(std::exchange(other.tokens_, nullptr)),
-      count_(std::exchange(other.count_, 0)),
-      vocab_size_(other.vocab_size_),
-      token_bytes_(other.token_bytes_) {}
-
-TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
-  if (this != &other) {
-    close();
-    path_ = std::move(other.path_);
-    mapping_ = std::exchange(other.mapping_, nullptr);
-    mapping_bytes_ = std::exchange(other.mapping_bytes_, 0);
-    tokens_ = std::exchange(other.tokens_, nullptr);
-    count_ = std::exchange(other.count_, 0);
-    vocab_size_ = other.vocab_size_;
-    token_bytes_ = other.token_bytes_;
-  }
-  return *this;
+  const int64_t bad =
+      token_bytes_ == 2
+          ? first_token_at_or_above(reinterpret_cast<const uint16_t*>(tokens_), count_, header.vocab_size)
+          : first_token_at_or_above(reinterpret_cast<const uint32_t*>(tokens_), count_, header.vocab_size);
+  SHARDLM_CHECK(bad < 0, "token file {}: token {} at position {} is not below the vocab size {} (corrupt file)",
+                path, bad < 0 ? 0 : static_cast<uint64_t>((*this)[bad]), bad, vocab_size_);
 }
 
 void TokenFile::read(int64_t start, int64_t count, int32_t* out) const {

@@ -7,6 +7,9 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+
+#include "shardlm/data/mapped_file.hpp"
 
 namespace shardlm {
 
@@ -16,6 +19,12 @@ inline constexpr int64_t kTokenFileHeaderBytes = 64;
 
 // Bytes per token for a vocabulary: 2 when every id fits in uint16, else 4.
 int token_bytes_for_vocab(int64_t vocab_size);
+
+// The header checks of files that carry tokens (token files, SFT example files):
+// format_version in 1..newest, vocab_size in 1..2^31, token_bytes as
+// token_bytes_for_vocab says. Error naming `what` ("token file") and `path`.
+void check_token_header(const std::string& path, std::string_view what, uint32_t format_version, uint32_t newest,
+                        uint64_t vocab_size, uint32_t token_bytes);
 
 // Writes a token file atomically: tokens go to a temporary file in the same
 // directory, and commit() renames it onto `path` (fsynced). Until commit(),
@@ -52,11 +61,8 @@ void write_token_file(const std::string& path, int64_t vocab_size, std::span<con
 class TokenFile {
  public:
   explicit TokenFile(const std::string& path);
-  ~TokenFile();
-  TokenFile(TokenFile&& other) noexcept;
-  TokenFile& operator=(TokenFile&& other) noexcept;
-  TokenFile(const TokenFile&) = delete;
-  TokenFile& operator=(const TokenFile&) = delete;
+  TokenFile(TokenFile&& other) noexcept = default;
+  TokenFile& operator=(TokenFile&& other) noexcept = default;
 
   const std::string& path() const { return path_; }
   int64_t size() const { return count_; }  // number of tokens
@@ -72,11 +78,8 @@ class TokenFile {
   void read(int64_t start, int64_t count, int32_t* out) const;
 
  private:
-  void close();
-
   std::string path_;
-  void* mapping_ = nullptr;
-  size_t mapping_bytes_ = 0;
+  MappedFile file_;
   const unsigned char* tokens_ = nullptr;
   int64_t count_ = 0;
   int64_t vocab_size_ = 0;
