@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "shardlm/backend/cpu/fast_math.hpp"
@@ -55,6 +56,25 @@ TEST(VectorMath, ExpLanesEqualsExpApproxBitForBit) {
       ASSERT_NEAR(got[i] / std::exp(static_cast<double>(x[i])), 1.0, 4e-7) << "x " << x[i];
     }
   }
+}
+
+// The 8-lane instantiation (one ymm register; the attention kernels' exp on AVX2).
+TEST(VectorMath, EightLaneExpEqualsExpApproxBitForBit) {
+  using Float8 = float __attribute__((vector_size(32)));
+  using Int8 = int32_t __attribute__((vector_size(32)));
+  const std::vector<float> x = exp_inputs();
+  size_t mismatches = 0;
+  for (size_t i = 0; i + 8 <= x.size(); i += 8) {
+    Float8 v;
+    std::memcpy(&v, x.data() + i, sizeof(v));
+    const Float8 e = shardlm::cpu::exp_approx_vector<Float8, Int8>(v);
+    for (int l = 0; l < 8; ++l) {
+      const float want = shardlm::cpu::exp_approx(x[i + l]);
+      if (std::bit_cast<uint32_t>(e[l]) != std::bit_cast<uint32_t>(want) && mismatches++ < 5)
+        ADD_FAILURE() << "x " << x[i + l] << ": " << e[l] << ", exp_approx " << want;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
 }
 
 TEST(VectorMath, MaxLanesIsStdMax) {

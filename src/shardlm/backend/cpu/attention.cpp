@@ -8,6 +8,7 @@
 
 #include "shardlm/backend/cpu/attention_bf16.hpp"
 #include "shardlm/backend/cpu/fast_math.hpp"
+#include "shardlm/backend/cpu/vector_math.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/core/phase_profile.hpp"
@@ -27,21 +28,22 @@ constexpr int kBlock = 64;
 //    broadcast fit the 32 zmm registers (~15% faster than four rows on 64 x 64 x 64).
 //  - otherwise (AVX2): 8 floats (ymm); 6 x 2 vectors: 12 accumulators + 2 B vectors +
 //    a broadcast fit the 16 ymm registers. 64-byte vectors there make GCC 12 keep
-//    every value in memory (one layer of GPT-2 124M, fp32, 2 threads on a Zen 3:
-//    854 ms forward + backward with the AVX-512 block, 146 ms with this one; 4 x 3,
-//    5 x 2 and 8 x 1 blocks of ymm: 173-186 ms).
+//    every value in memory (one layer of GPT-2 124M, B x T = 1 x 1024, fp32, 2 threads
+//    on a Zen 3: 854 ms forward + backward with the AVX-512 block, 146 ms with this
+//    one; 4 x 3, 5 x 2 and 8 x 1 blocks of ymm: 173-186 ms; with the explicit
+//    broadcast below and the vector softmax, 55 ms).
 // Each element's sum runs over k in order, one fused multiply-add per term, whatever
 // the blocking, so the results do not depend on it.
 #ifdef __AVX512F__
-constexpr int kLanes = 16;
+constexpr int kVecLanes = 16;
 constexpr int kTileRows = 6;
 constexpr int kTileVectors = 4;
 #else
-constexpr int kLanes = 8;
+constexpr int kVecLanes = 8;
 constexpr int kTileRows = 6;
 constexpr int kTileVectors = 2;
 #endif
-using FloatVec = float __attribute__((vector_size(kLanes * sizeof(float))));
+using FloatVec = float __attribute__((vector_size(kVecLanes * sizeof(float))));
 
 inline FloatVec load_vec(const float* p) {
   FloatVec v;
@@ -50,13 +52,35 @@ inline FloatVec load_vec(const float* p) {
 }
 inline void store_vec(float* p, FloatVec v) { std::memcpy(p, &v, sizeof(v)); }
 
+using IntVec = int32_t __attribute__((vector_size(kVecLanes * sizeof(int32_t))));
+
+// 0, 1, ..., kVecLanes - 1.
+const IntVec kLaneIndex = [] {
+  IntVec index;
+  for (int l = 0; l < kVecLanes; ++l) index[l] = l;
+  return index;
+}();
+
+// All lanes true (-1) where j0 + lane lies in [first, valid), else 0.
+inline IntVec lanes_within(int j0, int first, int valid) {
+  const IntVec j = kLaneIndex + j0;
+  return (j >= first) & (j < valid);
+}
+
+// exp_approx lane by lane (vector_math.hpp): in an `omp simd` loop GCC 12 leaves
+// exp_approx's clamps scalar, which made the softmax of a tile cost about as much as
+// its two products.
+inline FloatVec exp_vec(FloatVec x) { return exp_approx_vector<FloatVec, IntVec>(x); }
+
 // acc + a * b rounded once. With ymm vectors GCC's Zen tuning (avoid-fma-max-bits)
 // leaves a single accumulator chain as a multiply and an add (tile_kernel<1, 1>, and
 // the scalar column tail): the explicit FMA keeps every element one fused multiply-add
-// per k, whatever the block.
-inline FloatVec fused_multiply_add(FloatVec a, FloatVec b, FloatVec acc) {
+// per k, whatever the block. The explicit broadcast of a: written as a vector sum
+// (FloatVec{} + a), GCC adds 0 to every scalar before broadcasting it (-0 + 0 is +0),
+// which cost 1.7x in forward + backward.
+inline FloatVec fused_multiply_add(float a, FloatVec b, FloatVec acc) {
 #if !defined(__AVX512F__) && defined(__FMA__)
-  return _mm256_fmadd_ps(a, b, acc);
+  return _mm256_fmadd_ps(_mm256_set1_ps(a), b, acc);
 #else
   return acc + a * b;
 #endif
@@ -69,7 +93,7 @@ inline float fused_multiply_add(float a, float b, float acc) {
 #endif
 }
 
-// C[MR x kLanes*NV] += A[MR x k] B[k x kLanes*NV], with A(r, kk) = a[r * a_rs + kk * a_cs]
+// C[MR x kVecLanes*NV] += A[MR x k] B[k x kVecLanes*NV], with A(r, kk) = a[r * a_rs + kk * a_cs]
 // (so A may be read transposed) and B's rows contiguous at stride ldb.
 template <int MR, int NV>
 inline void tile_kernel(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
@@ -79,18 +103,18 @@ inline void tile_kernel(float* c, int64_t ldc, const float* a, int64_t a_rs, int
   if (k < 1) __builtin_unreachable();
   FloatVec acc[MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = load_vec(c + r * ldc + v * kLanes);
+    for (int v = 0; v < NV; ++v) acc[r][v] = load_vec(c + r * ldc + v * kVecLanes);
   for (int kk = 0; kk < k; ++kk) {
     FloatVec bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = load_vec(b + kk * ldb + v * kLanes);
+    for (int v = 0; v < NV; ++v) bv[v] = load_vec(b + kk * ldb + v * kVecLanes);
     for (int r = 0; r < MR; ++r) {
       const float av = a[r * a_rs + kk * a_cs];
       for (int v = 0; v < NV; ++v)
-        acc[r][v] = fused_multiply_add(FloatVec{} + av, bv[v], acc[r][v]);
+        acc[r][v] = fused_multiply_add(av, bv[v], acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) store_vec(c + r * ldc + v * kLanes, acc[r][v]);
+    for (int v = 0; v < NV; ++v) store_vec(c + r * ldc + v * kVecLanes, acc[r][v]);
 }
 
 // The last `vectors` (< kTileVectors) whole vectors of a row block: tile_kernel<MR, vectors>.
@@ -109,12 +133,12 @@ template <int MR>
 inline void tile_row_block(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs,
                            const float* b, int64_t ldb, int n, int k) {
   int col = 0;
-  for (; col + kTileVectors * kLanes <= n; col += kTileVectors * kLanes)
+  for (; col + kTileVectors * kVecLanes <= n; col += kTileVectors * kVecLanes)
     tile_kernel<MR, kTileVectors>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k);
-  const int vectors = (n - col) / kLanes;
+  const int vectors = (n - col) / kVecLanes;
   tile_remainder<MR, kTileVectors - 1>(c + col, ldc, a, a_rs, a_cs, b + col, ldb, k, vectors);
-  col += vectors * kLanes;
-  // Columns beyond a multiple of kLanes (odd head_dim, ...): plain loops.
+  col += vectors * kVecLanes;
+  // Columns beyond a multiple of kVecLanes (odd head_dim, ...): plain loops.
   for (int r = 0; r < MR; ++r)
     for (int kk = 0; kk < k; ++kk) {
       const float av = a[r * a_rs + kk * a_cs];
@@ -133,7 +157,7 @@ void tile_gemm(float* c, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs
   static_assert(kTileRows == 6, "the switch below dispatches up to six rows");
   for (int r = 0; r < m; r += kTileRows) {
     const int rows = std::min(kTileRows, m - r);
-    const int cols = causal_columns ? std::min(n, (r + rows + kLanes - 1) / kLanes * kLanes) : n;
+    const int cols = causal_columns ? std::min(n, (r + rows + kVecLanes - 1) / kVecLanes * kVecLanes) : n;
     float* c_rows = c + r * ldc;
     const float* a_rows = a + r * a_rs;
     switch (rows) {
@@ -268,18 +292,33 @@ void tile_scores(float* s, const float* q, const float* k_t, int nq, int hd, boo
   tile_gemm(s, kBlock, q, hd, 1, k_t, kBlock, nq, kBlock, hd, diagonal);
 }
 
-// online_softmax_block (fast_math.hpp) for the keys [first, valid) of one score row p
-// of a tile: p zero outside them. A row that sees none of the block's keys keeps its
-// statistics (correction 1).
+// One key block of the online softmax (as fast_math's online_softmax_block) for the
+// keys [first, valid) of one score row p of a tile: on return p[j] = e^(p[j] scale - m)
+// with m the row's new running max for those keys, 0 for the others, and row_max /
+// row_sum updated (the old sum rescaled to the new max). Returns that rescaling factor
+// for the row's output accumulator; a row that sees none of the block's keys keeps its
+// statistics (factor 1). The exponentials run a vector at a time; the block's sum runs
+// over the keys in order.
 inline float softmax_visible_keys(float* p, int first, int valid, float scale, float& row_max,
                                   float& row_sum) {
-  if (first == 0) return online_softmax_block(p, valid, kBlock, scale, row_max, row_sum);
   if (first >= valid) {
     std::fill(p, p + kBlock, 0.0f);
     return 1.0f;
   }
-  std::fill(p, p + first, 0.0f);
-  return online_softmax_block(p + first, valid - first, kBlock - first, scale, row_max, row_sum);
+  // max_j(p_j * scale) == max_j(p_j) * scale exactly (scale > 0, rounding monotone).
+  const float block_max = max_of(p + first, valid - first) * scale;
+  const float new_max = std::max(row_max, block_max);
+  const FloatVec scale_v = FloatVec{} + scale, max_v = FloatVec{} + new_max;
+  for (int j0 = 0; j0 < kBlock; j0 += kVecLanes) {
+    const FloatVec e = exp_vec(load_vec(p + j0) * scale_v - max_v);
+    store_vec(p + j0, lanes_within(j0, first, valid) ? e : FloatVec{});
+  }
+  float block_sum = 0.0f;
+  for (int j = first; j < valid; ++j) block_sum += p[j];
+  const float correction = exp_approx(row_max - new_max);
+  row_sum = row_sum * correction + block_sum;
+  row_max = new_max;
+  return correction;
 }
 
 // Per-thread scratch for one head's operands in fp32 (contiguous rows, transposed key
@@ -442,16 +481,16 @@ void backward_head(float* dq, const KvGradient& dkv, const float* dout, const ty
         const float row_lse = head_lse[i];
         float* p_row = p + ii * kBlock;
         float* ds_row = ds + ii * kBlock;
-#pragma omp simd
-        for (int j = first; j < valid; ++j) {
-          const float pj = exp_approx(p_row[j] * scale - row_lse);
-          p_row[j] = pj;
-          ds_row[j] = pj * (ds_row[j] - d_i) * scale;  // dS, with the scores' 1/sqrt(hd)
+        const FloatVec scale_v = FloatVec{} + scale, lse_v = FloatVec{} + row_lse,
+                       d_v = FloatVec{} + d_i;
+        for (int j0 = 0; j0 < kBlock; j0 += kVecLanes) {  // keys outside [first, valid): 0
+          const IntVec visible = lanes_within(j0, first, valid);
+          const FloatVec pj = exp_vec(load_vec(p_row + j0) * scale_v - lse_v);
+          // dS, with the scores' 1/sqrt(hd)
+          const FloatVec dsj = pj * (load_vec(ds_row + j0) - d_v) * scale_v;
+          store_vec(p_row + j0, visible ? pj : FloatVec{});
+          store_vec(ds_row + j0, visible ? dsj : FloatVec{});
         }
-        std::fill(p_row, p_row + first, 0.0f);
-        std::fill(ds_row, ds_row + first, 0.0f);
-        std::fill(p_row + valid, p_row + kBlock, 0.0f);
-        std::fill(ds_row + valid, ds_row + kBlock, 0.0f);
       }
       // dV += P^T dO;  dK += dS^T Q;  dQ += dS K.
       tile_gemm(dv_acc, hd, p, 1, kBlock, dout_rows, hd, nk, hd, nq);

@@ -35,17 +35,24 @@ inline void store_lanes(float* p, Float16Lanes v) { std::memcpy(p, &v, sizeof(v)
 // Lane-wise std::max(a, b) (b where a < b).
 inline Float16Lanes max_lanes(Float16Lanes a, Float16Lanes b) { return a < b ? b : a; }
 
-// exp_approx (fast_math.hpp) on 16 lanes: the same clamp and exp_approx_clamped.
-inline Float16Lanes exp_lanes(Float16Lanes x) {
-  const Float16Lanes lo = broadcast_lanes(-87.0f), hi = broadcast_lanes(88.0f);
+// exp_approx (fast_math.hpp) on a GCC vector of floats F (I: the int32 vector of as
+// many lanes): the same clamp and exp_approx_clamped, so each lane is exp_approx's bits.
+template <typename F, typename I>
+inline F exp_approx_vector(F x) {
+  const F lo = F{} - 87.0f, hi = F{} + 88.0f;
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  return exp_approx_clamped(x, [](Float16Lanes n) {
-    const Int16Lanes exponent_bits = (__builtin_convertvector(n, Int16Lanes) + 127) << 23;
-    Float16Lanes scale;
+  return exp_approx_clamped(x, [](F n) {
+    const I exponent_bits = (__builtin_convertvector(n, I) + 127) << 23;
+    F scale;
     std::memcpy(&scale, &exponent_bits, sizeof(scale));
     return scale;
   });
+}
+
+// exp_approx on 16 lanes.
+inline Float16Lanes exp_lanes(Float16Lanes x) {
+  return exp_approx_vector<Float16Lanes, Int16Lanes>(x);
 }
 
 }  // namespace shardlm::cpu
