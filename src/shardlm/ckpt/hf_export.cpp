@@ -1,18 +1,17 @@
 #include "shardlm/ckpt/hf_export.hpp"
 
-#include <fmt/ranges.h>
+#include <unistd.h>
 
-#include <algorithm>
-#include <cstring>
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
 #include "shardlm/core/finite.hpp"
+#include "shardlm/data/tokenizer.hpp"
 #include "shardlm/model/family.hpp"
 
 namespace fs = std::filesystem;
@@ -21,180 +20,183 @@ namespace shardlm {
 
 namespace {
 
-// Tensors stored with padded vocabulary rows in shardlm, unpadded in Hugging Face.
-bool is_vocabulary_matrix(const std::string& name) {
-  return name == "transformer.wte.weight" || name == "lm_head.weight";
+// Tokenizer files a Hugging Face model directory may hold, copied as they are.
+const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json",
+                                       "special_tokens_map.json", "vocab.json", "merges.txt",
+                                       "tokenizer.model", "added_tokens.json", "chat_template.jinja"};
+
+const char* torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::fp32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::fp16: return "float16";
+  }
+  return "float32";
 }
 
-std::vector<int64_t> hugging_face_shape(const std::string& name, std::vector<int64_t> shape,
-                                        const ModelConfig& config) {
-  if (is_vocabulary_matrix(name)) shape[0] = config.vocab_size;
-  return shape;
+safetensors::DType safetensors_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::fp32: return safetensors::DType::F32;
+    case DType::bf16: return safetensors::DType::BF16;
+    case DType::fp16: return safetensors::DType::F16;
+  }
+  return safetensors::DType::F32;
 }
 
-// Old transformers versions store these causal-mask buffers; they are not weights.
-bool is_mask_buffer(const std::string& name) {
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  return ends_with("attn.bias") || ends_with("attn.masked_bias");
+// The Hugging Face directory the run started from (--init-from), or the one its data's
+// tokenizer came from ("hf:DIR" specs); empty when neither exists any more.
+fs::path source_directory(const CheckpointInfo& info) {
+  const auto& options = info.train.contains("options") ? info.train.at("options") : nlohmann::json();
+  const std::string init_from = options.value("init_from", std::string());
+  if (!init_from.empty()) {
+    const fs::path p = fs::is_directory(init_from) ? fs::path(init_from) : fs::path(init_from).parent_path();
+    if (fs::exists(p / "config.json")) return p;
+  }
+  const TokenizerSpec spec = parse_tokenizer_spec(info.tokenizer);
+  if (spec.kind == "hf" && fs::is_directory(spec.path)) return spec.path;
+  return {};
 }
+
+// A tensor converted to the export dtype and its name, shape and bytes.
+struct ExportTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+
+// Vocabulary matrices are stored padded; padded rows come last, so the real rows are
+// a prefix of the stored tensor.
+ExportTensor read_tensor(const CheckpointReader& ckpt, const ParamInfo& param, DType dtype) {
+  const std::string& name = param.name;
+  std::vector<int64_t> shape = param.shape;
+  if (param.valid_rows >= 0) shape[0] = param.valid_rows;
+  const int64_t numel = safetensors::shape_numel(shape);
+  std::vector<float> values(static_cast<size_t>(numel));
+  ckpt.read(name, StateKind::master, 0, numel, values.data());
+  SHARDLM_CHECK(all_finite(values.data(), numel),
+                "checkpoint '{}' tensor '{}' holds non-finite values (NaN or infinity); refusing "
+                "to export it",
+                ckpt.dir(), name);
+  ExportTensor t{name, shape, std::vector<std::byte>(static_cast<size_t>(numel) * dtype_bytes(dtype))};
+  cpu::convert(TypedPtr(t.bytes.data(), dtype), values.data(), numel);
+  return t;
+}
+
+class TempDirectory {
+ public:
+  explicit TempDirectory(fs::path path) : path_(std::move(path)) {
+    std::error_code ec;
+    fs::create_directories(path_, ec);
+    SHARDLM_CHECK(!ec, "cannot create '{}': {}", path_.string(), ec.message());
+  }
+  ~TempDirectory() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
 
 }  // namespace
-
-std::string hugging_face_config_json(const ModelConfig& c) {
-  return model_family(c.family).hf_config(c).dump(2) + "\n";
-}
-
-void export_hugging_face(const CheckpointReader& checkpoint, const std::string& out_dir) {
-  const ModelConfig& config = checkpoint.info().model;
-  const fs::path dir(out_dir);
-  const fs::path weights = dir / "model.safetensors";
-  const fs::path config_path = dir / "config.json";
-  for (const fs::path& target : {weights, config_path})
-    SHARDLM_CHECK(!fs::exists(target), "'{}' already exists (export never overwrites; choose "
-                  "another --out)", target.string());
-
-  // Everything is read and checked before the output directory is touched.
-  std::vector<std::vector<float>> storage;
-  std::vector<safetensors::TensorView> views;
-  storage.reserve(checkpoint.tensors().size());
-  for (const auto& [name, shape] : checkpoint.tensors()) {
-    const auto hf_shape = hugging_face_shape(name, shape, config);
-    const int64_t numel = safetensors::shape_numel(hf_shape);
-    storage.emplace_back(static_cast<size_t>(numel));
-    // Padded vocabulary rows come last, so the real rows are a prefix.
-    checkpoint.read(name, StateKind::master, 0, numel, storage.back().data());
-    SHARDLM_CHECK(all_finite(storage.back().data(), numel),
-                  "checkpoint '{}' tensor '{}' holds non-finite values (NaN or infinity); "
-                  "refusing to export it",
-                  checkpoint.dir(), name);
-    views.push_back({name, safetensors::DType::F32, hf_shape, storage.back().data()});
-  }
-  const std::vector<std::string> created = create_directories_reporting(out_dir);
-  const fs::path tmp = dir / "model.safetensors.tmp";
-  try {
-    AtomicFileWriter config_file(config_path.string());
-    const std::string config_text = hugging_face_config_json(config);
-    config_file.write(config_text.data(), config_text.size());
-    config_file.finish();
-    safetensors::write_file(tmp.string(), views, {{"format", "pt"}});
-    SHARDLM_CHECK(std::rename(tmp.c_str(), weights.c_str()) == 0, "cannot rename '{}' to '{}': {}",
-                  tmp.string(), weights.string(), std::strerror(errno));
-    config_file.commit();
-  } catch (...) {
-    // Nothing half-written stays behind, nor a directory this export made.
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    if (!fs::exists(config_path, ec)) fs::remove(weights, ec);
-    remove_created_directories(created);
-    throw;
-  }
-}
 
 namespace {
 
-// The config.json beside imported weights must describe the model being trained.
-// The family reads it (ModelFamily::config_from_hf: every field that changes the
-// computation is honoured or refused by name); then every field that defines the
-// model must equal the run's.
-void check_imported_config(const fs::path& config_path, const ModelConfig& config) {
-  nlohmann::json hf;
-  try {
-    hf = nlohmann::json::parse(read_text_file(config_path.string()));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("'{}' is not valid JSON: {}", config_path.string(), e.what()));
+void write_export(const CheckpointReader& checkpoint, const HfExportOptions& options,
+                  const fs::path& out) {
+  const CheckpointInfo& info = checkpoint.info();
+  const ModelConfig& config = info.model;
+  const ModelFamily& family = model_family(config.family);
+  std::error_code ec;
+  const TempDirectory tmp(out / fmt::format(".export-tmp-{}", ::getpid()));
+
+  // Weights, in checkpoint order, into shards of at most max_shard_bytes.
+  std::vector<std::vector<ExportTensor>> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  const ParamLayout layout = ParamLayout::build(config, 1);
+  for (const auto& [name, shape] : checkpoint.tensors()) {
+    const ParamInfo& param = *layout.find(name).second;
+    SHARDLM_CHECK(param.shape == shape, "checkpoint '{}' tensor '{}' does not have the shape its "
+                  "model config gives it", checkpoint.dir(), name);
+    ExportTensor t = read_tensor(checkpoint, param, options.dtype);
+    const auto bytes = static_cast<int64_t>(t.bytes.size());
+    if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shard_bytes += bytes;
+    total_bytes += bytes;
+    shards.back().push_back(std::move(t));
   }
-  ModelConfig imported;
-  try {
-    const ModelFamily& family = hf.contains("model_type") && hf.at("model_type").is_string()
-                                    ? model_family_for_hf(hf.at("model_type").get<std::string>())
-                                    : model_family(config.family);
-    imported = family.config_from_hf(hf);
-  } catch (const Error& e) {
-    throw Error(fmt::format("--init-from '{}': {}", config_path.string(), e.what()));
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string file = shards.size() == 1
+                                 ? "model.safetensors"
+                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+    std::vector<safetensors::TensorView> views;
+    for (const auto& t : shards[s]) {
+      views.push_back({t.name, safetensors_dtype(options.dtype), t.shape, t.bytes.data()});
+      weight_map[t.name] = file;
+    }
+    safetensors::write_file((tmp.path() / file).string(), views, {{"format", "pt"}});
   }
-  // Flags that set each field, for the message.
-  const std::map<std::string, std::string> flags = {
-      {"n_layer", "--n-layer"}, {"n_head", "--n-head"}, {"n_embd", "--n-embd"},
-      {"vocab_size", "--vocab-size"}, {"max_seq_len", "--context-len"}};
-  nlohmann::json theirs = imported.to_json();
-  nlohmann::json ours = config.to_json();
-  theirs.erase("init_std");  // init only: no effect on imported weights
-  ours.erase("init_std");
-  for (auto it = ours.begin(); it != ours.end(); ++it) {
-    const nlohmann::json value = theirs.value(it.key(), nlohmann::json());
-    if (value == it.value()) continue;
-    const auto flag = flags.find(it.key());
-    throw Error(fmt::format("'{}' describes another model: {}={} there, {} in the model being "
-                            "trained{}",
-                            config_path.string(), it.key(), value.dump(), it.value().dump(),
-                            flag == flags.end() ? "" : " (set " + flag->second + ")"));
+  if (shards.size() > 1)
+    write_file_atomic((tmp.path() / "model.safetensors.index.json").string(),
+                      nlohmann::json{{"metadata", {{"total_size", total_bytes}}},
+                                     {"weight_map", weight_map}}
+                              .dump(2) + "\n");
+
+  // config.json and generation_config.json; token ids from the source model's config.
+  nlohmann::json hf = family.hf_config(config);
+  hf["torch_dtype"] = torch_dtype_name(options.dtype);
+  nlohmann::json generation = {{"_from_model_config", true}};
+  const fs::path source = source_directory(info);
+  if (!source.empty() && fs::exists(source / "config.json")) {
+    const auto src = nlohmann::json::parse(read_text_file((source / "config.json").string()));
+    for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"})
+      if (src.contains(id) && !src.at(id).is_null()) hf[id] = generation[id] = src.at(id);
+  }
+  write_file_atomic((tmp.path() / "config.json").string(), hf.dump(2) + "\n");
+  if (!source.empty() && fs::exists(source / "generation_config.json"))
+    fs::copy_file(source / "generation_config.json", tmp.path() / "generation_config.json");
+  else
+    write_file_atomic((tmp.path() / "generation_config.json").string(), generation.dump(2) + "\n");
+  if (!source.empty())
+    for (const char* name : kTokenizerFiles)
+      if (fs::exists(source / name) && !fs::exists(out / name))
+        fs::copy_file(source / name, tmp.path() / name);
+
+  // Everything is complete: move it into place.
+  for (const auto& entry : fs::directory_iterator(tmp.path())) {
+    fs::rename(entry.path(), out / entry.path().filename(), ec);
+    SHARDLM_CHECK(!ec, "cannot move '{}' into '{}': {}", entry.path().string(), out.string(),
+                  ec.message());
   }
 }
 
 }  // namespace
 
-void import_hugging_face(const std::string& path, const ModelConfig& config,
-                         const ParamLayout& layout, Strategy& strategy) {
-  fs::path file = path;
-  if (fs::is_directory(file)) file /= "model.safetensors";
-  SHARDLM_CHECK(fs::exists(file), "--init-from: '{}' not found (expected a .safetensors file or a "
-                "directory holding model.safetensors)", file.string());
-  const fs::path config_path = file.parent_path() / "config.json";
-  if (fs::exists(config_path)) check_imported_config(config_path, config);
-  safetensors::Reader reader(file.string());
-  auto resolve = [&](const std::string& name) -> std::string {
-    if (reader.entries().count(name)) return name;
-    const std::string bare = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
-    if (reader.entries().count(bare)) return bare;
-    throw Error(fmt::format("'{}' has no tensor '{}' (or '{}') that the model needs",
-                            file.string(), name, bare));
-  };
-  for (const auto& [name, entry] : reader.entries()) {
-    const std::string full = name.rfind("transformer.", 0) == 0 || name == "lm_head.weight"
-                                 ? name
-                                 : "transformer." + name;
-    bool known = is_mask_buffer(name) || (name == "lm_head.weight" && config.tie_embeddings);
-    for (const auto* p : layout.all_params()) known = known || p->name == full;
-    SHARDLM_CHECK(known, "'{}' holds tensor '{}', which a GPT-2 of this shape does not have",
-                  file.string(), name);
-  }
-  // A tied model reads its head from the embedding: a stored head that differs from it
-  // belongs to another (untied) model and would be dropped silently.
-  if (config.tie_embeddings && reader.entries().count("lm_head.weight"))
-    SHARDLM_CHECK(reader.read("lm_head.weight").to_f32() ==
-                      reader.read(resolve("transformer.wte.weight")).to_f32(),
-                  "'{}' holds an lm_head.weight that differs from the token embedding (an untied "
-                  "head), but the model being trained ties them; importing would drop it",
-                  file.string());
-  for (int u = 0; u < layout.num_units(); ++u) {
-    OwnedSlice s = strategy.owned(u);
-    for (float* state : {s.master, s.adam_m, s.adam_v})
-      std::memset(state, 0, static_cast<size_t>(s.size()) * sizeof(float));
-    for (const auto& p : layout.units[static_cast<size_t>(u)].params) {
-      const std::string stored = resolve(p.name);
-      const auto& entry = reader.entry(stored);
-      const auto want = hugging_face_shape(p.name, p.shape, config);
-      SHARDLM_CHECK(entry.shape == want, "'{}' tensor '{}' has shape [{}], expected [{}]",
-                    file.string(), stored, fmt::join(entry.shape, ", "), fmt::join(want, ", "));
-      SHARDLM_CHECK(entry.dtype == safetensors::DType::F32 || entry.dtype == safetensors::DType::BF16 ||
-                        entry.dtype == safetensors::DType::F16 || entry.dtype == safetensors::DType::F64,
-                    "'{}' tensor '{}' has dtype {}, expected a floating-point type", file.string(),
-                    stored, safetensors::dtype_name(entry.dtype));
-      const int64_t lo = std::max(s.begin, p.offset);
-      const int64_t numel = safetensors::shape_numel(want);
-      const int64_t hi = std::min(s.end, p.offset + numel);
-      if (lo >= hi) continue;
-      const std::vector<float> values = reader.read(stored).to_f32();
-      SHARDLM_CHECK(all_finite(values.data(), static_cast<int64_t>(values.size())),
-                    "'{}' tensor '{}' holds non-finite values (NaN or infinity)", file.string(),
-                    stored);
-      std::memcpy(s.master + (lo - s.begin), values.data() + (lo - p.offset),
-                  static_cast<size_t>(hi - lo) * sizeof(float));
+void export_hugging_face(const CheckpointReader& checkpoint, const HfExportOptions& options) {
+  const fs::path out(options.out_dir);
+  SHARDLM_CHECK(options.max_shard_bytes > 0, "--max-shard-size must be positive");
+  if (fs::exists(out)) {
+    SHARDLM_CHECK(fs::is_directory(out), "--out '{}' exists and is not a directory", out.string());
+    for (const auto& entry : fs::directory_iterator(out)) {
+      const std::string name = entry.path().filename().string();
+      const bool ours = name == "config.json" || name == "generation_config.json" ||
+                        (name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos);
+      SHARDLM_CHECK(!ours, "'{}' already exists (export never overwrites; choose another --out)",
+                    entry.path().string());
     }
   }
-  strategy.after_load();
+  const std::vector<std::string> created = create_directories_reporting(out.string());
+  try {
+    write_export(checkpoint, options, out);
+  } catch (...) {
+    remove_created_directories(created);  // a failed export leaves no directory it made
+    throw;
+  }
 }
 
 }  // namespace shardlm

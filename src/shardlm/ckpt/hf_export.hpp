@@ -1,31 +1,28 @@
-// Hugging Face interchange: export a checkpoint's weights as a GPT-2 model directory
-// (model.safetensors + config.json, GPT2LMHeadModel naming) and import such weights
-// into a run's owned slices (`train --init-from`).
+// Hugging Face model directories out: a checkpoint's weights as the family's
+// transformers model directory (`shardlm export`).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "shardlm/ckpt/checkpoint.hpp"
-#include "shardlm/model/config.hpp"
-#include "shardlm/model/param_layout.hpp"
-#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/core/dtype.hpp"
 
 namespace shardlm {
 
-// Writes DIR/model.safetensors (fp32, vocabulary rows unpadded) and DIR/config.json.
-// Refuses to overwrite an existing model.safetensors.
-void export_hugging_face(const CheckpointReader& checkpoint, const std::string& out_dir);
+struct HfExportOptions {
+  std::string out_dir;
+  DType dtype = DType::fp32;                  // stored type of the weights
+  int64_t max_shard_bytes = 5'000'000'000;    // larger models are split (HF's "5GB" default)
+};
 
-// The GPT-2 config.json transformers reads for `config`.
-std::string hugging_face_config_json(const ModelConfig& config);
-
-// Fills the strategy's owned master slices from PATH (a directory holding
-// model.safetensors, or a .safetensors file); AdamW moments are zeroed. Names may
-// carry the "transformer." prefix or not; every tensor the model needs must be
-// present with its Hugging Face shape (Error naming the tensor and both shapes),
-// and a config.json beside it must describe the same model shape. Calls
-// strategy.after_load().
-void import_hugging_face(const std::string& path, const ModelConfig& config,
-                         const ParamLayout& layout, Strategy& strategy);
+// Writes OUT/config.json (the family's, torch_dtype set), generation_config.json,
+// model.safetensors (or model-0000i-of-0000n.safetensors + model.safetensors.index.json
+// above max_shard_bytes), vocabulary rows unpadded, and the tokenizer files of the
+// model the run started from (or of the data's Hugging Face tokenizer) when they can
+// be found. Never overwrites: Error when OUT already holds any of those files. All
+// files are written under a temporary name first and renamed when complete, so a
+// failed export leaves nothing behind.
+void export_hugging_face(const CheckpointReader& checkpoint, const HfExportOptions& options);
 
 }  // namespace shardlm

@@ -1,26 +1,42 @@
 #include <fmt/format.h>
 
+#include <cmath>
 #include <memory>
 
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/ckpt/hf_export.hpp"
 #include "shardlm/cli/commands.hpp"
+#include "shardlm/core/dtype.hpp"
+#include "shardlm/core/error.hpp"
 
 namespace shardlm::cli {
 
 void register_export(CLI::App& app) {
   auto checkpoint = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
+  auto options = std::make_shared<HfExportOptions>();
+  auto dtype = std::make_shared<std::string>("fp32");
+  auto shard_gb = std::make_shared<double>(5.0);
   auto* cmd = app.add_subcommand(
-      "export", "Write a checkpoint's weights as a Hugging Face GPT-2 model directory");
+      "export", "Write a checkpoint as a Hugging Face model directory (its family's config.json, "
+                "safetensors weights, tokenizer files of the model it started from)");
   cmd->add_option("--checkpoint", *checkpoint, "Checkpoint directory or run directory")->required();
-  cmd->add_option("--out", *out, "Output directory (model.safetensors + config.json)")->required();
-  cmd->callback([checkpoint, out]() {
+  cmd->add_option("--out", options->out_dir, "Output directory")->required();
+  cmd->add_option("--dtype", *dtype, "Stored type of the weights: fp32, bf16 or fp16")
+      ->capture_default_str();
+  cmd->add_option("--max-shard-size", *shard_gb,
+                  "Largest safetensors file in GB (10^9 bytes); larger models are sharded with an "
+                  "index")
+      ->capture_default_str();
+  cmd->callback([checkpoint, options, dtype, shard_gb]() {
+    options->dtype = parse_dtype(*dtype, "--dtype");
+    SHARDLM_CHECK(std::isfinite(*shard_gb) && *shard_gb > 0,
+                  "--max-shard-size must be a positive number of GB, got {}", *shard_gb);
+    options->max_shard_bytes = static_cast<int64_t>(*shard_gb * 1e9);
     const auto opened = open_checkpoint(*checkpoint, print_checkpoint_warning);
     const CheckpointReader& ckpt = *opened;
-    export_hugging_face(ckpt, *out);
-    fmt::print("exported {} (step {}) to {}/model.safetensors and config.json\n", ckpt.dir(),
-               ckpt.info().step, *out);
+    export_hugging_face(ckpt, *options);
+    fmt::print("exported {} (step {}, {}) to {} ({})\n", ckpt.dir(), ckpt.info().step,
+               ckpt.info().model.family, options->out_dir, *dtype);
   });
 }
 

@@ -168,7 +168,7 @@ void run_plan(const PlanFlags& f) {
   const RunPlan& any = candidates.front().plan;
   std::printf("%s: %.1fM parameters (Psi, padded), %d rank(s) on %d node(s), micro-batch %d x %d "
               "tokens, %d accumulation step(s), %s%s\n",
-              f.run.model.c_str(), static_cast<double>(any.parameters) / 1e6, f.ranks,
+              model_source(f.run).c_str(), static_cast<double>(any.parameters) / 1e6, f.ranks,
               in.cluster.nodes, f.run.micro_batch, f.run.seq_len, any.accumulation,
               f.run.precision.c_str(),
               f.run.reduce_dtype == "bf16" ? ", gradients reduced in bf16" : "");

@@ -31,7 +31,10 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   TrainOptions* opts = &opts_ref;
   std::string presets;
   for (const auto& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
-  cmd->add_option("--model", opts->model, "Model preset: " + presets)->capture_default_str();
+  cmd->add_option("--model", opts->model,
+                  "Model preset (" + presets + "), or a Hugging Face model directory or "
+                  "config.json; default: the --init-from directory's model, else " +
+                      std::string(kDefaultModelPreset));
   cmd->add_option("--n-layer", opts->n_layer, "Override the preset's number of layers");
   cmd->add_option("--n-head", opts->n_head, "Override the preset's number of heads");
   cmd->add_option("--n-embd", opts->n_embd, "Override the preset's width");
@@ -106,8 +109,9 @@ void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                 "Continue from the newest valid checkpoint if the run directory has one, else "
                 "start at step 0 (for job scripts that restart blindly; launch uses it)");
   cmd->add_option("--init-from", opts->init_from,
-                  "Start from Hugging Face GPT-2 weights (a directory with model.safetensors, or "
-                  "a .safetensors file) instead of random init");
+                  "Start from Hugging Face weights (a gpt2/llama/qwen2/qwen3 model directory with "
+                  "config.json and model.safetensors or a sharded index, or a .safetensors file) "
+                  "instead of random init");
   cmd->add_option("--comm-timeout", opts->comm_timeout,
                   "Seconds any wait on a collective may take before the job is aborted")
       ->capture_default_str();

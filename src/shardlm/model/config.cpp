@@ -61,6 +61,42 @@ ModelConfig make_gpt2(int n_layer, int n_head, int n_embd, int max_seq_len) {
   return c;
 }
 
+// A Llama-family shape as its Hugging Face config.json states it.
+struct LlamaShape {
+  const char* family;
+  int layers, hidden, intermediate, heads, kv_heads, head_dim, vocab, context;
+  double rope_theta;
+  float norm_eps;
+  bool tied;
+  double llama3_factor;  // 0: no rope scaling
+};
+
+ModelConfig make_llama(const LlamaShape& s) {
+  ModelConfig c;
+  c.family = s.family;
+  c.n_layer = s.layers;
+  c.n_embd = s.hidden;
+  c.intermediate_size = s.intermediate;
+  c.n_head = s.heads;
+  c.n_kv_head = s.kv_heads;
+  c.head_dim_override = s.head_dim;
+  c.vocab_size = s.vocab;
+  c.max_seq_len = s.context;
+  c.rope_theta = s.rope_theta;
+  c.norm_eps = s.norm_eps;
+  c.tie_embeddings = s.tied;
+  c.qkv_bias = std::string(s.family) == "qwen2";
+  c.qk_norm = std::string(s.family) == "qwen3";
+  if (s.llama3_factor > 0) {
+    c.rope_scaling.type = "llama3";
+    c.rope_scaling.factor = s.llama3_factor;
+    c.rope_scaling.low_freq_factor = 1.0;
+    c.rope_scaling.high_freq_factor = 4.0;
+    c.rope_scaling.original_max_position_embeddings = 8192;
+  }
+  return c;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
@@ -75,6 +111,17 @@ const Preset kPresets[] = {
     {"gpt2-small-30m", [] { return make_gpt2(6, 6, 384, 1024); }},
     {"gpt2", [] { return make_gpt2(12, 12, 768, 1024); }},
     {"gpt2-medium", [] { return make_gpt2(24, 16, 1024, 1024); }},
+    {"llama-tiny", [] { return make_llama({"llama", 3, 96, 160, 4, 2, 24, 512, 1024, 10000.0, 1e-5f, false, 8.0}); }},
+    {"qwen2-tiny", [] { return make_llama({"qwen2", 3, 96, 144, 4, 2, 24, 512, 1024, 1e6, 1e-6f, true, 0}); }},
+    {"qwen3-tiny", [] { return make_llama({"qwen3", 3, 64, 128, 3, 1, 40, 512, 1024, 1e6, 1e-6f, true, 0}); }},
+    {"smollm2-135m", [] { return make_llama({"llama", 30, 576, 1536, 9, 3, 64, 49152, 8192, 100000.0, 1e-5f, true, 0}); }},
+    {"qwen2.5-0.5b", [] { return make_llama({"qwen2", 24, 896, 4864, 14, 2, 64, 151936, 32768, 1e6, 1e-6f, true, 0}); }},
+    {"qwen3-0.6b", [] { return make_llama({"qwen3", 28, 1024, 3072, 16, 8, 128, 151936, 40960, 1e6, 1e-6f, true, 0}); }},
+    {"llama-3.2-1b", [] { return make_llama({"llama", 16, 2048, 8192, 32, 8, 64, 128256, 131072, 500000.0, 1e-5f, true, 32.0}); }},
+    {"qwen3-8b", [] { return make_llama({"qwen3", 36, 4096, 12288, 32, 8, 128, 151936, 40960, 1e6, 1e-6f, false, 0}); }},
+    {"llama-3.1-8b", [] { return make_llama({"llama", 32, 4096, 14336, 32, 8, 128, 128256, 131072, 500000.0, 1e-5f, false, 8.0}); }},
+    {"qwen2.5-7b", [] { return make_llama({"qwen2", 28, 3584, 18944, 28, 4, 128, 152064, 131072, 1e6, 1e-6f, false, 0}); }},
+    {"llama-3.1-70b", [] { return make_llama({"llama", 80, 8192, 28672, 64, 8, 128, 128256, 131072, 500000.0, 1e-5f, false, 8.0}); }},
 };
 
 }  // namespace
@@ -83,6 +130,11 @@ std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
   for (const auto& p : kPresets) names.emplace_back(p.name);
   return names;
+}
+
+bool preset_vocabulary_follows_data(const std::string& name) {
+  const bool tiny = name.size() > 5 && name.compare(name.size() - 5, 5, "-tiny") == 0;
+  return tiny || model_preset(name).family == "gpt2";
 }
 
 ModelConfig model_preset(const std::string& name) {

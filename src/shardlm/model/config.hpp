@@ -68,5 +68,8 @@ struct ModelConfig {
 // vocabulary, which `train` replaces with the data's when the flag is not given.
 ModelConfig model_preset(const std::string& name);  // throws Error on unknown name
 std::vector<std::string> model_preset_names();
+// GPT-2 presets and the tiny test presets take the data's vocabulary; the presets of
+// real models keep their own.
+bool preset_vocabulary_follows_data(const std::string& name);
 
 }  // namespace shardlm

@@ -5,6 +5,7 @@
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/model/gpt2/gpt2_family.hpp"
+#include "shardlm/model/llama/llama_family.hpp"
 
 namespace shardlm {
 
@@ -31,6 +32,9 @@ struct Registered {
 
 const Registered kFamilies[] = {
     {"gpt2", "gpt2", gpt2_family},
+    {"llama", "llama", [] () -> const ModelFamily& { return llama_family(LlamaVariant::llama); }},
+    {"qwen2", "qwen2", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen2); }},
+    {"qwen3", "qwen3", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen3); }},
 };
 
 std::string known_list(const char* Registered::*field) {

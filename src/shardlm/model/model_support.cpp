@@ -31,6 +31,10 @@ void ArenaCarver::request(float** slot, int64_t count) {
   add([slot](std::byte* p) { *slot = reinterpret_cast<float*>(p); }, count * 4);
 }
 
+void ArenaCarver::request(int32_t** slot, int64_t count) {
+  add([slot](std::byte* p) { *slot = reinterpret_cast<int32_t*>(p); }, count * 4);
+}
+
 void ArenaCarver::request(TypedPtr* slot, DType dtype, int64_t count) {
   add([slot, dtype](std::byte* p) { *slot = TypedPtr(p, dtype); },
       count * static_cast<int64_t>(dtype_bytes(dtype)));

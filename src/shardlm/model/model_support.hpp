@@ -19,6 +19,7 @@ namespace shardlm {
 class ArenaCarver {
  public:
   void request(float** slot, int64_t count);
+  void request(int32_t** slot, int64_t count);
   void request(TypedPtr* slot, DType dtype, int64_t count);
   int64_t bytes() const { return offset_; }
   TrackedBuffer allocate(MemoryTracker& tracker);

@@ -129,7 +129,6 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   for (const auto& placement : layout.model_units) unit_of_.push_back(placement.unit);
   first_model_unit_.assign(static_cast<size_t>(num_units_), -1);
   for (int m = num_model_units_ - 1; m >= 0; --m) first_model_unit_[static_cast<size_t>(unit_of_[static_cast<size_t>(m)])] = m;
-  for (const auto& model_needs : unit_needs) reads_other_units_.push_back(model_needs.size() > 1);
   unit_needs_ = flat_needs(layout, unit_needs);
   SHARDLM_CHECK(options.prefetch >= 0, "--prefetch must be >= 0, got {}", options.prefetch);
   SHARDLM_CHECK(options.bucket_mb > 0, "--bucket-mb must be positive, got {}", options.bucket_mb);
@@ -509,9 +508,10 @@ void FlatUnitStrategy::before_forward(int model_unit, bool training) {
   } else {
     for (int v : unit_needs) refresh_compute_params(v);
   }
-  // A model unit that reads other units' parameters (the final unit: the tied LM
-  // head) writes their gradients, and its own, during its training forward.
-  if (shard_grads_ && training && reads_other_units_[static_cast<size_t>(model_unit)])
+  // The last model unit computes the loss, and with it the LM head's gradient, during
+  // its training forward: it writes the gradients of every unit it reads (its own,
+  // and the embeddings' when the head is tied).
+  if (shard_grads_ && training && model_unit == num_model_units_ - 1)
     for (int v : unit_needs) acquire_grads(v);
 }
 

@@ -148,7 +148,6 @@ class FlatUnitStrategy : public Strategy {
   std::vector<std::vector<int>> unit_needs_;  // per model unit: flat units it reads
   std::vector<int> unit_of_;                  // model unit -> flat unit
   std::vector<int> first_model_unit_;         // flat unit -> its first model unit
-  std::vector<bool> reads_other_units_;       // model unit reads other model units' params
   Communicator& world_;
   std::unique_ptr<Communicator> shard_group_, replica_group_;
   Communicator* shard_;    // partition communicator (world unless hybrid)

@@ -1,3 +1,4 @@
+#include <optional>
 #include "shardlm/plan/plan_inputs.hpp"
 
 #include <filesystem>
@@ -42,7 +43,7 @@ PlanInputs resolve_plan_inputs(const TrainOptions& o, int world_size, const Prof
                 p.nodes, world_size);
   if (!p.link.empty()) link_transport(p.link, 1.0);  // names the flag on a bad value
   PlanInputs in;
-  std::optional<int> data_vocab;  // without data: the preset's, and no data to cover
+  std::optional<int> data_vocab;  // without data, every model keeps its own vocabulary
   if (!o.data_dir.empty()) data_vocab = static_cast<int>(read_dataset_meta(o.data_dir).vocab_size);
   in.config = resolve_model_config(o, data_vocab);
   in.request = plan_request(o, in.config, world_size);

@@ -1,27 +1,46 @@
 #include "shardlm/train/train_options.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/ckpt/hf_import.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
 
+std::string model_source(const TrainOptions& o) {
+  if (!o.model.empty()) return o.model;
+  if (!o.init_from.empty()) {
+    const std::filesystem::path p(o.init_from);
+    const std::string dir = std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
+    if (is_hf_model_path(dir)) return dir;
+  }
+  return kDefaultModelPreset;
+}
+
 ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_vocab_size) {
-  ModelConfig config = model_preset(o.model);
+  const std::string source = model_source(o);
+  const bool from_hf = is_hf_model_path(source);
+  ModelConfig config = from_hf ? read_hf_model_config(source) : model_preset(source);
   if (o.n_layer) config.n_layer = *o.n_layer;
   if (o.n_head) config.n_head = *o.n_head;
   if (o.n_embd) config.n_embd = *o.n_embd;
   if (o.context_len) config.max_seq_len = *o.context_len;
-  config.vocab_size = o.vocab_size.value_or(data_vocab_size.value_or(config.vocab_size));
+  // GPT-2 and the tiny test presets take the data's vocabulary; a real model's shape
+  // (a preset of one, or a Hugging Face config) keeps its own, which the data must fit.
+  const bool follows_data = data_vocab_size && !from_hf && preset_vocabulary_follows_data(source);
+  config.vocab_size =
+      o.vocab_size.value_or(follows_data ? *data_vocab_size : config.vocab_size);
   config.validate();
   SHARDLM_CHECK(!data_vocab_size || config.vocab_size >= *data_vocab_size,
-                "--vocab-size {} is smaller than the data's vocabulary ({} from meta.json)",
-                config.vocab_size, data_vocab_size.value_or(0));
+                "the model's vocabulary ({}{}) is smaller than the data's ({} from meta.json)",
+                config.vocab_size, o.vocab_size ? " from --vocab-size" : "",
+                data_vocab_size.value_or(0));
   SHARDLM_CHECK(o.seq_len <= config.max_seq_len,
                 "--seq-len {} is longer than the model's context ({} positions; --context-len "
                 "sets it)",

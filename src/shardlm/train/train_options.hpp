@@ -12,8 +12,10 @@
 namespace shardlm {
 
 struct TrainOptions {
-  // Model: a preset, optionally overridden field by field.
-  std::string model = "gpt2-small-30m";
+  // Model: a preset, or a Hugging Face model directory / config.json; empty: the
+  // directory --init-from starts from, else kDefaultModelPreset. Fields may be
+  // overridden one by one.
+  std::string model;
   std::optional<int> n_layer, n_head, n_embd, vocab_size;
   std::optional<int> context_len;  // positions (GPT-2: rows of the position table)
 
@@ -81,10 +83,17 @@ struct TrainOptions {
   nlohmann::json trajectory_json() const;
 };
 
-// The model a run trains: the preset with the flags' overrides; the vocabulary is the
-// data's (the preset's without data) unless --vocab-size widens it. Error when the
-// result is invalid, narrower than the data's vocabulary, or --seq-len exceeds its
-// context.
+inline constexpr const char* kDefaultModelPreset = "gpt2-small-30m";
+
+// Where the model's shape comes from: --model, else --init-from's directory when it is
+// a Hugging Face model directory, else the default preset.
+std::string model_source(const TrainOptions& o);
+
+// The model a run trains: the preset or Hugging Face config with the flags'
+// overrides. GPT-2 and tiny presets take the data's vocabulary unless --vocab-size
+// widens it; real models keep theirs. Without data (plan), every model keeps its own.
+// Error when the result is invalid, narrower than the data's vocabulary, or --seq-len
+// exceeds its context.
 ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_vocab_size);
 
 }  // namespace shardlm

@@ -11,7 +11,7 @@
 
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
-#include "shardlm/ckpt/hf_export.hpp"
+#include "shardlm/ckpt/hf_import.hpp"
 #include "shardlm/comm/world.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/fault_injection.hpp"
@@ -119,6 +119,9 @@ class Trainer {
   // This rank's tokens and targets for every micro-batch of a step, allocated once.
   std::vector<int32_t> tokens_, targets_;
   bool resumed_ = false;
+  // The Hugging Face directory the run started from (kept across resumes, so export
+  // finds its tokenizer files and token ids).
+  std::string init_from_;
   int64_t tokens_seen_ = 0;
   nlohmann::json last_save_;  // timing of the last checkpoint save, for the metrics
   Stopwatch wall_;  // since the trainer started (restart-to-first-step, save and load times)
@@ -380,6 +383,7 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
     const double load_s = load_clock.seconds();
     const CheckpointInfo& info = resume_from->info();
     tokens_seen_ = info.tokens_seen;
+    init_from_ = info.train.at("options").value("init_from", std::string());
     if (loss_scaler_ && info.train.contains("loss_scaler"))
       loss_scaler_->load_json(info.train.at("loss_scaler"));
     const auto saved_steps = info.train.at("options").value("steps", int64_t{0});
@@ -394,6 +398,7 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
     return info.step;
   }
   if (!o_.init_from.empty()) {
+    init_from_ = fs::absolute(o_.init_from).string();
     import_hugging_face(o_.init_from, config_, *layout_, *strategy_);
     print(fmt::format("initialised from {}\n", o_.init_from));
     return 0;
@@ -427,7 +432,7 @@ void Trainer::open_metrics(int64_t start_step) {
 void Trainer::print_run_description() const {
   print(fmt::format(
       "model {}: {} layers, {} heads, {} wide, vocab {} (padded {}), {:.2f}M parameters\n",
-      o_.model, config_.n_layer, config_.n_head, config_.n_embd, config_.vocab_size,
+      model_source(o_), config_.n_layer, config_.n_head, config_.n_embd, config_.vocab_size,
       config_.padded_vocab_size(), static_cast<double>(config_.num_parameters()) / 1e6));
   print(fmt::format("data {}: {} train / {} val tokens ({})\n", o_.data_dir,
                     train_tokens_->size(), val_tokens_->size(), meta_.tokenizer));
@@ -478,6 +483,7 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
   check_state_finite(*layout_, *strategy_, comm_, step);  // a diverged state is never committed
   nlohmann::json options = trajectory_;
   options["steps"] = o_.steps;
+  if (!init_from_.empty()) options["init_from"] = init_from_;
   CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy_->name(), world_,
                       {{"options", options}}};
   if (loss_scaler_) info.train["loss_scaler"] = loss_scaler_->to_json();

@@ -1,0 +1,32 @@
+// Hugging Face model directories in: the model a config.json describes, and its
+// weights loaded into a run's owned slices (`train --init-from DIR`, `--model DIR`).
+#pragma once
+
+#include <string>
+
+#include "shardlm/model/config.hpp"
+#include "shardlm/model/param_layout.hpp"
+#include "shardlm/parallel/strategy.hpp"
+
+namespace shardlm {
+
+// Whether `path` is a Hugging Face model directory (it holds config.json) or a
+// config.json file.
+bool is_hf_model_path(const std::string& path);
+
+// The ModelConfig that PATH/config.json (or the config.json file PATH) describes,
+// through its model_type's family: every field that changes the computation honoured
+// or refused by name.
+ModelConfig read_hf_model_config(const std::string& path);
+
+// Fills the strategy's owned master slices from PATH: a directory holding
+// model.safetensors or a sharded model.safetensors.index.json, or one .safetensors
+// file; stored as fp32, bf16, fp16 or fp64. AdamW moments are zeroed. A config.json
+// beside the weights must describe `config` (Error naming the first field that
+// differs); every tensor the model needs must be present with its Hugging Face shape,
+// and every stored tensor must be one the model has (Error naming the tensor).
+// Calls strategy.after_load().
+void import_hugging_face(const std::string& path, const ModelConfig& config,
+                         const ParamLayout& layout, Strategy& strategy);
+
+}  // namespace shardlm

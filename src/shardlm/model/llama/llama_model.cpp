@@ -1,0 +1,511 @@
+#include "shardlm/model/llama/llama_model.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "shardlm/backend/cpu/bias.hpp"
+#include "shardlm/backend/cpu/convert.hpp"
+#include "shardlm/backend/cpu/embedding.hpp"
+#include "shardlm/backend/cpu/gemm_mixed.hpp"
+#include "shardlm/model/llama/tmp_kernels.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/model/llama/llama_family.hpp"
+#include "shardlm/model/model_support.hpp"
+
+namespace shardlm {
+
+namespace kern = shardlm::tmpk;
+
+namespace {
+
+using kern::gemm;
+
+// Offsets (elements) of a layer's parameters inside its unit buffer; -1: absent.
+struct LayerOffsets {
+  int64_t ln1 = -1, qkv_w = -1, qkv_b = -1, q_norm = -1, k_norm = -1;
+  int64_t o_w = -1, o_b = -1, ln2 = -1, gu_w = -1, down_w = -1;
+};
+
+// What a layer's backward reads, saved by its forward (one set per layer, or one shared
+// set refilled by recomputation with activation checkpointing).
+struct LayerActivations {
+  TypedPtr ln1;                // [N, C] rmsnorm(x) * w_in
+  float* rstd1 = nullptr;      // [N]
+  TypedPtr qk_pre;             // [N, Q + KVD] q and k before their norms (qwen3 only)
+  float* rstd_q = nullptr;     // [N * H] (qwen3)
+  float* rstd_k = nullptr;     // [N * KV] (qwen3)
+  TypedPtr qkv;                // [N, Q + 2 KVD] q, k after RoPE; v
+  TypedPtr att;                // [N, Q] attention output, before o_proj
+  float* lse = nullptr;        // [B, H, T]
+  float* res2 = nullptr;       // [N, C] fp32: residual after the attention branch
+  TypedPtr ln2;                // [N, C]
+  float* rstd2 = nullptr;      // [N]
+  TypedPtr gate_up;            // [N, 2I] g|u
+  TypedPtr act;                // [N, I] silu(g) * u
+};
+
+struct LayerWeights {
+  ConstTypedPtr qkv, o, gate_up, down;
+};
+
+// fp32 values of the compute type; null where the parameter does not exist.
+struct LayerVectors {
+  const float* ln1 = nullptr;
+  const float* qkv_b = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const float* o_b = nullptr;
+  const float* ln2 = nullptr;
+};
+
+kern::RopeScaling kernel_rope_scaling(const RopeScaling& s) {
+  kern::RopeScaling k;
+  k.type = s.type;
+  k.factor = s.factor;
+  k.low_freq_factor = s.low_freq_factor;
+  k.high_freq_factor = s.high_freq_factor;
+  k.original_max_position_embeddings = s.original_max_position_embeddings;
+  return k;
+}
+
+}  // namespace
+
+struct LlamaModel::Impl {
+  ModelConfig config;
+  ParamLayout layout;
+  ModelOptions options;
+  int max_batch = 0, max_seq = 0;
+  int L = 0, final_unit = 0;
+  int64_t C = 0, H = 0, KV = 0, hd = 0, Q = 0, KVD = 0, QKV = 0, I = 0;
+  int V = 0, Vp = 0;
+  float eps = 1e-6f;
+  DType compute = DType::fp32;
+
+  int64_t embed = 0, norm_w = 0, lm_head = -1;
+  std::vector<LayerOffsets> offsets;
+
+  TrackedBuffer arena;
+  std::vector<float*> residual;           // L + 1 layer inputs, [N, C]
+  std::vector<LayerActivations> layers;   // L sets, or 1 with activation checkpointing
+  float* branch = nullptr;                // [N, C] o_proj / down_proj outputs
+  TypedPtr lnf;                           // [N, C]
+  float* lnf_rstd = nullptr;
+  float* dlnf = nullptr;                  // [N, C] gradient at the final norm's output
+  float* dres = nullptr;                  // [N, C] gradient of the residual stream
+  float* dsmall = nullptr;                // [N, C]
+  float* dmid = nullptr;                  // [N, max(Q, I)]
+  float* dbig = nullptr;                  // [N, max(QKV, 2I)]; forward: GEMM outputs
+  float* dqk = nullptr;                   // [N, Q + KVD] qwen3: gradient before the q/k norms
+  TypedPtr dres_c, dbig_c;                // compute-type copies of dres and dbig for GEMMs
+  int32_t* default_positions = nullptr;   // [N]: t
+  LmHead head;
+  std::unique_ptr<ParamRounding> rounding;
+  std::unique_ptr<kern::RopeTable> rope;
+
+  MicroBatchState state{0};
+  const int32_t* positions = nullptr;     // of the current micro-batch
+  const int32_t* key_begin = nullptr;
+
+  int64_t N() const { return state.N(); }
+  kern::AttentionShape attention_shape() const {
+    return {state.B, state.T, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(hd)};
+  }
+  LayerActivations& acts(int l) {
+    return layers[options.activation_checkpointing ? 0 : static_cast<size_t>(l)];
+  }
+  int64_t layer_weight_elements() const { return QKV * C + C * Q + 2 * I * C + C * I; }
+  int64_t weight_scratch_elements() const {
+    return std::max<int64_t>(layer_weight_elements(), static_cast<int64_t>(V) * C);
+  }
+  int64_t vector_scratch_floats() const { return 3 * C + QKV + 2 * hd; }
+
+  void set_shape(const ModelConfig& model_config, const ModelOptions& run_options);
+  void carve_activations(ArenaCarver& carver, int64_t n);
+  std::vector<int> needed_units(int unit) const;
+  LayerWeights layer_weights(int l, ConstTypedPtr p) const;
+  LayerVectors layer_vectors(int l, ConstTypedPtr p) const;
+  ConstTypedPtr head_weights(ParamPointers params) const {
+    const ConstTypedPtr w = lm_head < 0 ? params[0].at(embed) : params[final_unit].at(lm_head);
+    return rounding->gemm_weight(w, 0, static_cast<int64_t>(V) * C);
+  }
+
+  void layer_forward(int l, const LayerVectors& v, const LayerWeights& w, bool recompute);
+  void layer_backward(int l, const LayerVectors& v, const LayerWeights& w, float* g);
+  void qk_norm_forward(LayerActivations& a, const LayerVectors& v, float* qkv_f);
+  void qk_norm_backward(const LayerActivations& a, const LayerVectors& v, float* dqkv, float* g,
+                        const LayerOffsets& o);
+  void final_forward(ParamPointers params, UnitPointers grads, const MicroBatch& batch,
+                     bool training, float grad_scale);
+};
+
+void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOptions& run_options) {
+  config = model_config;
+  options = run_options;
+  compute = options.precision;
+  L = config.n_layer;
+  final_unit = L + 1;
+  C = config.n_embd;
+  H = config.n_head;
+  KV = config.kv_heads();
+  hd = config.head_dim();
+  Q = H * hd;
+  KVD = KV * hd;
+  QKV = Q + 2 * KVD;
+  I = config.mlp_width();
+  V = config.vocab_size;
+  Vp = config.padded_vocab_size();
+  eps = config.norm_eps;
+  state = MicroBatchState(L + 2);
+}
+
+void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
+  const DType ct = compute;
+  residual.assign(static_cast<size_t>(L) + 1, nullptr);
+  for (auto& r : residual) carver.request(&r, n * C);
+  layers.resize(options.activation_checkpointing ? 1 : static_cast<size_t>(L));
+  for (auto& a : layers) {
+    carver.request(&a.ln1, ct, n * C);
+    carver.request(&a.rstd1, n);
+    if (config.qk_norm) {
+      carver.request(&a.qk_pre, ct, n * (Q + KVD));
+      carver.request(&a.rstd_q, n * H);
+      carver.request(&a.rstd_k, n * KV);
+    }
+    carver.request(&a.qkv, ct, n * QKV);
+    carver.request(&a.att, ct, n * Q);
+    carver.request(&a.lse, n * H);
+    carver.request(&a.res2, n * C);
+    carver.request(&a.ln2, ct, n * C);
+    carver.request(&a.rstd2, n);
+    carver.request(&a.gate_up, ct, n * 2 * I);
+    carver.request(&a.act, ct, n * I);
+  }
+  carver.request(&branch, n * C);
+  carver.request(&lnf, ct, n * C);
+  carver.request(&lnf_rstd, n);
+  carver.request(&dlnf, n * C);
+  carver.request(&dres, n * C);
+  carver.request(&dsmall, n * C);
+  carver.request(&dmid, n * std::max(Q, I));
+  carver.request(&dbig, n * std::max(QKV, 2 * I));
+  if (config.qk_norm) carver.request(&dqk, n * (Q + KVD));
+  carver.request(&default_positions, n);
+  head.carve(carver, n, V, Vp, static_cast<int>(C), ct);
+  if (ct != DType::fp32) {
+    carver.request(&dres_c, ct, n * C);
+    carver.request(&dbig_c, ct, n * std::max(QKV, 2 * I));
+  }
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int max_batch,
+                       int max_seq, const ModelOptions& options, MemoryTracker& tracker)
+    : impl_(std::make_unique<Impl>()) {
+  config.validate();
+  Impl& m = *impl_;
+  m.set_shape(config, options);
+  m.layout = layout;
+  m.max_batch = max_batch;
+  m.max_seq = max_seq;
+  SHARDLM_CHECK(max_batch > 0, "model: max batch must be positive, got {}", max_batch);
+  SHARDLM_CHECK(max_seq > 0 && max_seq <= config.max_seq_len,
+                "model: max sequence length {} must be in [1, max_seq_len {}]", max_seq,
+                config.max_seq_len);
+  SHARDLM_CHECK(m.hd <= kern::kAttentionMaxHeadDim,
+                "model: head_dim {} exceeds the CPU attention kernel's limit {}", m.hd,
+                kern::kAttentionMaxHeadDim);
+  SHARDLM_CHECK(layout.num_model_units() == m.L + 2,
+                "model: layout has {} model units, the config needs {}", layout.num_model_units(),
+                m.L + 2);
+  m.embed = layout.offset_in_model_unit(0, "model.embed_tokens.weight");
+  for (int l = 0; l < m.L; ++l) {
+    auto off = [&](const char* suffix) {
+      return layout.offset_in_model_unit(l + 1, llama_param_name(l, suffix));
+    };
+    LayerOffsets o;
+    o.ln1 = off("input_layernorm.weight");
+    o.qkv_w = off("self_attn.q_proj.weight");
+    SHARDLM_ASSERT(off("self_attn.v_proj.weight") == o.qkv_w + (m.Q + m.KVD) * m.C);
+    if (config.qkv_bias) o.qkv_b = off("self_attn.q_proj.bias");
+    if (config.qk_norm) {
+      o.q_norm = off("self_attn.q_norm.weight");
+      o.k_norm = off("self_attn.k_norm.weight");
+    }
+    o.o_w = off("self_attn.o_proj.weight");
+    if (config.o_bias) o.o_b = off("self_attn.o_proj.bias");
+    o.ln2 = off("post_attention_layernorm.weight");
+    o.gu_w = off("mlp.gate_proj.weight");
+    SHARDLM_ASSERT(off("mlp.up_proj.weight") == o.gu_w + m.I * m.C);
+    o.down_w = off("mlp.down_proj.weight");
+    m.offsets.push_back(o);
+  }
+  m.norm_w = layout.offset_in_model_unit(m.final_unit, "model.norm.weight");
+  if (!config.tie_embeddings) m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
+
+  ArenaCarver carver;
+  m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
+  m.arena = carver.allocate(tracker);
+  m.rounding = std::make_unique<ParamRounding>(m.compute, m.weight_scratch_elements(),
+                                               m.vector_scratch_floats(), tracker);
+  m.rope = std::make_unique<kern::RopeTable>(static_cast<int>(m.hd), max_seq, config.rope_theta,
+                                            kernel_rope_scaling(config.rope_scaling), tracker);
+}
+
+LlamaModel::~LlamaModel() = default;
+
+ModelMemoryPlan LlamaModel::plan_memory(const ModelConfig& config, int max_batch, int max_seq,
+                                        const ModelOptions& options, bool params_in_compute_type) {
+  config.validate();
+  Impl m;
+  m.set_shape(config, options);
+  ArenaCarver carver;
+  m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
+  ModelMemoryPlan plan;
+  plan.activations = carver.bytes() + kern::RopeTable::bytes(static_cast<int>(m.hd), max_seq);
+  plan.params_scratch = ParamRounding::planned_bytes(m.compute, m.weight_scratch_elements(),
+                                                     m.vector_scratch_floats(),
+                                                     params_in_compute_type);
+  return plan;
+}
+
+const ModelConfig& LlamaModel::config() const { return impl_->config; }
+const ParamLayout& LlamaModel::layout() const { return impl_->layout; }
+const ModelOptions& LlamaModel::options() const { return impl_->options; }
+int LlamaModel::logits_chunk_rows() const { return impl_->head.chunk_rows(); }
+int LlamaModel::num_units() const { return impl_->L + 2; }
+
+std::vector<int> LlamaModel::Impl::needed_units(int unit) const {
+  SHARDLM_CHECK(unit >= 0 && unit < L + 2, "model: unit {} out of range [0, {})", unit, L + 2);
+  return model_family(config.family).unit_needs(config)[static_cast<size_t>(unit)];
+}
+
+std::vector<int> LlamaModel::units_needed_for(int unit) const { return impl_->needed_units(unit); }
+
+LayerWeights LlamaModel::Impl::layer_weights(int l, ConstTypedPtr p) const {
+  const LayerOffsets& o = offsets[static_cast<size_t>(l)];
+  int64_t at = 0;
+  auto weight = [&](int64_t offset, int64_t count) {
+    const ConstTypedPtr w = rounding->gemm_weight(p.at(offset), at, count);
+    at += count;
+    return w;
+  };
+  LayerWeights w;
+  w.qkv = weight(o.qkv_w, QKV * C);
+  w.o = weight(o.o_w, C * Q);
+  w.gate_up = weight(o.gu_w, 2 * I * C);
+  w.down = weight(o.down_w, C * I);
+  return w;
+}
+
+LayerVectors LlamaModel::Impl::layer_vectors(int l, ConstTypedPtr p) const {
+  const LayerOffsets& o = offsets[static_cast<size_t>(l)];
+  float* scratch = rounding->vector_scratch();
+  auto vec = [&](int64_t offset, int64_t count) -> const float* {
+    return offset < 0 ? nullptr : rounding->vector_values(p.at(offset), count, &scratch);
+  };
+  LayerVectors v;
+  v.ln1 = vec(o.ln1, C);
+  v.qkv_b = vec(o.qkv_b, QKV);
+  v.q_norm = vec(o.q_norm, hd);
+  v.k_norm = vec(o.k_norm, hd);
+  v.o_b = vec(o.o_b, C);
+  v.ln2 = vec(o.ln2, C);
+  return v;
+}
+
+// Qwen3: q and k as the GEMM made them (with bias) are stored in the compute type, and
+// each head is RMS-normalised from the stored values into qkv_f (fp32), where RoPE
+// reads them.
+void LlamaModel::Impl::qk_norm_forward(LayerActivations& a, const LayerVectors& v, float* qkv_f) {
+  const int64_t n = N();
+  kern::convert_rows(a.qk_pre, Q + KVD, qkv_f, QKV, n, Q + KVD);
+  kern::rmsnorm_heads_forward(qkv_f, QKV, a.rstd_q, a.qk_pre, Q + KVD, v.q_norm, n,
+                             static_cast<int>(H), static_cast<int>(hd), eps);
+  kern::rmsnorm_heads_forward(qkv_f + Q, QKV, a.rstd_k, a.qk_pre.at(Q), Q + KVD, v.k_norm, n,
+                             static_cast<int>(KV), static_cast<int>(hd), eps);
+}
+
+void LlamaModel::Impl::qk_norm_backward(const LayerActivations& a, const LayerVectors& v,
+                                        float* dqkv, float* g, const LayerOffsets& o) {
+  const int64_t n = N();
+  kern::rmsnorm_heads_backward(dqk, Q + KVD, g + o.q_norm, dqkv, QKV, a.qk_pre, Q + KVD, v.q_norm,
+                              a.rstd_q, n, static_cast<int>(H), static_cast<int>(hd));
+  kern::rmsnorm_heads_backward(dqk + Q, Q + KVD, g + o.k_norm, dqkv + Q, QKV, a.qk_pre.at(Q),
+                              Q + KVD, v.k_norm, a.rstd_k, n, static_cast<int>(KV),
+                              static_cast<int>(hd));
+  kern::convert_rows(dqkv, QKV, dqk, Q + KVD, n, Q + KVD);
+}
+
+void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWeights& w,
+                                     bool recompute) {
+  LayerActivations& a = acts(l);
+  const float* x = residual[static_cast<size_t>(l)];
+  const int64_t n = N();
+  const int rows = static_cast<int>(n);
+  kern::rmsnorm_forward(a.ln1, a.rstd1, x, v.ln1, n, static_cast<int>(C), eps);
+  // q|k|v in one GEMM over the packed [QKV, C] projection (HF's [out, in] weights).
+  float* qkv_f = dbig;
+  gemm(false, true, rows, static_cast<int>(QKV), static_cast<int>(C), 1.0f, a.ln1,
+       static_cast<int>(C), w.qkv, static_cast<int>(C), 0.0f, qkv_f, static_cast<int>(QKV));
+  if (v.qkv_b != nullptr) kern::add_bias(qkv_f, v.qkv_b, n, static_cast<int>(QKV));
+  if (config.qk_norm) qk_norm_forward(a, v, qkv_f);
+  // Attention reads q and k after RoPE, and v, as stored (rounded), as backward will.
+  kern::rope_forward(a.qkv, QKV, qkv_f, QKV, n, static_cast<int>(H), static_cast<int>(hd),
+                    positions, *rope);
+  kern::rope_forward(a.qkv.at(Q), QKV, qkv_f + Q, QKV, n, static_cast<int>(KV),
+                    static_cast<int>(hd), positions, *rope);
+  kern::convert_rows(a.qkv.at(Q + KVD), QKV, qkv_f + Q + KVD, QKV, n, KVD);
+  kern::attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
+  gemm(false, true, rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att,
+       static_cast<int>(Q), w.o, static_cast<int>(Q), 0.0f, branch, static_cast<int>(C));
+  kern::residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
+                                static_cast<int>(C), eps);
+  float* gu_f = compute == DType::fp32 ? a.gate_up.f32() : dbig;
+  gemm(false, true, rows, static_cast<int>(2 * I), static_cast<int>(C), 1.0f, a.ln2,
+       static_cast<int>(C), w.gate_up, static_cast<int>(C), 0.0f, gu_f, static_cast<int>(2 * I));
+  if (compute != DType::fp32) kern::convert(a.gate_up, gu_f, n * 2 * I);
+  kern::swiglu_forward(a.act, a.gate_up, n, static_cast<int>(I));
+  if (recompute) return;
+  gemm(false, true, rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act,
+       static_cast<int>(I), w.down, static_cast<int>(I), 0.0f, branch, static_cast<int>(C));
+  kern::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
+                         static_cast<int>(C));
+}
+
+// On entry dres holds dLoss/d(layer output); on exit dLoss/d(layer input). Weight
+// gradients accumulate into g through the GEMMs' beta = 1; for y = x W^T (W [out, in])
+// dW += dy^T x and dx = dy W.
+void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerWeights& w,
+                                      float* g) {
+  const LayerOffsets& o = offsets[static_cast<size_t>(l)];
+  const LayerActivations& a = acts(l);
+  const float* x = residual[static_cast<size_t>(l)];
+  const int64_t n = N();
+  const int rows = static_cast<int>(n);
+  const int c = static_cast<int>(C), q = static_cast<int>(Q), i2 = static_cast<int>(2 * I),
+            i1 = static_cast<int>(I), qkv = static_cast<int>(QKV);
+
+  // MLP: y = r + (silu(g) * u) Wdown^T
+  ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
+  gemm(true, false, c, i1, rows, 1.0f, dy, c, a.act, i1, 1.0f, g + o.down_w, i1);
+  float* dact = dmid;
+  gemm(false, false, rows, i1, c, 1.0f, dy, c, w.down, i1, 0.0f, dact, i1);
+  float* dgu = dbig;
+  kern::swiglu_backward(dgu, dact, a.gate_up, n, i1);
+  const ConstTypedPtr dgu_g = rounding->for_gemm(dgu, dbig_c, n * 2 * I);
+  gemm(true, false, i2, c, rows, 1.0f, dgu_g, i2, a.ln2, c, 1.0f, g + o.gu_w, c);
+  float* dln2 = dsmall;
+  gemm(false, false, rows, c, i2, 1.0f, dgu_g, i2, w.gate_up, c, 0.0f, dln2, c);
+  kern::rmsnorm_backward(dres, g + o.ln2, dln2, a.res2, v.ln2, a.rstd2, n, c, /*accumulate=*/true);
+
+  // Attention: r = x + attention(...) Wo^T (+ b_o)
+  dy = rounding->for_gemm(dres, dres_c, n * C);
+  gemm(true, false, c, q, rows, 1.0f, dy, c, a.att, q, 1.0f, g + o.o_w, q);
+  if (o.o_b >= 0) kern::bias_backward(g + o.o_b, dres, n, c);
+  float* datt = dmid;
+  gemm(false, false, rows, q, c, 1.0f, dy, c, w.o, q, 0.0f, datt, q);
+  float* dqkv = dbig;
+  kern::attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
+  kern::rope_backward(dqkv, QKV, dqkv, QKV, n, static_cast<int>(H), static_cast<int>(hd), positions,
+                     *rope);
+  kern::rope_backward(dqkv + Q, QKV, dqkv + Q, QKV, n, static_cast<int>(KV), static_cast<int>(hd),
+                     positions, *rope);
+  if (config.qk_norm) qk_norm_backward(a, v, dqkv, g, o);
+  if (o.qkv_b >= 0) kern::bias_backward(g + o.qkv_b, dqkv, n, qkv);
+  const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * QKV);
+  gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
+  float* dln1 = dsmall;
+  gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
+  kern::rmsnorm_backward(dres, g + o.ln1, dln1, x, v.ln1, a.rstd1, n, c, /*accumulate=*/true);
+}
+
+void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
+                                     const MicroBatch& batch, bool training, float grad_scale) {
+  const ConstTypedPtr p = params[final_unit];
+  float* scratch = rounding->vector_scratch();
+  const float* weight = rounding->vector_values(p.at(norm_w), C, &scratch);
+  const int64_t n = N();
+  kern::rmsnorm_forward(lnf, lnf_rstd, residual[static_cast<size_t>(L)], weight, n,
+                       static_cast<int>(C), eps);
+  if (batch.targets == nullptr) {
+    SHARDLM_CHECK(!training, "model: a training forward needs targets");
+    state.finish_forward(false);
+    return;
+  }
+  state.target_count = count_targets(batch.targets, n, V);
+  float* dhead = nullptr;
+  if (training) {
+    const int head_unit = lm_head < 0 ? 0 : final_unit;
+    check_grad_pointer(grads, L + 2, head_unit);
+    check_grad_pointer(grads, L + 2, final_unit);
+    dhead = grads[head_unit] + (lm_head < 0 ? embed : lm_head);
+  }
+  state.loss_sum = head.loss(lnf, head_weights(params), batch.targets, n, grad_scale,
+                             training ? dlnf : nullptr, dhead);
+  state.finish_forward(training);
+}
+
+void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads,
+                              const MicroBatch& batch, bool training, float grad_scale) {
+  Impl& m = *impl_;
+  check_param_pointers(params, m.L + 2, m.needed_units(unit), unit, m.compute);
+  if (unit == 0) {
+    check_micro_batch(batch, m.max_batch, m.max_seq, m.V);
+    m.state.start(batch);
+    const int64_t n = m.N();
+    for (int64_t i = 0; i < n; ++i) m.default_positions[i] = static_cast<int32_t>(i % batch.T);
+    m.positions = batch.positions != nullptr ? batch.positions : m.default_positions;
+    m.key_begin = batch.key_begin;
+    kern::embedding_forward(m.residual[0], batch.tokens, params[0].at(m.embed), ConstTypedPtr(),
+                           batch.B, batch.T, static_cast<int>(m.C), m.compute);
+    return;
+  }
+  m.state.check_forward(unit, batch);
+  if (unit < m.final_unit) {
+    const ConstTypedPtr p = params[unit];
+    m.layer_forward(unit - 1, m.layer_vectors(unit - 1, p), m.layer_weights(unit - 1, p),
+                    /*recompute=*/false);
+  } else {
+    m.final_forward(params, grads, batch, training, grad_scale);
+  }
+}
+
+void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grads,
+                               const MicroBatch& batch) {
+  Impl& m = *impl_;
+  m.state.begin_backward(unit, batch);
+  check_param_pointers(params, m.L + 2, {unit}, unit, m.compute);
+  check_grad_pointer(grads, m.L + 2, unit);
+  const int64_t n = m.N();
+  const ConstTypedPtr p = params[unit];
+  if (unit == m.final_unit) {
+    float* g = grads[unit];
+    float* scratch = m.rounding->vector_scratch();
+    const float* weight = m.rounding->vector_values(p.at(m.norm_w), m.C, &scratch);
+    std::memset(m.dres, 0, sizeof(float) * static_cast<size_t>(n * m.C));
+    kern::rmsnorm_backward(m.dres, g + m.norm_w, m.dlnf, m.residual[static_cast<size_t>(m.L)],
+                          weight, m.lnf_rstd, n, static_cast<int>(m.C), /*accumulate=*/true);
+  } else if (unit > 0) {
+    // One conversion serves the recompute and the backward.
+    const LayerVectors v = m.layer_vectors(unit - 1, p);
+    const LayerWeights w = m.layer_weights(unit - 1, p);
+    if (m.options.activation_checkpointing) m.layer_forward(unit - 1, v, w, /*recompute=*/true);
+    m.layer_backward(unit - 1, v, w, grads[unit]);
+  } else {
+    kern::embedding_backward(grads[0] + m.embed, nullptr, m.dres, batch.tokens, m.state.B,
+                            m.state.T, static_cast<int>(m.C));
+  }
+}
+
+double LlamaModel::last_loss_sum() const { return impl_->state.loss_sum; }
+int64_t LlamaModel::last_target_count() const { return impl_->state.target_count; }
+
+void LlamaModel::logits_at(ParamPointers params, int t, float* out) const {
+  const Impl& m = *impl_;
+  m.state.check_logits_at(t);
+  check_param_pointers(params, m.L + 2, m.needed_units(m.final_unit), m.final_unit, m.compute);
+  // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
+  m.head.logits(m.lnf.at(static_cast<int64_t>(t) * m.C), static_cast<int64_t>(m.state.T) * m.C,
+                m.state.B, m.head_weights(params), out);
+}
+
+}  // namespace shardlm
