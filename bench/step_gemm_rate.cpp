@@ -1,11 +1,12 @@
 // step_gemm_rate: the GEMM library alone, on exactly the GEMM calls one training
-// step of a GPT-2 preset makes (forward and backward of every block's four linear
-// layers, and the fused LM head in the row chunks the model uses), at the step's
-// precision and thread count. Prints one JSON line, so bench/speed_vs_pytorch.py can
+// step of a model preset of any family makes (recorded by cpu::GemmRecorder while the
+// model runs one training micro-batch: every linear layer forward and backward, and
+// the fused LM head in the row chunks the model uses), at the step's precision and
+// thread count. Prints one JSON line, so bench/speed_vs_pytorch.py can
 // compare a training step's achieved model GFLOP/s with the library's own rate
 // (docs/profiling.md).
 //
-//   step_gemm_rate [--model gpt2-small-30m] [--batch 8] [--seq 256] [--precision fp32]
+//   step_gemm_rate [--model gpt2-small-30m|smollm2-135m|...] [--batch 8] [--seq 256] [--precision fp32]
 //                  [--threads 2] [--min-time 0.3] [--passes 3] [--quiet-wait 0] [--flush-mb 96]
 //
 // Each distinct call shape is timed through cpu::gemm (the model's entry point: fp32
@@ -20,9 +21,10 @@
 // every thread, untimed): cold_gemm_gflops, a bound from the other side.
 // Model FLOPs, counted analytically for the same step:
 //   step_gemm_flops = sum over those calls of 2 M N K (LM head over the real vocabulary),
-//   attention_flops = causal attention's matmuls, 6 C T (T + 1) per layer and sequence:
-//                     QK^T and PV forward, dP, dV, dQ, dK backward, each 2 x head_dim
-//                     FLOPs per visible (query, key) pair per head, T (T + 1) / 2 pairs;
+//   attention_flops = causal attention's matmuls, 6 (H hd) T (T + 1) per layer and
+//                     sequence: QK^T and PV forward, dP, dV, dQ, dK backward, each
+//                     2 x head_dim FLOPs per visible (query, key) pair per query head,
+//                     T (T + 1) / 2 pairs (GPT-2: H hd = C);
 //   model_flops = step_gemm_flops + attention_flops.
 // Without activation checkpointing (whose recomputed forward GEMMs are not model FLOPs).
 #include <omp.h>
@@ -47,8 +49,12 @@
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
 #include "shardlm/model/config.hpp"
-#include "shardlm/model/gpt2/gpt2_model.hpp"
+#include "shardlm/model/family.hpp"
 #include "shardlm/model/param_layout.hpp"
+#include "shardlm/comm/single_process_communicator.hpp"
+#include "shardlm/backend/cpu/gemm_recorder.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/train/model_runner.hpp"
 
 namespace {
 
@@ -58,58 +64,64 @@ using shardlm::bench::wait_until_quiet;
 using shardlm::DType;
 using shardlm::Stopwatch;
 
+// One distinct GEMM shape of the step and how often the step makes it.
 struct Call {
-  std::string name;
-  bool trans_a = false, trans_b = false;
-  int M = 0, N = 0, K = 0;
-  int lda = 0, ldb = 0, ldc = 0;
-  float beta = 0.0f;
-  long calls = 0;  // per training step
+  shardlm::cpu::GemmCall shape;
+  long calls = 0;
 
-  double flops() const { return 2.0 * M * N * K; }
-  size_t a_elems() const { return static_cast<size_t>(trans_a ? K : M) * lda; }
-  size_t b_elems() const { return static_cast<size_t>(trans_b ? N : K) * ldb; }
-  size_t c_elems() const { return static_cast<size_t>(M) * ldc; }
+  double flops() const { return 2.0 * shape.M * shape.N * shape.K; }
+  size_t a_elems() const { return static_cast<size_t>(shape.trans_a ? shape.K : shape.M) * shape.lda; }
+  size_t b_elems() const { return static_cast<size_t>(shape.trans_b ? shape.N : shape.K) * shape.ldb; }
+  size_t c_elems() const { return static_cast<size_t>(shape.M) * shape.ldc; }
+  std::string name() const {
+    return fmt::format("{}{} {}x{}x{}{}", shape.trans_a ? 'T' : 'N', shape.trans_b ? 'T' : 'N',
+                       shape.M, shape.N, shape.K, shape.beta != 0.0f ? " +=" : "");
+  }
 };
 
-// The library calls of one training micro-batch, as Gpt2Model makes them: weights are
-// stored [in, out], forward x W is N N, backward-data dY W^T is N T, backward-weight
-// X^T dY is T N and accumulates. The tied head is wte [V, C] with logits rows of
-// stride Vp (padded vocabulary); per chunk of rows: logits = x wte^T, dx = dlogits wte,
-// dwte += dlogits^T x.
-std::vector<Call> step_calls(const shardlm::ModelConfig& config, int B, int T, int chunk_rows) {
-  const int C = config.n_embd, rows = B * T, V = config.vocab_size;
-  const int Vp = config.padded_vocab_size();
-  const long L = config.n_layer;
-  std::vector<Call> calls;
-  auto linear = [&](const std::string& name, int in, int out) {
-    calls.push_back({name + " fwd", false, false, rows, out, in, in, out, out, 0.0f, L});
-    calls.push_back({name + " bwd-data", false, true, rows, in, out, out, out, in, 0.0f, L});
-    calls.push_back({name + " bwd-weight", true, false, in, out, rows, in, out, out, 1.0f, L});
-  };
-  linear("c_attn", C, 3 * C);
-  linear("attn.c_proj", C, C);
-  linear("c_fc", C, 4 * C);
-  linear("mlp.c_proj", 4 * C, C);
-  auto head = [&](int r, long count) {
-    const std::string tag = fmt::format("lm_head/{}", r);
-    calls.push_back({tag + " fwd", false, true, r, V, C, C, C, Vp, 0.0f, count});
-    calls.push_back({tag + " bwd-data", false, false, r, C, V, Vp, C, C, 0.0f, count});
-    calls.push_back({tag + " bwd-weight", true, false, V, C, r, Vp, C, C, 1.0f, count});
-  };
-  if (rows / chunk_rows > 0) head(chunk_rows, rows / chunk_rows);
-  if (rows % chunk_rows > 0) head(rows % chunk_rows, 1);
-  return calls;
-}
-
-// The model's own LM-head chunking (Gpt2Model::logits_chunk_rows) for this batch.
-int model_chunk_rows(const shardlm::ModelConfig& config, int B, int T, DType precision) {
+// The GEMM calls of one training micro-batch of `config` (forward and backward of every
+// unit through a single-process strategy, parameters in the step's precision as the
+// trainer hands them), grouped by shape; and the LM head's chunk rows.
+std::vector<Call> record_step_calls(const shardlm::ModelConfig& config, int B, int T,
+                                    DType precision, int* chunk_rows) {
   shardlm::MemoryTracker tracker;
   const auto layout = shardlm::ParamLayout::build(config, 1);
-  shardlm::ModelOptions options;
-  options.precision = precision;
-  const shardlm::Gpt2Model model(config, layout, B, T, options, tracker);
-  return model.logits_chunk_rows();
+  const shardlm::ModelOptions options{precision, false};
+  auto model = shardlm::model_family(config.family).make_model(config, layout, B, T, options, tracker);
+  *chunk_rows = model->logits_chunk_rows();
+  shardlm::SingleProcessCommunicator comm;
+  shardlm::StrategyOptions strategy_options;
+  strategy_options.param_dtype = precision;
+  shardlm::FlatUnitStrategy strategy(layout, model->unit_needs(), comm, strategy_options, tracker);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    shardlm::OwnedSlice s = strategy.owned(u);
+    model->init_range(u, 1234, s.begin, s.end, s.master);
+  }
+  strategy.after_load();
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(config.vocab_size));
+    targets[i] = static_cast<int32_t>((i * 104729 + 1) % static_cast<size_t>(config.vocab_size));
+  }
+  shardlm::ModelRunner runner(*model, strategy);
+  const shardlm::MicroBatch batch{tokens.data(), targets.data(), B, T};
+  std::vector<Call> calls;
+  {
+    shardlm::cpu::GemmRecorder recorder;
+    strategy.begin_step(1);
+    runner.forward(batch, true, 1.0f / static_cast<float>(tokens.size()));
+    runner.backward(batch, 0);
+    for (const auto& shape : recorder.calls()) {
+      auto it = std::find_if(calls.begin(), calls.end(), [&](const Call& c) { return c.shape == shape; });
+      if (it == calls.end()) {
+        calls.push_back({shape, 1});
+      } else {
+        ++it->calls;
+      }
+    }
+  }
+  strategy.finish_gradients();
+  return calls;
 }
 
 // prepare (untimed) runs before every timed run.
@@ -194,8 +206,8 @@ int main(int argc, char** argv) {
     const shardlm::ModelConfig config = shardlm::model_preset(preset);
     const DType precision = shardlm::parse_dtype(precision_name, "--precision");
     omp_set_num_threads(threads);
-    const int chunk_rows = model_chunk_rows(config, B, T, precision);
-    const std::vector<Call> calls = step_calls(config, B, T, chunk_rows);
+    int chunk_rows = 0;
+    const std::vector<Call> calls = record_step_calls(config, B, T, precision, &chunk_rows);
 
     size_t na = 0, nb = 0, nc = 0;
     for (const auto& c : calls) {
@@ -203,7 +215,10 @@ int main(int argc, char** argv) {
       nb = std::max(nb, c.b_elems());
       nc = std::max(nc, c.c_elems());
     }
-    const Operand a(precision, na, 1), b(precision, nb, 2);
+    // Operands in both types the calls read (activations, weights, gradients).
+    const Operand a32(DType::fp32, na, 1), b32(DType::fp32, nb, 2);
+    const Operand a16(precision, precision == DType::fp32 ? 1 : na, 1),
+        b16(precision, precision == DType::fp32 ? 1 : nb, 2);
     const Operand c(DType::fp32, nc, 3);
 
     CacheFlusher flush(static_cast<size_t>(flush_mb * (1 << 20)));
@@ -212,11 +227,13 @@ int main(int argc, char** argv) {
     std::vector<bool> quiet(calls.size(), false);
     for (int pass = 0; pass < passes; ++pass)
       for (size_t i = 0; i < calls.size(); ++i) {
-        const Call& s = calls[i];
+        const shardlm::cpu::GemmCall& s = calls[i].shape;
+        const Operand& a = s.a_type == DType::fp32 ? a32 : a16;
+        const Operand& b = s.b_type == DType::fp32 ? b32 : b16;
         const auto run = [&] {
           shardlm::cpu::gemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f,
-                             shardlm::ConstTypedPtr(a.buffer.data(), precision), s.lda,
-                             shardlm::ConstTypedPtr(b.buffer.data(), precision), s.ldb,
+                             shardlm::ConstTypedPtr(a.buffer.data(), s.a_type), s.lda,
+                             shardlm::ConstTypedPtr(b.buffer.data(), s.b_type), s.ldb,
                              s.beta, c.buffer.as<float>(), s.ldc);
         };
         const bool was_quiet = quiet_wait > 0 && wait_until_quiet(quiet_wait);
@@ -235,14 +252,14 @@ int main(int argc, char** argv) {
       gemm_flops += s.flops() * static_cast<double>(s.calls);
       gemm_seconds += best[i] * static_cast<double>(s.calls);
       cold_seconds += best_cold[i] * static_cast<double>(s.calls);
-      shapes.push_back({{"name", s.name},
-                        {"op", fmt::format("{}{}", s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N')},
-                        {"M", s.M}, {"N", s.N}, {"K", s.K}, {"calls", s.calls},
+      shapes.push_back({{"name", s.name()},
+                        {"op", fmt::format("{}{}", s.shape.trans_a ? 'T' : 'N', s.shape.trans_b ? 'T' : 'N')},
+                        {"M", s.shape.M}, {"N", s.shape.N}, {"K", s.shape.K}, {"calls", s.calls},
                         {"gflops", s.flops() / best[i] * 1e-9},
                         {"cold_gflops", s.flops() / best_cold[i] * 1e-9}, {"quiet", quiet[i]}});
     }
-    const double C = config.n_embd;
-    const double attention_flops = 6.0 * C * T * (T + 1.0) * B * config.n_layer;
+    const double Q = static_cast<double>(config.n_head) * config.head_dim();
+    const double attention_flops = 6.0 * Q * T * (T + 1.0) * B * config.n_layer;
     const std::string library =
         precision == DType::fp32
             ? fmt::format("{} sgemm", shardlm::cpu::gemm_library_name())

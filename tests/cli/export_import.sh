@@ -87,8 +87,8 @@ grep -q '"n_positions": 64' "$WORK/ctx64_hf/config.json" || fail "n_positions no
 # transformers loads the export: same loss on the same 16 windows of val.bin.
 ours="$("$SHARDLM" eval --checkpoint "$WORK/run" --data "$WORK/data" --seq-len 32 --windows 16 | awk '/^loss:/ {print $2}')"
 rc=0
-theirs="$(/usr/bin/python3 "$(dirname "$0")/../../tools/check_hf_export.py" "$WORK/hf" "$WORK/data/val.bin" 32 16 2>&1)" || rc=$?
-if [ "$rc" -eq 77 ] || [ ! -x /usr/bin/python3 ]; then
+theirs="$("${SHARDLM_REF_PYTHON:-/usr/bin/python3}" "$(dirname "$0")/../../tools/check_hf_export.py" "$WORK/hf" "$WORK/data/val.bin" 32 16 2>&1)" || rc=$?
+if [ "$rc" -eq 77 ] || [ ! -x "${SHARDLM_REF_PYTHON:-/usr/bin/python3}" ]; then
   echo "$theirs"
 else
   [ "$rc" -eq 0 ] || { echo "$theirs"; fail "transformers could not load the export"; }

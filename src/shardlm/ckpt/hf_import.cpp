@@ -131,12 +131,18 @@ ModelConfig read_hf_model_config(const std::string& path) {
   }
 }
 
-void import_hugging_face(const std::string& path, const ModelConfig& config,
-                         const ParamLayout& layout, Strategy& strategy) {
-  const ModelFamily& family = model_family(config.family);
+void check_hf_model_matches(const std::string& path, const ModelConfig& config) {
+  SHARDLM_CHECK(fs::exists(path), "--init-from: '{}' not found (expected a .safetensors file or a "
+                "directory holding model.safetensors)", path);
   const fs::path base = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
   if (fs::exists(base / "config.json"))
     check_same_model(config, read_hf_model_config(base.string()), base / "config.json");
+}
+
+void import_hugging_face(const std::string& path, const ModelConfig& config,
+                         const ParamLayout& layout, Strategy& strategy) {
+  const ModelFamily& family = model_family(config.family);
+  check_hf_model_matches(path, config);
   WeightFiles files = open_weights(path);
 
   // shardlm name -> stored name; every stored tensor must be one the model has.

@@ -19,6 +19,11 @@ bool is_hf_model_path(const std::string& path);
 // or refused by name.
 ModelConfig read_hf_model_config(const std::string& path);
 
+// Error unless the config.json beside the weights at PATH (if any) describes `config`:
+// the first field that differs is named. Cheap: a run calls it before it creates
+// anything.
+void check_hf_model_matches(const std::string& path, const ModelConfig& config);
+
 // Fills the strategy's owned master slices from PATH: a directory holding
 // model.safetensors or a sharded model.safetensors.index.json, or one .safetensors
 // file; stored as fp32, bf16, fp16 or fp64. AdamW moments are zeroed. A config.json

@@ -37,10 +37,13 @@ ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_
   config.vocab_size =
       o.vocab_size.value_or(follows_data ? *data_vocab_size : config.vocab_size);
   config.validate();
-  SHARDLM_CHECK(!data_vocab_size || config.vocab_size >= *data_vocab_size,
-                "the model's vocabulary ({}{}) is smaller than the data's ({} from meta.json)",
-                config.vocab_size, o.vocab_size ? " from --vocab-size" : "",
-                data_vocab_size.value_or(0));
+  if (data_vocab_size && config.vocab_size < *data_vocab_size) {
+    SHARDLM_CHECK(!o.vocab_size, "--vocab-size {} is smaller than the data's vocabulary ({} from "
+                  "meta.json)", config.vocab_size, *data_vocab_size);
+    throw Error(fmt::format("model '{}' has a vocabulary of {}, smaller than the data's ({} from "
+                            "meta.json): prepare the data with the model's tokenizer",
+                            source, config.vocab_size, *data_vocab_size));
+  }
   SHARDLM_CHECK(o.seq_len <= config.max_seq_len,
                 "--seq-len {} is longer than the model's context ({} positions; --context-len "
                 "sets it)",

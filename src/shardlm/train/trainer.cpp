@@ -310,6 +310,7 @@ void Trainer::read_inputs() {
   meta_ = read_dataset_meta(o_.data_dir);
   o_.validate();
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
+  if (!o_.init_from.empty()) check_hf_model_matches(o_.init_from, config_);
   strategy_options_ = {parse_strategy_kind(o_.strategy), o_.bucket_mb, o_.prefetch,
                        o_.reshard_after_forward, o_.shard_group_size,
                        parse_dtype(o_.precision, "--precision"),

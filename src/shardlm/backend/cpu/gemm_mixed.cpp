@@ -14,6 +14,7 @@
 
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/gemm.hpp"
+#include "shardlm/backend/cpu/gemm_recorder.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/core/phase_profile.hpp"
@@ -213,6 +214,7 @@ void gemm_on(Bf16GemmPath path, bool ta, bool tb, int M, int N, int K, float alp
 
 void gemm(bool ta, bool tb, int M, int N, int K, float alpha, ConstTypedPtr A, int lda,
           ConstTypedPtr B, int ldb, float beta, float* C, int ldc) {
+  GemmRecorder::note({ta, tb, M, N, K, lda, ldb, ldc, beta, A.dtype, B.dtype});
   gemm_on(Bf16GemmPath::kAuto, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
