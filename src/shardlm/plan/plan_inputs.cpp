@@ -1,7 +1,7 @@
-#include <optional>
 #include "shardlm/plan/plan_inputs.hpp"
 
 #include <filesystem>
+#include <optional>
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/data/prepare.hpp"
