@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/backend/cpu/attention.hpp"
 #include "shardlm/backend/cpu/bias.hpp"
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/embedding.hpp"
@@ -18,11 +19,6 @@
 namespace shardlm::tmpk {
 
 using namespace shardlm::cpu;
-inline constexpr int kAttentionMaxHeadDim = 128;
-
-struct AttentionShape {
-  int B = 0, T = 0, n_head = 0, n_kv_head = 0, head_dim = 0;
-};
 
 inline float rd(ConstTypedPtr p, int64_t i) {
   float v = 0;
@@ -31,76 +27,6 @@ inline float rd(ConstTypedPtr p, int64_t i) {
 }
 inline void wr(TypedPtr p, int64_t i, float v) {
   with_writer(p, [&](auto w) { w(i, v); });
-}
-
-inline void attention_forward(TypedPtr out, float* lse, ConstTypedPtr qkv, const AttentionShape& s,
-                              const int32_t* key_begin = nullptr) {
-  const int64_t H = s.n_head, KV = s.n_kv_head, hd = s.head_dim, W = (H + 2 * KV) * hd;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-#pragma omp parallel for collapse(2)
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const int64_t kvh = h / (H / KV);
-      std::vector<double> p(s.T);
-      for (int t = 0; t < s.T; ++t) {
-        const int64_t row = static_cast<int64_t>(b) * s.T + t;
-        const int kb = key_begin ? key_begin[row] : 0;
-        double mx = -1e300;
-        for (int j = kb; j <= t; ++j) {
-          const int64_t rj = static_cast<int64_t>(b) * s.T + j;
-          double d = 0;
-          for (int64_t i = 0; i < hd; ++i)
-            d += static_cast<double>(rd(qkv, row * W + h * hd + i)) * rd(qkv, rj * W + H * hd + kvh * hd + i);
-          p[j] = d * scale;
-          mx = std::max(mx, p[j]);
-        }
-        double sum = 0;
-        for (int j = kb; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        lse[(static_cast<int64_t>(b) * H + h) * s.T + t] = static_cast<float>(mx + std::log(sum));
-        for (int64_t i = 0; i < hd; ++i) {
-          double o = 0;
-          for (int j = kb; j <= t; ++j) {
-            const int64_t rj = static_cast<int64_t>(b) * s.T + j;
-            o += p[j] / sum * rd(qkv, rj * W + (H + KV) * hd + kvh * hd + i);
-          }
-          wr(out, row * H * hd + h * hd + i, static_cast<float>(o));
-        }
-      }
-    }
-}
-
-inline void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
-                               const float* lse, const AttentionShape& s,
-                               const int32_t* key_begin = nullptr) {
-  const int64_t H = s.n_head, KV = s.n_kv_head, hd = s.head_dim, W = (H + 2 * KV) * hd;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(s.B * s.T * W));
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const int64_t kvh = h / (H / KV);
-      for (int t = 0; t < s.T; ++t) {
-        const int64_t row = static_cast<int64_t>(b) * s.T + t;
-        const int kb = key_begin ? key_begin[row] : 0;
-        const double l = lse[(static_cast<int64_t>(b) * H + h) * s.T + t];
-        double D = 0;
-        for (int64_t i = 0; i < hd; ++i) D += static_cast<double>(dout[row * H * hd + h * hd + i]) * rd(out, row * H * hd + h * hd + i);
-        for (int j = kb; j <= t; ++j) {
-          const int64_t rj = static_cast<int64_t>(b) * s.T + j;
-          double d = 0, dp = 0;
-          for (int64_t i = 0; i < hd; ++i) {
-            d += static_cast<double>(rd(qkv, row * W + h * hd + i)) * rd(qkv, rj * W + H * hd + kvh * hd + i);
-            dp += static_cast<double>(dout[row * H * hd + h * hd + i]) * rd(qkv, rj * W + (H + KV) * hd + kvh * hd + i);
-          }
-          const double p = std::exp(d * scale - l);
-          const double ds = p * (dp - D) * scale;
-          for (int64_t i = 0; i < hd; ++i) {
-            dqkv[rj * W + (H + KV) * hd + kvh * hd + i] += static_cast<float>(p * dout[row * H * hd + h * hd + i]);
-            dqkv[row * W + h * hd + i] += static_cast<float>(ds * rd(qkv, rj * W + H * hd + kvh * hd + i));
-            dqkv[rj * W + H * hd + kvh * hd + i] += static_cast<float>(ds * rd(qkv, row * W + h * hd + i));
-          }
-        }
-      }
-    }
 }
 
 struct RopeScaling {
