@@ -19,7 +19,7 @@ expect_error "'$WORK/mine/config.json' already exists (export never overwrites; 
 rc=0
 (trap '' XFSZ; ulimit -f 16; "$SHARDLM" export --checkpoint "$WORK/run" --out "$WORK/full/hf") \
   > /dev/null 2> "$WORK/full.err" || rc=$?
-[ "$rc" -ne 0 ] && grep -q "^error: .*model.safetensors.tmp" "$WORK/full.err" || { cat "$WORK/full.err"; fail "disk-full export"; }
+[ "$rc" -ne 0 ] && grep -q "^error: .*model.safetensors" "$WORK/full.err" || { cat "$WORK/full.err"; fail "disk-full export"; }
 [ ! -e "$WORK/full" ] || fail "a failed export left $(find "$WORK/full")"
 
 want="$(digest_of "$WORK/run")"

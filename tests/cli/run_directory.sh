@@ -35,13 +35,26 @@ expect_error "--resume: run directory '$WORK/restart' holds no committed checkpo
   "$SHARDLM" train "${RUN[@]}" --steps 8 --save-every 4 --out "$WORK/restart" --resume
 "$SHARDLM" train "${RUN[@]}" --steps 8 --save-every 4 --out "$WORK/restart" --resume-if-exists \
   > "$WORK/restart.log" 2>&1 || { cat "$WORK/restart.log"; fail "restart from step 0"; }
-# (The temporary is gone as soon as the new job holds the lock; a job that ends before
-# its first save shows it.)
+# (The temporary is gone as soon as the new job holds the lock; a job that fails before
+# its first save shows it: here its Hugging Face weights lack a tensor, which is found
+# only when they are read, after the lock.)
 SHARDLM_FAULT=ckpt_before_rename:exit "$SHARDLM" train "${RUN[@]}" --steps 8 --save-every 4 \
   --out "$WORK/early_end" > /dev/null 2>&1 || true
 [ -d "$WORK/early_end/checkpoints/.tmp-step_00000004" ] || fail "no temporary left by the killed save"
-expect_error "not found" "$SHARDLM" train "${RUN[@]}" --steps 8 --out "$WORK/early_end" --resume-if-exists \
-  --init-from "$WORK/no_such_model"
+"$SHARDLM" train "${RUN[@]}" --steps 0 --out "$WORK/weights" > /dev/null
+"$SHARDLM" export --checkpoint "$WORK/weights" --out "$WORK/hf_broken" > /dev/null
+python3 - "$WORK/hf_broken/model.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+del header["transformer.ln_f.bias"]
+text = json.dumps(header).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+expect_error "has no tensor 'transformer.ln_f.bias'" "$SHARDLM" train "${RUN[@]}" --steps 8 \
+  --out "$WORK/early_end" --resume-if-exists --init-from "$WORK/hf_broken"
 ls -a "$WORK/early_end/checkpoints" | grep -q "tmp" && fail "temporary left after the lock was taken"
 if grep -q "resumed from" "$WORK/restart.log"; then fail "resumed from nothing"; fi
 ls -a "$WORK/restart/checkpoints" | grep -q "tmp" && fail "temporary directory not cleaned"

@@ -7,18 +7,19 @@
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/embedding.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
-#include "shardlm/model/llama/tmp_kernels.hpp"
+#include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/cpu/rmsnorm.hpp"
+#include "shardlm/backend/cpu/rope.hpp"
+#include "shardlm/backend/cpu/swiglu.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/llama/llama_family.hpp"
 #include "shardlm/model/model_support.hpp"
 
 namespace shardlm {
 
-namespace kern = shardlm::tmpk;
-
 namespace {
 
-using kern::gemm;
+using cpu::gemm;
 
 // Offsets (elements) of a layer's parameters inside its unit buffer; -1: absent.
 struct LayerOffsets {
@@ -58,16 +59,6 @@ struct LayerVectors {
   const float* ln2 = nullptr;
 };
 
-kern::RopeScaling kernel_rope_scaling(const RopeScaling& s) {
-  kern::RopeScaling k;
-  k.type = s.type;
-  k.factor = s.factor;
-  k.low_freq_factor = s.low_freq_factor;
-  k.high_freq_factor = s.high_freq_factor;
-  k.original_max_position_embeddings = s.original_max_position_embeddings;
-  return k;
-}
-
 }  // namespace
 
 struct LlamaModel::Impl {
@@ -100,14 +91,14 @@ struct LlamaModel::Impl {
   int32_t* default_positions = nullptr;   // [N]: t
   LmHead head;
   std::unique_ptr<ParamRounding> rounding;
-  std::unique_ptr<kern::RopeTable> rope;
+  std::unique_ptr<cpu::RopeTable> rope;
 
   MicroBatchState state{0};
   const int32_t* positions = nullptr;     // of the current micro-batch
   const int32_t* key_begin = nullptr;
 
   int64_t N() const { return state.N(); }
-  kern::AttentionShape attention_shape() const {
+  cpu::AttentionShape attention_shape() const {
     return {state.B, state.T, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(hd)};
   }
   LayerActivations& acts(int l) {
@@ -210,9 +201,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   SHARDLM_CHECK(max_seq > 0 && max_seq <= config.max_seq_len,
                 "model: max sequence length {} must be in [1, max_seq_len {}]", max_seq,
                 config.max_seq_len);
-  SHARDLM_CHECK(m.hd <= kern::kAttentionMaxHeadDim,
+  SHARDLM_CHECK(m.hd <= cpu::kAttentionMaxHeadDim,
                 "model: head_dim {} exceeds the CPU attention kernel's limit {}", m.hd,
-                kern::kAttentionMaxHeadDim);
+                cpu::kAttentionMaxHeadDim);
   SHARDLM_CHECK(layout.num_model_units() == m.L + 2,
                 "model: layout has {} model units, the config needs {}", layout.num_model_units(),
                 m.L + 2);
@@ -246,8 +237,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   m.arena = carver.allocate(tracker);
   m.rounding = std::make_unique<ParamRounding>(m.compute, m.weight_scratch_elements(),
                                                m.vector_scratch_floats(), tracker);
-  m.rope = std::make_unique<kern::RopeTable>(static_cast<int>(m.hd), max_seq, config.rope_theta,
-                                            kernel_rope_scaling(config.rope_scaling), tracker);
+  m.rope = std::make_unique<cpu::RopeTable>(static_cast<int>(m.hd), max_seq, config.rope_theta,
+                                            config.rope_scaling, tracker);
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -260,7 +251,7 @@ ModelMemoryPlan LlamaModel::plan_memory(const ModelConfig& config, int max_batch
   ArenaCarver carver;
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
   ModelMemoryPlan plan;
-  plan.activations = carver.bytes() + kern::RopeTable::bytes(static_cast<int>(m.hd), max_seq);
+  plan.activations = carver.bytes();  // the RoPE table is "other" (not planned)
   plan.params_scratch = ParamRounding::planned_bytes(m.compute, m.weight_scratch_elements(),
                                                      m.vector_scratch_floats(),
                                                      params_in_compute_type);
@@ -317,22 +308,21 @@ LayerVectors LlamaModel::Impl::layer_vectors(int l, ConstTypedPtr p) const {
 // reads them.
 void LlamaModel::Impl::qk_norm_forward(LayerActivations& a, const LayerVectors& v, float* qkv_f) {
   const int64_t n = N();
-  kern::convert_rows(a.qk_pre, Q + KVD, qkv_f, QKV, n, Q + KVD);
-  kern::rmsnorm_heads_forward(qkv_f, QKV, a.rstd_q, a.qk_pre, Q + KVD, v.q_norm, n,
-                             static_cast<int>(H), static_cast<int>(hd), eps);
-  kern::rmsnorm_heads_forward(qkv_f + Q, QKV, a.rstd_k, a.qk_pre.at(Q), Q + KVD, v.k_norm, n,
-                             static_cast<int>(KV), static_cast<int>(hd), eps);
+  cpu::convert_rows(a.qk_pre, Q + KVD, qkv_f, QKV, n, Q + KVD);
+  cpu::rmsnorm_forward(qkv_f, QKV, a.rstd_q, a.qk_pre, Q + KVD, v.q_norm,
+                       {n, static_cast<int>(H), static_cast<int>(hd)}, eps);
+  cpu::rmsnorm_forward(qkv_f + Q, QKV, a.rstd_k, a.qk_pre.at(Q), Q + KVD, v.k_norm,
+                       {n, static_cast<int>(KV), static_cast<int>(hd)}, eps);
 }
 
 void LlamaModel::Impl::qk_norm_backward(const LayerActivations& a, const LayerVectors& v,
                                         float* dqkv, float* g, const LayerOffsets& o) {
   const int64_t n = N();
-  kern::rmsnorm_heads_backward(dqk, Q + KVD, g + o.q_norm, dqkv, QKV, a.qk_pre, Q + KVD, v.q_norm,
-                              a.rstd_q, n, static_cast<int>(H), static_cast<int>(hd));
-  kern::rmsnorm_heads_backward(dqk + Q, Q + KVD, g + o.k_norm, dqkv + Q, QKV, a.qk_pre.at(Q),
-                              Q + KVD, v.k_norm, a.rstd_k, n, static_cast<int>(KV),
-                              static_cast<int>(hd));
-  kern::convert_rows(dqkv, QKV, dqk, Q + KVD, n, Q + KVD);
+  cpu::rmsnorm_backward(dqk, Q + KVD, g + o.q_norm, dqkv, QKV, a.qk_pre, Q + KVD, v.q_norm,
+                        a.rstd_q, {n, static_cast<int>(H), static_cast<int>(hd)}, false);
+  cpu::rmsnorm_backward(dqk + Q, Q + KVD, g + o.k_norm, dqkv + Q, QKV, a.qk_pre.at(Q), Q + KVD,
+                        v.k_norm, a.rstd_k, {n, static_cast<int>(KV), static_cast<int>(hd)}, false);
+  cpu::convert_rows(dqkv, QKV, dqk, Q + KVD, n, Q + KVD);
 }
 
 void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWeights& w,
@@ -341,33 +331,32 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   const float* x = residual[static_cast<size_t>(l)];
   const int64_t n = N();
   const int rows = static_cast<int>(n);
-  kern::rmsnorm_forward(a.ln1, a.rstd1, x, v.ln1, n, static_cast<int>(C), eps);
+  cpu::rmsnorm_forward(a.ln1, C, a.rstd1, x, C, v.ln1, {n, 1, static_cast<int>(C)}, eps);
   // q|k|v in one GEMM over the packed [QKV, C] projection (HF's [out, in] weights).
   float* qkv_f = dbig;
   gemm(false, true, rows, static_cast<int>(QKV), static_cast<int>(C), 1.0f, a.ln1,
        static_cast<int>(C), w.qkv, static_cast<int>(C), 0.0f, qkv_f, static_cast<int>(QKV));
-  if (v.qkv_b != nullptr) kern::add_bias(qkv_f, v.qkv_b, n, static_cast<int>(QKV));
+  if (v.qkv_b != nullptr) cpu::add_bias(qkv_f, v.qkv_b, n, static_cast<int>(QKV));
   if (config.qk_norm) qk_norm_forward(a, v, qkv_f);
   // Attention reads q and k after RoPE, and v, as stored (rounded), as backward will.
-  kern::rope_forward(a.qkv, QKV, qkv_f, QKV, n, static_cast<int>(H), static_cast<int>(hd),
+  cpu::rope_forward(a.qkv, QKV, qkv_f, QKV, n, static_cast<int>(H), static_cast<int>(hd),
                     positions, *rope);
-  kern::rope_forward(a.qkv.at(Q), QKV, qkv_f + Q, QKV, n, static_cast<int>(KV),
+  cpu::rope_forward(a.qkv.at(Q), QKV, qkv_f + Q, QKV, n, static_cast<int>(KV),
                     static_cast<int>(hd), positions, *rope);
-  kern::convert_rows(a.qkv.at(Q + KVD), QKV, qkv_f + Q + KVD, QKV, n, KVD);
-  kern::attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
+  cpu::convert_rows(a.qkv.at(Q + KVD), QKV, qkv_f + Q + KVD, QKV, n, KVD);
+  cpu::attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
   gemm(false, true, rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att,
        static_cast<int>(Q), w.o, static_cast<int>(Q), 0.0f, branch, static_cast<int>(C));
-  kern::residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
+  cpu::residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
                                 static_cast<int>(C), eps);
   float* gu_f = compute == DType::fp32 ? a.gate_up.f32() : dbig;
   gemm(false, true, rows, static_cast<int>(2 * I), static_cast<int>(C), 1.0f, a.ln2,
        static_cast<int>(C), w.gate_up, static_cast<int>(C), 0.0f, gu_f, static_cast<int>(2 * I));
-  if (compute != DType::fp32) kern::convert(a.gate_up, gu_f, n * 2 * I);
-  kern::swiglu_forward(a.act, a.gate_up, n, static_cast<int>(I));
+  cpu::swiglu_forward(a.act, a.gate_up, gu_f, n, static_cast<int>(I));
   if (recompute) return;
   gemm(false, true, rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act,
        static_cast<int>(I), w.down, static_cast<int>(I), 0.0f, branch, static_cast<int>(C));
-  kern::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
+  cpu::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
                          static_cast<int>(C));
 }
 
@@ -390,32 +379,34 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   float* dact = dmid;
   gemm(false, false, rows, i1, c, 1.0f, dy, c, w.down, i1, 0.0f, dact, i1);
   float* dgu = dbig;
-  kern::swiglu_backward(dgu, dact, a.gate_up, n, i1);
+  cpu::swiglu_backward(dgu, dact, a.gate_up, n, i1);
   const ConstTypedPtr dgu_g = rounding->for_gemm(dgu, dbig_c, n * 2 * I);
   gemm(true, false, i2, c, rows, 1.0f, dgu_g, i2, a.ln2, c, 1.0f, g + o.gu_w, c);
   float* dln2 = dsmall;
   gemm(false, false, rows, c, i2, 1.0f, dgu_g, i2, w.gate_up, c, 0.0f, dln2, c);
-  kern::rmsnorm_backward(dres, g + o.ln2, dln2, a.res2, v.ln2, a.rstd2, n, c, /*accumulate=*/true);
+  cpu::rmsnorm_backward(dres, C, g + o.ln2, dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
+                        /*accumulate_dx=*/true);
 
   // Attention: r = x + attention(...) Wo^T (+ b_o)
   dy = rounding->for_gemm(dres, dres_c, n * C);
   gemm(true, false, c, q, rows, 1.0f, dy, c, a.att, q, 1.0f, g + o.o_w, q);
-  if (o.o_b >= 0) kern::bias_backward(g + o.o_b, dres, n, c);
+  if (o.o_b >= 0) cpu::bias_backward(g + o.o_b, dres, n, c);
   float* datt = dmid;
   gemm(false, false, rows, q, c, 1.0f, dy, c, w.o, q, 0.0f, datt, q);
   float* dqkv = dbig;
-  kern::attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
-  kern::rope_backward(dqkv, QKV, dqkv, QKV, n, static_cast<int>(H), static_cast<int>(hd), positions,
+  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
+  cpu::rope_backward(dqkv, QKV, dqkv, QKV, n, static_cast<int>(H), static_cast<int>(hd), positions,
                      *rope);
-  kern::rope_backward(dqkv + Q, QKV, dqkv + Q, QKV, n, static_cast<int>(KV), static_cast<int>(hd),
+  cpu::rope_backward(dqkv + Q, QKV, dqkv + Q, QKV, n, static_cast<int>(KV), static_cast<int>(hd),
                      positions, *rope);
   if (config.qk_norm) qk_norm_backward(a, v, dqkv, g, o);
-  if (o.qkv_b >= 0) kern::bias_backward(g + o.qkv_b, dqkv, n, qkv);
+  if (o.qkv_b >= 0) cpu::bias_backward(g + o.qkv_b, dqkv, n, qkv);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * QKV);
   gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
   float* dln1 = dsmall;
   gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
-  kern::rmsnorm_backward(dres, g + o.ln1, dln1, x, v.ln1, a.rstd1, n, c, /*accumulate=*/true);
+  cpu::rmsnorm_backward(dres, C, g + o.ln1, dln1, C, x, C, v.ln1, a.rstd1, {n, 1, c},
+                        /*accumulate_dx=*/true);
 }
 
 void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
@@ -424,8 +415,8 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
   float* scratch = rounding->vector_scratch();
   const float* weight = rounding->vector_values(p.at(norm_w), C, &scratch);
   const int64_t n = N();
-  kern::rmsnorm_forward(lnf, lnf_rstd, residual[static_cast<size_t>(L)], weight, n,
-                       static_cast<int>(C), eps);
+  cpu::rmsnorm_forward(lnf, C, lnf_rstd, residual[static_cast<size_t>(L)], C, weight,
+                       {n, 1, static_cast<int>(C)}, eps);
   if (batch.targets == nullptr) {
     SHARDLM_CHECK(!training, "model: a training forward needs targets");
     state.finish_forward(false);
@@ -455,7 +446,7 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
     for (int64_t i = 0; i < n; ++i) m.default_positions[i] = static_cast<int32_t>(i % batch.T);
     m.positions = batch.positions != nullptr ? batch.positions : m.default_positions;
     m.key_begin = batch.key_begin;
-    kern::embedding_forward(m.residual[0], batch.tokens, params[0].at(m.embed), ConstTypedPtr(),
+    cpu::embedding_forward(m.residual[0], batch.tokens, params[0].at(m.embed), ConstTypedPtr(),
                            batch.B, batch.T, static_cast<int>(m.C), m.compute);
     return;
   }
@@ -482,8 +473,9 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
     float* scratch = m.rounding->vector_scratch();
     const float* weight = m.rounding->vector_values(p.at(m.norm_w), m.C, &scratch);
     std::memset(m.dres, 0, sizeof(float) * static_cast<size_t>(n * m.C));
-    kern::rmsnorm_backward(m.dres, g + m.norm_w, m.dlnf, m.residual[static_cast<size_t>(m.L)],
-                          weight, m.lnf_rstd, n, static_cast<int>(m.C), /*accumulate=*/true);
+    cpu::rmsnorm_backward(m.dres, m.C, g + m.norm_w, m.dlnf, m.C,
+                          m.residual[static_cast<size_t>(m.L)], m.C, weight, m.lnf_rstd,
+                          {n, 1, static_cast<int>(m.C)}, /*accumulate_dx=*/true);
   } else if (unit > 0) {
     // One conversion serves the recompute and the backward.
     const LayerVectors v = m.layer_vectors(unit - 1, p);
@@ -491,7 +483,7 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
     if (m.options.activation_checkpointing) m.layer_forward(unit - 1, v, w, /*recompute=*/true);
     m.layer_backward(unit - 1, v, w, grads[unit]);
   } else {
-    kern::embedding_backward(grads[0] + m.embed, nullptr, m.dres, batch.tokens, m.state.B,
+    cpu::embedding_backward(grads[0] + m.embed, nullptr, m.dres, batch.tokens, m.state.B,
                             m.state.T, static_cast<int>(m.C));
   }
 }
