@@ -1,9 +1,8 @@
-// vector_math.hpp against the scalar functions it stands in for: exp_lanes must give
-// exp_approx's bits lane for lane (the LM head's fp32 results depend on it), and the
-// lane max must be std::max.
+// vector_math.hpp against the scalar function it stands in for: exp_approx_vector must
+// give exp_approx's bits lane for lane (the LM head's and attention's fp32 results
+// depend on it), on 8 lanes (ymm), 16 (zmm) and the build's native vector.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -16,9 +15,6 @@
 
 namespace {
 
-using shardlm::cpu::Float16Lanes;
-using shardlm::cpu::kLanes;
-
 // Inputs: a fine sweep over [-100, 100] (both clamps and the range between), the
 // clamp edges and their neighbours, signed zeros, and random normals of several scales.
 std::vector<float> exp_inputs() {
@@ -30,26 +26,32 @@ std::vector<float> exp_inputs() {
   shardlm::Rng rng(7);
   for (double scale : {0.1, 1.0, 10.0, 40.0})
     for (int i = 0; i < 20000; ++i) x.push_back(static_cast<float>(scale * rng.normal()));
-  while (x.size() % kLanes != 0) x.push_back(0.25f);
+  while (x.size() % 16 != 0) x.push_back(0.25f);
   return x;
 }
 
-TEST(VectorMath, ExpLanesEqualsExpApproxBitForBit) {
+// exp_approx_vector on F (I: its int vector) against exp_approx called the way the
+// kernels used to (inside an omp simd loop), and both against exp in double.
+template <typename F, typename I>
+void check_exp(const char* what) {
+  constexpr size_t kWidth = sizeof(F) / sizeof(float);
   const std::vector<float> x = exp_inputs();
   std::vector<float> want(x.size()), got(x.size());
-  // exp_approx the way the kernels used it: inside an omp simd loop.
 #pragma omp simd
   for (size_t i = 0; i < x.size(); ++i) want[i] = shardlm::cpu::exp_approx(x[i]);
-  for (size_t i = 0; i < x.size(); i += kLanes)
-    shardlm::cpu::store_lanes(got.data() + i,
-                              shardlm::cpu::exp_lanes(shardlm::cpu::load_lanes(x.data() + i)));
+  for (size_t i = 0; i < x.size(); i += kWidth) {
+    F v;
+    std::memcpy(&v, x.data() + i, sizeof(v));
+    const F e = shardlm::cpu::exp_approx_vector<F, I>(v);
+    std::memcpy(got.data() + i, &e, sizeof(e));
+  }
   size_t mismatches = 0;
   for (size_t i = 0; i < x.size(); ++i) {
     if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i]) && mismatches++ < 5) {
-      ADD_FAILURE() << "x " << x[i] << ": exp_lanes " << got[i] << ", exp_approx " << want[i];
+      ADD_FAILURE() << what << " x " << x[i] << ": " << got[i] << ", exp_approx " << want[i];
     }
   }
-  EXPECT_EQ(mismatches, 0u);
+  EXPECT_EQ(mismatches, 0u) << what;
   // And both are exp: ~2 ulp relative inside the range (the reference in double).
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i] > -80.0f && x[i] < 80.0f) {
@@ -58,37 +60,14 @@ TEST(VectorMath, ExpLanesEqualsExpApproxBitForBit) {
   }
 }
 
-// The 8-lane instantiation (one ymm register; the attention kernels' exp on AVX2).
-TEST(VectorMath, EightLaneExpEqualsExpApproxBitForBit) {
+TEST(VectorMath, ExpApproxVectorEqualsExpApproxBitForBit) {
   using Float8 = float __attribute__((vector_size(32)));
   using Int8 = int32_t __attribute__((vector_size(32)));
-  const std::vector<float> x = exp_inputs();
-  size_t mismatches = 0;
-  for (size_t i = 0; i + 8 <= x.size(); i += 8) {
-    Float8 v;
-    std::memcpy(&v, x.data() + i, sizeof(v));
-    const Float8 e = shardlm::cpu::exp_approx_vector<Float8, Int8>(v);
-    for (int l = 0; l < 8; ++l) {
-      const float want = shardlm::cpu::exp_approx(x[i + l]);
-      if (std::bit_cast<uint32_t>(e[l]) != std::bit_cast<uint32_t>(want) && mismatches++ < 5)
-        ADD_FAILURE() << "x " << x[i + l] << ": " << e[l] << ", exp_approx " << want;
-    }
-  }
-  EXPECT_EQ(mismatches, 0u);
-}
-
-TEST(VectorMath, MaxLanesIsStdMax) {
-  shardlm::Rng rng(9);
-  for (int trial = 0; trial < 100; ++trial) {
-    float a[kLanes], b[kLanes];
-    for (int l = 0; l < kLanes; ++l) {
-      a[l] = static_cast<float>(rng.normal());
-      b[l] = l % 5 == 0 ? a[l] : static_cast<float>(rng.normal());
-    }
-    const Float16Lanes m =
-        shardlm::cpu::max_lanes(shardlm::cpu::load_lanes(a), shardlm::cpu::load_lanes(b));
-    for (int l = 0; l < kLanes; ++l) ASSERT_EQ(m[l], std::max(a[l], b[l]));
-  }
+  using Float16 = float __attribute__((vector_size(64)));
+  using Int16 = int32_t __attribute__((vector_size(64)));
+  check_exp<Float8, Int8>("8 lanes");
+  check_exp<Float16, Int16>("16 lanes");
+  check_exp<shardlm::cpu::NativeFloats, shardlm::cpu::NativeInts>("native");
 }
 
 }  // namespace

@@ -17,28 +17,30 @@ namespace {
 
 // max(x[0], ..., x[n-1]) for n >= 1. fast_math's max_of compiles to scalar vmaxss when
 // GCC 12 inlines it here (perf annotate: a quarter of the softmax's time), so the row
-// maximum runs on explicit 16-float vectors. max is exact, so the value is max_of's
-// (inputs without NaN).
+// maximum runs on explicit vectors (NativeFloats). max is exact, so the value is
+// max_of's (inputs without NaN).
 inline float row_max(const float* x, int n) {
-  if (n < kLanes) {
+  constexpr int W = kNativeLanes;
+  if (n < W) {
     float m = x[0];
     for (int i = 1; i < n; ++i) m = std::max(m, x[i]);
     return m;
   }
-  Float16Lanes m0 = load_lanes(x), m1 = m0, m2 = m0, m3 = m0;
+  auto max_of_lanes = [](NativeFloats a, NativeFloats b) { return a < b ? b : a; };
+  NativeFloats m0 = load_native(x), m1 = m0, m2 = m0, m3 = m0;
   int j = 0;
-  for (; j + 4 * kLanes <= n; j += 4 * kLanes) {
-    m0 = max_lanes(m0, load_lanes(x + j));
-    m1 = max_lanes(m1, load_lanes(x + j + kLanes));
-    m2 = max_lanes(m2, load_lanes(x + j + 2 * kLanes));
-    m3 = max_lanes(m3, load_lanes(x + j + 3 * kLanes));
+  for (; j + 4 * W <= n; j += 4 * W) {
+    m0 = max_of_lanes(m0, load_native(x + j));
+    m1 = max_of_lanes(m1, load_native(x + j + W));
+    m2 = max_of_lanes(m2, load_native(x + j + 2 * W));
+    m3 = max_of_lanes(m3, load_native(x + j + 3 * W));
   }
-  for (; j + kLanes <= n; j += kLanes) m0 = max_lanes(m0, load_lanes(x + j));
-  // The last (overlapping) 16 values cover the tail.
-  m1 = max_lanes(m1, load_lanes(x + n - kLanes));
-  const Float16Lanes all = max_lanes(max_lanes(m0, m1), max_lanes(m2, m3));
+  for (; j + W <= n; j += W) m0 = max_of_lanes(m0, load_native(x + j));
+  // The last (overlapping) W values cover the tail.
+  m1 = max_of_lanes(m1, load_native(x + n - W));
+  const NativeFloats all = max_of_lanes(max_of_lanes(m0, m1), max_of_lanes(m2, m3));
   float m = all[0];
-  for (int l = 1; l < kLanes; ++l) m = std::max(m, all[l]);
+  for (int l = 1; l < W; ++l) m = std::max(m, all[l]);
   return m;
 }
 
@@ -54,27 +56,34 @@ inline float row_max(const float* x, int n) {
 // written there (fp32), else a per-thread scratch row, which stays in L2 and leaves
 // the logits row clean (no write-back to memory).
 //
-// The numerators are exp_lanes (exp_approx's bits), and their sum runs in 16 lanes,
-// lane l over j = l mod 16 of the whole lines in order, the tail elements into lane
-// 0, the lanes added in order: the order of the `omp simd reduction` loop this
-// replaces (GCC 12, AVX-512), so fp32 losses and gradients of the GPT-2 vocabulary
-// (50257 = 3141 lines + 1) are bitwise unchanged (checked on 3 training steps).
+// The numerators are exp_approx's bits (exp_approx_vector), and their sum runs in 16
+// lanes, lane l over j = l mod 16 of the whole lines in order, the tail elements into
+// lane 0, the lanes added in order: the order of the `omp simd reduction` loop this
+// replaced (GCC 12, AVX-512), so fp32 losses and gradients of the GPT-2 vocabulary
+// (50257 = 3141 lines + 1) are bitwise unchanged (checked on 3 training steps). The 16
+// lanes are kParts native vectors (one zmm, or two ymm on AVX2).
 template <typename Writer>
 float row_cross_entropy(const float* logits, float* numerators, int V, int32_t target,
                         bool want_grad, float grad_scale, Writer dlogits, const float* next_row) {
+  constexpr int kParts = kLanes / kNativeLanes;
   const float max_logit = row_max(logits, V);
   const float target_logit = logits[target];
-  Float16Lanes lane_sums = {};
-  const Float16Lanes max_lanes_value = broadcast_lanes(max_logit);
+  NativeFloats lane_sums[kParts] = {};
+  const NativeFloats max_value = NativeFloats{} + max_logit;
   int j0 = 0;
   for (; j0 + kLanes <= V; j0 += kLanes) {
     if (next_row != nullptr) __builtin_prefetch(next_row + j0, 0, 2);
-    const Float16Lanes e = exp_lanes(load_lanes(logits + j0) - max_lanes_value);
-    store_lanes(numerators + j0, e);
-    lane_sums += e;
+    for (int part = 0; part < kParts; ++part) {
+      const int j = j0 + part * kNativeLanes;
+      const NativeFloats e =
+          exp_approx_vector<NativeFloats, NativeInts>(load_native(logits + j) - max_value);
+      store_native(numerators + j, e);
+      lane_sums[part] += e;
+    }
   }
   float lanes[kLanes];
-  std::memcpy(lanes, &lane_sums, sizeof(lanes));
+  static_assert(sizeof(lanes) == sizeof(lane_sums));
+  std::memcpy(lanes, lane_sums, sizeof(lanes));
   for (int j = j0; j < V; ++j) {
     const float e = exp_approx(logits[j] - max_logit);
     numerators[j] = e;
