@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "llama_fixture_support.hpp"
 #include "relative_error.hpp"
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
@@ -24,75 +25,7 @@ using namespace shardlm;
 
 namespace {
 
-struct Reference {
-  st::File file;
-  ModelConfig config;
-  int B = 0, T = 0;
-  std::vector<int32_t> tokens, targets;
-  int64_t count = 0;
-};
-
-Reference load_reference(const std::string& family) {
-  Reference r;
-  r.file = st::read_file(std::string(SHARDLM_FIXTURE_DIR) + "/" + family + "_fixture.safetensors");
-  r.config = ModelConfig::from_json(nlohmann::json::parse(r.file.metadata.at("config")));
-  const auto batch = nlohmann::json::parse(r.file.metadata.at("batch"));
-  r.B = batch.at("B").get<int>();
-  r.T = batch.at("T").get<int>();
-  for (auto v : r.file.at("tokens").to_i64()) r.tokens.push_back(static_cast<int32_t>(v));
-  for (auto v : r.file.at("targets").to_i64()) r.targets.push_back(static_cast<int32_t>(v));
-  r.count = std::count_if(r.targets.begin(), r.targets.end(), [](int32_t t) { return t >= 0; });
-  return r;
-}
-
-// The fixture's tensor `name` laid out as shardlm holds it: vocabulary matrices get
-// their zero padding rows.
-std::vector<float> padded(const ParamInfo& p, std::vector<float> values) {
-  values.resize(static_cast<size_t>(p.numel), 0.0f);
-  return values;
-}
-
-// Flat unit buffers for parameters and gradients; the model takes one pointer per
-// model unit, where the layout placed it.
-struct UnitBuffers {
-  std::vector<std::vector<float>> params, grads;
-  std::vector<float*> param_ptrs, grad_ptrs;
-
-  UnitBuffers(const ParamLayout& layout, const st::File& file) {
-    for (const auto& unit : layout.units) {
-      params.emplace_back(unit.padded_numel, 0.0f);
-      grads.emplace_back(unit.padded_numel, 0.0f);
-    }
-    for (const auto& place : layout.model_units) {
-      param_ptrs.push_back(params[place.unit].data() + place.base);
-      grad_ptrs.push_back(grads[place.unit].data() + place.base);
-    }
-    for (const auto* p : layout.all_params()) {
-      const auto [unit, info] = layout.find(p->name);
-      const auto values = padded(*info, file.at(p->name).to_f32());
-      std::copy(values.begin(), values.end(), params[unit].begin() + info->offset);
-    }
-  }
-  std::vector<float> grad(const ParamLayout& layout, const std::string& name) const {
-    const auto [unit, info] = layout.find(name);
-    const int64_t real = info->valid_rows < 0 ? info->numel : info->valid_rows * info->shape[1];
-    return std::vector<float>(grads[unit].begin() + info->offset,
-                              grads[unit].begin() + info->offset + real);
-  }
-};
-
-std::unique_ptr<Model> make_model(const Reference& ref, const ParamLayout& layout, int B,
-                                  ModelOptions options = {}) {
-  return model_family(ref.config.family)
-      .make_model(ref.config, layout, B, ref.T, options, MemoryTracker::global());
-}
-
-void train_micro_batch(Model& model, UnitBuffers& buf, const MicroBatch& batch, float grad_scale) {
-  for (int u = 0; u < model.num_units(); ++u)
-    model.forward_unit(u, buf.param_ptrs, buf.grad_ptrs, batch, true, grad_scale);
-  for (int u = model.num_units() - 1; u >= 0; --u)
-    model.backward_unit(u, buf.param_ptrs, buf.grad_ptrs, batch);
-}
+using namespace shardlm::testing;
 
 class LlamaFixture : public ::testing::TestWithParam<std::string> {};
 

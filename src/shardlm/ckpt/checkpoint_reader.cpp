@@ -111,13 +111,15 @@ void CheckpointReader::load_into(const ParamLayout& layout, Strategy& strategy) 
   for (int u = 0; u < layout.num_units(); ++u) {
     OwnedSlice s = strategy.owned(u);
     float* states[kCheckpointStates] = {s.master, s.adam_m, s.adam_v};
-    for (auto* state : states) std::memset(state, 0, static_cast<size_t>(s.size()) * sizeof(float));
+    for (auto* state : states)  // a frozen unit has no optimizer state to load
+      if (state != nullptr) std::memset(state, 0, static_cast<size_t>(s.size()) * sizeof(float));
     for (const auto& p : layout.units[static_cast<size_t>(u)].params) {
       const int64_t lo = std::max(s.begin, p.offset);
       const int64_t hi = std::min(s.end, p.offset + p.numel);
       if (lo >= hi) continue;
       for (int k = 0; k < kCheckpointStates; ++k)
-        read(p.name, static_cast<StateKind>(k), lo - p.offset, hi - lo, states[k] + (lo - s.begin));
+        if (states[k] != nullptr)
+          read(p.name, static_cast<StateKind>(k), lo - p.offset, hi - lo, states[k] + (lo - s.begin));
     }
   }
   strategy.after_load();

@@ -76,6 +76,15 @@ nlohmann::json collect_shards(const fs::path& tmp, const std::vector<uint64_t>& 
   return shards;
 }
 
+void hash_zeros(Sha256& hasher, size_t bytes) {
+  static const std::vector<std::byte> zeros(size_t{1} << 20);
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(zeros.size(), bytes - done);
+    hasher.update(zeros.data(), n);
+    done += n;
+  }
+}
+
 // This rank's owned slices into DIR/rank_R.bin, and a sidecar describing them.
 void write_shard(const fs::path& tmp, const ParamLayout& layout, Strategy& strategy, int rank) {
   const std::string file_name = shard_file_name(rank);
@@ -87,8 +96,14 @@ void write_shard(const fs::path& tmp, const ParamLayout& layout, Strategy& strat
     OwnedSlice s = strategy.owned(u);
     const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
     for (const float* state : {s.master, s.adam_m, s.adam_v}) {
-      file.write_all(state, bytes);
-      hasher.update(state, bytes);
+      if (state != nullptr) {
+        file.write_all(state, bytes);
+        hasher.update(state, bytes);
+      } else {
+        // A frozen unit has no optimizer state: zeros, stored as a hole in the file.
+        file.write_zeros(bytes);
+        hash_zeros(hasher, bytes);
+      }
     }
     slices.push_back({{"unit", u}, {"begin", s.begin}, {"end", s.end}, {"offset", offset}});
     offset += static_cast<int64_t>(bytes) * kCheckpointStates;

@@ -97,7 +97,8 @@ void check_same_model(const ModelConfig& run, const ModelConfig& stored, const f
       {"vocab_size", "--vocab-size"}, {"max_seq_len", "--context-len"}, {"family", "--model"}};
   const nlohmann::json a = run.to_json(), b = stored.to_json();
   for (auto it = a.begin(); it != a.end(); ++it) {
-    if (it.key() == "init_std") continue;  // init does not matter to imported weights
+    // Init does not matter to imported weights; adapters are the run's, not the base's.
+    if (it.key() == "init_std" || it.key() == "lora") continue;
     const nlohmann::json other = b.value(it.key(), nlohmann::json());
     if (other == it.value()) continue;
     const auto flag = flags.find(it.key());
@@ -159,9 +160,14 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
                   files.description, canonical, stored_name[canonical], name);
     stored_name[canonical] = name;
   }
-  for (const auto* p : layout.all_params())
-    SHARDLM_CHECK(stored_name.count(p->name), "'{}' has no tensor '{}', which the model needs",
-                  files.description, p->name);
+  // A LoRA run takes its base from the files; its adapters (the trainable units) are
+  // the caller's to initialise.
+  auto imported = [&](const UnitLayout& unit) { return !(config.lora.enabled() && unit.trainable); };
+  for (const auto& unit : layout.units)
+    if (imported(unit))
+      for (const auto& p : unit.params)
+        SHARDLM_CHECK(stored_name.count(p.name), "'{}' has no tensor '{}', which the model needs",
+                      files.description, p.name);
   // A tied model reads its head from the embedding: a stored head that differs from it
   // belongs to another (untied) model and would be dropped silently.
   if (config.tie_embeddings) {
@@ -177,8 +183,10 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
 
   for (int u = 0; u < layout.num_units(); ++u) {
     OwnedSlice s = strategy.owned(u);
-    for (float* state : {s.master, s.adam_m, s.adam_v})
-      std::memset(state, 0, static_cast<size_t>(s.size()) * sizeof(float));
+    const bool load = imported(layout.units[static_cast<size_t>(u)]);
+    for (float* state : {load ? s.master : nullptr, s.adam_m, s.adam_v})
+      if (state != nullptr) std::memset(state, 0, static_cast<size_t>(s.size()) * sizeof(float));
+    if (!load) continue;
     for (const auto& p : layout.units[static_cast<size_t>(u)].params) {
       const std::string& stored = stored_name.at(p.name);
       safetensors::Reader& reader = *files.by_tensor.at(stored);

@@ -30,7 +30,8 @@ void check_hf_model_matches(const std::string& path, const ModelConfig& config);
 // beside the weights must describe `config` (Error naming the first field that
 // differs); every tensor the model needs must be present with its Hugging Face shape,
 // and every stored tensor must be one the model has (Error naming the tensor).
-// Calls strategy.after_load().
+// In a LoRA run only the base (frozen units) is imported; the adapter units' masters
+// are left as the caller initialised them. Calls strategy.after_load().
 void import_hugging_face(const std::string& path, const ModelConfig& config,
                          const ParamLayout& layout, Strategy& strategy);
 

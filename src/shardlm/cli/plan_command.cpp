@@ -51,6 +51,7 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
                       {"optimizer", p.optimizer},
                       {"activations", p.activations},
                       {"comm", p.comm},
+                      {"frozen", p.frozen},
                       {"total", p.total()},
                       {"wire_bytes_per_step", p.wire_bytes_per_step},
                       {"partition", p.partition},
@@ -78,15 +79,16 @@ std::string label(const Candidate& c, const RunPlanRequest& r, bool automatic) {
 
 void print_memory_table(const std::vector<Candidate>& candidates, double budget, bool bounded,
                         const RunPlanRequest& r, bool automatic) {
-  std::printf("| candidate | params MiB | grads MiB | optimizer MiB | activations MiB | comm MiB "
-              "| total MiB per rank | MiB on wire per step |%s\n",
+  std::printf("| candidate | params MiB | frozen MiB | grads MiB | optimizer MiB | activations MiB "
+              "| comm MiB | total MiB per rank | MiB on wire per step |%s\n",
               bounded ? " fits |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|%s\n", bounded ? "---|" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|%s\n", bounded ? "---|" : "");
   for (const Candidate& c : candidates) {
     const RunPlan& p = c.plan;
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %.1f |%s\n", label(c, r, automatic).c_str(),
-                mib(p.params).c_str(), mib(p.grads).c_str(), mib(p.optimizer).c_str(),
-                mib(p.activations).c_str(), mib(p.comm).c_str(), mib(p.total()).c_str(),
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.1f |%s\n", label(c, r, automatic).c_str(),
+                mib(p.params).c_str(), mib(p.frozen).c_str(), mib(p.grads).c_str(),
+                mib(p.optimizer).c_str(), mib(p.activations).c_str(), mib(p.comm).c_str(),
+                mib(p.total()).c_str(),
                 p.wire_bytes_per_step / (1 << 20),
                 bounded ? (p.total() <= budget ? " yes |" : " no |") : "");
   }

@@ -40,6 +40,15 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   cmd->add_option("--n-embd", opts->n_embd, "Override the preset's width");
   cmd->add_option("--vocab-size", opts->vocab_size,
                   "Override the vocabulary size (default: the data's)");
+  cmd->add_option("--lora-rank", opts->lora_rank,
+                  "LoRA: train rank-r adapters on a frozen base instead of every weight (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--lora-alpha", opts->lora_alpha, "LoRA: adapter scale alpha (applied as alpha/r)")
+      ->capture_default_str();
+  cmd->add_option("--lora-targets", opts->lora_targets,
+                  "LoRA: all-linear, or module names separated by commas (q_proj,k_proj,v_proj,"
+                  "o_proj,gate_proj,up_proj,down_proj)")
+      ->capture_default_str();
   cmd->add_option("--context-len", opts->context_len,
                   "Override the preset's context length (positions; GPT-2: rows of the "
                   "position table, n_positions)");

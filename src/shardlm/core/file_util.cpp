@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "shardlm/core/file_util.hpp"
 
 #include <fcntl.h>
@@ -59,6 +60,17 @@ void File::write_all(const void* data, size_t bytes) {
     p += n;
     bytes -= static_cast<size_t>(n);
   }
+}
+
+void File::write_zeros(size_t bytes) {
+  const off_t at = ::lseek(fd_, 0, SEEK_CUR);
+  SHARDLM_CHECK(at >= 0, "cannot seek in '{}': {}", path_, std::strerror(errno));
+  const off_t end = at + static_cast<off_t>(bytes);
+  // A hole: the file reads back zeros there and takes no disk space for them.
+  SHARDLM_CHECK(::ftruncate(fd_, std::max<off_t>(end, static_cast<off_t>(size()))) == 0,
+                "cannot write '{}': {}", path_, std::strerror(errno));
+  SHARDLM_CHECK(::lseek(fd_, end, SEEK_SET) == end, "cannot seek in '{}': {}", path_,
+                std::strerror(errno));
 }
 
 void File::write_at(const void* data, size_t bytes, int64_t offset) {

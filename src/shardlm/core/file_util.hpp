@@ -26,6 +26,7 @@ class File {
   File& operator=(const File&) = delete;
 
   void write_all(const void* data, size_t bytes);  // Error (e.g. disk full) names the path
+  void write_zeros(size_t bytes);  // as write_all of zeros, as a hole in the file
   void write_at(const void* data, size_t bytes, int64_t offset);  // overwrite in place
   void read_at(void* out, size_t bytes, int64_t offset) const;  // Error on short read
   void sync();                                     // fsync

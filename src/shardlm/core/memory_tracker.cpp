@@ -19,6 +19,7 @@ std::string_view to_string(MemCategory category) {
     case MemCategory::activations: return "activations";
     case MemCategory::comm: return "comm";
     case MemCategory::other: return "other";
+    case MemCategory::frozen: return "frozen";
     case MemCategory::count: break;
   }
   return "unknown";

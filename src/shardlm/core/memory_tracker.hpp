@@ -13,7 +13,8 @@
 
 namespace shardlm {
 
-enum class MemCategory : int { params = 0, grads, optimizer, activations, comm, other, count };
+// frozen: parameters that do not train (a LoRA run's base model), wherever they are held.
+enum class MemCategory : int { params = 0, grads, optimizer, activations, comm, other, frozen, count };
 
 std::string_view to_string(MemCategory category);
 

@@ -1,11 +1,18 @@
 #include "shardlm/model/config.hpp"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/family.hpp"
 
 namespace shardlm {
+
+bool LoraConfig::targets_module(const std::string& module) const {
+  for (const auto& t : targets)
+    if (t == module) return true;
+  return false;
+}
 
 void ModelConfig::validate() const {
   const ModelFamily& f = model_family(family);  // throws for an unknown family
@@ -15,6 +22,12 @@ void ModelConfig::validate() const {
   SHARDLM_CHECK(vocab_size > 0, "vocab_size must be positive, got {}", vocab_size);
   SHARDLM_CHECK(max_seq_len > 0, "max_seq_len must be positive, got {}", max_seq_len);
   SHARDLM_CHECK(init_std > 0.0f, "init_std must be positive, got {}", init_std);
+  if (lora.enabled()) {
+    SHARDLM_CHECK(std::isfinite(lora.alpha) && lora.alpha > 0, "--lora-alpha must be positive, got {}",
+                  lora.alpha);
+    SHARDLM_CHECK(!lora.targets.empty(), "--lora-targets names no layer");
+  }
+  SHARDLM_CHECK(lora.rank >= 0, "--lora-rank must be >= 0, got {}", lora.rank);
   f.validate(*this);
 }
 
@@ -33,6 +46,8 @@ double ModelConfig::train_flops_per_token(int seq_len) const {
 nlohmann::json ModelConfig::to_json() const {
   nlohmann::json j = model_family(family).to_json(*this);
   j["family"] = family;
+  if (lora.enabled())
+    j["lora"] = {{"rank", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets}};
   return j;
 }
 
@@ -41,6 +56,12 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   try {
     c.family = j.at("family").get<std::string>();
     model_family(c.family).from_json(j, c);
+    if (j.contains("lora")) {
+      const auto& l = j.at("lora");
+      c.lora.rank = l.at("rank").get<int>();
+      c.lora.alpha = l.at("alpha").get<float>();
+      c.lora.targets = l.at("targets").get<std::vector<std::string>>();
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("model config: {}", e.what()));
   }

@@ -14,6 +14,20 @@
 
 namespace shardlm {
 
+// LoRA adapters (PEFT's LoraConfig): on each targeted linear layer W [out, in] of
+// every decoder layer, y = x W^T + (alpha / rank) (x A^T) B^T with A [rank, in] (init
+// uniform in +-1/sqrt(in), PEFT's kaiming_uniform(a=sqrt(5))) and B [out, rank] (init
+// 0). The base model is frozen: no gradients, optimizer state or reduction for it.
+struct LoraConfig {
+  int rank = 0;  // 0: no adapters (every parameter trains)
+  float alpha = 16.0f;
+  std::vector<std::string> targets;  // module names of the family, e.g. q_proj, v_proj
+  bool enabled() const { return rank > 0; }
+  float scale() const { return alpha / static_cast<float>(rank); }
+  bool targets_module(const std::string& module) const;
+  bool operator==(const LoraConfig&) const = default;
+};
+
 struct ModelConfig {
   std::string family = "gpt2";  // gpt2, llama, qwen2, qwen3
   int n_layer = 0;
@@ -35,6 +49,8 @@ struct ModelConfig {
   bool qkv_bias = false;      // q/k/v projections have biases (qwen2; llama/qwen3 attention_bias)
   bool o_bias = false;        // the output projection has a bias (llama/qwen3 attention_bias)
   bool qk_norm = false;       // per-head RMSNorm of q and k before RoPE (qwen3)
+
+  LoraConfig lora;            // adapters on a frozen base (LoRA fine-tuning)
 
   // Rows of the embedding / logits padded to a multiple of 64 for GEMM speed; padded
   // logits never enter the softmax and padded rows stay exactly zero.

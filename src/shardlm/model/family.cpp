@@ -95,13 +95,15 @@ void init_param_range(const UnitLayout& u, uint64_t seed, int64_t begin, int64_t
     const int64_t shift = p.offset - begin;  // out[shift + i] is element i of the parameter
     if (p.init == "ones") {
       std::fill(out + shift + first, out + shift + last, 1.0f);
-    } else if (p.init == "normal") {
+    } else if (p.init == "normal" || p.init == "uniform") {
       const int64_t count =
           p.valid_rows < 0 ? p.numel : p.valid_rows * (p.numel / std::max<int64_t>(p.shape[0], 1));
+      const bool normal = p.init == "normal";
       // The stream is sequential: draw up to the range's end, keep what falls in it.
       Rng rng(splitmix64(seed ^ fnv1a64(p.name)));
       for (int64_t i = 0; i < std::min(count, last); ++i) {
-        const float value = static_cast<float>(rng.normal()) * p.init_std;
+        const double r = normal ? rng.normal() : 2.0 * rng.uniform() - 1.0;
+        const float value = static_cast<float>(r) * p.init_std;
         if (i >= first) out[shift + i] = value;
       }
     } else {

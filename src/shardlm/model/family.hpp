@@ -68,7 +68,10 @@ std::vector<std::string> model_family_names();
 // pack_with_previous (tensors a kernel reads as one matrix, e.g. q/k/v projections).
 class UnitBuilder {
  public:
-  explicit UnitBuilder(std::string name) { unit_.name = std::move(name); }
+  explicit UnitBuilder(std::string name, bool trainable = true) {
+    unit_.name = std::move(name);
+    unit_.trainable = trainable;
+  }
   ParamInfo& add(std::string name, std::vector<int64_t> shape, std::string init,
                  float init_std = 0.0f, bool pack_with_previous = false);
   UnitLayout finish() { return std::move(unit_); }
@@ -79,7 +82,7 @@ class UnitBuilder {
 
 // Elements [begin, end) of flat unit `unit`'s init into out[0, end - begin): each
 // parameter per its ParamInfo::init ("normal" with init_std from a stream seeded by
-// (seed, parameter name), "ones", "zeros"); padding and padded vocabulary rows zero.
+// (seed, parameter name), "uniform" likewise, "ones", "zeros"); padding and padded vocabulary rows zero.
 // Depends on nothing but the seed and the names, so not on world size or merging.
 void init_param_range(const UnitLayout& unit, uint64_t seed, int64_t begin, int64_t end,
                       float* out);

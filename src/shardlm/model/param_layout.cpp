@@ -24,19 +24,22 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
   // The model units, each laid out from offset 0.
   const std::vector<UnitLayout> model_units = model_family(config.family).model_units(config);
 
-  // Group consecutive model units until a group reaches min_unit_params; a small
-  // last group joins the one before it.
+  // Group consecutive model units of the same trainability until a group reaches
+  // min_unit_params; a small last group joins the one before it when it can.
   std::vector<std::vector<int>> groups;
   int64_t group_numel = 0;
+  auto trainable = [&](int m) { return model_units[static_cast<size_t>(m)].trainable; };
   for (int m = 0; m < static_cast<int>(model_units.size()); ++m) {
-    if (groups.empty() || group_numel >= min_unit_params) {
+    if (groups.empty() || group_numel >= min_unit_params ||
+        trainable(groups.back().back()) != trainable(m)) {
       groups.emplace_back();
       group_numel = 0;
     }
     groups.back().push_back(m);
     group_numel += model_units[static_cast<size_t>(m)].numel;
   }
-  if (groups.size() > 1 && group_numel < min_unit_params) {
+  if (groups.size() > 1 && group_numel < min_unit_params &&
+      trainable(groups.back().front()) == trainable(groups[groups.size() - 2].front())) {
     auto last = groups.back();
     groups.pop_back();
     groups.back().insert(groups.back().end(), last.begin(), last.end());
@@ -47,6 +50,7 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
   layout.model_units.resize(model_units.size());
   for (const auto& group : groups) {
     UnitLayout unit;
+    unit.trainable = trainable(group.front());
     for (int m : group) {
       const UnitLayout& part = model_units[static_cast<size_t>(m)];
       const int64_t base = round_up(unit.numel, kParamAlignment);

@@ -27,8 +27,9 @@ struct ParamInfo {
   int64_t offset = 0;          // element offset inside the unit's flat buffer
   int64_t numel = 0;           // product of shape
   bool weight_decay = false;   // AdamW decoupled decay applies (2-D weights only)
-  // Init: kind "normal" (std), "zeros" or "ones". For the token embedding, rows
-  // >= valid_rows (vocabulary padding) are zero at init and stay zero.
+  // Init: kind "normal" (std), "uniform" (in [-init_std, init_std]), "zeros" or "ones".
+  // For the token embedding, rows >= valid_rows (vocabulary padding) are zero at init
+  // and stay zero.
   std::string init = "zeros";
   float init_std = 0.0f;
   int64_t valid_rows = -1;     // -1: all rows are real
@@ -37,6 +38,10 @@ struct ParamInfo {
 struct UnitLayout {
   std::string name;  // "embeddings", "h.3", "final"
   std::vector<ParamInfo> params;
+  // Frozen units (a LoRA run's base model) have parameters but no gradients, no
+  // optimizer state and nothing to reduce; units of different trainability are never
+  // merged into one flat unit.
+  bool trainable = true;
   int64_t numel = 0;         // end of the last parameter (before padding)
   int64_t padded_numel = 0;  // multiple of world_size * kParamAlignment
   int64_t shard_numel(int world_size) const { return padded_numel / world_size; }

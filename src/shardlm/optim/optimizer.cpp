@@ -15,6 +15,7 @@ AdamWOptimizer::AdamWOptimizer(const ParamLayout& layout, Strategy& strategy,
 void AdamWOptimizer::step(float lr, float grad_multiplier, int64_t step) {
   for (size_t u = 0; u < decay_ranges_.size(); ++u) {
     const OwnedSlice s = strategy_.owned(static_cast<int>(u));
+    if (s.grad == nullptr) continue;  // a frozen unit (LoRA's base) does not train
     adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(), decay_ranges_[u], lr,
                  grad_multiplier, step, config_, s.compute_copy);
   }

@@ -58,19 +58,29 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
     }
   int private_units = 0;
   const int64_t pb = static_cast<int64_t>(dtype_bytes(plan.param_type));
+  int private_trainable_units = 0;
   for (size_t u = 0; u < U; ++u) {
     const int64_t P = layout.units[u].padded_numel;
     const int64_t S = P / layout.world_size;
-    plan.params_bytes += 4 * (plan.shard_params ? S : P);
-    if (plan.compute_copy) plan.params_bytes += pb * P;
-    plan.grads_bytes += 4 * (plan.shard_grads ? S : P);
-    plan.optimizer_bytes += 8 * (plan.shard_optimizer ? S : P);
+    const bool trains = layout.units[u].trainable;
+    // A frozen unit keeps its parameters only (MemCategory::frozen).
+    int64_t& param_bytes = trains ? plan.params_bytes : plan.frozen_bytes;
+    param_bytes += 4 * (plan.shard_params ? S : P);
+    if (plan.compute_copy) param_bytes += pb * P;
+    if (trains) {
+      plan.grads_bytes += 4 * (plan.shard_grads ? S : P);
+      plan.optimizer_bytes += 8 * (plan.shard_optimizer ? S : P);
+    }
     if (plan.shared_unit[u]) {  // kept in dedicated full buffers
       if (plan.shard_params) plan.params_bytes += pb * P;
-      if (plan.shard_grads) plan.grads_bytes += 4 * P;
+      if (plan.shard_grads && trains) plan.grads_bytes += 4 * P;
     } else {
       plan.largest_private_unit = std::max(plan.largest_private_unit, P);
       ++private_units;
+      if (trains) {
+        plan.largest_trainable_private_unit = std::max(plan.largest_trainable_private_unit, P);
+        ++private_trainable_units;
+      }
     }
   }
   if (plan.shard_params) {
@@ -84,8 +94,8 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   }
   if (plan.shard_grads) {
     // The unit being differentiated and the previous one still being reduced.
-    plan.grad_pool = std::min(private_units, 2);
-    plan.grads_bytes += plan.grad_pool * 4 * plan.largest_private_unit;
+    plan.grad_pool = std::min(private_trainable_units, 2);
+    plan.grads_bytes += plan.grad_pool * 4 * plan.largest_trainable_private_unit;
   }
   if (plan.shard_params) {
     // Walk one training micro-batch's schedule with the release rule.
@@ -147,6 +157,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
 
   const StrategyBufferPlan plan = plan_buffers(layout, unit_needs, options);
   shared_unit_ = plan.shared_unit;
+  for (const auto& unit : layout.units) trainable_.push_back(unit.trainable);
   compute_copy_ = plan.compute_copy;
   model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), ConstTypedPtr());
   model_grad_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
@@ -173,17 +184,21 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   for (size_t u = 0; u < U; ++u) {
     const int64_t P = layout.units[u].padded_numel;
     const int64_t S = P / shard_size_;
+    const MemCategory param_category = trainable_[u] ? MemCategory::params : MemCategory::frozen;
     if (shard_params_) {
-      owned_params_[u] = floats(MemCategory::params, S, tracker);
+      owned_params_[u] = floats(param_category, S, tracker);
     } else {
-      full_params_[u] = floats(MemCategory::params, P, tracker);
+      full_params_[u] = floats(param_category, P, tracker);
       if (compute_copy_) {
-        compute_params_[u] = elements(MemCategory::params, param_type_, P, tracker);
+        compute_params_[u] = elements(param_category, param_type_, P, tracker);
         param_ptrs_[u] = TypedPtr(compute_params_[u].data(), param_type_);
       } else {
         param_ptrs_[u] = full_params_[u].as<float>();
       }
     }
+    if (shared_unit_[u] && shard_params_)
+      dedicated_params_[u] = elements(MemCategory::params, param_type_, P, tracker);
+    if (!trainable_[u]) continue;  // no gradients, no optimizer state
     if (shard_grads_) {
       owned_grads_[u] = floats(MemCategory::grads, S, tracker);
     } else {
@@ -193,10 +208,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     const int64_t optimizer_numel = shard_optimizer_ ? S : P;
     adam_m_[u] = floats(MemCategory::optimizer, optimizer_numel, tracker);
     adam_v_[u] = floats(MemCategory::optimizer, optimizer_numel, tracker);
-    if (shared_unit_[u]) {
-      if (shard_params_) dedicated_params_[u] = elements(MemCategory::params, param_type_, P, tracker);
-      if (shard_grads_) dedicated_grads_[u] = floats(MemCategory::grads, P, tracker);
-    }
+    if (shared_unit_[u] && shard_grads_) dedicated_grads_[u] = floats(MemCategory::grads, P, tracker);
   }
   for (int i = 0; i < plan.param_pool; ++i) {
     param_pool_.push_back(
@@ -204,7 +216,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     free_param_buffers_.push_back(i);
   }
   for (int i = 0; i < plan.grad_pool; ++i) {
-    grad_pool_.push_back(floats(MemCategory::grads, plan.largest_private_unit, tracker));
+    grad_pool_.push_back(floats(MemCategory::grads, plan.largest_trainable_private_unit, tracker));
     free_grad_buffers_.push_back(i);
   }
 
@@ -228,6 +240,7 @@ std::vector<std::vector<int>> FlatUnitStrategy::plan_buckets(const ParamLayout& 
   std::vector<std::vector<int>> buckets;
   double bytes = 0;
   for (int u = layout.num_units() - 1; u >= 0; --u) {
+    if (!layout.units[static_cast<size_t>(u)].trainable) continue;  // nothing to reduce
     if (buckets.empty() || bytes >= (buckets.size() == 1 ? first_cap : cap)) {
       buckets.emplace_back();
       bytes = 0;
@@ -289,6 +302,13 @@ OwnedSlice FlatUnitStrategy::owned(int unit) {
   const int64_t b = shard_rank_ * S;
   float* m = adam_m_[u].as<float>();
   float* v = adam_v_[u].as<float>();
+  if (!trainable_[u]) {
+    // A frozen unit: its parameters only (loaded, checkpointed, never updated).
+    float* master = shard_params_ ? owned_params_[u].as<float>()
+                                  : full_params_[u].as<float>() + (options_.kind == StrategyKind::ddp ? 0 : b);
+    return options_.kind == StrategyKind::ddp ? OwnedSlice{0, P, master, nullptr, nullptr, nullptr, {}}
+                                              : OwnedSlice{b, b + S, master, nullptr, nullptr, nullptr, {}};
+  }
   switch (options_.kind) {
     case StrategyKind::ddp:
       // The whole unit is owned, so the optimizer can keep the compute copy current.
@@ -308,6 +328,7 @@ OwnedSlice FlatUnitStrategy::owned(int unit) {
 
 float* FlatUnitStrategy::owned_grad_slice(int unit) {
   const size_t u = static_cast<size_t>(unit);
+  if (!trainable_[u]) return nullptr;
   if (shard_grads_) return owned_grads_[u].as<float>();
   const int64_t S = layout_.units[u].padded_numel / shard_size_;
   return full_grads_[u].as<float>() + shard_rank_ * S;
@@ -317,7 +338,8 @@ void FlatUnitStrategy::begin_step(int num_micro_batches) {
   SHARDLM_ASSERT(num_micro_batches >= 1);
   SHARDLM_ASSERT(pending_reduces_.empty() && bucket_works_.empty());
   num_micro_batches_ = num_micro_batches;
-  for (auto& g : shard_grads_ ? owned_grads_ : full_grads_) std::memset(g.data(), 0, g.bytes());
+  for (auto& g : shard_grads_ ? owned_grads_ : full_grads_)
+    if (g.bytes() > 0) std::memset(g.data(), 0, g.bytes());  // frozen units hold none
 }
 
 // ---- zero3: parameter gathering --------------------------------------------------
@@ -432,6 +454,7 @@ void FlatUnitStrategy::release_after(size_t cursor) {
 
 void FlatUnitStrategy::acquire_grads(int unit) {
   const size_t u = static_cast<size_t>(unit);
+  if (!trainable_[u]) return;  // a frozen unit gets no gradient
   // A buffer still being reduced from the previous micro-batch must be consumed
   // before this micro-batch accumulates again.
   auto in_flight = [&] {
@@ -537,7 +560,7 @@ void FlatUnitStrategy::after_backward(int model_unit, int micro_batch) {
   const int unit = unit_of_[static_cast<size_t>(model_unit)];
   const size_t u = static_cast<size_t>(unit);
   // A flat unit's gradient is complete once backward reached its first model unit.
-  const bool complete = first_model_unit_[u] == model_unit;
+  const bool complete = first_model_unit_[u] == model_unit && trainable_[u];
   if (complete && shard_grads_) {
     const int64_t S = layout_.units[u].padded_numel / shard_size_;
     float* grads = grad_ptrs_[u];
@@ -564,8 +587,9 @@ void FlatUnitStrategy::finish_gradients() {
 double FlatUnitStrategy::global_grad_norm_squared() {
   double local = 0.0;
   for (int u = 0; u < num_units_; ++u)
-    local += sum_of_squares(owned_grad_slice(u),
-                            layout_.units[static_cast<size_t>(u)].padded_numel / shard_size_);
+    if (trainable_[static_cast<size_t>(u)])
+      local += sum_of_squares(owned_grad_slice(u),
+                              layout_.units[static_cast<size_t>(u)].padded_numel / shard_size_);
   // Replicas (hybrid) hold the same reduced values: sum over the shard group only.
   shard_->all_reduce_blocking(std::span<double>(&local, 1), ReduceOp::sum, "grad norm");
   return local;
@@ -577,13 +601,20 @@ void FlatUnitStrategy::after_step() {
                 gathered_units(), pending_reductions());
   // ddp's optimizer wrote the compute copy with the masters (OwnedSlice::compute_copy);
   // zero1/zero2 rebuild it from the gathered masters.
+  gather_updated_params(/*frozen_too=*/false);
+}
+
+void FlatUnitStrategy::gather_updated_params(bool frozen_too) {
+  // Frozen units never change, so their copies stay valid after a step.
   if (options_.kind != StrategyKind::ddp)
-    compute_params_stale_.assign(compute_params_stale_.size(), true);
+    for (size_t u = 0; u < compute_params_stale_.size(); ++u)
+      if (frozen_too || trainable_[u]) compute_params_stale_[u] = true;
   if (options_.kind == StrategyKind::zero1 || options_.kind == StrategyKind::zero2) {
     // Owners updated their slices in place; gather them back, waited for lazily
     // before each unit's next forward.
     for (int u = 0; u < num_units_; ++u) {
       const size_t uu = static_cast<size_t>(u);
+      if (!frozen_too && !trainable_[uu]) continue;
       const int64_t S = layout_.units[uu].padded_numel / shard_size_;
       float* full = full_params_[uu].as<float>();
       param_sync_[uu] = shard_->all_gather(full + shard_rank_ * S, full, static_cast<size_t>(S),
@@ -603,7 +634,7 @@ void FlatUnitStrategy::after_load() {
           .wait();
     }
   } else if (!shard_params_) {
-    after_step();
+    gather_updated_params(/*frozen_too=*/true);
     synchronize();
   }
 }

@@ -44,9 +44,11 @@ struct StrategyBufferPlan {
   bool compute_copy = false;        // replicated params also kept in param_type (bf16)
   std::vector<bool> shared_unit;    // flat units another model unit reads (tied head)
   int64_t largest_private_unit = 0; // elements
+  int64_t largest_trainable_private_unit = 0;  // what a transient gradient buffer holds
   int param_pool = 0;               // zero3/hybrid gather buffers of that size
   int grad_pool = 0;                // zero2/zero3 transient gradient buffers of that size
   int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
+  int64_t frozen_bytes = 0;  // frozen units' parameters (masters and compute copies)
   // zero3/hybrid: all-gathers of each flat unit per training micro-batch (a unit that
   // consecutive steps need stays gathered between them).
   std::vector<int> gathers_per_micro_batch;
@@ -138,6 +140,9 @@ class FlatUnitStrategy : public Strategy {
   // rounds its fp32 parameters into the bf16 copy if they changed since (after_step,
   // after_load).
   void refresh_compute_params(int unit);
+  // zero1/zero2: all-gather the owners' parameter slices (after a step, or a load, which
+  // also covers the frozen units); every strategy: mark compute copies stale.
+  void gather_updated_params(bool frozen_too);
   // zero2/zero3: transient full-unit gradient buffers.
   void acquire_grads(int unit);
   void consume_oldest_reduce();
@@ -159,6 +164,7 @@ class FlatUnitStrategy : public Strategy {
   int shard_rank_, shard_size_;
   const bool shard_params_, shard_grads_, shard_optimizer_;
   std::vector<bool> shared_unit_;  // read by another unit (kept in dedicated buffers)
+  std::vector<bool> trainable_;    // per flat unit: frozen units have no grads/optimizer
 
   std::vector<TrackedBuffer> full_params_, owned_params_, full_grads_, owned_grads_;
   std::vector<TrackedBuffer> adam_m_, adam_v_;

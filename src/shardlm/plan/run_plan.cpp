@@ -24,6 +24,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.params = buffers.params_bytes;
   plan.grads = buffers.grads_bytes;
   plan.optimizer = buffers.optimizer_bytes;
+  plan.frozen = buffers.frozen_bytes;
   const bool params_in_compute_type = buffers.param_type != DType::fp32;
   const ModelMemoryPlan model =
       family.plan_memory(r.config, r.micro_batch, r.seq_len, r.model, params_in_compute_type);
@@ -39,8 +40,16 @@ RunPlan plan_run(const RunPlanRequest& r) {
   const double a = plan.accumulation;
   const double g = plan.partition;
   double elements_moved = 0;  // bytes, before the (G-1)/G factor
+  double trainable_parameters = 0;
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const double P = static_cast<double>(layout.units[u].padded_numel);
+    if (!layout.units[u].trainable) {
+      // A frozen unit is never reduced nor updated: only zero3/hybrid gather it.
+      if (r.strategy.kind == StrategyKind::zero3 || r.strategy.kind == StrategyKind::hybrid)
+        elements_moved += a * buffers.gathers_per_micro_batch[u] * pb * P;
+      continue;
+    }
+    trainable_parameters += P;
     switch (r.strategy.kind) {
       case StrategyKind::ddp:    // reduce once per step; all-gather the reduced gradients
       case StrategyKind::zero1:  // reduce once per step; all-gather the updated parameters
@@ -60,7 +69,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
     // Owned slices all-reduced (fp32) across the replica groups every micro-batch.
     const double replicas = static_cast<double>(n) / plan.partition;
     plan.wire_bytes_per_step +=
-        a * 2 * 4 * static_cast<double>(plan.parameters) / g * (replicas - 1) / replicas;
+        a * 2 * 4 * trainable_parameters / g * (replicas - 1) / replicas;
   }
   const double flops_per_token = r.config.train_flops_per_token(r.seq_len);
   plan.flops_per_step = flops_per_token * static_cast<double>(global_batch) / n * r.seq_len;
@@ -72,7 +81,10 @@ RunPlan plan_run(const RunPlanRequest& r) {
   step.world_size = n;
   step.partition = plan.partition;
   step.accumulation = plan.accumulation;
-  for (const auto& u : layout.units) step.unit_numel.push_back(u.padded_numel);
+  for (const auto& u : layout.units) {
+    step.unit_numel.push_back(u.padded_numel);
+    step.trainable.push_back(u.trainable);
+  }
   for (const auto& m : layout.model_units) step.flat_unit_of.push_back(m.unit);
   step.flat_needs = FlatUnitStrategy::flat_needs(layout, needs);
   step.work = model_unit_work(r.config, family.model_units(r.config), needs,

@@ -44,7 +44,8 @@ struct RunPlan {
   int64_t parameters = 0; // padded parameter count (Psi)
   // Peak bytes per rank.
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0;
-  int64_t total() const { return params + grads + optimizer + activations + comm; }
+  int64_t frozen = 0;  // parameters that do not train (LoRA's base)
+  int64_t total() const { return params + grads + optimizer + activations + comm + frozen; }
   double wire_bytes_per_step = 0;  // bus bytes per rank and optimizer step
   double flops_per_step = 0;       // model FLOPs per rank and step (GEMMs + attention)
   double tokens_per_step = 0;      // global batch x sequence length

@@ -131,8 +131,10 @@ class ProgramBuilder {
     } else {
       for (int v : needs) refresh(v);
     }
-    if (shard_grads_ && needs.size() > 1)  // a unit reading others (tied head) writes their grads
-      for (int v : needs) acquire_grads(v);
+    // The loss unit writes its head's gradient during its training forward.
+    if (shard_grads_ && m == M_ - 1)
+      for (int v : needs)
+        if (trains(static_cast<size_t>(v))) acquire_grads(v);
     compute(s_.work[static_cast<size_t>(m)].forward, "forward");
     if (shard_params_) release_after(static_cast<size_t>(m));
   }
@@ -147,10 +149,11 @@ class ProgramBuilder {
       for (int v : needs) refresh(v);
     }
     if (shard_grads_)
-      for (int v : needs) acquire_grads(v);
+      for (int v : needs)
+        if (trains(static_cast<size_t>(v))) acquire_grads(v);
     compute(s_.work[static_cast<size_t>(m)].backward, "backward");
     const size_t u = unit(m);
-    if (first_model_unit_[u] == m) {  // the flat unit's gradient is complete
+    if (first_model_unit_[u] == m && trains(u)) {  // the flat unit's gradient is complete
       if (shard_grads_) {
         pending_.push_back({static_cast<int>(u),
                             issue(CollectiveKind::reduce_scatter, CommGroup::shard,
@@ -164,6 +167,7 @@ class ProgramBuilder {
   }
 
   size_t reduce_bytes() const { return s_.strategy.reduce_dtype == DType::bf16 ? 2 : 4; }
+  bool trains(size_t u) const { return s_.trainable.empty() || s_.trainable[u]; }
   size_t param_bytes() const { return dtype_bytes(s_.param_type); }
 
   void launch_bucket(size_t b) {
@@ -184,10 +188,11 @@ class ProgramBuilder {
   }
 
   void after_step() {
-    if (s_.strategy.kind != StrategyKind::ddp) stale_.assign(U_, true);
+    if (s_.strategy.kind != StrategyKind::ddp)
+      for (size_t u = 0; u < U_; ++u) stale_[u] = stale_[u] || trains(u);
     if (s_.strategy.kind == StrategyKind::zero1 || s_.strategy.kind == StrategyKind::zero2)
       for (size_t u = 0; u < U_; ++u)
-        param_sync_[u] =
+        if (trains(u)) param_sync_[u] =
             issue(CollectiveKind::all_gather, CommGroup::shard, numel(u) * 4, 4, "all_gather params");
   }
 

@@ -49,6 +49,7 @@ struct StepShape {
   int partition = 1;  // ranks a unit is sharded over
   int accumulation = 1;
   std::vector<int64_t> unit_numel;          // per flat unit, padded
+  std::vector<bool> trainable;              // per flat unit; empty: all (frozen: no reduce)
   std::vector<int> flat_unit_of;            // per model unit
   std::vector<std::vector<int>> flat_needs; // per model unit: flat units it reads
   std::vector<UnitWork> work;               // per model unit, one micro-batch

@@ -17,7 +17,7 @@ void check_state_finite(const ParamLayout& layout, Strategy& strategy, Communica
     const OwnedSlice s = strategy.owned(u);
     const float* states[] = {s.master, s.adam_m, s.adam_v};
     for (uint64_t k = 0; k < 3 && found == 0; ++k)
-      if (!all_finite(states[k], s.size())) found = 1 + static_cast<uint64_t>(u) * 3 + k;
+      if (states[k] != nullptr && !all_finite(states[k], s.size())) found = 1 + static_cast<uint64_t>(u) * 3 + k;
   }
   const std::vector<uint64_t> all = comm.all_gather_u64(found, "finite state check");
   for (size_t r = 0; r < all.size(); ++r) {

@@ -23,6 +23,32 @@ std::string model_source(const TrainOptions& o) {
   return kDefaultModelPreset;
 }
 
+namespace {
+
+LoraConfig lora_config(const TrainOptions& o, const std::string& family) {
+  LoraConfig lora;
+  lora.rank = o.lora_rank;
+  lora.alpha = o.lora_alpha;
+  if (o.lora_targets == "all-linear") {
+    // Every linear layer of the decoder (PEFT's "all-linear" leaves the LM head out too).
+    if (family != "gpt2")
+      lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  } else {
+    size_t start = 0;
+    while (start <= o.lora_targets.size()) {
+      const size_t comma = std::min(o.lora_targets.find(',', start), o.lora_targets.size());
+      const std::string name = o.lora_targets.substr(start, comma - start);
+      SHARDLM_CHECK(!name.empty(), "--lora-targets '{}' has an empty name (expected all-linear or "
+                    "module names separated by commas)", o.lora_targets);
+      lora.targets.push_back(name);
+      start = comma + 1;
+    }
+  }
+  return lora;
+}
+
+}  // namespace
+
 ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_vocab_size) {
   const std::string source = model_source(o);
   const bool from_hf = is_hf_model_path(source);
@@ -31,6 +57,7 @@ ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_
   if (o.n_head) config.n_head = *o.n_head;
   if (o.n_embd) config.n_embd = *o.n_embd;
   if (o.context_len) config.max_seq_len = *o.context_len;
+  if (o.lora_rank > 0) config.lora = lora_config(o, config.family);
   // GPT-2 and the tiny test presets take the data's vocabulary; a real model's shape
   // (a preset of one, or a Hugging Face config) keeps its own, which the data must fit.
   const bool follows_data = data_vocab_size && !from_hf && preset_vocabulary_follows_data(source);

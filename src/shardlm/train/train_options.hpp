@@ -18,6 +18,11 @@ struct TrainOptions {
   std::string model;
   std::optional<int> n_layer, n_head, n_embd, vocab_size;
   std::optional<int> context_len;  // positions (GPT-2: rows of the position table)
+  // LoRA (model/config.hpp LoraConfig): rank 0 trains every parameter. Targets: module
+  // names separated by commas, or "all-linear" (every linear layer of the decoder).
+  int lora_rank = 0;
+  float lora_alpha = 16.0f;
+  std::string lora_targets = "all-linear";
 
   std::string data_dir;  // from `shardlm prepare`: train.bin, val.bin, meta.json
   std::string out_dir;   // run directory: metrics.jsonl, checkpoints/

@@ -400,6 +400,12 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
   }
   if (!o_.init_from.empty()) {
     init_from_ = fs::absolute(o_.init_from).string();
+    // LoRA adapters start from their init (A random, B zero); the base is imported.
+    for (int u = 0; u < layout_->num_units(); ++u)
+      if (layout_->units[static_cast<size_t>(u)].trainable && config_.lora.enabled()) {
+        OwnedSlice s = strategy_->owned(u);
+        model_->init_range(u, o_.seed, s.begin, s.end, s.master);
+      }
     import_hugging_face(o_.init_from, config_, *layout_, *strategy_);
     print(fmt::format("initialised from {}\n", o_.init_from));
     return 0;

@@ -162,7 +162,8 @@ void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, fl
       // dx_rows = dlogits W;  dW += dlogits^T x_rows.
       gemm(false, false, rows, a.C, a.V, 1.0f, dlogits, ld, a.weight, a.C, 0.0f, dx + r0 * a.C,
            a.C);
-      gemm(true, false, a.V, a.C, rows, 1.0f, dlogits, ld, x, a.C, 1.0f, dweight, a.C);
+      if (dweight != nullptr)  // null: a frozen head (LoRA)
+        gemm(true, false, a.V, a.C, rows, 1.0f, dlogits, ld, x, a.C, 1.0f, dweight, a.C);
     }
   }
 }

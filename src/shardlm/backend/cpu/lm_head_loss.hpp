@@ -35,7 +35,7 @@ struct LmHeadLossArgs {
 
 // losses[n] = cross-entropy of row n (0 for ignored rows). If dx != nullptr:
 // dx [N, C] is OVERWRITTEN with grad_scale * dloss/dx and dweight [V, C] ACCUMULATES
-// grad_scale * dloss/dweight.
+// grad_scale * dloss/dweight (dweight null: a frozen head, no weight gradient).
 void lm_head_cross_entropy(const LmHeadLossArgs& args, float* losses, float* dx, float* dweight);
 
 }  // namespace shardlm::cpu

@@ -132,8 +132,10 @@ void rmsnorm_backward(float* dx, int64_t ld_dx, float* dweight, const float* dy,
           for (int c = 0; c < dim; ++c) out[c] = r * g[c] * weight[c] - k * xv[c];
         }
       }
-      // Weight gradient: per chunk of vectors (reads disjoint from the writes above, so
-      // no barrier is needed between the loops), then the chunks in order.
+      // Weight gradient (none for a frozen weight: dweight null): per chunk of vectors
+      // (reads disjoint from the writes above, so no barrier is needed between the
+      // loops), then the chunks in order.
+      if (dweight != nullptr) {
 #pragma omp for schedule(static)
       for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
         double* sum = sums + chunk * dim;
@@ -152,6 +154,7 @@ void rmsnorm_backward(float* dx, int64_t ld_dx, float* dweight, const float* dy,
         double total = 0.0;
         for (int64_t chunk = 0; chunk < num_chunks; ++chunk) total += sums[chunk * dim + c];
         dweight[c] += static_cast<float>(total);
+      }
       }
     }
   });

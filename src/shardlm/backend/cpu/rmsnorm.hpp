@@ -37,7 +37,8 @@ void residual_rmsnorm_forward(float* residual, TypedPtr y, float* rstd, const fl
 
 // Gradients of rmsnorm_forward at the stored x (as rounded in its type) and the kept
 // rstd: dx = rstd (g - x rstd^2 mean(g x)), g = dy * weight, written (accumulate_dx
-// false) or added (true) to dx; dweight += sum over vectors of dy * x * rstd, summed in
+// false) or added (true) to dx; dweight += sum over vectors of dy * x * rstd (dweight
+// null: a frozen weight, no weight gradient), summed in
 // double over fixed chunks of vectors in order, so it does not depend on the thread
 // count. dx must not alias dy or x.
 void rmsnorm_backward(float* dx, int64_t ld_dx, float* dweight, const float* dy, int64_t ld_dy,

@@ -17,6 +17,9 @@ namespace {
 class Gpt2Family final : public ModelFamily {
  public:
   void validate(const ModelConfig& c) const override {
+    SHARDLM_CHECK(!c.lora.enabled(),
+                  "LoRA adapters are implemented for the llama, qwen2 and qwen3 families, not gpt2 "
+                  "(fine-tune gpt2 without --lora-rank)");
     SHARDLM_CHECK(c.n_embd % c.n_head == 0, "n_embd ({}) must be divisible by n_head ({})",
                   c.n_embd, c.n_head);
     SHARDLM_CHECK(c.kv_heads() == c.n_head && c.head_dim() == c.n_embd / c.n_head &&

@@ -1,7 +1,10 @@
 #include "shardlm/model/llama/llama_family.hpp"
 
+#include <cmath>
+
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/hf_config_fields.hpp"
+#include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/llama/llama_model.hpp"
 
 namespace shardlm {
@@ -57,6 +60,14 @@ class LlamaFamily final : public ModelFamily {
                     "{}: llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < "
                     "high_freq_factor and original_max_position_embeddings > 0",
                     name_);
+    for (const auto& target : c.lora.targets) {
+      bool known = false;
+      for (const auto& m : llama_lora_modules()) known = known || m == target;
+      std::string list;
+      for (const auto& m : llama_lora_modules()) list += (list.empty() ? "" : ", ") + m;
+      SHARDLM_CHECK(known, "--lora-targets: '{}' is not a linear layer of a {} model (expected "
+                    "all-linear or some of: {})", target, name_, list);
+    }
     switch (variant_) {
       case LlamaVariant::llama:
         SHARDLM_CHECK(!c.qk_norm && c.qkv_bias == c.o_bias,
@@ -127,12 +138,14 @@ class LlamaFamily final : public ModelFamily {
     const int64_t C = c.n_embd, hd = c.head_dim(), Q = c.n_head * hd, KV = c.kv_heads() * hd;
     const int64_t I = c.mlp_width(), V = c.padded_vocab_size();
     const float std = c.init_std;
+    const bool base_trains = !c.lora.enabled();
     std::vector<UnitLayout> units;
-    UnitBuilder embeddings("embeddings");
+    UnitBuilder embeddings("embeddings", base_trains);
     embeddings.add("model.embed_tokens.weight", {V, C}, "normal", std).valid_rows = c.vocab_size;
     units.push_back(embeddings.finish());
     for (int l = 0; l < c.n_layer; ++l) {
-      UnitBuilder b("layers." + std::to_string(l));
+      if (c.lora.enabled()) units.push_back(adapter_unit(c, l));
+      UnitBuilder b("layers." + std::to_string(l), base_trains);
       auto name = [&](const char* suffix) { return llama_param_name(l, suffix); };
       b.add(name("input_layernorm.weight"), {C}, "ones");
       // q, k, v back to back: one [Q + 2 KV, C] matrix (and one bias vector).
@@ -157,7 +170,7 @@ class LlamaFamily final : public ModelFamily {
       b.add(name("mlp.down_proj.weight"), {C, I}, "normal", std);
       units.push_back(b.finish());
     }
-    UnitBuilder final_unit("final");
+    UnitBuilder final_unit("final", base_trains);
     final_unit.add("model.norm.weight", {C}, "ones");
     if (!c.tie_embeddings)
       final_unit.add("lm_head.weight", {V, C}, "normal", std).valid_rows = c.vocab_size;
@@ -167,10 +180,17 @@ class LlamaFamily final : public ModelFamily {
 
   std::vector<std::vector<int>> unit_needs(const ModelConfig& c) const override {
     std::vector<std::vector<int>> needs;
-    const int final_unit = c.n_layer + 1;
-    for (int u = 0; u <= final_unit; ++u)
-      needs.push_back(u == final_unit && c.tie_embeddings ? std::vector<int>{0, u}
-                                                          : std::vector<int>{u});
+    const int n = llama_num_units(c);
+    for (int u = 0; u < n; ++u) {
+      const LlamaUnitRole role = llama_unit_role(c, u);
+      if (role.kind == LlamaUnitRole::Kind::final && c.tie_embeddings) {
+        needs.push_back({0, u});
+      } else if (role.kind == LlamaUnitRole::Kind::layer && c.lora.enabled()) {
+        needs.push_back({llama_adapter_unit(c, role.layer), u});
+      } else {
+        needs.push_back({u});
+      }
+    }
     return needs;
   }
 
@@ -183,7 +203,13 @@ class LlamaFamily final : public ModelFamily {
     const double per_layer = C * (Q + 2 * KV) + Q * C + 3.0 * C * I;
     const double matmul_params = c.n_layer * per_layer + static_cast<double>(c.padded_vocab_size()) * C;
     const double attention = c.n_layer * 6.0 * seq_len * Q;
-    return 6.0 * matmul_params + attention;
+    if (!c.lora.enabled()) return 6.0 * matmul_params + attention;
+    // LoRA: the frozen base runs forward (2) and backward-data (2), no weight gradient;
+    // each adapter pair A, B trains in full (6 per parameter).
+    double adapter_params = 0;
+    for (const auto& g : llama_lora_groups(c))
+      for (const auto& t : g.targets) adapter_params += c.lora.rank * static_cast<double>(g.in + t.out);
+    return 4.0 * matmul_params + 6.0 * c.n_layer * adapter_params + attention;
   }
 
   std::unique_ptr<Model> make_model(const ModelConfig& config, const ParamLayout& layout,
@@ -331,6 +357,20 @@ class LlamaFamily final : public ModelFamily {
                       "config.json ({}): layer type {} is not supported (only full_attention)",
                       name_, t.dump());
     }
+  }
+
+  // Layer l's adapters: per group the targets' A matrices packed back to back, then their
+  // B matrices (llama_lora.hpp).
+  static UnitLayout adapter_unit(const ModelConfig& c, int l) {
+    UnitBuilder b("layers." + std::to_string(l) + ".lora", /*trainable=*/true);
+    const int64_t r = c.lora.rank;
+    for (const LoraGroup& g : llama_lora_groups(c)) {
+      const float bound = 1.0f / std::sqrt(static_cast<float>(g.in));
+      for (size_t i = 0; i < g.targets.size(); ++i)
+        b.add(lora_a_name(l, g.targets[i]), {r, g.in}, "uniform", bound, /*pack_with_previous=*/i > 0);
+      for (const auto& t : g.targets) b.add(lora_b_name(l, t), {t.out, r}, "zeros");
+    }
+    return b.finish();
   }
 
   LlamaVariant variant_;

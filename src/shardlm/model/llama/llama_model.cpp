@@ -13,6 +13,7 @@
 #include "shardlm/backend/cpu/swiglu.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/llama/llama_family.hpp"
+#include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/model_support.hpp"
 
 namespace shardlm {
@@ -59,6 +60,16 @@ struct LayerVectors {
   const float* ln2 = nullptr;
 };
 
+// Layer l's adapters for one call: per LoRA group, its packed A [n r, in] and each
+// target's B [out, r] as the GEMMs read them, and where their gradients go.
+struct GroupAdapters {
+  ConstTypedPtr a;
+  std::vector<ConstTypedPtr> b;
+  float* grad_a = nullptr;
+  std::vector<float*> grad_b;
+};
+using LayerAdapters = std::vector<GroupAdapters>;  // per group of lora_groups; empty: no LoRA
+
 }  // namespace
 
 struct LlamaModel::Impl {
@@ -66,7 +77,7 @@ struct LlamaModel::Impl {
   ParamLayout layout;
   ModelOptions options;
   int max_batch = 0, max_seq = 0;
-  int L = 0, final_unit = 0;
+  int L = 0, num_units = 0, final_unit = 0;
   int64_t C = 0, H = 0, KV = 0, hd = 0, Q = 0, KVD = 0, QKV = 0, I = 0;
   int V = 0, Vp = 0;
   float eps = 1e-6f;
@@ -74,6 +85,15 @@ struct LlamaModel::Impl {
 
   int64_t embed = 0, norm_w = 0, lm_head = -1;
   std::vector<LayerOffsets> offsets;
+  // LoRA: the groups' targets, per layer and group the A and B offsets in the adapter
+  // unit, the scale alpha / r and scratch for x A^T and its gradient ([N, 3 r] at most).
+  std::vector<LoraGroup> lora_groups;
+  std::vector<std::vector<std::pair<int64_t, std::vector<int64_t>>>> adapter_offsets;
+  float lora_scale = 0.0f;
+  int64_t lora_width = 0;  // largest n r of a group
+  float* lora_u = nullptr;
+  float* lora_du = nullptr;
+  TypedPtr lora_u_c, lora_du_c;
 
   TrackedBuffer arena;
   std::vector<float*> residual;           // L + 1 layer inputs, [N, C]
@@ -104,7 +124,15 @@ struct LlamaModel::Impl {
   LayerActivations& acts(int l) {
     return layers[options.activation_checkpointing ? 0 : static_cast<size_t>(l)];
   }
-  int64_t layer_weight_elements() const { return QKV * C + C * Q + 2 * I * C + C * I; }
+  int64_t adapter_elements() const {
+    int64_t n = 0;
+    for (const auto& g : lora_groups)
+      for (const auto& tg : g.targets) n += config.lora.rank * (g.in + tg.out);
+    return n;
+  }
+  int64_t layer_weight_elements() const {
+    return QKV * C + C * Q + 2 * I * C + C * I + adapter_elements();
+  }
   int64_t weight_scratch_elements() const {
     return std::max<int64_t>(layer_weight_elements(), static_cast<int64_t>(V) * C);
   }
@@ -120,11 +148,20 @@ struct LlamaModel::Impl {
     return rounding->gemm_weight(w, 0, static_cast<int64_t>(V) * C);
   }
 
-  void layer_forward(int l, const LayerVectors& v, const LayerWeights& w, bool recompute);
-  void layer_backward(int l, const LayerVectors& v, const LayerWeights& w, float* g);
+  LayerAdapters layer_adapters(int l, ParamPointers params, UnitPointers grads) const;
+  void layer_forward(int l, const LayerVectors& v, const LayerWeights& w,
+                     const LayerAdapters& ad, bool recompute);
+  void layer_backward(int l, const LayerVectors& v, const LayerWeights& w,
+                      const LayerAdapters& ad, float* g);
+  // out [N, group width] += scale (x A^T) B^T over the group's targets.
+  void lora_forward(size_t group, const LayerAdapters& ad, ConstTypedPtr x, float* out);
+  // Adapter gradients from the group output's gradient dy (as the base GEMMs read it),
+  // and dx += its share of the input gradient.
+  void lora_backward(size_t group, const LayerAdapters& ad, ConstTypedPtr x, ConstTypedPtr dy,
+                     float* dx);
   void qk_norm_forward(LayerActivations& a, const LayerVectors& v, float* qkv_f);
-  void qk_norm_backward(const LayerActivations& a, const LayerVectors& v, float* dqkv, float* g,
-                        const LayerOffsets& o);
+  void qk_norm_backward(const LayerActivations& a, const LayerVectors& v, float* dqkv,
+                        float* dq_norm, float* dk_norm);
   void final_forward(ParamPointers params, UnitPointers grads, const MicroBatch& batch,
                      bool training, float grad_scale);
 };
@@ -134,7 +171,8 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   options = run_options;
   compute = options.precision;
   L = config.n_layer;
-  final_unit = L + 1;
+  num_units = llama_num_units(config);
+  final_unit = num_units - 1;
   C = config.n_embd;
   H = config.n_head;
   KV = config.kv_heads();
@@ -146,7 +184,12 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   V = config.vocab_size;
   Vp = config.padded_vocab_size();
   eps = config.norm_eps;
-  state = MicroBatchState(L + 2);
+  lora_groups = config.lora.enabled() ? llama_lora_groups(config) : std::vector<LoraGroup>{};
+  lora_scale = config.lora.enabled() ? config.lora.scale() : 0.0f;
+  lora_width = 0;
+  for (const auto& g : lora_groups)
+    lora_width = std::max<int64_t>(lora_width, static_cast<int64_t>(g.targets.size()) * config.lora.rank);
+  state = MicroBatchState(num_units);
 }
 
 void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
@@ -181,6 +224,14 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
   carver.request(&dbig, n * std::max(QKV, 2 * I));
   if (config.qk_norm) carver.request(&dqk, n * (Q + KVD));
   carver.request(&default_positions, n);
+  if (lora_width > 0) {
+    carver.request(&lora_u, n * lora_width);
+    carver.request(&lora_du, n * lora_width);
+    if (ct != DType::fp32) {
+      carver.request(&lora_u_c, ct, n * lora_width);
+      carver.request(&lora_du_c, ct, n * lora_width);
+    }
+  }
   head.carve(carver, n, V, Vp, static_cast<int>(C), ct);
   if (ct != DType::fp32) {
     carver.request(&dres_c, ct, n * C);
@@ -204,13 +255,14 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   SHARDLM_CHECK(m.hd <= cpu::kAttentionMaxHeadDim,
                 "model: head_dim {} exceeds the CPU attention kernel's limit {}", m.hd,
                 cpu::kAttentionMaxHeadDim);
-  SHARDLM_CHECK(layout.num_model_units() == m.L + 2,
+  SHARDLM_CHECK(layout.num_model_units() == m.num_units,
                 "model: layout has {} model units, the config needs {}", layout.num_model_units(),
-                m.L + 2);
+                m.num_units);
   m.embed = layout.offset_in_model_unit(0, "model.embed_tokens.weight");
   for (int l = 0; l < m.L; ++l) {
+    const int unit = llama_layer_unit(config, l);
     auto off = [&](const char* suffix) {
-      return layout.offset_in_model_unit(l + 1, llama_param_name(l, suffix));
+      return layout.offset_in_model_unit(unit, llama_param_name(l, suffix));
     };
     LayerOffsets o;
     o.ln1 = off("input_layernorm.weight");
@@ -228,6 +280,17 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
     SHARDLM_ASSERT(off("mlp.up_proj.weight") == o.gu_w + m.I * m.C);
     o.down_w = off("mlp.down_proj.weight");
     m.offsets.push_back(o);
+    if (config.lora.enabled()) {
+      const int adapters = llama_adapter_unit(config, l);
+      std::vector<std::pair<int64_t, std::vector<int64_t>>> groups;
+      for (const auto& g : m.lora_groups) {
+        const int64_t a = layout.offset_in_model_unit(adapters, lora_a_name(l, g.targets.front()));
+        std::vector<int64_t> b;
+        for (const auto& tg : g.targets) b.push_back(layout.offset_in_model_unit(adapters, lora_b_name(l, tg)));
+        groups.push_back({a, b});
+      }
+      m.adapter_offsets.push_back(groups);
+    }
   }
   m.norm_w = layout.offset_in_model_unit(m.final_unit, "model.norm.weight");
   if (!config.tie_embeddings) m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
@@ -262,10 +325,11 @@ const ModelConfig& LlamaModel::config() const { return impl_->config; }
 const ParamLayout& LlamaModel::layout() const { return impl_->layout; }
 const ModelOptions& LlamaModel::options() const { return impl_->options; }
 int LlamaModel::logits_chunk_rows() const { return impl_->head.chunk_rows(); }
-int LlamaModel::num_units() const { return impl_->L + 2; }
+int LlamaModel::num_units() const { return impl_->num_units; }
 
 std::vector<int> LlamaModel::Impl::needed_units(int unit) const {
-  SHARDLM_CHECK(unit >= 0 && unit < L + 2, "model: unit {} out of range [0, {})", unit, L + 2);
+  SHARDLM_CHECK(unit >= 0 && unit < num_units, "model: unit {} out of range [0, {})", unit,
+                num_units);
   return model_family(config.family).unit_needs(config)[static_cast<size_t>(unit)];
 }
 
@@ -316,26 +380,107 @@ void LlamaModel::Impl::qk_norm_forward(LayerActivations& a, const LayerVectors& 
 }
 
 void LlamaModel::Impl::qk_norm_backward(const LayerActivations& a, const LayerVectors& v,
-                                        float* dqkv, float* g, const LayerOffsets& o) {
+                                        float* dqkv, float* dq_norm, float* dk_norm) {
   const int64_t n = N();
-  cpu::rmsnorm_backward(dqk, Q + KVD, g + o.q_norm, dqkv, QKV, a.qk_pre, Q + KVD, v.q_norm,
+  cpu::rmsnorm_backward(dqk, Q + KVD, dq_norm, dqkv, QKV, a.qk_pre, Q + KVD, v.q_norm,
                         a.rstd_q, {n, static_cast<int>(H), static_cast<int>(hd)}, false);
-  cpu::rmsnorm_backward(dqk + Q, Q + KVD, g + o.k_norm, dqkv + Q, QKV, a.qk_pre.at(Q), Q + KVD,
+  cpu::rmsnorm_backward(dqk + Q, Q + KVD, dk_norm, dqkv + Q, QKV, a.qk_pre.at(Q), Q + KVD,
                         v.k_norm, a.rstd_k, {n, static_cast<int>(KV), static_cast<int>(hd)}, false);
   cpu::convert_rows(dqkv, QKV, dqk, Q + KVD, n, Q + KVD);
 }
 
+// Index of the LoRA group reading `input` in lora_groups, or -1 (no adapters there).
+static int group_index(const std::vector<LoraGroup>& groups, LoraGroup::Input input) {
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (groups[i].input == input) return static_cast<int>(i);
+  return -1;
+}
+
+LayerAdapters LlamaModel::Impl::layer_adapters(int l, ParamPointers params,
+                                               UnitPointers grads) const {
+  LayerAdapters ad;
+  if (!config.lora.enabled()) return ad;
+  const int unit = llama_adapter_unit(config, l);
+  const ConstTypedPtr p = params[unit];
+  float* g = grads.empty() ? nullptr : grads[unit];
+  const int64_t r = config.lora.rank;
+  // The adapters' converted copies follow the layer's own weights in the weight scratch.
+  int64_t at = QKV * C + C * Q + 2 * I * C + C * I;
+  const auto& offsets_l = adapter_offsets[static_cast<size_t>(l)];
+  for (size_t gi = 0; gi < lora_groups.size(); ++gi) {
+    const LoraGroup& group = lora_groups[gi];
+    const auto& [a_off, b_offs] = offsets_l[gi];
+    GroupAdapters ga;
+    const int64_t a_count = static_cast<int64_t>(group.targets.size()) * r * group.in;
+    ga.a = rounding->gemm_weight(p.at(a_off), at, a_count);
+    at += a_count;
+    ga.grad_a = g != nullptr ? g + a_off : nullptr;
+    for (size_t ti = 0; ti < group.targets.size(); ++ti) {
+      const int64_t b_count = group.targets[ti].out * r;
+      ga.b.push_back(rounding->gemm_weight(p.at(b_offs[ti]), at, b_count));
+      at += b_count;
+      ga.grad_b.push_back(g != nullptr ? g + b_offs[ti] : nullptr);
+    }
+    ad.push_back(std::move(ga));
+  }
+  return ad;
+}
+
+void LlamaModel::Impl::lora_forward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
+                                    float* out) {
+  const LoraGroup& g = lora_groups[gi];
+  const GroupAdapters& w = ad[gi];
+  const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
+  const int width = static_cast<int>(g.targets.size()) * r;
+  gemm(false, true, rows, width, in, 1.0f, x, in, w.a, in, 0.0f, lora_u, width);  // u = x A^T
+  const ConstTypedPtr u = rounding->for_gemm(lora_u, lora_u_c, N() * width);
+  for (size_t ti = 0; ti < g.targets.size(); ++ti) {
+    const LoraTarget& tg = g.targets[ti];
+    gemm(false, true, rows, static_cast<int>(tg.out), r, lora_scale, u.at(static_cast<int64_t>(ti) * r),
+         width, w.b[ti], r, 1.0f, out + tg.out_offset, static_cast<int>(g.out_width));
+  }
+}
+
+// y += s u B^T, u = x A^T: dB += s dy^T u; du = s dy B; dA += du^T x; dx += du A.
+void LlamaModel::Impl::lora_backward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
+                                     ConstTypedPtr dy, float* dx) {
+  const LoraGroup& g = lora_groups[gi];
+  const GroupAdapters& w = ad[gi];
+  const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
+  const int width = static_cast<int>(g.targets.size()) * r, out_w = static_cast<int>(g.out_width);
+  gemm(false, true, rows, width, in, 1.0f, x, in, w.a, in, 0.0f, lora_u, width);  // recomputed
+  const ConstTypedPtr u = rounding->for_gemm(lora_u, lora_u_c, N() * width);
+  for (size_t ti = 0; ti < g.targets.size(); ++ti) {
+    const LoraTarget& tg = g.targets[ti];
+    const int out = static_cast<int>(tg.out);
+    const ConstTypedPtr dy_t = dy.at(tg.out_offset);
+    gemm(true, false, out, r, rows, lora_scale, dy_t, out_w, u.at(static_cast<int64_t>(ti) * r), width,
+         1.0f, w.grad_b[ti], r);
+    gemm(false, false, rows, r, out, lora_scale, dy_t, out_w, w.b[ti], r, 0.0f,
+         lora_du + static_cast<int64_t>(ti) * r, width);
+  }
+  const ConstTypedPtr du = rounding->for_gemm(lora_du, lora_du_c, N() * width);
+  gemm(true, false, width, in, rows, 1.0f, du, width, x, in, 1.0f, w.grad_a, in);
+  gemm(false, false, rows, in, width, 1.0f, du, width, w.a, in, 1.0f, dx, in);
+}
+
 void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWeights& w,
-                                     bool recompute) {
+                                     const LayerAdapters& ad, bool recompute) {
   LayerActivations& a = acts(l);
   const float* x = residual[static_cast<size_t>(l)];
   const int64_t n = N();
   const int rows = static_cast<int>(n);
+  // LoRA groups by the activation they read (-1: none).
+  const int lora_qkv = group_index(lora_groups, LoraGroup::Input::ln1);
+  const int lora_o = group_index(lora_groups, LoraGroup::Input::attention);
+  const int lora_gu = group_index(lora_groups, LoraGroup::Input::ln2);
+  const int lora_down = group_index(lora_groups, LoraGroup::Input::act);
   cpu::rmsnorm_forward(a.ln1, C, a.rstd1, x, C, v.ln1, {n, 1, static_cast<int>(C)}, eps);
   // q|k|v in one GEMM over the packed [QKV, C] projection (HF's [out, in] weights).
   float* qkv_f = dbig;
   gemm(false, true, rows, static_cast<int>(QKV), static_cast<int>(C), 1.0f, a.ln1,
        static_cast<int>(C), w.qkv, static_cast<int>(C), 0.0f, qkv_f, static_cast<int>(QKV));
+  if (lora_qkv >= 0) lora_forward(static_cast<size_t>(lora_qkv), ad, a.ln1, qkv_f);
   if (v.qkv_b != nullptr) cpu::add_bias(qkv_f, v.qkv_b, n, static_cast<int>(QKV));
   if (config.qk_norm) qk_norm_forward(a, v, qkv_f);
   // Attention reads q and k after RoPE, and v, as stored (rounded), as backward will.
@@ -347,24 +492,28 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   cpu::attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
   gemm(false, true, rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att,
        static_cast<int>(Q), w.o, static_cast<int>(Q), 0.0f, branch, static_cast<int>(C));
+  if (lora_o >= 0) lora_forward(static_cast<size_t>(lora_o), ad, a.att, branch);
   cpu::residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
                                 static_cast<int>(C), eps);
   float* gu_f = compute == DType::fp32 ? a.gate_up.f32() : dbig;
   gemm(false, true, rows, static_cast<int>(2 * I), static_cast<int>(C), 1.0f, a.ln2,
        static_cast<int>(C), w.gate_up, static_cast<int>(C), 0.0f, gu_f, static_cast<int>(2 * I));
+  if (lora_gu >= 0) lora_forward(static_cast<size_t>(lora_gu), ad, a.ln2, gu_f);
   cpu::swiglu_forward(a.act, a.gate_up, gu_f, n, static_cast<int>(I));
   if (recompute) return;
   gemm(false, true, rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act,
        static_cast<int>(I), w.down, static_cast<int>(I), 0.0f, branch, static_cast<int>(C));
+  if (lora_down >= 0) lora_forward(static_cast<size_t>(lora_down), ad, a.act, branch);
   cpu::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
                          static_cast<int>(C));
 }
 
 // On entry dres holds dLoss/d(layer output); on exit dLoss/d(layer input). Weight
 // gradients accumulate into g through the GEMMs' beta = 1; for y = x W^T (W [out, in])
-// dW += dy^T x and dx = dy W.
+// dW += dy^T x and dx = dy W. A frozen layer (g null: LoRA's base) computes only the
+// input gradients, and its adapters' gradients.
 void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerWeights& w,
-                                      float* g) {
+                                      const LayerAdapters& ad, float* g) {
   const LayerOffsets& o = offsets[static_cast<size_t>(l)];
   const LayerActivations& a = acts(l);
   const float* x = residual[static_cast<size_t>(l)];
@@ -372,40 +521,50 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   const int rows = static_cast<int>(n);
   const int c = static_cast<int>(C), q = static_cast<int>(Q), i2 = static_cast<int>(2 * I),
             i1 = static_cast<int>(I), qkv = static_cast<int>(QKV);
+  const bool trains = g != nullptr;
+  auto grad = [&](int64_t offset) { return trains && offset >= 0 ? g + offset : nullptr; };
+  const int lora_qkv = group_index(lora_groups, LoraGroup::Input::ln1);
+  const int lora_o = group_index(lora_groups, LoraGroup::Input::attention);
+  const int lora_gu = group_index(lora_groups, LoraGroup::Input::ln2);
+  const int lora_down = group_index(lora_groups, LoraGroup::Input::act);
 
   // MLP: y = r + (silu(g) * u) Wdown^T
   ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
-  gemm(true, false, c, i1, rows, 1.0f, dy, c, a.act, i1, 1.0f, g + o.down_w, i1);
+  if (trains) gemm(true, false, c, i1, rows, 1.0f, dy, c, a.act, i1, 1.0f, g + o.down_w, i1);
   float* dact = dmid;
   gemm(false, false, rows, i1, c, 1.0f, dy, c, w.down, i1, 0.0f, dact, i1);
+  if (lora_down >= 0) lora_backward(static_cast<size_t>(lora_down), ad, a.act, dy, dact);
   float* dgu = dbig;
   cpu::swiglu_backward(dgu, dact, a.gate_up, n, i1);
   const ConstTypedPtr dgu_g = rounding->for_gemm(dgu, dbig_c, n * 2 * I);
-  gemm(true, false, i2, c, rows, 1.0f, dgu_g, i2, a.ln2, c, 1.0f, g + o.gu_w, c);
+  if (trains) gemm(true, false, i2, c, rows, 1.0f, dgu_g, i2, a.ln2, c, 1.0f, g + o.gu_w, c);
   float* dln2 = dsmall;
   gemm(false, false, rows, c, i2, 1.0f, dgu_g, i2, w.gate_up, c, 0.0f, dln2, c);
-  cpu::rmsnorm_backward(dres, C, g + o.ln2, dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
+  if (lora_gu >= 0) lora_backward(static_cast<size_t>(lora_gu), ad, a.ln2, dgu_g, dln2);
+  cpu::rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
                         /*accumulate_dx=*/true);
 
   // Attention: r = x + attention(...) Wo^T (+ b_o)
   dy = rounding->for_gemm(dres, dres_c, n * C);
-  gemm(true, false, c, q, rows, 1.0f, dy, c, a.att, q, 1.0f, g + o.o_w, q);
-  if (o.o_b >= 0) cpu::bias_backward(g + o.o_b, dres, n, c);
+  if (trains) gemm(true, false, c, q, rows, 1.0f, dy, c, a.att, q, 1.0f, g + o.o_w, q);
+  if (trains && o.o_b >= 0) cpu::bias_backward(g + o.o_b, dres, n, c);
   float* datt = dmid;
   gemm(false, false, rows, q, c, 1.0f, dy, c, w.o, q, 0.0f, datt, q);
+  if (lora_o >= 0) lora_backward(static_cast<size_t>(lora_o), ad, a.att, dy, datt);
   float* dqkv = dbig;
   cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
   cpu::rope_backward(dqkv, QKV, dqkv, QKV, n, static_cast<int>(H), static_cast<int>(hd), positions,
                      *rope);
   cpu::rope_backward(dqkv + Q, QKV, dqkv + Q, QKV, n, static_cast<int>(KV), static_cast<int>(hd),
                      positions, *rope);
-  if (config.qk_norm) qk_norm_backward(a, v, dqkv, g, o);
-  if (o.qkv_b >= 0) cpu::bias_backward(g + o.qkv_b, dqkv, n, qkv);
+  if (config.qk_norm) qk_norm_backward(a, v, dqkv, grad(o.q_norm), grad(o.k_norm));
+  if (trains && o.qkv_b >= 0) cpu::bias_backward(g + o.qkv_b, dqkv, n, qkv);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * QKV);
-  gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
+  if (trains) gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
   float* dln1 = dsmall;
   gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
-  cpu::rmsnorm_backward(dres, C, g + o.ln1, dln1, C, x, C, v.ln1, a.rstd1, {n, 1, c},
+  if (lora_qkv >= 0) lora_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g, dln1);
+  cpu::rmsnorm_backward(dres, C, grad(o.ln1), dln1, C, x, C, v.ln1, a.rstd1, {n, 1, c},
                         /*accumulate_dx=*/true);
 }
 
@@ -423,11 +582,11 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
     return;
   }
   state.target_count = count_targets(batch.targets, n, V);
-  float* dhead = nullptr;
-  if (training) {
+  float* dhead = nullptr;  // stays null for a frozen head (LoRA): dlnf is still needed
+  if (training && !config.lora.enabled()) {
     const int head_unit = lm_head < 0 ? 0 : final_unit;
-    check_grad_pointer(grads, L + 2, head_unit);
-    check_grad_pointer(grads, L + 2, final_unit);
+    check_grad_pointer(grads, num_units, head_unit);
+    check_grad_pointer(grads, num_units, final_unit);
     dhead = grads[head_unit] + (lm_head < 0 ? embed : lm_head);
   }
   state.loss_sum = head.loss(lnf, head_weights(params), batch.targets, n, grad_scale,
@@ -438,8 +597,9 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
 void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads,
                               const MicroBatch& batch, bool training, float grad_scale) {
   Impl& m = *impl_;
-  check_param_pointers(params, m.L + 2, m.needed_units(unit), unit, m.compute);
-  if (unit == 0) {
+  check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
+  const LlamaUnitRole role = llama_unit_role(m.config, unit);
+  if (role.kind == LlamaUnitRole::Kind::embeddings) {
     check_micro_batch(batch, m.max_batch, m.max_seq, m.V);
     m.state.start(batch);
     const int64_t n = m.N();
@@ -451,12 +611,17 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
     return;
   }
   m.state.check_forward(unit, batch);
-  if (unit < m.final_unit) {
-    const ConstTypedPtr p = params[unit];
-    m.layer_forward(unit - 1, m.layer_vectors(unit - 1, p), m.layer_weights(unit - 1, p),
-                    /*recompute=*/false);
-  } else {
-    m.final_forward(params, grads, batch, training, grad_scale);
+  switch (role.kind) {
+    case LlamaUnitRole::Kind::adapters:
+      return;  // read by its layer
+    case LlamaUnitRole::Kind::layer: {
+      const ConstTypedPtr p = params[unit];
+      m.layer_forward(role.layer, m.layer_vectors(role.layer, p), m.layer_weights(role.layer, p),
+                      m.layer_adapters(role.layer, params, {}), /*recompute=*/false);
+      return;
+    }
+    default:
+      m.final_forward(params, grads, batch, training, grad_scale);
   }
 }
 
@@ -464,27 +629,42 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
                                const MicroBatch& batch) {
   Impl& m = *impl_;
   m.state.begin_backward(unit, batch);
-  check_param_pointers(params, m.L + 2, {unit}, unit, m.compute);
-  check_grad_pointer(grads, m.L + 2, unit);
+  check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
+  const LlamaUnitRole role = llama_unit_role(m.config, unit);
+  const bool base_trains = !m.config.lora.enabled();
+  // A frozen unit has no gradient buffer; a trainable one must have one.
+  if (base_trains || role.kind == LlamaUnitRole::Kind::adapters)
+    check_grad_pointer(grads, m.num_units, unit);
+  float* g = base_trains ? grads[unit] : nullptr;
   const int64_t n = m.N();
   const ConstTypedPtr p = params[unit];
-  if (unit == m.final_unit) {
-    float* g = grads[unit];
-    float* scratch = m.rounding->vector_scratch();
-    const float* weight = m.rounding->vector_values(p.at(m.norm_w), m.C, &scratch);
-    std::memset(m.dres, 0, sizeof(float) * static_cast<size_t>(n * m.C));
-    cpu::rmsnorm_backward(m.dres, m.C, g + m.norm_w, m.dlnf, m.C,
-                          m.residual[static_cast<size_t>(m.L)], m.C, weight, m.lnf_rstd,
-                          {n, 1, static_cast<int>(m.C)}, /*accumulate_dx=*/true);
-  } else if (unit > 0) {
-    // One conversion serves the recompute and the backward.
-    const LayerVectors v = m.layer_vectors(unit - 1, p);
-    const LayerWeights w = m.layer_weights(unit - 1, p);
-    if (m.options.activation_checkpointing) m.layer_forward(unit - 1, v, w, /*recompute=*/true);
-    m.layer_backward(unit - 1, v, w, grads[unit]);
-  } else {
-    cpu::embedding_backward(grads[0] + m.embed, nullptr, m.dres, batch.tokens, m.state.B,
-                            m.state.T, static_cast<int>(m.C));
+  switch (role.kind) {
+    case LlamaUnitRole::Kind::final: {
+      float* scratch = m.rounding->vector_scratch();
+      const float* weight = m.rounding->vector_values(p.at(m.norm_w), m.C, &scratch);
+      std::memset(m.dres, 0, sizeof(float) * static_cast<size_t>(n * m.C));
+      cpu::rmsnorm_backward(m.dres, m.C, g != nullptr ? g + m.norm_w : nullptr, m.dlnf, m.C,
+                            m.residual[static_cast<size_t>(m.L)], m.C, weight, m.lnf_rstd,
+                            {n, 1, static_cast<int>(m.C)}, /*accumulate_dx=*/true);
+      return;
+    }
+    case LlamaUnitRole::Kind::layer: {
+      if (!base_trains) check_grad_pointer(grads, m.num_units, llama_adapter_unit(m.config, role.layer));
+      // One conversion serves the recompute and the backward.
+      const LayerVectors v = m.layer_vectors(role.layer, p);
+      const LayerWeights w = m.layer_weights(role.layer, p);
+      const LayerAdapters ad = m.layer_adapters(role.layer, params, grads);
+      if (m.options.activation_checkpointing) m.layer_forward(role.layer, v, w, ad, /*recompute=*/true);
+      m.layer_backward(role.layer, v, w, ad, g);
+      return;
+    }
+    case LlamaUnitRole::Kind::adapters:
+      return;  // its gradients came from its layer's backward
+    case LlamaUnitRole::Kind::embeddings:
+      if (g != nullptr)
+        cpu::embedding_backward(g + m.embed, nullptr, m.dres, batch.tokens, m.state.B, m.state.T,
+                                static_cast<int>(m.C));
+      return;
   }
 }
 
@@ -494,7 +674,7 @@ int64_t LlamaModel::last_target_count() const { return impl_->state.target_count
 void LlamaModel::logits_at(ParamPointers params, int t, float* out) const {
   const Impl& m = *impl_;
   m.state.check_logits_at(t);
-  check_param_pointers(params, m.L + 2, m.needed_units(m.final_unit), m.final_unit, m.compute);
+  check_param_pointers(params, m.num_units, m.needed_units(m.final_unit), m.final_unit, m.compute);
   // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
   m.head.logits(m.lnf.at(static_cast<int64_t>(t) * m.C), static_cast<int64_t>(m.state.T) * m.C,
                 m.state.B, m.head_weights(params), out);

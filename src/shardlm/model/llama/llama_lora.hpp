@@ -1,0 +1,62 @@
+// LoRA on the Llama families' linear layers: which modules exist, how they group into
+// the model's fused GEMMs, and the model units a LoRA run has.
+//
+// Model units with adapters: 0 embeddings (frozen), then per layer l its adapter unit
+// (trainable) followed by the layer (frozen), last the final norm and head (frozen):
+//   [embed, adapters 0, layer 0, adapters 1, layer 1, ..., final]
+// The adapters come first so that, in backward order, layer l's backward (which writes
+// the adapters' gradients) runs before the adapter unit's after_backward hook, where a
+// strategy reduces a unit's gradient. Layer l's forward and backward read both units.
+//
+// A layer's four GEMM groups and their modules (PEFT's target_modules names):
+//   qkv      q_proj, k_proj, v_proj   input ln1 [N, C]      output q|k|v [N, Q + 2 KV]
+//   o        o_proj                   input attention [N, Q] output [N, C]
+//   gate_up  gate_proj, up_proj       input ln2 [N, C]      output g|u [N, 2 I]
+//   down     down_proj                input silu(g)u [N, I] output [N, C]
+// The targeted modules' A matrices of a group are packed back to back ([n r, in], one
+// GEMM gives every target's x A^T); each B [out, r] adds into its columns of the output.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shardlm/model/config.hpp"
+
+namespace shardlm {
+
+struct LoraTarget {
+  std::string module;    // "q_proj"
+  std::string parent;    // "self_attn" or "mlp"
+  int64_t out = 0;       // rows of the module's weight
+  int64_t out_offset = 0;  // its columns in the group's output
+};
+
+struct LoraGroup {
+  enum class Input { ln1, attention, ln2, act } input;
+  int64_t in = 0;         // columns of the group's weights
+  int64_t out_width = 0;  // width of the group's output (all modules, targeted or not)
+  std::vector<LoraTarget> targets;  // the targeted modules only
+};
+
+// Every module name LoRA can target in these families, in layer order.
+const std::vector<std::string>& llama_lora_modules();
+
+// The layer's groups with their targeted modules (groups without a target omitted).
+std::vector<LoraGroup> llama_lora_groups(const ModelConfig& config);
+
+// Names of a target's matrices in layer l ("model.layers.3.self_attn.q_proj.lora_A.weight").
+std::string lora_a_name(int layer, const LoraTarget& t);
+std::string lora_b_name(int layer, const LoraTarget& t);
+
+// What model unit u is in a run with or without adapters.
+struct LlamaUnitRole {
+  enum class Kind { embeddings, adapters, layer, final } kind;
+  int layer = -1;
+};
+LlamaUnitRole llama_unit_role(const ModelConfig& config, int unit);
+int llama_num_units(const ModelConfig& config);
+// The model unit of layer l's adapters (-1 without LoRA) and of layer l itself.
+int llama_adapter_unit(const ModelConfig& config, int layer);
+int llama_layer_unit(const ModelConfig& config, int layer);
+
+}  // namespace shardlm
