@@ -64,6 +64,14 @@ struct Loaded {
   }
 };
 
+HfExportOptions export_options(const std::string& out, DType dtype, int64_t max_shard_bytes) {
+  HfExportOptions o;
+  o.out_dir = out;
+  o.dtype = dtype;
+  o.max_shard_bytes = max_shard_bytes;
+  return o;
+}
+
 std::vector<int32_t> fixture_tokens() {
   std::vector<int32_t> tokens;
   for (auto v : st::read_file((kHfDir / "hf_logits.safetensors").string()).at("tokens").to_i64())
@@ -100,7 +108,7 @@ TEST_P(HfInterchange, ExportThenImportIsBitwiseAndConfigReadsBack) {
   const std::string ckpt_dir =
       save_checkpoint((work_ / "run").string(), loaded.layout, *loaded.strategy, info, 0, loaded.comm);
   const fs::path out = work_ / "export";
-  export_hugging_face(CheckpointReader(ckpt_dir), {out.string(), DType::fp32, 5'000'000'000});
+  export_hugging_face(CheckpointReader(ckpt_dir), export_options(out.string(), DType::fp32, 5'000'000'000));
   EXPECT_TRUE(fs::exists(out / "config.json"));
   EXPECT_TRUE(fs::exists(out / "generation_config.json"));
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));
@@ -115,13 +123,13 @@ TEST_P(HfInterchange, ExportThenImportIsBitwiseAndConfigReadsBack) {
   for (const auto& entry : fs::directory_iterator(out))
     EXPECT_EQ(entry.path().filename().string().find(".export-tmp"), std::string::npos);
   const auto before = fs::last_write_time(out / "model.safetensors");
-  EXPECT_THROW(export_hugging_face(CheckpointReader(ckpt_dir), {out.string(), DType::fp32, 5'000'000'000}),
+  EXPECT_THROW(export_hugging_face(CheckpointReader(ckpt_dir), export_options(out.string(), DType::fp32, 5'000'000'000)),
                Error);
   EXPECT_EQ(fs::last_write_time(out / "model.safetensors"), before);
 
   // Sharded and bf16: tensors split over several files with an index, values rounded.
   const fs::path sharded = work_ / "sharded";
-  export_hugging_face(CheckpointReader(ckpt_dir), {sharded.string(), DType::bf16, 8000});
+  export_hugging_face(CheckpointReader(ckpt_dir), export_options(sharded.string(), DType::bf16, 8000));
   EXPECT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(sharded / "model.safetensors"));
   Loaded rounded(sharded.string(), 16);

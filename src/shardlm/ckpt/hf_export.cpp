@@ -3,10 +3,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "shardlm/backend/cpu/convert.hpp"
+#include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
@@ -103,6 +107,111 @@ class TempDirectory {
 
 namespace {
 
+// Writes `tensors` as one safetensors file, or as shards of at most max_shard_bytes with
+// an index (file names as transformers' save_pretrained gives them).
+void write_weights(const fs::path& dir, const std::vector<ExportTensor>& tensors, DType dtype,
+                   int64_t max_shard_bytes, const std::string& single_file) {
+  std::vector<std::vector<const ExportTensor*>> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (const auto& t : tensors) {
+    const auto bytes = static_cast<int64_t>(t.bytes.size());
+    if (shard_bytes > 0 && shard_bytes + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shard_bytes += bytes;
+    total_bytes += bytes;
+    shards.back().push_back(&t);
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string file = shards.size() == 1
+                                 ? single_file
+                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+    std::vector<safetensors::TensorView> views;
+    for (const ExportTensor* t : shards[s]) {
+      views.push_back({t->name, safetensors_dtype(dtype), t->shape, t->bytes.data()});
+      weight_map[t->name] = file;
+    }
+    safetensors::write_file((dir / file).string(), views, {{"format", "pt"}});
+  }
+  if (shards.size() > 1)
+    write_file_atomic((dir / "model.safetensors.index.json").string(),
+                      nlohmann::json{{"metadata", {{"total_size", total_bytes}}},
+                                     {"weight_map", weight_map}}
+                              .dump(2) + "\n");
+}
+
+// The base weights with scale * B A added where LoRA adapted them (fp32).
+std::vector<ExportTensor> merged_tensors(const CheckpointReader& ckpt, const ParamLayout& layout,
+                                         DType dtype) {
+  const ModelConfig& config = ckpt.info().model;
+  std::map<std::string, LoraPair> pairs;
+  for (const LoraPair& pair : model_family(config.family).lora_pairs(config)) pairs[pair.weight] = pair;
+  std::set<std::string> adapters;
+  for (const auto& [weight, pair] : pairs) adapters.insert({pair.a, pair.b});
+  std::vector<ExportTensor> out;
+  for (const auto& [name, shape] : ckpt.tensors()) {
+    if (adapters.count(name)) continue;
+    const ParamInfo& param = *layout.find(name).second;
+    auto it = pairs.find(name);
+    if (it == pairs.end()) {
+      out.push_back(read_tensor(ckpt, param, dtype));
+      continue;
+    }
+    // W [out, in] += (alpha / r) B [out, r] A [r, in], in fp32, then stored in dtype.
+    const ParamInfo& a = *layout.find(it->second.a).second;
+    const ParamInfo& b = *layout.find(it->second.b).second;
+    ExportTensor w = read_tensor(ckpt, param, DType::fp32);
+    const ExportTensor av = read_tensor(ckpt, a, DType::fp32), bv = read_tensor(ckpt, b, DType::fp32);
+    const int rows = static_cast<int>(param.shape[0]), cols = static_cast<int>(param.shape[1]);
+    const int r = static_cast<int>(a.shape[0]);
+    cpu::gemm(false, false, rows, cols, r, config.lora.scale(),
+              ConstTypedPtr(reinterpret_cast<const float*>(bv.bytes.data())), r,
+              ConstTypedPtr(reinterpret_cast<const float*>(av.bytes.data())), cols, 1.0f,
+              reinterpret_cast<float*>(w.bytes.data()), cols);
+    if (dtype != DType::fp32) {
+      std::vector<std::byte> rounded(static_cast<size_t>(rows) * cols * dtype_bytes(dtype));
+      cpu::convert(TypedPtr(rounded.data(), dtype), reinterpret_cast<const float*>(w.bytes.data()),
+                   static_cast<int64_t>(rows) * cols);
+      w.bytes = std::move(rounded);
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+// PEFT's adapter directory: the adapters under PEFT's names and its adapter_config.json.
+void write_peft_adapter(const CheckpointReader& ckpt, const ParamLayout& layout,
+                        const HfExportOptions& options, const fs::path& dir,
+                        const fs::path& source) {
+  const ModelConfig& config = ckpt.info().model;
+  std::vector<ExportTensor> tensors;
+  for (const auto& [name, shape] : ckpt.tensors()) {
+    if (layout.units[static_cast<size_t>(layout.find(name).first)].trainable) {
+      tensors.push_back(read_tensor(ckpt, *layout.find(name).second, options.dtype));
+      tensors.back().name = "base_model.model." + name;
+    }
+  }
+  write_weights(dir, tensors, options.dtype, std::numeric_limits<int64_t>::max(),
+                "adapter_model.safetensors");
+  const nlohmann::json adapter = {{"peft_type", "LORA"},
+                                  {"task_type", "CAUSAL_LM"},
+                                  {"base_model_name_or_path", source.empty() ? "" : source.string()},
+                                  {"r", config.lora.rank},
+                                  {"lora_alpha", config.lora.alpha},
+                                  {"lora_dropout", 0.0},
+                                  {"target_modules", config.lora.targets},
+                                  {"bias", "none"},
+                                  {"fan_in_fan_out", false},
+                                  {"use_rslora", false},
+                                  {"use_dora", false},
+                                  {"init_lora_weights", true},
+                                  {"inference_mode", true},
+                                  {"modules_to_save", nullptr}};
+  write_file_atomic((dir / "adapter_config.json").string(), adapter.dump(2) + "\n");
+}
+
 void write_export(const CheckpointReader& checkpoint, const HfExportOptions& options,
                   const fs::path& out) {
   const CheckpointInfo& info = checkpoint.info();
@@ -110,58 +219,46 @@ void write_export(const CheckpointReader& checkpoint, const HfExportOptions& opt
   const ModelFamily& family = model_family(config.family);
   std::error_code ec;
   const TempDirectory tmp(out / fmt::format(".export-tmp-{}", ::getpid()));
-
-  // Weights, in checkpoint order, into shards of at most max_shard_bytes.
-  std::vector<std::vector<ExportTensor>> shards(1);
-  int64_t shard_bytes = 0, total_bytes = 0;
+  const fs::path source = source_directory(info);
   const ParamLayout layout = ParamLayout::build(config, 1);
-  for (const auto& [name, shape] : checkpoint.tensors()) {
-    const ParamInfo& param = *layout.find(name).second;
-    SHARDLM_CHECK(param.shape == shape, "checkpoint '{}' tensor '{}' does not have the shape its "
-                  "model config gives it", checkpoint.dir(), name);
-    ExportTensor t = read_tensor(checkpoint, param, options.dtype);
-    const auto bytes = static_cast<int64_t>(t.bytes.size());
-    if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shard_bytes += bytes;
-    total_bytes += bytes;
-    shards.back().push_back(std::move(t));
-  }
-  nlohmann::json weight_map = nlohmann::json::object();
-  for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file = shards.size() == 1
-                                 ? "model.safetensors"
-                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
-    std::vector<safetensors::TensorView> views;
-    for (const auto& t : shards[s]) {
-      views.push_back({t.name, safetensors_dtype(options.dtype), t.shape, t.bytes.data()});
-      weight_map[t.name] = file;
-    }
-    safetensors::write_file((tmp.path() / file).string(), views, {{"format", "pt"}});
-  }
-  if (shards.size() > 1)
-    write_file_atomic((tmp.path() / "model.safetensors.index.json").string(),
-                      nlohmann::json{{"metadata", {{"total_size", total_bytes}}},
-                                     {"weight_map", weight_map}}
-                              .dump(2) + "\n");
+  for (const auto& [name, shape] : checkpoint.tensors())
+    SHARDLM_CHECK(layout.find(name).second->shape == shape,
+                  "checkpoint '{}' tensor '{}' does not have the shape its model config gives it",
+                  checkpoint.dir(), name);
 
-  // config.json and generation_config.json; token ids from the source model's config.
-  nlohmann::json hf = family.hf_config(config);
+  const bool adapter_only = config.lora.enabled() && options.lora != LoraExport::merge;
+  if (adapter_only) {
+    write_peft_adapter(checkpoint, layout, options, tmp.path(), source);
+  } else {
+    std::vector<ExportTensor> tensors;
+    if (config.lora.enabled()) {
+      tensors = merged_tensors(checkpoint, layout, options.dtype);
+    } else {
+      for (const auto& [name, shape] : checkpoint.tensors())
+        tensors.push_back(read_tensor(checkpoint, *layout.find(name).second, options.dtype));
+    }
+    write_weights(tmp.path(), tensors, options.dtype, options.max_shard_bytes, "model.safetensors");
+  }
+
+  // config.json and generation_config.json (of the base model, without its adapters);
+  // token ids from the source model's config.
+  ModelConfig base_config = config;
+  base_config.lora = LoraConfig{};
+  nlohmann::json hf = family.hf_config(base_config);
   hf["torch_dtype"] = torch_dtype_name(options.dtype);
   nlohmann::json generation = {{"_from_model_config", true}};
-  const fs::path source = source_directory(info);
   if (!source.empty() && fs::exists(source / "config.json")) {
     const auto src = nlohmann::json::parse(read_text_file((source / "config.json").string()));
     for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"})
       if (src.contains(id) && !src.at(id).is_null()) hf[id] = generation[id] = src.at(id);
   }
-  write_file_atomic((tmp.path() / "config.json").string(), hf.dump(2) + "\n");
-  if (!source.empty() && fs::exists(source / "generation_config.json"))
-    fs::copy_file(source / "generation_config.json", tmp.path() / "generation_config.json");
-  else
-    write_file_atomic((tmp.path() / "generation_config.json").string(), generation.dump(2) + "\n");
+  if (!adapter_only) {
+    write_file_atomic((tmp.path() / "config.json").string(), hf.dump(2) + "\n");
+    if (!source.empty() && fs::exists(source / "generation_config.json"))
+      fs::copy_file(source / "generation_config.json", tmp.path() / "generation_config.json");
+    else
+      write_file_atomic((tmp.path() / "generation_config.json").string(), generation.dump(2) + "\n");
+  }
   if (!source.empty())
     for (const char* name : kTokenizerFiles)
       if (fs::exists(source / name) && !fs::exists(out / name))
@@ -179,12 +276,17 @@ void write_export(const CheckpointReader& checkpoint, const HfExportOptions& opt
 
 void export_hugging_face(const CheckpointReader& checkpoint, const HfExportOptions& options) {
   const fs::path out(options.out_dir);
+  SHARDLM_CHECK(options.lora == LoraExport::automatic || checkpoint.info().model.lora.enabled(),
+                "--{} needs a LoRA run; checkpoint '{}' trained every weight (export it without "
+                "the flag)",
+                options.lora == LoraExport::merge ? "merge-lora" : "adapter-only", checkpoint.dir());
   SHARDLM_CHECK(options.max_shard_bytes > 0, "--max-shard-size must be positive");
   if (fs::exists(out)) {
     SHARDLM_CHECK(fs::is_directory(out), "--out '{}' exists and is not a directory", out.string());
     for (const auto& entry : fs::directory_iterator(out)) {
       const std::string name = entry.path().filename().string();
       const bool ours = name == "config.json" || name == "generation_config.json" ||
+                        name == "adapter_config.json" || name == "adapter_model.safetensors" ||
                         (name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos);
       SHARDLM_CHECK(!ours, "'{}' already exists (export never overwrites; choose another --out)",
                     entry.path().string());

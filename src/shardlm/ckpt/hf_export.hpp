@@ -10,8 +10,16 @@
 
 namespace shardlm {
 
+// What export writes of a LoRA run: its adapters as a PEFT adapter directory
+// (adapter_config.json + adapter_model.safetensors, loadable with
+// PeftModel.from_pretrained onto the base), or the base with the adapters merged in
+// (W + alpha/r B A: a plain model directory). `automatic`: the adapter for a LoRA run,
+// the model otherwise; the other two refuse a run without LoRA.
+enum class LoraExport { automatic, adapter_only, merge };
+
 struct HfExportOptions {
   std::string out_dir;
+  LoraExport lora = LoraExport::automatic;
   DType dtype = DType::fp32;                  // stored type of the weights
   int64_t max_shard_bytes = 5'000'000'000;    // larger models are split (HF's "5GB" default)
 };

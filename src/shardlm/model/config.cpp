@@ -22,13 +22,13 @@ void ModelConfig::validate() const {
   SHARDLM_CHECK(vocab_size > 0, "vocab_size must be positive, got {}", vocab_size);
   SHARDLM_CHECK(max_seq_len > 0, "max_seq_len must be positive, got {}", max_seq_len);
   SHARDLM_CHECK(init_std > 0.0f, "init_std must be positive, got {}", init_std);
+  SHARDLM_CHECK(lora.rank >= 0, "--lora-rank must be >= 0, got {}", lora.rank);
+  f.validate(*this);  // the family names what it cannot adapt first
   if (lora.enabled()) {
     SHARDLM_CHECK(std::isfinite(lora.alpha) && lora.alpha > 0, "--lora-alpha must be positive, got {}",
                   lora.alpha);
     SHARDLM_CHECK(!lora.targets.empty(), "--lora-targets names no layer");
   }
-  SHARDLM_CHECK(lora.rank >= 0, "--lora-rank must be >= 0, got {}", lora.rank);
-  f.validate(*this);
 }
 
 int64_t ModelConfig::num_parameters() const {
@@ -132,7 +132,12 @@ const Preset kPresets[] = {
     {"gpt2-small-30m", [] { return make_gpt2(6, 6, 384, 1024); }},
     {"gpt2", [] { return make_gpt2(12, 12, 768, 1024); }},
     {"gpt2-medium", [] { return make_gpt2(24, 16, 1024, 1024); }},
-    {"llama-tiny", [] { return make_llama({"llama", 3, 96, 160, 4, 2, 24, 512, 1024, 10000.0, 1e-5f, false, 8.0}); }},
+    {"llama-tiny", [] {
+       // llama3 scaling whose bands fall inside the tiny context (as transformers wants).
+       ModelConfig c = make_llama({"llama", 3, 96, 160, 4, 2, 24, 512, 1024, 10000.0, 1e-5f, false, 8.0});
+       c.rope_scaling.original_max_position_embeddings = 256;
+       return c;
+     }},
     {"qwen2-tiny", [] { return make_llama({"qwen2", 3, 96, 144, 4, 2, 24, 512, 1024, 1e6, 1e-6f, true, 0}); }},
     {"qwen3-tiny", [] { return make_llama({"qwen3", 3, 64, 128, 3, 1, 40, 512, 1024, 1e6, 1e-6f, true, 0}); }},
     {"smollm2-135m", [] { return make_llama({"llama", 30, 576, 1536, 9, 3, 64, 49152, 8192, 100000.0, 1e-5f, true, 0}); }},

@@ -19,6 +19,11 @@
 
 namespace shardlm {
 
+// A LoRA-adapted weight: weight += scale * B A (for --merge-lora).
+struct LoraPair {
+  std::string weight, a, b;
+};
+
 class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
@@ -55,6 +60,8 @@ class ModelFamily {
   virtual ModelConfig config_from_hf(const nlohmann::json& hf) const = 0;
   virtual nlohmann::json hf_config(const ModelConfig& config) const = 0;
   virtual std::string hf_name(const std::string& stored_name) const { return stored_name; }
+  // The base weights a LoRA config adapts, with their A and B (empty: no LoRA).
+  virtual std::vector<LoraPair> lora_pairs(const ModelConfig& /*config*/) const { return {}; }
 };
 
 // The family of config.family ("gpt2", "llama", "qwen2", "qwen3"); Error otherwise.

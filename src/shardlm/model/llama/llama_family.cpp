@@ -359,6 +359,17 @@ class LlamaFamily final : public ModelFamily {
     }
   }
 
+  std::vector<LoraPair> lora_pairs(const ModelConfig& c) const override {
+    std::vector<LoraPair> pairs;
+    if (!c.lora.enabled()) return pairs;
+    for (int l = 0; l < c.n_layer; ++l)
+      for (const LoraGroup& g : llama_lora_groups(c))
+        for (const auto& tg : g.targets)
+          pairs.push_back({llama_param_name(l, tg.parent + "." + tg.module + ".weight"),
+                           lora_a_name(l, tg), lora_b_name(l, tg)});
+    return pairs;
+  }
+
   // Layer l's adapters: per group the targets' A matrices packed back to back, then their
   // B matrices (llama_lora.hpp).
   static UnitLayout adapter_unit(const ModelConfig& c, int l) {
