@@ -37,4 +37,16 @@ for model in llama-tiny qwen2-tiny qwen3-tiny; do
     || fail "$model: zero3 x2 -> single process changed the loaded state"
   echo "$model: zero3 x2 checkpoint loaded bitwise by a single process, 2 more steps ran"
 done
+# LoRA: only the adapters train; every strategy still gives the same bits.
+reference=""
+for strategy in ddp zero1 zero2 zero3; do
+  out="$WORK/lora_$strategy"
+  run_mpi 2 "$SHARDLM" train --model qwen3-tiny "${FAMILY[@]}" --micro-batch 4 --lora-rank 4 \
+    --lora-targets q_proj,v_proj,down_proj --out "$out" --strategy "$strategy" > "$out.log" 2>&1 \
+    || { cat "$out.log"; fail "LoRA $strategy failed"; }
+  d="$(digest_of "$out")"
+  [ -n "$reference" ] || reference="$d"
+  [ "$d" = "$reference" ] || fail "LoRA: $strategy digest $d differs from ddp's $reference"
+done
+echo "qwen3-tiny LoRA: ddp, zero1, zero2, zero3 bitwise identical at N=2 ($reference)"
 echo "1 passed, 0 failed"
