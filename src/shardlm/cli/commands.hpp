@@ -26,5 +26,12 @@ void register_launch(CLI::App& app);
 void register_export(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_calibrate(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_report(CLI::App& app);
+
+// `shardlm report`'s page for a run or bench directory, written to out_path (default
+// DIR/report.html); returns the path written.
+std::string write_report(const std::string& dir, const std::string& out_path);
 
 }  // namespace shardlm::cli

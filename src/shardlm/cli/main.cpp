@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   shardlm::cli::register_export(app);
   shardlm::cli::register_eval(app);
   shardlm::cli::register_plan(app);
+  shardlm::cli::register_calibrate(app);
+  shardlm::cli::register_bench(app);
+  shardlm::cli::register_report(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -39,7 +39,9 @@ nlohmann::json rate_json(const CollectiveRate& r) {
   return {{"latency_us", r.latency_s * 1e6}, {"bus_gb_per_s", r.bus_bytes_per_s / 1e9}};
 }
 
-nlohmann::json transport_json(const TransportFigures& t) {
+}  // namespace
+
+nlohmann::json transport_to_json(const TransportFigures& t) {
   return {{"name", t.name},
           {"all_gather", rate_json(t.all_gather)},
           {"reduce_scatter", rate_json(t.reduce_scatter)},
@@ -47,13 +49,15 @@ nlohmann::json transport_json(const TransportFigures& t) {
           {"compute_share_during_comm", t.compute_share_during_comm}};
 }
 
-nlohmann::json rates_json(const ComputeRates& r) {
+nlohmann::json rates_to_json(const ComputeRates& r) {
   return {{"gemm_gflop_per_s", r.gemm_flops_per_s / 1e9},
           {"attention_gflop_per_s", r.attention_flops_per_s / 1e9},
           {"elementwise_gb_per_s", r.elementwise_bytes_per_s / 1e9},
           {"loss_gb_per_s", r.loss_bytes_per_s / 1e9},
           {"state_gb_per_s", r.state_bytes_per_s / 1e9}};
 }
+
+namespace {
 
 // Reads a positive number at j[key]; `where` names the enclosing field in errors.
 double positive(const nlohmann::json& j, const char* key, const std::string& where) {
@@ -76,7 +80,9 @@ CollectiveRate rate_from(const nlohmann::json& j, const std::string& where) {
   return r;
 }
 
-TransportFigures transport_from(const nlohmann::json& j, const std::string& where) {
+}  // namespace
+
+TransportFigures transport_from_json(const nlohmann::json& j, const std::string& where) {
   SHARDLM_CHECK(j.is_object(), "profile: field {} must be an object", where);
   TransportFigures t;
   t.name = j.value("name", where);
@@ -91,13 +97,15 @@ TransportFigures transport_from(const nlohmann::json& j, const std::string& wher
   return t;
 }
 
-ComputeRates rates_from(const nlohmann::json& j, const std::string& where) {
+ComputeRates rates_from_json(const nlohmann::json& j, const std::string& where) {
   SHARDLM_CHECK(j.is_object(), "profile: field {} must be an object", where);
   return {positive(j, "gemm_gflop_per_s", where) * 1e9,
           positive(j, "attention_gflop_per_s", where) * 1e9,
           positive(j, "elementwise_gb_per_s", where) * 1e9,
           positive(j, "loss_gb_per_s", where) * 1e9, positive(j, "state_gb_per_s", where) * 1e9};
 }
+
+namespace {
 
 // A transport whose three collectives share one latency and bus bandwidth.
 TransportFigures uniform(const std::string& name, double latency_s, double bytes_per_s,
@@ -141,7 +149,7 @@ nlohmann::json HardwareProfile::to_json() const {
   nlohmann::json computes = nlohmann::json::array();
   for (const auto& c : compute) {
     nlohmann::json by = nlohmann::json::object();
-    for (const auto& [precision, r] : c.by_precision) by[precision] = rates_json(r);
+    for (const auto& [precision, r] : c.by_precision) by[precision] = rates_to_json(r);
     computes.push_back({{"ranks_per_node", c.ranks_per_node},
                         {"threads_per_rank", c.threads_per_rank},
                         {"rates", by}});
@@ -151,8 +159,8 @@ nlohmann::json HardwareProfile::to_json() const {
           {"memory_per_rank_gib", memory_per_rank_bytes / double(1ll << 30)},
           {"ranks_per_node", ranks_per_node},
           {"compute", computes},
-          {"intra_node", transport_json(intra_node)},
-          {"inter_node", transport_json(inter_node)}};
+          {"intra_node", transport_to_json(intra_node)},
+          {"inter_node", transport_to_json(inter_node)}};
 }
 
 HardwareProfile HardwareProfile::from_json(const nlohmann::json& j) {
@@ -177,11 +185,11 @@ HardwareProfile HardwareProfile::from_json(const nlohmann::json& j) {
     f.ranks_per_node = static_cast<int>(positive(c, "ranks_per_node", where));
     f.threads_per_rank = static_cast<int>(positive(c, "threads_per_rank", where));
     for (auto it = c.at("rates").begin(); it != c.at("rates").end(); ++it)
-      f.by_precision[it.key()] = rates_from(it.value(), where + ".rates." + it.key());
+      f.by_precision[it.key()] = rates_from_json(it.value(), where + ".rates." + it.key());
     p.compute.push_back(std::move(f));
   }
-  p.intra_node = transport_from(j.value("intra_node", nlohmann::json()), "intra_node");
-  p.inter_node = transport_from(j.value("inter_node", nlohmann::json()), "inter_node");
+  p.intra_node = transport_from_json(j.value("intra_node", nlohmann::json()), "intra_node");
+  p.inter_node = transport_from_json(j.value("inter_node", nlohmann::json()), "inter_node");
   return p;
 }
 

@@ -70,6 +70,13 @@ struct HardwareProfile {
   static HardwareProfile from_json(const nlohmann::json& j);
 };
 
+// The JSON of a profile's parts (fields as in HardwareProfile::to_json; `where` names
+// the enclosing field in errors).
+nlohmann::json transport_to_json(const TransportFigures& t);
+TransportFigures transport_from_json(const nlohmann::json& j, const std::string& where);
+nlohmann::json rates_to_json(const ComputeRates& r);
+ComputeRates rates_from_json(const nlohmann::json& j, const std::string& where);
+
 // Built-in profiles: "a100-80g" (8 x A100 SXM4 80 GB per node, NVLink/NVSwitch, 8 x
 // HDR InfiniBand), "h100-80g" (8 x H100 SXM5, NVLink 4, 8 x NDR InfiniBand), "l4-24g"
 // (8 x L4 24 GB on PCIe 4, 100 Gbit/s Ethernet).

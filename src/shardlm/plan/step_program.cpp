@@ -34,6 +34,10 @@ double collective_messages(CollectiveKind kind, double bytes, int n, size_t scra
   }
 }
 
+double adamw_state_bytes(double owned, bool writes_bf16_copy) {
+  return (28 + (writes_bf16_copy ? 2 : 0)) * owned;
+}
+
 namespace {
 
 class ProgramBuilder {
@@ -77,7 +81,7 @@ class ProgramBuilder {
     compute(state(4 * owned), "gradient norm");
     blocking_all_reduce(CommGroup::shard, "grad norm");
     const bool ddp_copy = s_.strategy.kind == StrategyKind::ddp && s_.compute_copy;
-    compute(state((28 + (ddp_copy ? 2 : 0)) * owned), "adamw");
+    compute(state(adamw_state_bytes(owned, ddp_copy)), "adamw");
     after_step();
     program_.ops.push_back({StepOp::Kind::step_end, {}, -1, ""});
   }

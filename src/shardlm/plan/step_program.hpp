@@ -67,6 +67,11 @@ struct StepShape {
 double collective_messages(CollectiveKind kind, double bytes, int group_size,
                            size_t scratch_bytes, size_t element_bytes);
 
+// Bytes AdamW reads and writes updating `owned` parameters (fp32 master, gradient,
+// two moments: 16 read, 12 written), plus 2 per parameter when it also writes the
+// bf16 copy (ddp in bf16).
+double adamw_state_bytes(double owned, bool writes_bf16_copy);
+
 StepProgram build_step_program(const StepShape& shape, int steps);
 
 }  // namespace shardlm
