@@ -314,3 +314,22 @@ TEST(StepProgram, UnitWorkAddsUpToTheFamilysFlops) {
   EXPECT_DOUBLE_EQ(ckpt.step.work[1].backward.gemm_flops,
                    plan.step.work[1].backward.gemm_flops + plan.step.work[1].forward.gemm_flops);
 }
+
+TEST(StepProgram, UnitWorkOfTheLlamaFamiliesAddsUpToTheirFlops) {
+  for (const char* preset : {"llama-tiny", "qwen2-tiny", "qwen3-tiny"}) {
+    RunPlanRequest r;
+    r.config = model_preset(preset);
+    r.micro_batch = 2;
+    r.seq_len = 32;
+    const RunPlan plan = plan_run(r);
+    double flops = 0, attention = 0;
+    for (const auto& w : plan.step.work) {
+      flops += w.forward.gemm_flops + w.forward.attention_flops + w.backward.gemm_flops +
+               w.backward.attention_flops;
+      attention += w.forward.attention_flops;
+    }
+    EXPECT_NEAR(flops, plan.flops_per_step, 1e-9 * plan.flops_per_step) << preset;
+    EXPECT_GT(attention, 0) << preset;  // the family counts attention beyond the GEMMs
+    EXPECT_EQ(plan.step.work.front().forward.gemm_flops, 0) << preset;
+  }
+}
