@@ -12,6 +12,15 @@ expect_error "--micro-batch must be >= 1, got -2" "$SHARDLM" train --model gpt2-
 expect_error "--n-layer must be >= 1, got 0" "$SHARDLM" train --model gpt2-tiny --n-layer 0 --data "$D" --out "$WORK/r" --steps 1
 expect_error "global batch 6 is not divisible" "$SHARDLM" train "${TINY[@]}" --global-batch 6 --data "$D" --out "$WORK/r" --steps 1
 expect_error "vocab-size 100 is smaller than the data's vocabulary (256" "$SHARDLM" train "${TINY[@]}" --vocab-size 100 --data "$D" --out "$WORK/r" --steps 1
+# A Hugging Face model's vocabulary is its own (never widened to the data's): smaller than
+# the data's is refused by name.
+mkdir -p "$WORK/hf_small_vocab"
+cat > "$WORK/hf_small_vocab/config.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64,
+ "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu"}
+JSON
+expect_error "has a vocabulary of 128, smaller than the data's (256" "$SHARDLM" train --model "$WORK/hf_small_vocab/config.json" --data "$D" --out "$WORK/r" --steps 1 --seq-len 16
 
 # Prepare: missing input, empty input, unreadable tokenizer files.
 expect_error "nope.txt" "$SHARDLM" prepare --tokenizer byte --input "$WORK/nope.txt" --out "$WORK/d2"
