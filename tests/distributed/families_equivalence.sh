@@ -2,7 +2,7 @@
 # Llama, Qwen2 and Qwen3 under every strategy: without gradient accumulation all
 # strategies give bitwise-identical weights at a fixed world size (clipping active), in
 # fp32 and bf16; and a checkpoint written by one (strategy, world size) loads bitwise
-# under another.
+# under another. LoRA and QLoRA (NF4 base) likewise.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 FAMILY=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-batch 8
@@ -49,4 +49,28 @@ for strategy in ddp zero1 zero2 zero3; do
   [ "$d" = "$reference" ] || fail "LoRA: $strategy digest $d differs from ddp's $reference"
 done
 echo "qwen3-tiny LoRA: ddp, zero1, zero2, zero3 bitwise identical at N=2 ($reference)"
+# QLoRA: the NF4 base is replicated (ddp/zero1/zero2) or gathered as words (zero3), in
+# fp32 and bf16; the zero3 x2 checkpoint (NF4 words included) reshards bitwise to N=1.
+QLORA=(--lora-rank 4 --lora-targets q_proj,v_proj,down_proj --quantize-base nf4)
+for precision in fp32 bf16; do
+  reference=""
+  for strategy in ddp zero1 zero2 zero3; do
+    out="$WORK/qlora_${precision}_$strategy"
+    run_mpi 2 "$SHARDLM" train --model qwen3-tiny "${FAMILY[@]}" --micro-batch 4 "${QLORA[@]}" \
+      --precision "$precision" --out "$out" --strategy "$strategy" > "$out.log" 2>&1 \
+      || { cat "$out.log"; fail "QLoRA $precision $strategy failed"; }
+    d="$(digest_of "$out")"
+    [ -n "$reference" ] || reference="$d"
+    [ "$d" = "$reference" ] || fail "QLoRA $precision: $strategy digest $d differs from ddp's $reference"
+  done
+  echo "qwen3-tiny QLoRA $precision: ddp, zero1, zero2, zero3 bitwise identical at N=2 ($reference)"
+done
+want="$("$SHARDLM" inspect "$WORK/qlora_fp32_zero3" --quiet)"
+cp -r "$WORK/qlora_fp32_zero3" "$WORK/qlora_resume1"
+SHARDLM_TEST_SAVE_AFTER_LOAD="$WORK/qlora_loaded1" "$SHARDLM" train --model qwen3-tiny "${FAMILY[@]}" \
+  --micro-batch 8 "${QLORA[@]}" --steps 8 --resume --out "$WORK/qlora_resume1" \
+  > "$WORK/qlora_resume1.log" 2>&1 || { cat "$WORK/qlora_resume1.log"; fail "QLoRA resume N=1"; }
+[ "$("$SHARDLM" inspect "$WORK/qlora_loaded1" --quiet)" = "$want" ] \
+  || fail "QLoRA: zero3 x2 -> single process changed the loaded state"
+echo "qwen3-tiny QLoRA: zero3 x2 checkpoint loaded bitwise by a single process, 2 more steps ran"
 echo "1 passed, 0 failed"

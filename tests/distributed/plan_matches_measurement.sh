@@ -5,7 +5,8 @@
 # be within 3% of the measured bus bytes of a steady step. Covers every strategy,
 # merged and unmerged units, bf16 (zero3 gathering in bf16; ddp/zero2 keeping a bf16
 # copy of their parameters), --reduce-dtype bf16,
-# activation checkpointing, gradient accumulation and hybrid sharding.
+# activation checkpointing, gradient accumulation and hybrid sharding; LoRA and QLoRA
+# (the frozen base's bytes, an NF4 base's dequantization buffer) on a Llama shape.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 SHAPE=(--model gpt2-tiny --n-layer 3 --n-embd 64 --n-head 4 --seq-len 32 --micro-batch 2)
@@ -25,7 +26,7 @@ import json, sys
 name, plan, records = sys.argv[1], json.load(open(sys.argv[2])), [json.loads(l) for l in open(sys.argv[3])]
 peak = records[-1]["mem"]["peak"]
 ok = True
-for category in ("params", "grads", "optimizer", "activations", "comm"):
+for category in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
     if plan[category] != peak[category]:
         print(f"{name}: {category}: plan {plan[category]} bytes, measured {peak[category]}")
         ok = False
@@ -36,7 +37,7 @@ elif abs(wire / plan["wire_bytes_per_step"] - 1) > 0.03:
     print(f"{name}: wire: plan {plan['wire_bytes_per_step']:.0f} bytes/step, measured {wire}")
     ok = False
 ratio = wire / plan["wire_bytes_per_step"] if plan["wire_bytes_per_step"] else 1.0
-print(f"{name}: params/grads/optimizer/activations/comm as planned ({plan['total'] / 2**20:.2f} MiB "
+print(f"{name}: params/grads/optimizer/activations/comm/frozen as planned ({plan['total'] / 2**20:.2f} MiB "
       f"with other), wire {ratio:.4f}x plan")
 sys.exit(0 if ok else 1)
 PY
@@ -52,4 +53,11 @@ check zero3_fp16_n3 3 --strategy zero3 --precision fp16 --micro-batch 1 --global
 check zero2_accumulation_n2 2 --strategy zero2 --global-batch 8
 check zero3_keep_gathered_n2 2 --strategy zero3 --reshard-after-forward false --global-batch 8
 check hybrid_n4 4 --strategy hybrid --shard-group-size 2
+SHAPE=(--model llama-tiny --seq-len 32 --micro-batch 2 --lora-rank 4)
+check lora_zero3_bf16_n2 2 --strategy zero3 --precision bf16
+check qlora_single 1 --quantize-base nf4
+check qlora_ddp_bf16_n2 2 --strategy ddp --precision bf16 --quantize-base nf4
+check qlora_zero2_fp16_n2 2 --strategy zero2 --precision fp16 --quantize-base nf4
+check qlora_zero3_bf16_n2 2 --strategy zero3 --precision bf16 --quantize-base nf4 --min-unit-params 0
+check qlora_zero3_checkpointing_n2 2 --strategy zero3 --activation-checkpointing --quantize-base nf4
 echo "1 passed, 0 failed"

@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/core/error.hpp"
 
 namespace shardlm {
@@ -15,8 +16,12 @@ nlohmann::json layout_to_manifest_units(const ParamLayout& layout) {
   nlohmann::json units = nlohmann::json::array();
   for (const auto& unit : layout.units) {
     nlohmann::json params = nlohmann::json::array();
-    for (const auto& p : unit.params)
-      params.push_back({{"name", p.name}, {"offset", p.offset}, {"shape", p.shape}});
+    for (const auto& p : unit.params) {
+      nlohmann::json entry = {{"name", p.name}, {"offset", p.offset}, {"shape", p.shape}};
+      // A quantized tensor's elements are its storage words (docs/checkpoint-format.md).
+      if (p.storage == ParamStorage::nf4) entry["storage"] = "nf4";
+      params.push_back(std::move(entry));
+    }
     units.push_back({{"name", unit.name},
                      {"numel", unit.numel},
                      {"padded_numel", unit.padded_numel},
@@ -109,18 +114,27 @@ void parse_units(const nlohmann::json& m, const ManifestFields& f, CheckpointMan
       t.offset = f.integer(params[i], pwhere, "offset", previous_end, unit.numel);
       const auto& shape = f.at(params[i], pwhere, "shape");
       f.require(shape.is_array() && !shape.empty(), pwhere + ".shape is not a non-empty array");
+      if (params[i].contains("storage")) {
+        f.require(params[i].at("storage") == "nf4",
+                  fmt::format("{}.storage is {}, expected \"nf4\" (or absent: fp32)", pwhere,
+                              params[i].at("storage").dump()));
+        t.storage = ParamStorage::nf4;
+      }
+      // An NF4 tensor of n values occupies nf4_storage_words(n) <= n elements (n >= 2).
+      const int64_t max_values = t.storage == ParamStorage::nf4 ? 16 * unit.numel : unit.numel;
       t.numel = 1;
       for (const auto& d : shape) {
         f.require(d.is_number_integer() && d.get<int64_t>() >= 1 &&
-                      d.get<int64_t>() <= unit.numel,
+                      d.get<int64_t>() <= max_values,
                   fmt::format("{}.shape holds {}, expected dimensions in [1, {}]", pwhere,
-                              d.dump(), unit.numel));
+                              d.dump(), max_values));
         t.shape.push_back(d.get<int64_t>());
         t.numel *= d.get<int64_t>();
-        f.require(t.numel <= unit.numel,
+        f.require(t.numel <= max_values,
                   fmt::format("{}.shape [{}] is larger than its unit ({} elements)", pwhere,
                               fmt::join(t.shape, ", "), unit.numel));
       }
+      if (t.storage == ParamStorage::nf4) t.numel = cpu::nf4_storage_words(t.numel);
       f.require(t.offset + t.numel <= unit.numel,
                 fmt::format("{} '{}' ends at element {}, past its unit's {}", pwhere, t.name,
                             t.offset + t.numel, unit.numel));
@@ -139,7 +153,8 @@ void check_tensors_match_model(const CheckpointManifest& m, const ManifestFields
             fmt::format("{} tensors listed, the recorded model has {}", m.tensors.size(),
                         expected.size()));
   for (size_t i = 0; i < expected.size(); ++i)
-    f.require(expected[i]->name == m.tensors[i].name && expected[i]->shape == m.tensors[i].shape,
+    f.require(expected[i]->name == m.tensors[i].name && expected[i]->shape == m.tensors[i].shape &&
+                  expected[i]->storage == m.tensors[i].storage,
               fmt::format("tensor {} is '{}' [{}], the recorded model has '{}' [{}]", i,
                           m.tensors[i].name, fmt::join(m.tensors[i].shape, ", "),
                           expected[i]->name, fmt::join(expected[i]->shape, ", ")));

@@ -43,7 +43,8 @@ struct ManifestTensor {
   std::vector<int64_t> shape;
   int unit = 0;
   int64_t offset = 0;  // elements into the unit's flat buffer
-  int64_t numel = 0;
+  int64_t numel = 0;   // elements it occupies (an NF4 tensor: its storage words)
+  ParamStorage storage = ParamStorage::fp32;
 };
 
 // Elements [begin, end) of `unit`, stored from byte `file_offset` of the shard file:

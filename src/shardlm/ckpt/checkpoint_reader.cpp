@@ -99,12 +99,17 @@ void CheckpointReader::read(const std::string& name, StateKind kind, int64_t beg
 void CheckpointReader::load_into(const ParamLayout& layout, Strategy& strategy) const {
   for (const auto* p : layout.all_params()) {
     bool found = false;
-    for (const auto& [name, shape] : tensors_) {
-      if (name != p->name) continue;
+    for (const auto& t : manifest_.tensors) {
+      if (t.name != p->name) continue;
       found = true;
-      SHARDLM_CHECK(shape == p->shape,
+      SHARDLM_CHECK(t.shape == p->shape,
                     "checkpoint '{}' tensor '{}' has shape [{}], the model expects [{}]", dir_,
-                    name, fmt::join(shape, ", "), fmt::join(p->shape, ", "));
+                    t.name, fmt::join(t.shape, ", "), fmt::join(p->shape, ", "));
+      SHARDLM_CHECK(t.storage == p->storage,
+                    "checkpoint '{}' tensor '{}' is stored as {}, the model expects {} "
+                    "(--quantize-base must match the checkpoint's)", dir_, t.name,
+                    t.storage == ParamStorage::nf4 ? "nf4" : "fp32",
+                    p->storage == ParamStorage::nf4 ? "nf4" : "fp32");
     }
     SHARDLM_CHECK(found, "checkpoint '{}' has no tensor '{}' that the model needs", dir_, p->name);
   }

@@ -11,6 +11,7 @@
 
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
+#include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
@@ -76,7 +77,13 @@ ExportTensor read_tensor(const CheckpointReader& ckpt, const ParamInfo& param, D
   if (param.valid_rows >= 0) shape[0] = param.valid_rows;
   const int64_t numel = safetensors::shape_numel(shape);
   std::vector<float> values(static_cast<size_t>(numel));
-  ckpt.read(name, StateKind::master, 0, numel, values.data());
+  if (param.storage == ParamStorage::nf4) {  // a QLoRA base weight, dequantized
+    std::vector<float> words(static_cast<size_t>(param.numel));
+    ckpt.read(name, StateKind::master, 0, param.numel, words.data());
+    cpu::nf4_dequantize(words.data(), numel, values.data());
+  } else {
+    ckpt.read(name, StateKind::master, 0, numel, values.data());
+  }
   SHARDLM_CHECK(all_finite(values.data(), numel),
                 "checkpoint '{}' tensor '{}' holds non-finite values (NaN or infinity); refusing "
                 "to export it",
@@ -226,13 +233,19 @@ void write_export(const CheckpointReader& checkpoint, const HfExportOptions& opt
                   "checkpoint '{}' tensor '{}' does not have the shape its model config gives it",
                   checkpoint.dir(), name);
 
-  const bool adapter_only = config.lora.enabled() && options.lora != LoraExport::merge;
+  const bool adapter_only = config.lora.enabled() && (options.lora == LoraExport::automatic ||
+                                                      options.lora == LoraExport::adapter_only);
   if (adapter_only) {
     write_peft_adapter(checkpoint, layout, options, tmp.path(), source);
   } else {
     std::vector<ExportTensor> tensors;
-    if (config.lora.enabled()) {
+    if (options.lora == LoraExport::merge) {
       tensors = merged_tensors(checkpoint, layout, options.dtype);
+    } else if (options.lora == LoraExport::base_only) {
+      // The frozen base as the run computes with it (a QLoRA base dequantized).
+      for (const auto& [name, shape] : checkpoint.tensors())
+        if (!layout.units[static_cast<size_t>(layout.find(name).first)].trainable)
+          tensors.push_back(read_tensor(checkpoint, *layout.find(name).second, options.dtype));
     } else {
       for (const auto& [name, shape] : checkpoint.tensors())
         tensors.push_back(read_tensor(checkpoint, *layout.find(name).second, options.dtype));
@@ -279,7 +292,10 @@ void export_hugging_face(const CheckpointReader& checkpoint, const HfExportOptio
   SHARDLM_CHECK(options.lora == LoraExport::automatic || checkpoint.info().model.lora.enabled(),
                 "--{} needs a LoRA run; checkpoint '{}' trained every weight (export it without "
                 "the flag)",
-                options.lora == LoraExport::merge ? "merge-lora" : "adapter-only", checkpoint.dir());
+                options.lora == LoraExport::merge       ? "merge-lora"
+                : options.lora == LoraExport::base_only ? "base-only"
+                                                        : "adapter-only",
+                checkpoint.dir());
   SHARDLM_CHECK(options.max_shard_bytes > 0, "--max-shard-size must be positive");
   if (fs::exists(out)) {
     SHARDLM_CHECK(fs::is_directory(out), "--out '{}' exists and is not a directory", out.string());

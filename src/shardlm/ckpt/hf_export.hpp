@@ -14,8 +14,11 @@ namespace shardlm {
 // (adapter_config.json + adapter_model.safetensors, loadable with
 // PeftModel.from_pretrained onto the base), or the base with the adapters merged in
 // (W + alpha/r B A: a plain model directory). `automatic`: the adapter for a LoRA run,
-// the model otherwise; the other two refuse a run without LoRA.
-enum class LoraExport { automatic, adapter_only, merge };
+// the model otherwise; base_only: the frozen base alone, as the run computes with it (a
+// QLoRA run's NF4 base dequantized: what "LoRA on the dequantized base" starts from).
+// The explicit ones refuse a run without LoRA. A QLoRA run's merged export dequantizes
+// the base (fp32 code x absmax) before adding the adapters.
+enum class LoraExport { automatic, adapter_only, merge, base_only };
 
 struct HfExportOptions {
   std::string out_dir;

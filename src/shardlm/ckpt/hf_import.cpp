@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardlm/ckpt/safetensors.hpp"
+#include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
 #include "shardlm/core/finite.hpp"
@@ -200,13 +201,19 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
                     "'{}' tensor '{}' has dtype {}, expected F32, BF16, F16 or F64", reader.path(),
                     stored, safetensors::dtype_name(entry.dtype));
       const int64_t lo = std::max(s.begin, p.offset);
-      const int64_t numel = safetensors::shape_numel(want);
+      // A QLoRA base weight is quantized on load; its elements are the NF4 words.
+      const int64_t numel = p.quantized() ? p.numel : safetensors::shape_numel(want);
       const int64_t hi = std::min(s.end, p.offset + numel);
       if (lo >= hi) continue;
-      const std::vector<float> values = reader.read(stored).to_f32();
+      std::vector<float> values = reader.read(stored).to_f32();
       SHARDLM_CHECK(all_finite(values.data(), static_cast<int64_t>(values.size())),
                     "'{}' tensor '{}' holds non-finite values (NaN or infinity)", reader.path(),
                     stored);
+      if (p.storage == ParamStorage::nf4) {
+        std::vector<float> words(static_cast<size_t>(p.numel));
+        cpu::nf4_quantize(values.data(), static_cast<int64_t>(values.size()), words.data());
+        values = std::move(words);
+      }
       std::memcpy(s.master + (lo - s.begin), values.data() + (lo - p.offset),
                   static_cast<size_t>(hi - lo) * sizeof(float));
     }

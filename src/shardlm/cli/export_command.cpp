@@ -29,16 +29,24 @@ void register_export(CLI::App& app) {
       ->capture_default_str();
   auto merge = std::make_shared<bool>(false);
   auto adapter_only = std::make_shared<bool>(false);
+  auto base_only = std::make_shared<bool>(false);
   auto* merge_flag = cmd->add_flag("--merge-lora", *merge,
                                    "LoRA run: write the base with the adapters merged in (a plain "
                                    "model directory)");
   cmd->add_flag("--adapter-only", *adapter_only,
                 "LoRA run: write the adapters as a PEFT directory (the default for a LoRA run)")
       ->excludes(merge_flag);
-  cmd->callback([checkpoint, options, dtype, shard_gb, merge, adapter_only]() {
+  cmd->add_flag("--base-only", *base_only,
+                "LoRA run: write the frozen base alone (a QLoRA base dequantized), without the "
+                "adapters")
+      ->excludes(merge_flag);
+  cmd->callback([checkpoint, options, dtype, shard_gb, merge, adapter_only, base_only]() {
     options->dtype = parse_dtype(*dtype, "--dtype");
-    options->lora = *merge ? LoraExport::merge
-                           : (*adapter_only ? LoraExport::adapter_only : LoraExport::automatic);
+    SHARDLM_CHECK(!(*base_only && *adapter_only), "--base-only and --adapter-only exclude each other");
+    options->lora = *merge        ? LoraExport::merge
+                    : *base_only  ? LoraExport::base_only
+                    : *adapter_only ? LoraExport::adapter_only
+                                    : LoraExport::automatic;
     SHARDLM_CHECK(std::isfinite(*shard_gb) && *shard_gb > 0,
                   "--max-shard-size must be a positive number of GB, got {}", *shard_gb);
     options->max_shard_bytes = static_cast<int64_t>(*shard_gb * 1e9);

@@ -49,6 +49,10 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "LoRA: all-linear, or module names separated by commas (q_proj,k_proj,v_proj,"
                   "o_proj,gate_proj,up_proj,down_proj)")
       ->capture_default_str();
+  cmd->add_option("--quantize-base", opts->quantize_base,
+                  "LoRA: store the frozen base's linear weights as none or nf4 (QLoRA: 4-bit "
+                  "NormalFloat, 64-value blocks with fp32 absmax, dequantized per layer)")
+      ->capture_default_str();
   cmd->add_option("--context-len", opts->context_len,
                   "Override the preset's context length (positions; GPT-2: rows of the "
                   "position table, n_positions)");

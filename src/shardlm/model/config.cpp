@@ -14,6 +14,14 @@ bool LoraConfig::targets_module(const std::string& module) const {
   return false;
 }
 
+const char* base_quant_name(BaseQuant q) { return q == BaseQuant::nf4 ? "nf4" : "none"; }
+
+BaseQuant parse_base_quant(const std::string& name) {
+  if (name == "none") return BaseQuant::none;
+  if (name == "nf4") return BaseQuant::nf4;
+  throw Error(fmt::format("--quantize-base must be none or nf4, got '{}'", name));
+}
+
 void ModelConfig::validate() const {
   const ModelFamily& f = model_family(family);  // throws for an unknown family
   SHARDLM_CHECK(n_layer > 0, "n_layer must be positive, got {}", n_layer);
@@ -23,6 +31,9 @@ void ModelConfig::validate() const {
   SHARDLM_CHECK(max_seq_len > 0, "max_seq_len must be positive, got {}", max_seq_len);
   SHARDLM_CHECK(init_std > 0.0f, "init_std must be positive, got {}", init_std);
   SHARDLM_CHECK(lora.rank >= 0, "--lora-rank must be >= 0, got {}", lora.rank);
+  SHARDLM_CHECK(quantize_base == BaseQuant::none || lora.enabled(),
+                "--quantize-base {} needs LoRA (--lora-rank > 0): only a frozen base is quantized",
+                base_quant_name(quantize_base));
   f.validate(*this);  // the family names what it cannot adapt first
   if (lora.enabled()) {
     SHARDLM_CHECK(std::isfinite(lora.alpha) && lora.alpha > 0, "--lora-alpha must be positive, got {}",
@@ -35,7 +46,7 @@ int64_t ModelConfig::num_parameters() const {
   int64_t total = 0;
   for (const auto& unit : model_family(family).model_units(*this))
     for (const auto& p : unit.params)
-      total += p.valid_rows < 0 ? p.numel : p.valid_rows * (p.numel / p.shape[0]);
+      total += p.valid_rows < 0 ? p.logical_numel() : p.valid_rows * (p.logical_numel() / p.shape[0]);
   return total;
 }
 
@@ -48,6 +59,7 @@ nlohmann::json ModelConfig::to_json() const {
   j["family"] = family;
   if (lora.enabled())
     j["lora"] = {{"rank", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.targets}};
+  if (quantize_base != BaseQuant::none) j["quantize_base"] = base_quant_name(quantize_base);
   return j;
 }
 
@@ -62,6 +74,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
       c.lora.alpha = l.at("alpha").get<float>();
       c.lora.targets = l.at("targets").get<std::vector<std::string>>();
     }
+    if (j.contains("quantize_base")) c.quantize_base = parse_base_quant(j.at("quantize_base").get<std::string>());
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("model config: {}", e.what()));
   }

@@ -28,6 +28,12 @@ struct LoraConfig {
   bool operator==(const LoraConfig&) const = default;
 };
 
+// --quantize-base: how a LoRA run stores its frozen base's linear weights (QLoRA:
+// nf4, 4-bit NormalFloat; embeddings, norms and the LM head stay as they are).
+enum class BaseQuant { none, nf4 };
+const char* base_quant_name(BaseQuant q);
+BaseQuant parse_base_quant(const std::string& name);  // Error naming --quantize-base
+
 struct ModelConfig {
   std::string family = "gpt2";  // gpt2, llama, qwen2, qwen3
   int n_layer = 0;
@@ -51,6 +57,7 @@ struct ModelConfig {
   bool qk_norm = false;       // per-head RMSNorm of q and k before RoPE (qwen3)
 
   LoraConfig lora;            // adapters on a frozen base (LoRA fine-tuning)
+  BaseQuant quantize_base = BaseQuant::none;  // needs lora; JSON "quantize_base" when not none
 
   // Rows of the embedding / logits padded to a multiple of 64 for GEMM speed; padded
   // logits never enter the softmax and padded rows stay exactly zero.

@@ -1,7 +1,9 @@
 #include "shardlm/model/family.hpp"
 
 #include <algorithm>
+#include <vector>
 
+#include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/model/gpt2/gpt2_family.hpp"
@@ -81,6 +83,41 @@ ParamInfo& UnitBuilder::add(std::string name, std::vector<int64_t> shape, std::s
   return unit_.params.back();
 }
 
+ParamInfo& UnitBuilder::add_nf4(std::string name, std::vector<int64_t> shape, std::string init,
+                                float init_std) {
+  ParamInfo& p = add(std::move(name), std::move(shape), std::move(init), init_std);
+  p.storage = ParamStorage::nf4;
+  p.numel = cpu::nf4_storage_words(p.logical_numel());
+  p.weight_decay = false;
+  unit_.numel = p.offset + p.numel;
+  unit_.raw = true;
+  return p;
+}
+
+namespace {
+
+// Element i of p's fp32 init for i in [first, last) into out[i - first] (out zeroed).
+void init_values(const ParamInfo& p, uint64_t seed, int64_t first, int64_t last, float* out) {
+  if (p.init == "ones") {
+    std::fill(out, out + (last - first), 1.0f);
+  } else if (p.init == "normal" || p.init == "uniform") {
+    const int64_t n = p.logical_numel();
+    const int64_t count = p.valid_rows < 0 ? n : p.valid_rows * (n / std::max<int64_t>(p.shape[0], 1));
+    const bool normal = p.init == "normal";
+    // The stream is sequential: draw up to the range's end, keep what falls in it.
+    Rng rng(splitmix64(seed ^ fnv1a64(p.name)));
+    for (int64_t i = 0; i < std::min(count, last); ++i) {
+      const double r = normal ? rng.normal() : 2.0 * rng.uniform() - 1.0;
+      const float value = static_cast<float>(r) * p.init_std;
+      if (i >= first) out[i - first] = value;
+    }
+  } else {
+    SHARDLM_CHECK(p.init == "zeros", "model: parameter '{}' has unknown init '{}'", p.name, p.init);
+  }
+}
+
+}  // namespace
+
 void init_param_range(const UnitLayout& u, uint64_t seed, int64_t begin, int64_t end,
                       float* out) {
   SHARDLM_CHECK(0 <= begin && begin <= end && end <= u.padded_numel,
@@ -93,22 +130,15 @@ void init_param_range(const UnitLayout& u, uint64_t seed, int64_t begin, int64_t
     const int64_t last = std::min<int64_t>(end - p.offset, p.numel);
     if (first >= last) continue;
     const int64_t shift = p.offset - begin;  // out[shift + i] is element i of the parameter
-    if (p.init == "ones") {
-      std::fill(out + shift + first, out + shift + last, 1.0f);
-    } else if (p.init == "normal" || p.init == "uniform") {
-      const int64_t count =
-          p.valid_rows < 0 ? p.numel : p.valid_rows * (p.numel / std::max<int64_t>(p.shape[0], 1));
-      const bool normal = p.init == "normal";
-      // The stream is sequential: draw up to the range's end, keep what falls in it.
-      Rng rng(splitmix64(seed ^ fnv1a64(p.name)));
-      for (int64_t i = 0; i < std::min(count, last); ++i) {
-        const double r = normal ? rng.normal() : 2.0 * rng.uniform() - 1.0;
-        const float value = static_cast<float>(r) * p.init_std;
-        if (i >= first) out[shift + i] = value;
-      }
+    if (p.storage == ParamStorage::nf4) {
+      // The whole tensor's values, quantized; the words in range kept.
+      std::vector<float> values(static_cast<size_t>(p.logical_numel()), 0.0f);
+      init_values(p, seed, 0, p.logical_numel(), values.data());
+      std::vector<float> words(static_cast<size_t>(p.numel));
+      cpu::nf4_quantize(values.data(), p.logical_numel(), words.data());
+      std::copy(words.begin() + first, words.begin() + last, out + shift + first);
     } else {
-      SHARDLM_CHECK(p.init == "zeros", "model: parameter '{}' has unknown init '{}'", p.name,
-                    p.init);
+      init_values(p, seed, first, last, out + shift + first);
     }
   }
 }

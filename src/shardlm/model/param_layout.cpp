@@ -11,6 +11,12 @@ int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / mult
 
 }  // namespace
 
+int64_t ParamInfo::logical_numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
 const ParamInfo& UnitLayout::param(const std::string& param_name) const {
   for (const auto& p : params)
     if (p.name == param_name) return p;
@@ -28,10 +34,14 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
   // min_unit_params; a small last group joins the one before it when it can.
   std::vector<std::vector<int>> groups;
   int64_t group_numel = 0;
-  auto trainable = [&](int m) { return model_units[static_cast<size_t>(m)].trainable; };
+  // Units of different trainability or storage never share a flat unit.
+  auto kind = [&](int m) {
+    const UnitLayout& u = model_units[static_cast<size_t>(m)];
+    return std::pair<bool, bool>(u.trainable, u.raw);
+  };
   for (int m = 0; m < static_cast<int>(model_units.size()); ++m) {
     if (groups.empty() || group_numel >= min_unit_params ||
-        trainable(groups.back().back()) != trainable(m)) {
+        kind(groups.back().back()) != kind(m)) {
       groups.emplace_back();
       group_numel = 0;
     }
@@ -39,7 +49,7 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
     group_numel += model_units[static_cast<size_t>(m)].numel;
   }
   if (groups.size() > 1 && group_numel < min_unit_params &&
-      trainable(groups.back().front()) == trainable(groups[groups.size() - 2].front())) {
+      kind(groups.back().front()) == kind(groups[groups.size() - 2].front())) {
     auto last = groups.back();
     groups.pop_back();
     groups.back().insert(groups.back().end(), last.begin(), last.end());
@@ -50,7 +60,8 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
   layout.model_units.resize(model_units.size());
   for (const auto& group : groups) {
     UnitLayout unit;
-    unit.trainable = trainable(group.front());
+    unit.trainable = model_units[static_cast<size_t>(group.front())].trainable;
+    unit.raw = model_units[static_cast<size_t>(group.front())].raw;
     for (int m : group) {
       const UnitLayout& part = model_units[static_cast<size_t>(m)];
       const int64_t base = round_up(unit.numel, kParamAlignment);
@@ -78,7 +89,7 @@ int64_t ParamLayout::offset_in_model_unit(int model_unit, const std::string& nam
 int64_t ParamLayout::total_numel() const {
   int64_t n = 0;
   for (const auto& u : units)
-    for (const auto& p : u.params) n += p.numel;
+    for (const auto& p : u.params) n += p.logical_numel();
   return n;
 }
 

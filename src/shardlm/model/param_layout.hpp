@@ -21,11 +21,18 @@
 
 namespace shardlm {
 
+// How a parameter's values are stored in its flat unit. fp32: one element per value.
+// nf4: a frozen base weight of a QLoRA run, 4-bit NormalFloat with per-block absmax
+// (backend/cpu/nf4.hpp), occupying nf4_storage_words(logical count) 4-byte elements
+// that are bytes, not floats: never rounded, converted, summed or updated.
+enum class ParamStorage { fp32, nf4 };
+
 struct ParamInfo {
   std::string name;            // Hugging Face name, e.g. transformer.h.3.attn.c_attn.weight
-  std::vector<int64_t> shape;  // logical shape as stored (row-major); see padded rows below
+  std::vector<int64_t> shape;  // logical shape (row-major); see padded rows below
   int64_t offset = 0;          // element offset inside the unit's flat buffer
-  int64_t numel = 0;           // product of shape
+  int64_t numel = 0;           // elements it occupies in the flat buffer (fp32: product of shape)
+  ParamStorage storage = ParamStorage::fp32;
   bool weight_decay = false;   // AdamW decoupled decay applies (2-D weights only)
   // Init: kind "normal" (std), "uniform" (in [-init_std, init_std]), "zeros" or "ones".
   // For the token embedding, rows >= valid_rows (vocabulary padding) are zero at init
@@ -33,6 +40,8 @@ struct ParamInfo {
   std::string init = "zeros";
   float init_std = 0.0f;
   int64_t valid_rows = -1;     // -1: all rows are real
+  int64_t logical_numel() const;  // product of shape (values, whatever the storage)
+  bool quantized() const { return storage != ParamStorage::fp32; }
 };
 
 struct UnitLayout {
@@ -42,6 +51,10 @@ struct UnitLayout {
   // optimizer state and nothing to reduce; units of different trainability are never
   // merged into one flat unit.
   bool trainable = true;
+  // Raw units hold a quantized tensor (so also bytes, not floats): frozen, handed to
+  // the model as stored (fp32-tagged words), never rounded to the compute type, and
+  // never merged with other units. Their fp32 tensors (norm weights) are ordinary.
+  bool raw = false;
   int64_t numel = 0;         // end of the last parameter (before padding)
   int64_t padded_numel = 0;  // multiple of world_size * kParamAlignment
   int64_t shard_numel(int world_size) const { return padded_numel / world_size; }

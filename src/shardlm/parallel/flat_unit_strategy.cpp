@@ -63,19 +63,22 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
     const int64_t P = layout.units[u].padded_numel;
     const int64_t S = P / layout.world_size;
     const bool trains = layout.units[u].trainable;
+    const bool raw = layout.units[u].raw;
+    const int64_t ub = raw ? 4 : pb;  // bytes per element as the model reads it
     // A frozen unit keeps its parameters only (MemCategory::frozen).
     int64_t& param_bytes = trains ? plan.params_bytes : plan.frozen_bytes;
     param_bytes += 4 * (plan.shard_params ? S : P);
-    if (plan.compute_copy) param_bytes += pb * P;
+    if (plan.compute_copy && !raw) param_bytes += pb * P;
     if (trains) {
       plan.grads_bytes += 4 * (plan.shard_grads ? S : P);
       plan.optimizer_bytes += 8 * (plan.shard_optimizer ? S : P);
     }
     if (plan.shared_unit[u]) {  // kept in dedicated full buffers
-      if (plan.shard_params) plan.params_bytes += pb * P;
+      if (plan.shard_params) plan.params_bytes += ub * P;
       if (plan.shard_grads && trains) plan.grads_bytes += 4 * P;
     } else {
       plan.largest_private_unit = std::max(plan.largest_private_unit, P);
+      plan.gather_buffer_bytes = std::max(plan.gather_buffer_bytes, ub * P);
       ++private_units;
       if (trains) {
         plan.largest_trainable_private_unit = std::max(plan.largest_trainable_private_unit, P);
@@ -90,7 +93,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
     plan.param_pool = options.reshard_after_forward
                           ? std::min(private_units, options.prefetch + 1)
                           : private_units;
-    plan.params_bytes += plan.param_pool * pb * plan.largest_private_unit;
+    plan.params_bytes += plan.param_pool * plan.gather_buffer_bytes;
   }
   if (plan.shard_grads) {
     // The unit being differentiated and the previous one still being reduced.
@@ -157,7 +160,11 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
 
   const StrategyBufferPlan plan = plan_buffers(layout, unit_needs, options);
   shared_unit_ = plan.shared_unit;
-  for (const auto& unit : layout.units) trainable_.push_back(unit.trainable);
+  for (const auto& unit : layout.units) {
+    trainable_.push_back(unit.trainable);
+    raw_.push_back(unit.raw);
+    SHARDLM_CHECK(!unit.raw || !unit.trainable, "internal: raw unit {} is trainable", unit.name);
+  }
   compute_copy_ = plan.compute_copy;
   model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), ConstTypedPtr());
   model_grad_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
@@ -189,7 +196,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       owned_params_[u] = floats(param_category, S, tracker);
     } else {
       full_params_[u] = floats(param_category, P, tracker);
-      if (compute_copy_) {
+      if (compute_copy_ && !raw_[u]) {
         compute_params_[u] = elements(param_category, param_type_, P, tracker);
         param_ptrs_[u] = TypedPtr(compute_params_[u].data(), param_type_);
       } else {
@@ -197,7 +204,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       }
     }
     if (shared_unit_[u] && shard_params_)
-      dedicated_params_[u] = elements(MemCategory::params, param_type_, P, tracker);
+      dedicated_params_[u] = elements(MemCategory::params, unit_param_type(u), P, tracker);
     if (!trainable_[u]) continue;  // no gradients, no optimizer state
     if (shard_grads_) {
       owned_grads_[u] = floats(MemCategory::grads, S, tracker);
@@ -211,8 +218,8 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     if (shared_unit_[u] && shard_grads_) dedicated_grads_[u] = floats(MemCategory::grads, P, tracker);
   }
   for (int i = 0; i < plan.param_pool; ++i) {
-    param_pool_.push_back(
-        elements(MemCategory::params, param_type_, plan.largest_private_unit, tracker));
+    param_pool_.push_back(TrackedBuffer(MemCategory::params,
+                                        static_cast<size_t>(plan.gather_buffer_bytes), tracker));
     free_param_buffers_.push_back(i);
   }
   for (int i = 0; i < plan.grad_pool; ++i) {
@@ -395,10 +402,10 @@ void FlatUnitStrategy::start_gather(int unit) {
     buffer = param_pool_[static_cast<size_t>(param_buffer_of_[u])].data();
   }
   const int64_t S = layout_.units[u].padded_numel / shard_size_;
-  const TypedPtr gathered(buffer, param_type_);
+  const TypedPtr gathered(buffer, unit_param_type(u));
   const std::string label = "all_gather params unit " + layout_.units[u].name;
   const float* owned = owned_params_[u].as<float>();
-  if (param_type_ == DType::fp32) {
+  if (gathered.dtype == DType::fp32) {  // raw units' words travel as they are
     gather_work_[u] = shard_->all_gather(owned, gathered.f32(), static_cast<size_t>(S), label);
   } else {
     // This rank's block is rounded in place in the gather buffer, then gathered.
@@ -642,7 +649,7 @@ void FlatUnitStrategy::after_load() {
 void FlatUnitStrategy::refresh_compute_params(int unit) {
   const size_t u = static_cast<size_t>(unit);
   param_sync_[u].wait();
-  if (!compute_copy_ || !compute_params_stale_[u]) return;
+  if (!compute_copy_ || raw_[u] || !compute_params_stale_[u]) return;
   cpu::convert(param_ptrs_[u], full_params_[u].as<float>(), layout_.units[u].padded_numel);
   compute_params_stale_[u] = false;
 }

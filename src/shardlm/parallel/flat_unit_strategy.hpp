@@ -8,6 +8,8 @@
 //   zero3    | owned slice (+gather)| owned slice (+2 transient) | owned slice
 //   hybrid   | zero3 in shard groups; owned slices all-reduced across replica groups
 //
+// Raw units (a QLoRA run's NF4 base layers) are bytes in fp32 words: every strategy
+// hands them to the model as stored, zero3 gathers them as words, none rounds them.
 // zero3/hybrid gather parameters in StrategyOptions::param_dtype (the compute type:
 // bf16 gather buffers are half of fp32's). In a bf16 run ddp/zero1/zero2 also keep a
 // bf16 copy of their fp32 parameters, rounded once per step before the first use (the
@@ -44,11 +46,14 @@ struct StrategyBufferPlan {
   bool compute_copy = false;        // replicated params also kept in param_type (bf16)
   std::vector<bool> shared_unit;    // flat units another model unit reads (tied head)
   int64_t largest_private_unit = 0; // elements
+  int64_t gather_buffer_bytes = 0;  // zero3/hybrid: one gather buffer (largest private unit)
   int64_t largest_trainable_private_unit = 0;  // what a transient gradient buffer holds
   int param_pool = 0;               // zero3/hybrid gather buffers of that size
   int grad_pool = 0;                // zero2/zero3 transient gradient buffers of that size
   int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
   int64_t frozen_bytes = 0;  // frozen units' parameters (masters and compute copies)
+  // Raw units (quantized, UnitLayout::raw) are handed out, gathered and kept as stored:
+  // fp32 words, no compute copy.
   // zero3/hybrid: all-gathers of each flat unit per training micro-batch (a unit that
   // consecutive steps need stays gathered between them).
   std::vector<int> gathers_per_micro_batch;
@@ -165,6 +170,8 @@ class FlatUnitStrategy : public Strategy {
   const bool shard_params_, shard_grads_, shard_optimizer_;
   std::vector<bool> shared_unit_;  // read by another unit (kept in dedicated buffers)
   std::vector<bool> trainable_;    // per flat unit: frozen units have no grads/optimizer
+  std::vector<bool> raw_;          // per flat unit: stored words (quantized), never converted
+  DType unit_param_type(size_t u) const { return raw_[u] ? DType::fp32 : param_type_; }
 
   std::vector<TrackedBuffer> full_params_, owned_params_, full_grads_, owned_grads_;
   std::vector<TrackedBuffer> adam_m_, adam_v_;

@@ -31,7 +31,11 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.activations = model.activations;
   plan.params += model.params_scratch;
   plan.comm = n > 1 ? static_cast<int64_t>(r.comm_scratch_bytes) : 0;
-  for (const auto& u : layout.units) plan.parameters += u.padded_numel;
+  // Parameters as values: a QLoRA base weight counts its values, not its storage words.
+  for (const auto& u : layout.units) {
+    plan.parameters += u.padded_numel;
+    for (const auto& p : u.params) plan.parameters += p.logical_numel() - p.numel;
+  }
 
   // Bus bytes per rank and step: each collective moves (G-1)/G of its buffer
   // (docs/communication.md, Counters).
@@ -45,8 +49,9 @@ RunPlan plan_run(const RunPlanRequest& r) {
     const double P = static_cast<double>(layout.units[u].padded_numel);
     if (!layout.units[u].trainable) {
       // A frozen unit is never reduced nor updated: only zero3/hybrid gather it.
+      // Raw (NF4) units travel as their 4-byte words.
       if (r.strategy.kind == StrategyKind::zero3 || r.strategy.kind == StrategyKind::hybrid)
-        elements_moved += a * buffers.gathers_per_micro_batch[u] * pb * P;
+        elements_moved += a * buffers.gathers_per_micro_batch[u] * (layout.units[u].raw ? 4.0 : pb) * P;
       continue;
     }
     trainable_parameters += P;
@@ -84,6 +89,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   for (const auto& u : layout.units) {
     step.unit_numel.push_back(u.padded_numel);
     step.trainable.push_back(u.trainable);
+    step.raw.push_back(u.raw);
   }
   for (const auto& m : layout.model_units) step.flat_unit_of.push_back(m.unit);
   step.flat_needs = FlatUnitStrategy::flat_needs(layout, needs);

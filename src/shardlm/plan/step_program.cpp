@@ -173,6 +173,8 @@ class ProgramBuilder {
   size_t reduce_bytes() const { return s_.strategy.reduce_dtype == DType::bf16 ? 2 : 4; }
   bool trains(size_t u) const { return s_.trainable.empty() || s_.trainable[u]; }
   size_t param_bytes() const { return dtype_bytes(s_.param_type); }
+  bool raw(size_t u) const { return !s_.raw.empty() && s_.raw[u]; }
+  size_t unit_param_bytes(size_t u) const { return raw(u) ? 4 : param_bytes(); }
 
   void launch_bucket(size_t b) {
     for (int v : s_.buckets[b]) {
@@ -205,7 +207,7 @@ class ProgramBuilder {
     const size_t u = static_cast<size_t>(v);
     if (param_sync_[u] >= 0) wait(param_sync_[u]);
     param_sync_[u] = -1;
-    if (!s_.compute_copy || !stale_[u]) return;
+    if (!s_.compute_copy || raw(u) || !stale_[u]) return;
     compute(state(numel(u) * (4 + param_bytes())), "round parameters");
     stale_[u] = false;
   }
@@ -214,9 +216,9 @@ class ProgramBuilder {
   void start_gather(int v) {
     const size_t u = static_cast<size_t>(v);
     if (!s_.shared_unit[u]) --free_params_;
-    if (s_.param_type != DType::fp32) compute(state(shard(u) * (4 + param_bytes())), "round shard");
-    gather_[u] = issue(CollectiveKind::all_gather, CommGroup::shard, numel(u) * param_bytes(),
-                       param_bytes(), "all_gather params");
+    if (unit_param_bytes(u) != 4) compute(state(shard(u) * (4 + param_bytes())), "round shard");
+    gather_[u] = issue(CollectiveKind::all_gather, CommGroup::shard, numel(u) * unit_param_bytes(u),
+                       unit_param_bytes(u), "all_gather params");
     ready_[u] = false;
   }
   void ensure_gathered(int v) {

@@ -50,6 +50,7 @@ struct StepShape {
   int accumulation = 1;
   std::vector<int64_t> unit_numel;          // per flat unit, padded
   std::vector<bool> trainable;              // per flat unit; empty: all (frozen: no reduce)
+  std::vector<bool> raw;                    // per flat unit; empty: none (QLoRA: fp32 words, never rounded)
   std::vector<int> flat_unit_of;            // per model unit
   std::vector<std::vector<int>> flat_needs; // per model unit: flat units it reads
   std::vector<UnitWork> work;               // per model unit, one micro-batch

@@ -34,7 +34,7 @@ bool is_matrix(const ParamInfo& p) { return p.shape.size() == 2; }
 double vocab_matrix_elements(const UnitLayout& unit) {
   double n = 0;
   for (const auto& p : unit.params)
-    if (is_matrix(p) && p.valid_rows >= 0) n += static_cast<double>(p.numel);
+    if (is_matrix(p) && p.valid_rows >= 0) n += static_cast<double>(p.logical_numel());
   return n;
 }
 
@@ -56,7 +56,7 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
   for (size_t m = 0; m < M; ++m) {
     const UnitLayout& unit = model_units[m];
     double matrix = 0, vectors = 0;
-    for (const auto& p : unit.params) (is_matrix(p) ? matrix : vectors) += static_cast<double>(p.numel);
+    for (const auto& p : unit.params) (is_matrix(p) ? matrix : vectors) += static_cast<double>(p.logical_numel());
     UnitWork& w = work[m];
     if (m == 0) {  // lookups: each embedding matrix contributes one row per token
       double tables = 0;

@@ -14,6 +14,8 @@ void check_state_finite(const ParamLayout& layout, Strategy& strategy, Communica
   // 0: finite; else 1 + unit * 3 + state of the first non-finite state found.
   uint64_t found = 0;
   for (int u = 0; u < layout.num_units() && found == 0; ++u) {
+    // A raw unit's words are quantized bytes (and frozen: never updated).
+    if (layout.units[static_cast<size_t>(u)].raw) continue;
     const OwnedSlice s = strategy.owned(u);
     const float* states[] = {s.master, s.adam_m, s.adam_v};
     for (uint64_t k = 0; k < 3 && found == 0; ++k)

@@ -19,6 +19,12 @@ void check_resume_compatible(const CheckpointReader& ckpt, const ModelConfig& co
                   "(use another --out, or the same model flags)",
                   ckpt.dir(), it.key(), saved_model.value(it.key(), nlohmann::json()).dump(),
                   it.value().dump());
+  // A field only the checkpoint has (quantize_base of a QLoRA run resumed without it).
+  for (auto it = saved_model.begin(); it != saved_model.end(); ++it)
+    SHARDLM_CHECK(wanted_model.contains(it.key()),
+                  "checkpoint '{}' was trained with model {}={}, but this run asks for none "
+                  "(use another --out, or the same model flags)",
+                  ckpt.dir(), it.key(), it.value().dump());
   SHARDLM_CHECK(saved.tokenizer == tokenizer,
                 "checkpoint '{}' was trained with tokenizer '{}', the data uses '{}'", ckpt.dir(),
                 saved.tokenizer, tokenizer);

@@ -58,6 +58,7 @@ ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_
   if (o.n_embd) config.n_embd = *o.n_embd;
   if (o.context_len) config.max_seq_len = *o.context_len;
   if (o.lora_rank > 0) config.lora = lora_config(o, config.family);
+  config.quantize_base = parse_base_quant(o.quantize_base);
   // GPT-2 and the tiny test presets take the data's vocabulary; a real model's shape
   // (a preset of one, or a Hugging Face config) keeps its own, which the data must fit.
   const bool follows_data = data_vocab_size && !from_hf && preset_vocabulary_follows_data(source);

@@ -23,6 +23,7 @@ struct TrainOptions {
   int lora_rank = 0;
   float lora_alpha = 16.0f;
   std::string lora_targets = "all-linear";
+  std::string quantize_base = "none";  // none | nf4 (QLoRA; needs lora_rank > 0)
 
   std::string data_dir;  // from `shardlm prepare`: train.bin, val.bin, meta.json
   std::string out_dir;   // run directory: metrics.jsonl, checkpoints/

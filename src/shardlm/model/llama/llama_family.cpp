@@ -148,10 +148,20 @@ class LlamaFamily final : public ModelFamily {
       UnitBuilder b("layers." + std::to_string(l), base_trains);
       auto name = [&](const char* suffix) { return llama_param_name(l, suffix); };
       b.add(name("input_layernorm.weight"), {C}, "ones");
+      // The linear weights; QLoRA stores each as its own NF4 tensor (the model
+      // dequantizes them back to back, so q|k|v and gate|up still read as one matrix).
+      const bool nf4 = c.quantize_base == BaseQuant::nf4;
+      auto linear = [&](const char* suffix, std::vector<int64_t> shape, bool pack) {
+        if (nf4) {
+          b.add_nf4(name(suffix), std::move(shape), "normal", std);
+        } else {
+          b.add(name(suffix), std::move(shape), "normal", std, pack);
+        }
+      };
       // q, k, v back to back: one [Q + 2 KV, C] matrix (and one bias vector).
-      b.add(name("self_attn.q_proj.weight"), {Q, C}, "normal", std);
-      b.add(name("self_attn.k_proj.weight"), {KV, C}, "normal", std, /*pack_with_previous=*/true);
-      b.add(name("self_attn.v_proj.weight"), {KV, C}, "normal", std, true);
+      linear("self_attn.q_proj.weight", {Q, C}, false);
+      linear("self_attn.k_proj.weight", {KV, C}, /*pack=*/true);
+      linear("self_attn.v_proj.weight", {KV, C}, true);
       if (c.qkv_bias) {
         b.add(name("self_attn.q_proj.bias"), {Q}, "zeros");
         b.add(name("self_attn.k_proj.bias"), {KV}, "zeros", 0.0f, true);
@@ -161,13 +171,13 @@ class LlamaFamily final : public ModelFamily {
         b.add(name("self_attn.q_norm.weight"), {hd}, "ones");
         b.add(name("self_attn.k_norm.weight"), {hd}, "ones");
       }
-      b.add(name("self_attn.o_proj.weight"), {C, Q}, "normal", std);
+      linear("self_attn.o_proj.weight", {C, Q}, false);
       if (c.o_bias) b.add(name("self_attn.o_proj.bias"), {C}, "zeros");
       b.add(name("post_attention_layernorm.weight"), {C}, "ones");
       // gate and up back to back: one [2 I, C] matrix.
-      b.add(name("mlp.gate_proj.weight"), {I, C}, "normal", std);
-      b.add(name("mlp.up_proj.weight"), {I, C}, "normal", std, true);
-      b.add(name("mlp.down_proj.weight"), {C, I}, "normal", std);
+      linear("mlp.gate_proj.weight", {I, C}, false);
+      linear("mlp.up_proj.weight", {I, C}, true);
+      linear("mlp.down_proj.weight", {C, I}, false);
       units.push_back(b.finish());
     }
     UnitBuilder final_unit("final", base_trains);

@@ -7,6 +7,7 @@
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/embedding.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
+#include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/backend/cpu/attention.hpp"
 #include "shardlm/backend/cpu/rmsnorm.hpp"
 #include "shardlm/backend/cpu/rope.hpp"
@@ -23,9 +24,12 @@ namespace {
 using cpu::gemm;
 
 // Offsets (elements) of a layer's parameters inside its unit buffer; -1: absent.
+// QLoRA (nf4): q, k, v and gate, up are separate NF4 tensors (k_w, v_w, up_w set),
+// dequantized back to back so the GEMMs still read one packed matrix.
 struct LayerOffsets {
   int64_t ln1 = -1, qkv_w = -1, qkv_b = -1, q_norm = -1, k_norm = -1;
   int64_t o_w = -1, o_b = -1, ln2 = -1, gu_w = -1, down_w = -1;
+  int64_t k_w = -1, v_w = -1, up_w = -1;
 };
 
 // What a layer's backward reads, saved by its forward (one set per layer, or one shared
@@ -112,6 +116,9 @@ struct LlamaModel::Impl {
   LmHead head;
   std::unique_ptr<ParamRounding> rounding;
   std::unique_ptr<cpu::RopeTable> rope;
+  // QLoRA: one layer's base weights dequantized (weight type), reused by every layer.
+  bool nf4 = false;
+  TrackedBuffer dequantized;
 
   MicroBatchState state{0};
   const int32_t* positions = nullptr;     // of the current micro-batch
@@ -130,9 +137,12 @@ struct LlamaModel::Impl {
       for (const auto& tg : g.targets) n += config.lora.rank * (g.in + tg.out);
     return n;
   }
-  int64_t layer_weight_elements() const {
-    return QKV * C + C * Q + 2 * I * C + C * I + adapter_elements();
+  int64_t base_weight_elements() const { return QKV * C + C * Q + 2 * I * C + C * I; }
+  int64_t layer_weight_elements() const { return base_weight_elements() + adapter_elements(); }
+  int64_t dequantized_bytes() const {
+    return nf4 ? base_weight_elements() * static_cast<int64_t>(dtype_bytes(rounding_weight_type())) : 0;
   }
+  DType rounding_weight_type() const { return compute == DType::fp16 ? DType::fp32 : compute; }
   int64_t weight_scratch_elements() const {
     return std::max<int64_t>(layer_weight_elements(), static_cast<int64_t>(V) * C);
   }
@@ -184,6 +194,7 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   V = config.vocab_size;
   Vp = config.padded_vocab_size();
   eps = config.norm_eps;
+  nf4 = config.quantize_base == BaseQuant::nf4;
   lora_groups = config.lora.enabled() ? llama_lora_groups(config) : std::vector<LoraGroup>{};
   lora_scale = config.lora.enabled() ? config.lora.scale() : 0.0f;
   lora_width = 0;
@@ -267,7 +278,13 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
     LayerOffsets o;
     o.ln1 = off("input_layernorm.weight");
     o.qkv_w = off("self_attn.q_proj.weight");
-    SHARDLM_ASSERT(off("self_attn.v_proj.weight") == o.qkv_w + (m.Q + m.KVD) * m.C);
+    if (m.nf4) {
+      o.k_w = off("self_attn.k_proj.weight");
+      o.v_w = off("self_attn.v_proj.weight");
+      o.up_w = off("mlp.up_proj.weight");
+    } else {
+      SHARDLM_ASSERT(off("self_attn.v_proj.weight") == o.qkv_w + (m.Q + m.KVD) * m.C);
+    }
     if (config.qkv_bias) o.qkv_b = off("self_attn.q_proj.bias");
     if (config.qk_norm) {
       o.q_norm = off("self_attn.q_norm.weight");
@@ -277,7 +294,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
     if (config.o_bias) o.o_b = off("self_attn.o_proj.bias");
     o.ln2 = off("post_attention_layernorm.weight");
     o.gu_w = off("mlp.gate_proj.weight");
-    SHARDLM_ASSERT(off("mlp.up_proj.weight") == o.gu_w + m.I * m.C);
+    SHARDLM_ASSERT(m.nf4 || off("mlp.up_proj.weight") == o.gu_w + m.I * m.C);
     o.down_w = off("mlp.down_proj.weight");
     m.offsets.push_back(o);
     if (config.lora.enabled()) {
@@ -302,6 +319,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
                                                m.vector_scratch_floats(), tracker);
   m.rope = std::make_unique<cpu::RopeTable>(static_cast<int>(m.hd), max_seq, config.rope_theta,
                                             config.rope_scaling, tracker);
+  if (m.nf4)
+    m.dequantized = TrackedBuffer(MemCategory::params, static_cast<size_t>(m.dequantized_bytes()), tracker);
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -315,9 +334,13 @@ ModelMemoryPlan LlamaModel::plan_memory(const ModelConfig& config, int max_batch
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
   ModelMemoryPlan plan;
   plan.activations = carver.bytes();  // the RoPE table is "other" (not planned)
+  // A QLoRA layer's fp32 norm weights arrive as stored (raw units are never rounded),
+  // so the vector scratch serves them as it serves fp32 parameters; its weights go
+  // through the dequantization buffer, never the weight scratch.
   plan.params_scratch = ParamRounding::planned_bytes(m.compute, m.weight_scratch_elements(),
                                                      m.vector_scratch_floats(),
-                                                     params_in_compute_type);
+                                                     params_in_compute_type) +
+                        m.dequantized_bytes();
   return plan;
 }
 
@@ -337,6 +360,30 @@ std::vector<int> LlamaModel::units_needed_for(int unit) const { return impl_->ne
 
 LayerWeights LlamaModel::Impl::layer_weights(int l, ConstTypedPtr p) const {
   const LayerOffsets& o = offsets[static_cast<size_t>(l)];
+  if (nf4) {
+    SHARDLM_CHECK(p.dtype == DType::fp32, "model: NF4 layer {} arrived as {}, expected its stored "
+                  "words (fp32-tagged)", l, dtype_name(p.dtype));
+    // Each NF4 tensor dequantized into its place in the buffer: q|k|v and gate|up come
+    // out packed as the GEMMs read them.
+    const TypedPtr buffer(dequantized.data(), rounding_weight_type());
+    int64_t at = 0;
+    auto weight = [&](int64_t offset, int64_t count) {
+      const TypedPtr dst = buffer.at(at);
+      cpu::nf4_dequantize(p.at(offset).data, count, dst);
+      if (compute == DType::fp16) cpu::round_to(DType::fp16, dst.f32(), dst.f32(), count);
+      at += count;
+      return ConstTypedPtr(dst);
+    };
+    LayerWeights w;
+    w.qkv = weight(o.qkv_w, Q * C);
+    weight(o.k_w, KVD * C);
+    weight(o.v_w, KVD * C);
+    w.o = weight(o.o_w, C * Q);
+    w.gate_up = weight(o.gu_w, I * C);
+    weight(o.up_w, I * C);
+    w.down = weight(o.down_w, C * I);
+    return w;
+  }
   int64_t at = 0;
   auto weight = [&](int64_t offset, int64_t count) {
     const ConstTypedPtr w = rounding->gemm_weight(p.at(offset), at, count);
