@@ -8,7 +8,7 @@
 namespace shardlm::cpu {
 
 void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
-                       int B, int T, int C, DType value_type) {
+                       int B, int T, int C, DType value_type, const int32_t* positions) {
   const PhaseScope phase(Phase::norms_elementwise);
   const int64_t N = static_cast<int64_t>(B) * T;
   if (wpe.data == nullptr) {
@@ -28,7 +28,8 @@ void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, Con
 #pragma omp parallel for schedule(static)
       for (int64_t n = 0; n < N; ++n) {
         const int64_t token_row = static_cast<int64_t>(tokens[n]) * C;
-        const int64_t position_row = (n % T) * C;
+        const int64_t position_row =
+            static_cast<int64_t>(positions != nullptr ? positions[n] : n % T) * C;
         float* out_row = out + n * C;
 #pragma omp simd
         for (int c = 0; c < C; ++c)
@@ -40,7 +41,7 @@ void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, Con
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                        int T, int C) {
+                        int T, int C, const int32_t* positions) {
   const PhaseScope phase(Phase::norms_elementwise);
   const int64_t N = static_cast<int64_t>(B) * T;
   constexpr int kColumnBlock = 64;
@@ -59,10 +60,18 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 #pragma omp simd
         for (int c = c0; c < c1; ++c) grad_row[c] += dout_row[c];
       }
+      // Packed position ids repeat within a row like tokens do: the same column
+      // ownership keeps the sum in row order without atomics.
+      for (int64_t n = 0; n < (dwpe != nullptr && positions != nullptr ? N : 0); ++n) {
+        float* grad_row = dwpe + static_cast<int64_t>(positions[n]) * C;
+        const float* dout_row = dout + n * C;
+#pragma omp simd
+        for (int c = c0; c < c1; ++c) grad_row[c] += dout_row[c];
+      }
     }
-    // Position rows: each position is owned by one thread.
+    // Position rows t = 0..T-1: each position is owned by one thread.
 #pragma omp for schedule(static)
-    for (int t = 0; t < (dwpe != nullptr ? T : 0); ++t) {
+    for (int t = 0; t < (dwpe != nullptr && positions == nullptr ? T : 0); ++t) {
       float* grad_row = dwpe + static_cast<int64_t>(t) * C;
       for (int b = 0; b < B; ++b) {
         const float* dout_row = dout + (static_cast<int64_t>(b) * T + t) * C;

@@ -107,6 +107,9 @@ struct Gpt2Model::Impl {
   // State of the current micro-batch.
   MicroBatchState state{0};
   int B = 0, T = 0;  // state.B, state.T (the kernels' shorthand)
+  // Packed sequences: where each token's document starts (attention looks no further
+  // back), or null.
+  const int32_t* key_begin = nullptr;
 
   int64_t N() const { return static_cast<int64_t>(B) * T; }
 
@@ -298,7 +301,7 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   float* qkv_out = fp32 ? a.qkv.f32() : dbig;
   gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv_out, 3 * C);
   cpu::add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * C);
-  cpu::attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H});
+  cpu::attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H}, key_begin);
   gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
   cpu::residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
                                   v.attn_proj_b, v.ln2_w, v.ln2_b, n, C);
@@ -344,7 +347,8 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
   float* datt = dsmall;
   gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
   float* dqkv = dbig;
-  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, C / H});
+  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, C / H},
+                          key_begin);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * 3 * C);
   gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
   cpu::bias_backward(g + o.attn_b, dqkv, n, 3 * C);
@@ -396,14 +400,19 @@ void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
   check_param_pointers(params, m.L + 2, m.needed_units(unit), unit, m.compute);
   if (unit == 0) {
     check_micro_batch(batch, m.max_batch, m.max_seq, m.V);
-    SHARDLM_CHECK(batch.positions == nullptr && batch.key_begin == nullptr,
-                  "model: gpt2 does not take packed sequences (positions / document starts)");
     m.state.start(batch);
+    m.key_begin = batch.key_begin;
+    if (batch.positions != nullptr)
+      for (int64_t i = 0; i < static_cast<int64_t>(batch.B) * batch.T; ++i)
+        SHARDLM_CHECK(batch.positions[i] >= 0 && batch.positions[i] < m.config.max_seq_len,
+                      "model: position id {} at token {} is outside gpt2's position table "
+                      "[0, {})",
+                      batch.positions[i], i, m.config.max_seq_len);
     m.B = batch.B;
     m.T = batch.T;
     const ConstTypedPtr p = params[0];
     cpu::embedding_forward(m.residual[0], batch.tokens, p.at(m.wte), p.at(m.wpe), m.B, m.T, m.C,
-                           m.compute);
+                           m.compute, batch.positions);
     return;
   }
   m.state.check_forward(unit, batch);
@@ -440,7 +449,8 @@ void Gpt2Model::backward_unit(int unit, ParamPointers params, UnitPointers grads
   } else {
     SHARDLM_CHECK(batch.tokens != nullptr, "model: the micro-batch has no tokens");
     float* g = grads[0];
-    cpu::embedding_backward(g + m.wte, g + m.wpe, m.dres, batch.tokens, m.B, m.T, m.C);
+    cpu::embedding_backward(g + m.wte, g + m.wpe, m.dres, batch.tokens, m.B, m.T, m.C,
+                            batch.positions);
   }
 }
 
