@@ -20,6 +20,7 @@ void apply_threads_flag(const std::optional<int>& threads);
 
 void register_prepare(CLI::App& app);
 void register_train(CLI::App& app);
+void register_sft(CLI::App& app);
 void register_sample(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_launch(CLI::App& app);

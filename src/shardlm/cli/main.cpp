@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   shardlm::cli::register_prepare(app);
   shardlm::cli::register_train(app);
+  shardlm::cli::register_sft(app);
   shardlm::cli::register_sample(app);
   shardlm::cli::register_inspect(app);
   shardlm::cli::register_launch(app);

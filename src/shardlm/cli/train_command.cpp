@@ -98,6 +98,13 @@ void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   cmd->add_option("--steps", opts->steps,
                   "Optimizer steps (0: only initialise/import and save a step-0 checkpoint)")
       ->capture_default_str();
+  cmd->add_option("--epochs", opts->epochs,
+                  "Passes over the training data instead of --steps (steps = rows / global batch, "
+                  "rounded up)")
+      ->excludes("--steps");
+  cmd->add_flag("--packing", opts->packing,
+                "Chat data: pack whole examples into each --seq-len row (attention and positions "
+                "restart per example) instead of one padded example per row");
   cmd->add_option("--lr", opts->lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", opts->min_lr, "Final learning rate of the cosine (default lr/10)");
   cmd->add_option("--warmup", opts->warmup, "Linear warmup steps")->capture_default_str();

@@ -124,6 +124,7 @@ void TrainOptions::validate() const {
   validate_run_shape();
   parse_strategy_kind(strategy);  // train runs one strategy (no "auto")
   check_at_least("--steps", steps, int64_t{0});
+  check_at_least("--epochs", epochs, int64_t{0});
   check_finite("--lr", lr, lr > 0, "> 0");
   if (min_lr) check_finite("--min-lr", *min_lr, *min_lr >= 0 && *min_lr <= lr, "in [0, --lr]");
   check_at_least("--warmup", warmup, int64_t{0});
@@ -158,6 +159,7 @@ nlohmann::json TrainOptions::trajectory_json() const {
                       {"grad_clip", grad_clip}, {"beta1", beta1},
                       {"beta2", beta2},         {"seed", seed},
                       {"precision", precision}, {"reduce_dtype", reduce_dtype}};
+  if (packing) j["packing"] = true;  // absent for unpacked runs (older checkpoints have none)
   if (precision == "fp16") {
     j["loss_scale"] = loss_scale;
     j["loss_scale_growth_interval"] = loss_scale_growth_interval;

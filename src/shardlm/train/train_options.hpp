@@ -29,6 +29,8 @@ struct TrainOptions {
   std::string out_dir;   // run directory: metrics.jsonl, checkpoints/
 
   int64_t steps = 100;  // 0: only initialise (or import) and write a step-0 checkpoint
+  int64_t epochs = 0;   // > 0: steps = enough global batches for this many passes over the data
+  bool packing = false;  // chat data: whole examples packed into rows instead of one per row
   int micro_batch = 8;
   int seq_len = 256;
   int global_batch = 0;  // sequences per optimizer step; 0: micro_batch x world size

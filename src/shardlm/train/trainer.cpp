@@ -20,15 +20,14 @@
 #include "shardlm/core/phase_profile.hpp"
 #include "shardlm/core/sha256.hpp"
 #include "shardlm/core/timer.hpp"
-#include "shardlm/data/prepare.hpp"
 #include "shardlm/data/sampler.hpp"
-#include "shardlm/data/token_file.hpp"
 #include "shardlm/data/tokenizer.hpp"
 #include "shardlm/model/family.hpp"
 #include "shardlm/optim/loss_scaler.hpp"
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/optim/optimizer.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/train/batch_source.hpp"
 #include "shardlm/train/metrics.hpp"
 #include "shardlm/train/model_runner.hpp"
 #include "shardlm/train/progress.hpp"
@@ -90,7 +89,7 @@ class Trainer {
     if (is_root_) std::fputs(text.c_str(), stdout), std::fflush(stdout);
   }
 
-  const TrainOptions& o_;
+  TrainOptions o_;  // a copy: --epochs resolves to --steps once the data is open
   Communicator& comm_;
   const bool is_root_ = comm_.rank() == 0;
   const int world_ = comm_.size();
@@ -105,9 +104,7 @@ class Trainer {
   int global_batch_ = 0;
   std::optional<BatchPartition> batches_;
   int accumulation_ = 1;
-  std::unique_ptr<TokenFile> train_tokens_, val_tokens_;
-  std::unique_ptr<BatchSampler> train_sampler_;
-  std::unique_ptr<EvalSampler> val_sampler_;
+  std::unique_ptr<BatchSource> data_;
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<FlatUnitStrategy> strategy_;
@@ -116,8 +113,14 @@ class Trainer {
   std::optional<LrSchedule> schedule_;
   std::optional<LossScaler> loss_scaler_;  // fp16 only
   std::unique_ptr<MetricsWriter> metrics_;
-  // This rank's tokens and targets for every micro-batch of a step, allocated once.
-  std::vector<int32_t> tokens_, targets_;
+  // This rank's rows for every micro-batch of a step, allocated once (positions and
+  // key_begin only for data with example boundaries).
+  std::vector<int32_t> tokens_, targets_, positions_, key_begin_;
+  RowBuffers rows(size_t offset) {
+    return {tokens_.data() + offset, targets_.data() + offset,
+            positions_.empty() ? nullptr : positions_.data() + offset,
+            key_begin_.empty() ? nullptr : key_begin_.data() + offset};
+  }
   bool resumed_ = false;
   // The Hugging Face directory the run started from (kept across resumes, so export
   // finds its tokenizer files and token ids).
@@ -257,20 +260,24 @@ StepOutcome Trainer::train_step(int64_t step) {
 int64_t Trainer::load_step_batches(int64_t step) {
   const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
   for (int k = 0; k < accumulation_; ++k)
-    train_sampler_->fill_batch(batches_->first_sample(step, rank_, k), o_.micro_batch,
-                               tokens_.data() + micro_tokens * static_cast<size_t>(k),
-                               targets_.data() + micro_tokens * static_cast<size_t>(k));
+    data_->fill_train(batches_->first_sample(step, rank_, k), o_.micro_batch,
+                      rows(micro_tokens * static_cast<size_t>(k)));
   int64_t counts[1] = {0};
   for (int32_t t : targets_) counts[0] += (t != kIgnoreIndex);
   comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "target count");
-  SHARDLM_CHECK(counts[0] > 0, "step {} has no target tokens (all ignored)", step + 1);
+  SHARDLM_CHECK(counts[0] > 0,
+                "step {} has no target tokens: every target of its rows is masked (with chat "
+                "data, a --seq-len shorter than the prompts cuts off every answer)",
+                step + 1);
   return counts[0];
 }
 
 MicroBatch Trainer::micro_batch(int k) const {
   const size_t offset =
       static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len) * static_cast<size_t>(k);
-  return MicroBatch{tokens_.data() + offset, targets_.data() + offset, o_.micro_batch, o_.seq_len};
+  return MicroBatch{tokens_.data() + offset, targets_.data() + offset, o_.micro_batch, o_.seq_len,
+                    positions_.empty() ? nullptr : positions_.data() + offset,
+                    key_begin_.empty() ? nullptr : key_begin_.data() + offset};
 }
 
 void Trainer::check_replicas(int64_t done) {
@@ -300,6 +307,10 @@ int64_t Trainer::set_up() {
   const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
   tokens_.assign(micro_tokens * static_cast<size_t>(accumulation_), 0);
   targets_.assign(tokens_.size(), 0);
+  if (data_->has_positions()) {
+    positions_.assign(tokens_.size(), 0);
+    key_begin_.assign(tokens_.size(), 0);
+  }
   print_run_description();
   return start_step;
 }
@@ -307,8 +318,9 @@ int64_t Trainer::set_up() {
 // Data, model shape and options, checked before anything is written; then every rank
 // checks that it runs the same command on the same data as rank 0.
 void Trainer::read_inputs() {
-  meta_ = read_dataset_meta(o_.data_dir);
   o_.validate();
+  data_ = open_batch_source(o_.data_dir, {o_.seq_len, o_.seed, o_.packing});
+  meta_ = data_->meta();
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
   if (!o_.init_from.empty()) check_hf_model_matches(o_.init_from, config_);
   strategy_options_ = {parse_strategy_kind(o_.strategy), o_.bucket_mb, o_.prefetch,
@@ -322,15 +334,16 @@ void Trainer::read_inputs() {
                 world_, global_batch_);
   batches_.emplace(global_batch_, world_, o_.micro_batch);
   accumulation_ = batches_->accumulation_steps();
+  if (o_.epochs > 0) {
+    // Enough steps to see every row of the epochs once (the last step may run into
+    // the next epoch's first rows: steps hold whole global batches).
+    const int64_t rows = data_->train_rows_in_epochs(o_.epochs);
+    o_.steps = (rows + global_batch_ - 1) / global_batch_;
+  }
   TrainOptions resolved = o_;
   resolved.global_batch = global_batch_;
   trajectory_ = resolved.trajectory_json();
 
-  train_tokens_ = std::make_unique<TokenFile>(dataset_train_path(o_.data_dir));
-  val_tokens_ = std::make_unique<TokenFile>(dataset_val_path(o_.data_dir));
-  train_sampler_ = std::make_unique<BatchSampler>(*train_tokens_, o_.seq_len, o_.seed);
-  if (val_tokens_->size() > o_.seq_len)
-    val_sampler_ = std::make_unique<EvalSampler>(*val_tokens_, o_.seq_len);
   make_tokenizer(meta_.tokenizer);  // the data's tokenizer must be loadable
 
   nlohmann::json agreement = {{"model", config_.to_json()},
@@ -342,8 +355,7 @@ void Trainer::read_inputs() {
                               {"shard_group_size", o_.shard_group_size},
                               {"min_unit_params", o_.min_unit_params},
                               {"tokenizer", meta_.tokenizer},
-                              {"train_tokens", train_tokens_->size()},
-                              {"val_tokens", val_tokens_->size()},
+                              {"dataset", data_->agreement()},
                               {"world_size", world_}};
   for (const auto& src : meta_.sources) agreement["data_sha256"].push_back(src.sha256);
   check_ranks_agree(comm_, agreement);
@@ -441,8 +453,7 @@ void Trainer::print_run_description() const {
       "model {}: {} layers, {} heads, {} wide, vocab {} (padded {}), {:.2f}M parameters\n",
       model_source(o_), config_.n_layer, config_.n_head, config_.n_embd, config_.vocab_size,
       config_.padded_vocab_size(), static_cast<double>(config_.num_parameters()) / 1e6));
-  print(fmt::format("data {}: {} train / {} val tokens ({})\n", o_.data_dir,
-                    train_tokens_->size(), val_tokens_->size(), meta_.tokenizer));
+  print(fmt::format("data {}: {} ({})\n", o_.data_dir, data_->describe(), meta_.tokenizer));
   print(fmt::format("batch {} x {} tokens (micro-batch {}, {} accumulation steps); strategy {} "
                     "on {} rank(s) x {} threads; GEMM {}\n",
                     global_batch_, o_.seq_len, o_.micro_batch, accumulation_, strategy_->name(),
@@ -454,30 +465,29 @@ void Trainer::print_run_description() const {
 }
 
 double Trainer::evaluate() {
-  if (!val_sampler_ || o_.eval_batches == 0) return std::nan("");
-  // The first eval_batches x micro_batch windows of val.bin whatever the world size;
+  if (data_->val_rows() == 0 || o_.eval_batches == 0) return std::nan("");
+  // The first eval_batches x micro_batch validation rows whatever the world size;
   // each pass gives every rank micro_batch rows, rows past the end are fully ignored.
   const int64_t windows =
-      std::min<int64_t>(static_cast<int64_t>(o_.eval_batches) * o_.micro_batch,
-                        val_sampler_->num_windows());
+      std::min<int64_t>(static_cast<int64_t>(o_.eval_batches) * o_.micro_batch, data_->val_rows());
   const int64_t rows_per_pass = static_cast<int64_t>(o_.micro_batch) * world_;
   const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
-  std::vector<int32_t> tokens(micro_tokens), targets(micro_tokens);
+  std::vector<int32_t> tokens(micro_tokens), targets(micro_tokens), positions, key_begin;
+  if (data_->has_positions()) positions.resize(micro_tokens), key_begin.resize(micro_tokens);
+  const RowBuffers out{tokens.data(), targets.data(), positions.empty() ? nullptr : positions.data(),
+                       key_begin.empty() ? nullptr : key_begin.data()};
   double sums[1] = {0.0};
   int64_t counts[1] = {0};
   for (int64_t first = 0; first < windows; first += rows_per_pass) {
     for (int i = 0; i < o_.micro_batch; ++i) {
       const int64_t w = first + static_cast<int64_t>(rank_) * o_.micro_batch + i;
-      int32_t* tok = tokens.data() + static_cast<size_t>(i) * o_.seq_len;
-      int32_t* tgt = targets.data() + static_cast<size_t>(i) * o_.seq_len;
-      if (w < windows) {
-        val_sampler_->fill(w, tok, tgt);
-      } else {
-        std::fill(tok, tok + o_.seq_len, 0);
-        std::fill(tgt, tgt + o_.seq_len, kIgnoreIndex);
-      }
+      if (w < windows)
+        data_->fill_val(w, out, i);
+      else
+        data_->fill_empty(out, i);
     }
-    MicroBatch batch{tokens.data(), targets.data(), o_.micro_batch, o_.seq_len};
+    MicroBatch batch{tokens.data(), targets.data(), o_.micro_batch, o_.seq_len, out.positions,
+                     out.key_begin};
     sums[0] += runner_->forward(batch, /*training=*/false, 0.0f);
     counts[0] += model_->last_target_count();
   }
@@ -505,12 +515,17 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& options) {
+TrainSummary run_training(const TrainOptions& options, const std::function<void()>& prepare_data) {
   CommOptions comm_options;
   comm_options.timeout_seconds = options.comm_timeout;
   auto comm = make_world_communicator(comm_options);
   TrainSummary summary;
   try {
+    if (prepare_data) {
+      if (comm->rank() == 0) prepare_data();
+      int64_t ready[1] = {1};  // the other ranks wait here (under --comm-timeout) for rank 0
+      comm->all_reduce_blocking(std::span<int64_t>(ready, 1), ReduceOp::sum, "dataset prepared");
+    }
     summary = Trainer(options, *comm).run();
   } catch (const std::exception& e) {
     // One rank's error brings the whole job down (no peer left waiting).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -31,7 +32,10 @@ struct TrainSummary {
 
 // Runs `shardlm train`. Throws Error for bad input (before touching RUN_DIR where
 // possible) and for a NaN/inf loss (the last checkpoint is left as it was).
-TrainSummary run_training(const TrainOptions& options);
+// prepare_data, when given, runs on rank 0 before any rank reads the data (`sft`
+// renders its chat dataset there); an Error in it ends every rank's job.
+TrainSummary run_training(const TrainOptions& options,
+                          const std::function<void()>& prepare_data = {});
 
 // Prints the end-of-run summary table.
 void print_summary(const TrainSummary& summary);

@@ -1,0 +1,151 @@
+// `shardlm sft`: supervised fine-tuning on chat data in one command, as ms-swift's
+// `swift sft` reads: --model (a Hugging Face directory, whose weights and tokenizer
+// are used, or a preset), --dataset JSONL, --out RUN. Underneath it is `prepare --sft`
+// into RUN/data (on rank 0, once; a later --resume checks it was made from the same
+// files the same way) and then `train` on it, so every train flag (strategy,
+// precision, LoRA/QLoRA, checkpoints, ...) applies unchanged.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "shardlm/ckpt/hf_import.hpp"
+#include "shardlm/cli/commands.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/core/sha256.hpp"
+#include "shardlm/data/prepare.hpp"
+#include "shardlm/data/sft_prepare.hpp"
+#include "shardlm/data/tokenizer.hpp"
+#include "shardlm/train/trainer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace shardlm::cli {
+namespace {
+
+struct SftFlags {
+  std::vector<std::string> datasets, val_datasets;
+  std::string tokenizer;
+  std::string chat_template;
+  double val_fraction = 0.0;
+  int64_t max_len = 1024;
+  bool no_truncate = false;
+};
+
+bool has_hf_weights(const std::string& dir) {
+  return fs::is_regular_file(fs::path(dir) / "model.safetensors") ||
+         fs::is_regular_file(fs::path(dir) / "model.safetensors.index.json");
+}
+
+// A directory written earlier for this run must hold what this command would write.
+void check_prepared_matches(const std::string& dir, const SftPrepareOptions& want) {
+  const SftDatasetMeta meta = read_sft_dataset_meta(dir);
+  auto differs = [&](const std::string& what, const std::string& was, const std::string& now) {
+    throw Error(fmt::format("{} was prepared with {} '{}', this command asks for '{}': use a new "
+                            "--out (a run's data never changes under its checkpoints)",
+                            dir, what, was, now));
+  };
+  const std::string tokenizer = make_tokenizer(want.tokenizer)->spec();  // as prepare records it
+  if (meta.tokenizer != tokenizer) differs("tokenizer", meta.tokenizer, tokenizer);
+  if (!want.chat_template.empty() && meta.chat_template != want.chat_template)
+    differs("template", meta.chat_template, want.chat_template);
+  const std::string max_len = meta.max_len ? std::to_string(*meta.max_len) : "none";
+  if (max_len != std::to_string(want.max_len)) differs("--max-len", max_len, std::to_string(want.max_len));
+  std::vector<std::string> files = want.inputs;
+  files.insert(files.end(), want.val_inputs.begin(), want.val_inputs.end());
+  SHARDLM_CHECK(files.size() == meta.sources.size(),
+                "{} was prepared from {} dataset file(s), this command names {}: use a new --out",
+                dir, meta.sources.size(), files.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string digest = sha256_file_hex(files[i]);
+    if (digest != meta.sources[i].sha256)
+      differs("dataset file", meta.sources[i].path + " (sha256 " + meta.sources[i].sha256.substr(0, 12) + ")",
+              fs::absolute(files[i]).string() + " (sha256 " + digest.substr(0, 12) + ")");
+  }
+}
+
+}  // namespace
+
+void register_sft(CLI::App& app) {
+  auto opts = std::make_shared<TrainOptions>();
+  auto flags = std::make_shared<SftFlags>();
+  auto* cmd = app.add_subcommand(
+      "sft", "Fine-tune on chat data (JSONL) in one command: prepare --sft into RUN/data, then train");
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--dataset", flags->datasets,
+                  "Training data, JSONL: {\"messages\": [...]}, {\"query\"|\"prompt\", \"response\"} or "
+                  "alpaca {\"instruction\", \"input\", \"output\"}")
+      ->required()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--val-dataset", flags->val_datasets, "Validation data, JSONL (same formats)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--val-fraction", flags->val_fraction,
+                  "Without --val-dataset: the last fraction of the examples held out")
+      ->capture_default_str();
+  cmd->add_option("--out", opts->out_dir, "Run directory (data/, metrics, checkpoints)")->required();
+  cmd->add_option("--tokenizer", flags->tokenizer,
+                  "Tokenizer spec (as prepare's); default: the --model directory's tokenizer.json");
+  cmd->add_option("--template", flags->chat_template,
+                  "Chat template: chatml, llama3 or plain (default: the tokenizer's own)");
+  cmd->add_option("--max-len", flags->max_len,
+                  "Tokens per row: longer examples are truncated (counted in the summary) and "
+                  "--packing fills rows up to it")
+      ->capture_default_str();
+  cmd->add_flag("--no-truncate", flags->no_truncate, "An example longer than --max-len is an error");
+  add_run_shape_flags(*cmd, *opts);
+  add_run_flags(*cmd, *opts);
+  cmd->callback([opts, flags, cmd]() {
+    SHARDLM_CHECK(cmd->count("--seq-len") == 0, "sft: the row length is --max-len (no --seq-len)");
+    SHARDLM_CHECK(flags->max_len >= 2, "--max-len must be >= 2, got {}", flags->max_len);
+    SHARDLM_CHECK(!opts->model.empty(), "sft: --model is required (a Hugging Face model directory or a preset)");
+    const bool model_dir = is_hf_model_path(opts->model) && fs::is_directory(opts->model);
+    // A model directory brings its weights (unless this run resumes from its own
+    // checkpoint) and its tokenizer.
+    if (model_dir && has_hf_weights(opts->model) && opts->init_from.empty() && !opts->resume)
+      opts->init_from = opts->model;
+    if (flags->tokenizer.empty()) {
+      SHARDLM_CHECK(model_dir && fs::is_regular_file(fs::path(opts->model) / "tokenizer.json"),
+                    "sft: --model '{}' brings no tokenizer.json; name one with --tokenizer (hf:DIR, "
+                    "tiktoken:qwen:FILE, gpt2:DIR)",
+                    opts->model);
+      flags->tokenizer = "hf:" + fs::absolute(opts->model).string();
+    }
+    opts->seq_len = static_cast<int>(flags->max_len);
+    if (cmd->count("--steps") == 0 && opts->epochs == 0) opts->epochs = 1;
+    // ms-swift's defaults: 1e-4 for adapters, 1e-5 for every weight.
+    if (cmd->count("--lr") == 0) opts->lr = opts->lora_rank > 0 ? 1e-4f : 1e-5f;
+    opts->data_dir = (fs::path(opts->out_dir) / "data").string();
+
+    SftPrepareOptions prepare;
+    prepare.tokenizer = flags->tokenizer;
+    prepare.chat_template = flags->chat_template;
+    prepare.inputs = flags->datasets;
+    prepare.val_inputs = flags->val_datasets;
+    prepare.out_dir = opts->data_dir;
+    prepare.val_fraction = flags->val_fraction;
+    prepare.max_len = flags->max_len;
+    prepare.truncate = !flags->no_truncate;
+    opts->validate();
+    const TrainSummary summary = run_training(*opts, [prepare]() {
+      if (is_sft_dataset(prepare.out_dir)) {
+        check_prepared_matches(prepare.out_dir, prepare);
+        return;
+      }
+      SHARDLM_CHECK(!fs::exists(dataset_meta_path(prepare.out_dir)),
+                    "{} holds a text dataset, not chat data: use a new --out", prepare.out_dir);
+      const SftPrepareSummary s = prepare_sft_dataset(prepare);
+      fmt::print("prepared {}: {} train examples ({} tokens, {} targets) + {} val examples, template {}, "
+                 "{} truncated to --max-len {}, {} dropped (no target left)\n",
+                 prepare.out_dir, s.meta.train.examples, s.meta.train.tokens, s.meta.train.target_tokens,
+                 s.meta.val.examples, s.meta.chat_template, s.meta.truncated_examples, prepare.max_len,
+                 s.meta.dropped_examples);
+      std::fflush(stdout);
+    });
+    print_summary(summary);
+  });
+}
+
+}  // namespace shardlm::cli
