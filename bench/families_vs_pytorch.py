@@ -17,8 +17,12 @@ library's rate.
   smollm2  smollm2-135m (Llama, 30 x 576, 9:3 GQA), B=4, T=512
   qwen05   qwen2.5-0.5b (Qwen2, 24 x 896, 14:2 GQA, qkv bias, vocab 151936), B=1, T=1024
 
+With --lora-rank R both sides train LoRA adapters (r=R, alpha 16, all linear layers of
+the decoder) on the frozen model instead: shardlm's --lora-rank against PyPI peft's
+get_peft_model (issue 14's step-time comparison).
+
 usage: bench/families_vs_pytorch.py [--configs smollm2,qwen05] [--dtypes fp32,bf16]
-          [--steps 6] [--warmup 2] [--rounds 1] [--threads 2] [--compile]
+          [--steps 6] [--warmup 2] [--rounds 1] [--threads 2] [--compile] [--lora-rank R]
           [--python /work/venv/bin/python] [--shardlm build/shardlm]
 """
 import argparse
@@ -67,7 +71,7 @@ def run_pytorch(python, config_json, data, name, dtype, compiled, args):
     cmd = [python, os.path.join(ROOT, "tools", "pytorch_llama_ref.py"), "--config", config_json,
            "--tokens", os.path.join(data, "train.bin"), "--batch", str(batch), "--seq-len",
            str(seq), "--dtype", dtype, "--threads", str(args.threads), "--steps", str(args.steps),
-           "--warmup", str(args.warmup)] + (["--compile"] if compiled else [])
+           "--warmup", str(args.warmup), "--lora-rank", str(args.lora_rank)] + (["--compile"] if compiled else [])
     result = run([sys.executable, "-c", MEASURE] + cmd, "PyTorch")
     lines = result.stdout.strip().splitlines()
     out = json.loads(lines[-2])
@@ -82,7 +86,8 @@ def run_shardlm(shardlm, data, work, name, dtype, args):
     cmd = [shardlm, "train", "--model", preset, "--data", data, "--out", out, "--steps",
            str(args.steps), "--micro-batch", str(batch), "--seq-len", str(seq), "--eval-batches",
            "0", "--threads", str(args.threads), "--precision", dtype, "--log-every",
-           str(args.steps), "--save-every", "0", "--keep", "1"] + OPTIMIZER
+           str(args.steps), "--save-every", "0", "--keep", "1"] + OPTIMIZER + (
+               ["--lora-rank", str(args.lora_rank), "--lora-alpha", "16"] if args.lora_rank > 0 else [])
     result = run([sys.executable, "-c", MEASURE] + cmd, "shardlm")
     peak_rss_mib = int(result.stdout.strip().splitlines()[-1]) / 1024
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -108,6 +113,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd PyTorch")
+    ap.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters on both sides (0: full)")
     ap.add_argument("--python", default="/work/venv/bin/python")
     ap.add_argument("--shardlm", default=os.path.join(ROOT, "build", "shardlm"))
     ap.add_argument("--step-gemm-rate", default=os.path.join(ROOT, "build", "bench", "step_gemm_rate"))
@@ -153,7 +159,7 @@ def print_tables(rows):
               f"{ours['peak_rss_mib']:.0f} | {best['peak_rss_mib']:.0f} | "
               f"{ours['peak_rss_mib'] / best['peak_rss_mib']:.2f} |")
     print("\nshardlm peak memory by category (MiB, MemoryTracker):\n")
-    cats = ["params", "grads", "optimizer", "activations", "comm", "other"]
+    cats = ["params", "frozen", "grads", "optimizer", "activations", "comm", "other"]
     print("| config | dtype | " + " | ".join(cats) + " |")
     print("|---|---|" + "---|" * len(cats))
     for (name, dtype), (res, _) in rows.items():

@@ -5,7 +5,9 @@ random init, trained with torch.optim.AdamW (lr 6e-4, betas 0.9/0.95, weight dec
 on 2-D weights, eps 1e-8, fused=False, foreach) and global-norm clipping at 1.0 on
 windows of a shardlm token file, as a user of PyPI torch 2.x + transformers would:
 attn_implementation "sdpa", bf16 autocast for --dtype bf16, --compile for
-torch.compile. Prints one line per step and, last, one JSON line: median step ms after
+torch.compile. With --lora-rank R, PEFT's LoRA (r=R, lora_alpha, target_modules
+"all-linear", dropout 0) on the frozen model, as `peft` users fine-tune; AdamW then
+sees only the adapters. Prints one line per step and, last, one JSON line: median step ms after
 the warm-up steps, tokens/s and the peak RSS of the process.
 
 Run with the PyPI venv's python (torch 2.x, transformers). Benchmark only: never
@@ -46,6 +48,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--label", default="")
+    ap.add_argument("--lora-rank", type=int, default=0)
+    ap.add_argument("--lora-alpha", type=float, default=16.0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -54,9 +58,15 @@ def main():
     config = transformers.AutoConfig.for_model(**hf)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
                                                           torch_dtype=torch.float32)
+    if args.lora_rank > 0:
+        import peft
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+            target_modules="all-linear", task_type="CAUSAL_LM"))
     model.train()
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    no_decay = [p for p in model.parameters() if p.dim() != 2]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() == 2]
+    no_decay = [p for p in trainable if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
@@ -78,7 +88,7 @@ def main():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
             loss = step_fn(inputs, targets)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         elapsed = time.perf_counter() - start
@@ -90,7 +100,8 @@ def main():
                       "tokens_per_s": n / median,
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "torch": torch.__version__, "transformers": transformers.__version__,
-                      "compile": args.compile, "dtype": args.dtype, "threads": args.threads}))
+                      "compile": args.compile, "dtype": args.dtype, "threads": args.threads,
+                      "lora_rank": args.lora_rank}))
 
 
 if __name__ == "__main__":
