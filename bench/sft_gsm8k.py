@@ -70,7 +70,7 @@ def main():
                 ms = statistics.median(r["step_ms"] for r in records[1:])
                 tokens = 2 * args.micro_batch * args.max_len
                 plan = json.loads(run([args.shardlm, "plan", "-n", str(ranks), "--seq-len", str(args.max_len),
-                                       "--json"] + shape, "plan"))
+                                       "--data", os.path.join(out, "data"), "--json"] + shape, "plan"))
                 rows.append((mode, ranks, strategy, tokens / ms * 1e3, records[0]["loss"],
                              records[-1]["loss"], records[-1]["mem"]["peak"], plan))
                 shutil.rmtree(os.path.join(out, "checkpoints"), ignore_errors=True)

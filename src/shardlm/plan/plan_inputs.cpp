@@ -5,6 +5,7 @@
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/data/prepare.hpp"
+#include "shardlm/data/sft_prepare.hpp"
 
 namespace shardlm {
 
@@ -44,7 +45,9 @@ PlanInputs resolve_plan_inputs(const TrainOptions& o, int world_size, const Prof
   if (!p.link.empty()) link_transport(p.link, 1.0);  // names the flag on a bad value
   PlanInputs in;
   std::optional<int> data_vocab;  // without data, every model keeps its own vocabulary
-  if (!o.data_dir.empty()) data_vocab = static_cast<int>(read_dataset_meta(o.data_dir).vocab_size);
+  if (!o.data_dir.empty())
+    data_vocab = static_cast<int>(is_sft_dataset(o.data_dir) ? read_sft_dataset_meta(o.data_dir).vocab_size
+                                                              : read_dataset_meta(o.data_dir).vocab_size);
   in.config = resolve_model_config(o, data_vocab);
   in.request = plan_request(o, in.config, world_size);
   if (o.strategy != "auto") partition_size(in.request.strategy, world_size);  // names the flag
