@@ -16,6 +16,9 @@ void register_train(CLI::App& app) {
   cmd->add_option("--out", opts->out_dir, "Run directory (metrics, checkpoints)")->required();
   add_run_shape_flags(*cmd, *opts);
   add_run_flags(*cmd, *opts);
+  cmd->add_option("--memory-per-rank", opts->memory_per_rank_gib,
+                  "--strategy auto: GiB each rank may use (default: the least, over the job's "
+                  "hosts, of a host's available memory shared among its ranks)");
   cmd->callback([opts]() {
     opts->validate();
     TrainSummary summary = run_training(*opts);
@@ -63,7 +66,8 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "Sequences per optimizer step (gradient accumulation when larger than "
                   "micro-batch x world size; default: micro-batch x world size)");
   cmd->add_option("--strategy", opts->strategy,
-                  "ddp, zero1, zero2 (shard_grad_op), zero3 (fsdp, full_shard) or hybrid")
+                  "ddp, zero1, zero2 (shard_grad_op), zero3 (fsdp, full_shard), hybrid, or (train, "
+                  "plan) auto: the strategy `shardlm plan` recommends for this job")
       ->capture_default_str();
   cmd->add_option("--bucket-mb", opts->bucket_mb, "ddp/zero1 gradient bucket size in MiB")
       ->capture_default_str();

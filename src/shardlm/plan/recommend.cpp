@@ -7,7 +7,11 @@
 
 namespace shardlm {
 
-std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1ll << 30)); }
+std::string gib(double bytes) {
+  // Small models and budgets would all read "0.0 GiB".
+  if (std::abs(bytes) < double(1ll << 30)) return fmt::format("{:.1f} MiB", bytes / double(1 << 20));
+  return fmt::format("{:.1f} GiB", bytes / double(1ll << 30));
+}
 
 namespace {
 

@@ -51,6 +51,6 @@ Recommendation recommend(const std::vector<Candidate>& candidates, double budget
 // --activation-checkpointing".
 std::string candidate_flags(const Candidate& candidate);
 
-std::string gib(double bytes);  // "9.1 GiB"
+std::string gib(double bytes);  // "9.1 GiB"; "5.3 MiB" below 1 GiB
 
 }  // namespace shardlm

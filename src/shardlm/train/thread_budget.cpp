@@ -19,6 +19,8 @@ struct HostAndMask {
   cpu_set_t mask;
 };
 
+}  // namespace
+
 uint64_t host_hash() {
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
@@ -27,8 +29,6 @@ uint64_t host_hash() {
     hash = (hash ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
   return hash;
 }
-
-}  // namespace
 
 ThreadBudget plan_threads(Communicator& comm, std::optional<int> requested) {
   HostAndMask mine{};

@@ -4,6 +4,7 @@
 // share one mask (adding the masks would overcount it).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -20,6 +21,10 @@ struct ThreadBudget {
   // host, or in this rank's own mask; "" otherwise.
   std::string oversubscription_warning() const;
 };
+
+// This host's identity among the job's ranks (a hash of its host name): equal for ranks
+// on one host.
+uint64_t host_hash();
 
 // Collective over `comm` (every rank's host name and affinity mask are gathered).
 // `requested` is --threads; by default each rank takes an equal share of its host's

@@ -122,7 +122,11 @@ void TrainOptions::validate() const {
   SHARDLM_CHECK(!data_dir.empty(), "--data is required (a directory written by `shardlm prepare`)");
   SHARDLM_CHECK(!out_dir.empty(), "--out is required (the run directory)");
   validate_run_shape();
-  parse_strategy_kind(strategy);  // train runs one strategy (no "auto")
+  if (strategy != "auto") parse_strategy_kind(strategy);  // auto: resolved before the run
+  if (memory_per_rank_gib)
+    check_finite("--memory-per-rank", *memory_per_rank_gib, *memory_per_rank_gib > 0, "> 0 (GiB)");
+  SHARDLM_CHECK(!memory_per_rank_gib || strategy == "auto",
+                "--memory-per-rank is the budget of --strategy auto (this run uses {})", strategy);
   check_at_least("--steps", steps, int64_t{0});
   check_at_least("--epochs", epochs, int64_t{0});
   check_finite("--lr", lr, lr > 0, "> 0");

@@ -52,8 +52,12 @@ struct TrainOptions {
   bool resume_if_exists = false;  // continue if out_dir has a committed checkpoint, else start
   std::string init_from;  // Hugging Face weights (directory or .safetensors) to start from
 
-  // Distribution (see parallel/strategy_options.hpp).
+  // Distribution (see parallel/strategy_options.hpp). "auto": `plan`'s recommendation
+  // (train/auto_strategy.hpp) sets strategy, reshard_after_forward, shard_group_size and
+  // activation_checkpointing before the run starts, and strategy_reason to why.
   std::string strategy = "ddp";
+  std::optional<double> memory_per_rank_gib;  // auto's budget; default: the hosts' memory
+  std::string strategy_reason;                // auto's line, recorded in config.json
   double bucket_mb = 25.0;
   int prefetch = 1;
   bool reshard_after_forward = true;

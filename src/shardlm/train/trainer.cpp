@@ -27,6 +27,7 @@
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/optim/optimizer.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/train/auto_strategy.hpp"
 #include "shardlm/train/batch_source.hpp"
 #include "shardlm/train/metrics.hpp"
 #include "shardlm/train/model_runner.hpp"
@@ -442,7 +443,10 @@ void Trainer::open_metrics(int64_t start_step) {
                                {"threads", threads_.threads},
                                {"activation_checkpointing", o_.activation_checkpointing},
                                {"strategy", strategy_->name()},
+                               {"reshard_after_forward", o_.reshard_after_forward},
+                               {"shard_group_size", o_.shard_group_size},
                                {"world_size", world_}};
+  if (!o_.strategy_reason.empty()) run_config["strategy_auto"] = o_.strategy_reason;
   write_file_atomic((fs::path(o_.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
   truncate_metrics_after((fs::path(o_.out_dir) / "metrics.jsonl").string(), start_step);
   metrics_ = std::make_unique<MetricsWriter>((fs::path(o_.out_dir) / "metrics.jsonl").string());
@@ -526,7 +530,7 @@ TrainSummary run_training(const TrainOptions& options, const std::function<void(
       int64_t ready[1] = {1};  // the other ranks wait here (under --comm-timeout) for rank 0
       comm->all_reduce_blocking(std::span<int64_t>(ready, 1), ReduceOp::sum, "dataset prepared");
     }
-    summary = Trainer(options, *comm).run();
+    summary = Trainer(resolve_auto_strategy(options, *comm), *comm).run();
   } catch (const std::exception& e) {
     // One rank's error brings the whole job down (no peer left waiting).
     if (comm->size() > 1) comm->abort_job(std::string("error: ") + e.what());

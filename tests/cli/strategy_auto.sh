@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# train --strategy auto: the run takes plan's recommendation (the same choice as
+# `plan --strategy auto` for the same budget), says why on its first line, records the
+# chosen options in config.json and trains exactly as the explicitly chosen strategy
+# (same weights digest) at N=1 and N=2; a budget nothing fits is a one-line error
+# naming the smallest change; a resumed auto run ends on the straight run's digest.
+source "$(dirname "$0")/lib/common.sh" "$@"
+make_byte_data
+# No calibrated profile: the choice is plan's rule without step times (fewest bytes
+# on the wire among those that fit), independent of this machine's speed.
+export SHARDLM_PROFILE="$WORK/no-profile.json"
+SHAPE=(--model gpt2-tiny --n-layer 2 --n-embd 32 --n-head 2 --seq-len 32 --micro-batch 4)
+RUN=("${TINY[@]}" --data "$WORK/data" --steps 4 --global-batch 8)
+
+# The flags config.json says the run used, as train flags.
+flags_of() {
+  python3 - "$1/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+f = ["--strategy", c["strategy"]]
+if c["strategy"] == "hybrid": f += ["--shard-group-size", str(c["shard_group_size"])]
+if c["strategy"] in ("zero3", "hybrid"): f += ["--reshard-after-forward", str(c["reshard_after_forward"]).lower()]
+if c["activation_checkpointing"]: f += ["--activation-checkpointing"]
+assert c["strategy_auto"].startswith("strategy auto -> "), c
+print(" ".join(f))
+PY
+}
+
+# run_auto N NAME [flags...]: an auto run whose stdout's first line is the reason, then
+# the explicitly chosen run, which must end on the same digest.
+run_auto() {
+  local n="$1" name="$2"; shift 2
+  local launcher=()
+  [ "$n" -eq 1 ] || launcher=(run_mpi "$n")
+  "${launcher[@]}" "$SHARDLM" train "${RUN[@]}" --out "$WORK/$name" --strategy auto "$@" \
+    > "$WORK/$name.log" 2> "$WORK/$name.err" || { cat "$WORK/$name.err"; fail "auto run $name failed"; }
+  head -n 1 "$WORK/$name.log" | grep -q "^strategy auto -> " \
+    || fail "$name: first line is not the reason: $(head -n 1 "$WORK/$name.log")"
+  local chosen
+  chosen="$(flags_of "$WORK/$name")" || fail "$name: config.json lacks the chosen options"
+  # shellcheck disable=SC2086
+  "${launcher[@]}" "$SHARDLM" train "${RUN[@]}" --out "$WORK/$name-explicit" $chosen > /dev/null \
+    2> "$WORK/$name-explicit.err" || { cat "$WORK/$name-explicit.err"; fail "explicit run $name failed"; }
+  local a b
+  a="$(digest_of "$WORK/$name")"; b="$(digest_of "$WORK/$name-explicit")"
+  [ -n "$a" ] && [ "$a" = "$b" ] || fail "$name: auto ($a) and '$chosen' ($b) differ"
+  echo "$chosen"
+}
+
+# Plenty of memory: ddp, which moves the fewest bytes (N=1: nothing moves at all).
+chosen="$(run_auto 1 n1)"
+[ "$chosen" = "--strategy ddp" ] || fail "N=1 chose '$chosen', expected ddp"
+grep -q "^strategy auto -> ddp: fits with .* to spare and moves the fewest bytes" "$WORK/n1.log" \
+  || fail "N=1 reason: $(head -n 1 "$WORK/n1.log")"
+chosen="$(run_auto 2 n2)"
+[ "$chosen" = "--strategy ddp" ] || fail "N=2 chose '$chosen', expected ddp"
+
+# A budget just below ddp's: train picks what `plan --strategy auto` picks for it.
+ddp_total="$("$SHARDLM" plan "${SHAPE[@]}" -n 2 --global-batch 8 --data "$WORK/data" --strategy ddp --json \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"])')"
+budget="$(python3 -c "print('%.9f' % (($ddp_total - 1) / 2**30))")"
+plan_flags="$("$SHARDLM" plan "${SHAPE[@]}" -n 2 --global-batch 8 --data "$WORK/data" --strategy auto \
+  --memory-per-rank "$budget" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["flags"])')"
+chosen="$(run_auto 2 tight --memory-per-rank "$budget")"
+[ "$chosen" != "--strategy ddp" ] || fail "ddp chosen although it needs $ddp_total bytes > $budget GiB"
+normalize() { echo "$1" | sed 's/ --reshard-after-forward true//'; }
+[ "$(normalize "$chosen")" = "$(normalize "$plan_flags")" ] \
+  || fail "train chose '$chosen', plan recommends '$plan_flags' for $budget GiB"
+
+# Resume under auto: 4 steps saved at 2 and 4; the step-4 checkpoint dropped, the
+# resumed run must end on the straight run's digest.
+run_mpi 2 "$SHARDLM" train "${RUN[@]}" --out "$WORK/split" --strategy auto --save-every 2 \
+  --memory-per-rank "$budget" > /dev/null 2>&1 || fail "first run of the resume case failed"
+rm -rf "$WORK/split/checkpoints/step_00000004"
+echo step_00000002 > "$WORK/split/checkpoints/latest"
+run_mpi 2 "$SHARDLM" train "${RUN[@]}" --out "$WORK/split" --strategy auto --save-every 2 --resume \
+  --memory-per-rank "$budget" > "$WORK/resume.log" 2>&1 || { cat "$WORK/resume.log"; fail "resume failed"; }
+grep -q "resumed from" "$WORK/resume.log" || fail "did not resume"
+[ "$(digest_of "$WORK/split")" = "$(digest_of "$WORK/tight")" ] || fail "resumed auto run differs"
+
+# Nothing fits: one line naming the smallest change, non-zero exit, nothing written.
+# (A budget 1 byte below the smallest candidate, zero1 with activation checkpointing.)
+smallest="$("$SHARDLM" plan "${SHAPE[@]}" -n 1 --global-batch 8 --data "$WORK/data" --strategy zero1 \
+  --activation-checkpointing --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"])')"
+below="$(python3 -c "print('%.9f' % (($smallest - 1) / 2**30))")"
+expect_error "--strategy auto: nothing fits in [0-9.]* MiB per rank (.*): the smallest change that fits is --" \
+  "$SHARDLM" train "${RUN[@]}" --out "$WORK/none" --strategy auto --memory-per-rank "$below"
+[ ! -e "$WORK/none" ] || fail "a run that cannot fit wrote its run directory"
+expect_error "--memory-per-rank is the budget of --strategy auto" \
+  "$SHARDLM" train "${RUN[@]}" --out "$WORK/x" --strategy ddp --memory-per-rank 1
+expect_error "--memory-per-rank must be a finite number > 0" \
+  "$SHARDLM" train "${RUN[@]}" --out "$WORK/x" --strategy auto --memory-per-rank -1
+echo "1 passed, 0 failed"
