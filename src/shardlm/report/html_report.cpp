@@ -15,6 +15,7 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ccc
 table{border-collapse:collapse;font-size:12px;margin:8px 0}
 td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}
+table.kv td{text-align:left}
 .grid{display:flex;flex-wrap:wrap;gap:8px}.note{color:#555;font-size:12px}
 details{margin:10px 0}summary{cursor:pointer;font-weight:bold}
 </style>)";
@@ -33,9 +34,11 @@ std::string page(const std::string& title, const std::string& body) {
          "</h1>\n" + body + "</body></html>\n";
 }
 
+// css_class "kv": a key/value table (text, left-aligned) rather than columns of numbers.
 std::string table(const std::vector<std::string>& header,
-                  const std::vector<std::vector<std::string>>& rows) {
-  std::string s = "<table><tr>";
+                  const std::vector<std::vector<std::string>>& rows,
+                  const std::string& css_class = "") {
+  std::string s = css_class.empty() ? "<table><tr>" : "<table class=\"" + css_class + "\"><tr>";
   for (const auto& h : header) s += "<th>" + escape_html(h) + "</th>";
   s += "</tr>";
   for (const auto& r : rows) {
@@ -44,6 +47,19 @@ std::string table(const std::vector<std::string>& header,
     s += "</tr>";
   }
   return s + "</table>\n";
+}
+
+// "beta1=0.9, lr=0.001, ..." of a JSON object (floats as stored in fp32 read back
+// without their noise: init_std=0.02, not 0.019999999552965164).
+std::string key_values(const nlohmann::json& object) {
+  if (!object.is_object()) return object.dump();
+  std::string s;
+  for (auto it = object.begin(); it != object.end(); ++it)
+    s += (s.empty() ? "" : ", ") + it.key() + "=" +
+         (it.value().is_number_float() ? fmt::format("{:.6g}", it.value().get<double>())
+          : it.value().is_string()     ? it.value().get<std::string>()
+                                       : it.value().dump());
+  return s;
 }
 
 std::string label_of(const RunMetrics& run) {
@@ -102,18 +118,12 @@ std::string run_sections(const RunMetrics& run, const std::string& heading_prefi
   std::vector<std::vector<std::string>> rows;
   if (run.config.is_object()) {
     const auto& c = run.config;
-    rows.push_back({"model", c.contains("model") ? c.at("model").dump() : "?"});
+    rows.push_back({"model", c.contains("model") ? key_values(c.at("model")) : "?"});
     rows.push_back({"strategy x ranks", label_of(run)});
     rows.push_back({"threads per rank", std::to_string(c.value("threads", 0))});
-    if (c.contains("options") && c.at("options").is_object()) {
-      std::string options;
-      for (auto it = c.at("options").begin(); it != c.at("options").end(); ++it)
-        options += (options.empty() ? "" : ", ") + it.key() + "=" +
-                   (it.value().is_number_float() ? fmt::format("{:.6g}", it.value().get<double>())
-                    : it.value().is_string()     ? it.value().get<std::string>()
-                                                 : it.value().dump());
-      rows.push_back({"options", options});
-    }
+    if (c.contains("options") && c.at("options").is_object())
+      rows.push_back({"options", key_values(c.at("options"))});
+    if (c.contains("strategy_auto")) rows.push_back({"--strategy auto", c.value("strategy_auto", "")});
   }
   const SteadyState steady = steady_state(run);
   rows.push_back({"steps recorded", std::to_string(run.records.size())});
@@ -122,7 +132,7 @@ std::string run_sections(const RunMetrics& run, const std::string& heading_prefi
                                                                steady.step_ms, steady.tokens_per_s)});
   rows.push_back({"median exposed communication", fmt::format("{:.1f} ms of {:.1f} ms communicating",
                                                               steady.exposed_comm_ms, steady.comm_ms)});
-  s += table({heading_prefix + "run", run.dir}, rows);
+  s += table({heading_prefix + "run", run.dir}, rows, "kv");
 
   LineChart loss;
   loss.title = "Loss";
@@ -175,12 +185,17 @@ std::string bench_report_html(const BenchResult& bench, const std::vector<RunMet
   std::vector<std::vector<std::string>> setup;
   for (auto it = bench.setup.begin(); it != bench.setup.end(); ++it)
     setup.push_back({it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump()});
-  s += table({"setup", ""}, setup);
+  s += table({"setup", ""}, setup, "kv");
 
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : bench.rows) {
     const auto& m = r.measured;
     const auto& p = r.predicted;
+    double peak = 0, planned = 0;  // per rank, the categories both sides count
+    for (const char* c : {"params", "grads", "optimizer", "activations", "comm"}) {
+      peak += m.peak_bytes.count(c) ? m.peak_bytes.at(c) : 0;
+      planned += r.planned_bytes.count(c) ? r.planned_bytes.at(c) : 0;
+    }
     const auto pr = [&](double v) { return p.available ? fmt::format("{:.0f}", v) : std::string("-"); };
     const auto ratio = [&](double a, double b) {
       return p.available && b > 0 ? fmt::format("{:.2f}", a / b) : std::string("-");
@@ -190,11 +205,12 @@ std::string bench_report_html(const BenchResult& bench, const std::vector<RunMet
                     pr(p.step_ms), ratio(m.step_ms, p.step_ms),
                     fmt::format("{:.0f}", m.exposed_comm_ms), pr(p.exposed_comm_ms),
                     fmt::format("{:.1f}", mib(m.comm_bytes)), fmt::format("{:.1f}", mib(r.planned_wire_bytes)),
-                    r.flags});
+                    fmt::format("{:.1f}", mib(peak)), fmt::format("{:.1f}", mib(planned)), r.flags});
   }
   s += "<h2>Measured next to predicted</h2>";
   s += table({"run", "tokens/s", "predicted", "ratio", "step ms", "predicted", "ratio",
-              "exposed comm ms", "predicted", "MiB on wire", "planned", "flags"},
+              "exposed comm ms", "predicted", "MiB on wire", "planned", "peak MiB per rank",
+              "planned", "flags"},
              rows);
   s += "<p class=\"note\">Measured: medians of the steps after the first, rank 0. Predicted: "
        "`shardlm plan`'s step-time model on the bench's hardware profile (docs/planning.md). "
@@ -203,9 +219,10 @@ std::string bench_report_html(const BenchResult& bench, const std::vector<RunMet
   StackedBars time;
   time.title = "Step time: measured phases vs predicted (ms)";
   time.y_label = "ms";
-  time.categories = {"compute (measured phases)", "exposed communication", "other (measured)",
-                     "compute (predicted)", "overlap cost (predicted)"};
-  time.colors = {"#0072B2", "#D55E00", "#BBBBBB", "#56B4E9", "#E69F00"};
+  // Compute at the bottom of measured and predicted bars alike, communication above.
+  time.categories = {"compute (measured phases)", "compute (predicted)", "exposed communication",
+                     "overlap cost (predicted)", "other (measured)"};
+  time.colors = {"#0072B2", "#56B4E9", "#D55E00", "#E69F00", "#BBBBBB"};
   time.values.assign(5, {});
   StackedBars speed;
   speed.title = "Tokens/s: measured vs predicted";
@@ -221,15 +238,15 @@ std::string bench_report_html(const BenchResult& bench, const std::vector<RunMet
       compute += r.measured.phase_ms.count(k) ? r.measured.phase_ms.at(k) : 0;
     const double other = r.measured.phase_ms.count("other") ? r.measured.phase_ms.at("other") : 0;
     time.bars.push_back(r.label + " measured");
-    const double measured[] = {compute, r.measured.exposed_comm_ms, std::max(0.0, other), 0, 0};
+    const double measured[] = {compute, 0, r.measured.exposed_comm_ms, 0, std::max(0.0, other)};
     for (size_t k = 0; k < 5; ++k) time.values[k].push_back(measured[k]);
     speed.bars.push_back(r.label + " measured");
     speed.values[0].push_back(r.measured.tokens_per_s);
     speed.values[1].push_back(0);
     if (r.predicted.available) {
       time.bars.push_back(r.label + " predicted");
-      const double predicted[] = {0, r.predicted.exposed_comm_ms, 0, r.predicted.compute_ms,
-                                  r.predicted.overlap_cost_ms};
+      const double predicted[] = {0, r.predicted.compute_ms, r.predicted.exposed_comm_ms,
+                                  r.predicted.overlap_cost_ms, 0};
       for (size_t k = 0; k < 5; ++k) time.values[k].push_back(predicted[k]);
       speed.bars.push_back(r.label + " predicted");
       speed.values[0].push_back(0);

@@ -28,9 +28,9 @@ std::string palette_color(size_t index) {
   return kPalette[index % (sizeof(kPalette) / sizeof(kPalette[0]))];
 }
 
-std::vector<double> nice_ticks(double lo, double hi, int count) {
+std::vector<double> nice_ticks(double lo, double hi, int count, double min_step) {
   if (!(hi > lo)) hi = lo + 1;
-  const double raw = (hi - lo) / std::max(1, count);
+  const double raw = std::max((hi - lo) / std::max(1, count), min_step);
   const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
   double step = magnitude;
   for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
@@ -131,7 +131,12 @@ std::string line_chart_svg(const LineChart& c) {
   // Non-negative data keeps a non-negative axis.
   y0 = y0 >= 0 ? std::max(0.0, y0 - pad) : y0 - pad;
   y1 += pad;
-  const auto yt = nice_ticks(y0, y1, 5), xt = nice_ticks(x0, x1, 6);
+  const auto yt = nice_ticks(y0, y1, 5);
+  // Steps are whole numbers: no tick at step 1.5.
+  bool whole_x = true;
+  for (const auto& s : c.series)
+    for (double x : s.x) whole_x = whole_x && (!std::isfinite(x) || x == std::floor(x));
+  const auto xt = whole_x ? nice_ticks(x0, x1, 6, 1.0) : nice_ticks(x0, x1, 6);
   // A lone series named like the chart needs no legend.
   const bool with_legend = !(c.series.size() == 1 && c.series[0].name == c.title);
   const int legend_rows = with_legend ? static_cast<int>((c.series.size() + 3) / 4) : 0;

@@ -40,8 +40,9 @@ std::string sparkline_svg(const std::string& title, const std::vector<double>& x
 std::string escape_html(const std::string& text);
 std::string palette_color(size_t index);
 
-// Axis ticks: about `count` round values covering [lo, hi].
-std::vector<double> nice_ticks(double lo, double hi, int count);
+// Axis ticks: about `count` round values covering [lo, hi], at least min_step apart
+// (1: whole numbers, for steps).
+std::vector<double> nice_ticks(double lo, double hi, int count, double min_step = 0);
 std::string format_tick(double value);
 
 }  // namespace shardlm::report
