@@ -88,6 +88,28 @@ TEST(Recommend, WhenNothingFitsItNamesTheSmallestChangeThatDoes) {
   EXPECT_TRUE(contains(hopeless.explanation, "no change tried fits")) << hopeless.explanation;
 }
 
+TEST(Recommend, TheChangeIsJudgedLikeTheCandidatesAndNamesOnlyNewFlags) {
+  // A bf16 run at micro-batch 1, candidates with and without checkpointing: only more
+  // ranks fit (with checkpointing), and the advice names the fewest ranks that do and
+  // the candidate, without repeating --precision bf16 --micro-batch 1.
+  auto base = request("gpt2", 2, DType::bf16);
+  base.micro_batch = 1;
+  base.seq_len = 1024;
+  const auto c = plan_candidates(base, nullptr, {}, true);
+  auto wider = base;
+  wider.world_size = 4;
+  const auto at4 = plan_candidates(wider, nullptr, {}, true);
+  const double budget = total(at4, "zero3 + ckpt") + 1;
+  ASSERT_LT(budget, total(at4, "zero3"));
+  ASSERT_LT(budget, total(c, "zero3 + ckpt"));
+  const auto rec = recommend(c, budget, base, nullptr, {});
+  EXPECT_FALSE(rec.chosen);
+  EXPECT_TRUE(contains(rec.explanation, "the smallest change that fits is -n 4 (zero3 + ckpt:"))
+      << rec.explanation;
+  EXPECT_FALSE(contains(rec.explanation, "--precision")) << rec.explanation;
+  EXPECT_FALSE(contains(rec.explanation, "--micro-batch")) << rec.explanation;
+}
+
 TEST(Recommend, ASlowLinkBetweenNodesMakesHybridBeatZero3) {
   // gpt2 in bf16 on 2 nodes x 8 H100s: budget too small for ddp, enough for zero3
   // and hybrid. Over 1 Gbit/s between nodes zero3 sends ~3 Psi through each node's

@@ -115,7 +115,8 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
 
 // Step 4: the first change, in order, that lets some candidate fit: activation
 // checkpointing, bf16, a smaller micro-batch (same global batch), more ranks; then
-// all of them together.
+// all of them together. Where the candidates already varied checkpointing, so do
+// those of each change (the advice then names the "+ ckpt" candidate that fits).
 std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried,
                             const HardwareProfile* profile, const ClusterShape& cluster,
                             double budget) {
@@ -149,15 +150,21 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
     changes.push_back({fmt::format("--micro-batch {}", mb), with_micro_batch(base, mb)});
   for (int n = base.world_size * 2; n <= 4096; n *= 2)
     changes.push_back({fmt::format("-n {}", n), on_ranks(base, n)});
+  // All of them together, naming only the flags that change something (a bf16 run
+  // is not told to use bf16).
   RunPlanRequest all = with_micro_batch(in_bf16(with_checkpointing(base)), 1);
+  std::string all_flags;
+  if (!checkpointing_tried) all_flags += "--activation-checkpointing ";
+  if (base.model.precision == DType::fp32) all_flags += "--precision bf16 ";
+  if (base.micro_batch > 1) all_flags += "--micro-batch 1 ";
   for (int n = base.world_size * 2; n <= 4096; n *= 2)
-    changes.push_back({fmt::format("--activation-checkpointing --precision bf16 --micro-batch 1 -n {}", n),
-                       on_ranks(all, n)});
+    changes.push_back({fmt::format("{}-n {}", all_flags, n), on_ranks(all, n)});
   const int ranks_per_node = std::max(1, base.world_size / std::max(1, cluster.nodes));
   for (const Change& change : changes) {
     ClusterShape scaled = cluster;
     scaled.nodes = std::max(1, change.request.world_size / ranks_per_node);
-    const auto candidates = plan_candidates(change.request, profile, scaled, false);
+    // Each change is judged as the candidates were: with their checkpointing variants.
+    const auto candidates = plan_candidates(change.request, profile, scaled, checkpointing_tried);
     std::vector<size_t> eligible;
     for (size_t i = 0; i < candidates.size(); ++i)
       if (fits(candidates[i], budget)) eligible.push_back(i);
