@@ -56,7 +56,8 @@ nlohmann::json decide(const TrainOptions& o, int world_size, const JobShape& sha
   std::string note;
   if (in.profile) {
     bool has_precision = false;
-    for (const auto& c : in.profile->compute) has_precision = has_precision || c.by_precision.count(o.precision);
+    for (const auto& c : in.profile->compute)
+      has_precision = has_precision || c.by_precision.count(o.precision) > 0;
     if (!has_precision) {
       note = fmt::format(" (profile {} has no {} figures: decided without step times)",
                          default_profile_path(), o.precision);
