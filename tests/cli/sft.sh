@@ -2,7 +2,7 @@
 # `shardlm sft` end to end on real chat data (GSM8K problems): prepare into RUN/data and
 # train in one command, padded and packed rows, --epochs, ddp and zero3 bitwise equal at
 # N=2 with packing, a LoRA run exported as an adapter, resume (and a refused resume on
-# other data), Qwen's ChatML by default with Qwen's BPE, and one-line errors for bad flags.
+# other data), --strategy auto, Qwen's ChatML by default with Qwen's BPE, and one-line errors for bad flags.
 # Most runs use GPT-2's BPE (plain template): a 50k vocabulary keeps the tiny model's LM
 # head 3x cheaper than Qwen's 152k.
 source "$(dirname "$0")/lib/common.sh" "$@"
@@ -50,8 +50,9 @@ mv "$WORK/gsm.orig" "$WORK/gsm.jsonl"
 
 # LoRA: adapters only, exported as a PEFT adapter directory.
 "$SHARDLM" sft "${SFT[@]}" --val-fraction 0.1 --packing --micro-batch 4 --steps 2 --lora-rank 4 \
-  --out "$WORK/lora" > "$WORK/lora.log" 2>&1 || { cat "$WORK/lora.log"; fail "sft lora"; }
+  --strategy auto --memory-per-rank 4 --out "$WORK/lora" > "$WORK/lora.log" 2>&1 || { cat "$WORK/lora.log"; fail "sft lora"; }
 grep -q frozen "$WORK/lora.log" || fail "LoRA sft shows no frozen memory"
+grep -q "^strategy auto -> ddp: fits" "$WORK/lora.log" || { cat "$WORK/lora.log"; fail "sft --strategy auto did not choose"; }
 "$SHARDLM" export --checkpoint "$WORK/lora" --out "$WORK/adapter" > /dev/null
 [ -f "$WORK/adapter/adapter_config.json" ] || fail "LoRA sft exported no adapter"
 

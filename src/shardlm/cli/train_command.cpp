@@ -16,9 +16,6 @@ void register_train(CLI::App& app) {
   cmd->add_option("--out", opts->out_dir, "Run directory (metrics, checkpoints)")->required();
   add_run_shape_flags(*cmd, *opts);
   add_run_flags(*cmd, *opts);
-  cmd->add_option("--memory-per-rank", opts->memory_per_rank_gib,
-                  "--strategy auto: GiB each rank may use (default: the least, over the job's "
-                  "hosts, of a host's available memory shared among its ranks)");
   cmd->callback([opts]() {
     opts->validate();
     TrainSummary summary = run_training(*opts);
@@ -136,6 +133,9 @@ void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "Start from Hugging Face weights (a gpt2/llama/qwen2/qwen3 model directory with "
                   "config.json and model.safetensors or a sharded index, or a .safetensors file) "
                   "instead of random init");
+  cmd->add_option("--memory-per-rank", opts->memory_per_rank_gib,
+                  "--strategy auto: GiB each rank may use (default: the least, over the job's "
+                  "hosts, of a host's available memory shared among its ranks)");
   cmd->add_option("--comm-timeout", opts->comm_timeout,
                   "Seconds any wait on a collective may take before the job is aborted")
       ->capture_default_str();
