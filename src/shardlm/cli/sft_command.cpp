@@ -97,6 +97,11 @@ void register_sft(CLI::App& app) {
   cmd->add_flag("--no-truncate", flags->no_truncate, "An example longer than --max-len is an error");
   add_run_shape_flags(*cmd, *opts);
   add_run_flags(*cmd, *opts);
+  // The row length is --max-len: --seq-len stays as a flag only to say so.
+  cmd->get_option("--seq-len")->description("Not for sft: the row length is --max-len")->default_str("");
+  cmd->get_option("--lr")
+      ->description("Peak learning rate (default: 1e-4 with --lora-rank, else 1e-5)")
+      ->default_str("");
   cmd->callback([opts, flags, cmd]() {
     SHARDLM_CHECK(cmd->count("--seq-len") == 0, "sft: the row length is --max-len (no --seq-len)");
     SHARDLM_CHECK(flags->max_len >= 2, "--max-len must be >= 2, got {}", flags->max_len);
