@@ -92,9 +92,11 @@ class SftRowSource final : public BatchSource {
     o.seed = options.seed;
     o.pad_token = sft_meta_.end_of_text.value_or(0);
     train_sampler_.emplace(train_, o);
+    epoch_rows_ = train_sampler_->rows_in_epoch(0);
     if (val_.num_examples() > 0) {
       o.shuffle = false;
       val_sampler_.emplace(val_, o);
+      val_rows_ = val_sampler_->rows_in_epoch(0);
     }
   }
   const DatasetMeta& meta() const override { return meta_; }
@@ -121,12 +123,6 @@ class SftRowSource final : public BatchSource {
             {"train_tokens", train_.num_tokens()},
             {"packing", train_sampler_->options().batching == SftBatching::packed}};
   }
-  // After construction (rows of the first epoch need the sampler).
-  void count_rows() {
-    epoch_rows_ = train_sampler_->rows_in_epoch(0);
-    val_rows_ = val_sampler_ ? val_sampler_->rows_in_epoch(0) : 0;
-  }
-
  private:
   SftDatasetMeta sft_meta_;
   DatasetMeta meta_;
@@ -140,10 +136,8 @@ class SftRowSource final : public BatchSource {
 
 std::unique_ptr<BatchSource> open_batch_source(const std::string& data_dir,
                                                const BatchSourceOptions& options) {
-  if (!is_sft_dataset(data_dir)) return std::make_unique<TokenWindowSource>(data_dir, options);
-  auto source = std::make_unique<SftRowSource>(data_dir, options);
-  source->count_rows();
-  return source;
+  if (is_sft_dataset(data_dir)) return std::make_unique<SftRowSource>(data_dir, options);
+  return std::make_unique<TokenWindowSource>(data_dir, options);
 }
 
 }  // namespace shardlm
