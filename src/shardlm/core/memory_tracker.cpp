@@ -1,9 +1,9 @@
 #include "shardlm/core/memory_tracker.hpp"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -28,6 +28,18 @@ std::string_view to_string(MemCategory category) {
 MemoryTracker& MemoryTracker::global() {
   static MemoryTracker tracker;
   return tracker;
+}
+
+MemoryTracker& MemoryTracker::for_device(Device device) {
+  if (device.is_host()) return global();
+  // One tracker per GPU, made on first use and never destroyed (buffers may outlive
+  // any owner of a map).
+  static std::mutex mutex;
+  static std::map<int, std::unique_ptr<MemoryTracker>> trackers;
+  std::lock_guard lock(mutex);
+  auto& tracker = trackers[device.index];
+  if (!tracker) tracker = std::make_unique<MemoryTracker>();
+  return *tracker;
 }
 
 void MemoryTracker::on_alloc(MemCategory category, size_t bytes) {
@@ -89,14 +101,17 @@ nlohmann::json MemoryTracker::to_json() const {
 TrackedBuffer::TrackedBuffer(MemCategory category, size_t bytes, MemoryTracker& tracker)
     : bytes_(bytes), category_(category), tracker_(&tracker) {
   if (bytes == 0) return;
-  constexpr size_t kAlign = 64;
-  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  data_ = std::aligned_alloc(kAlign, rounded);
-  SHARDLM_CHECK(data_ != nullptr, "out of memory: could not allocate {} bytes for {}", bytes,
-                to_string(category));
-  // Huge pages make first touch ~35x cheaper on the VMs we measured; advisory only.
-  if (rounded >= (2u << 20)) madvise(data_, rounded, MADV_HUGEPAGE);
-  std::memset(data_, 0, rounded);
+  data_ = allocator_->allocate(bytes, to_string(category));
+  tracker_->on_alloc(category_, bytes_);
+}
+
+TrackedBuffer::TrackedBuffer(MemCategory category, size_t bytes, DeviceAllocator& allocator)
+    : bytes_(bytes),
+      category_(category),
+      tracker_(&MemoryTracker::for_device(allocator.device())),
+      allocator_(&allocator) {
+  if (bytes == 0) return;
+  data_ = allocator_->allocate(bytes, to_string(category));
   tracker_->on_alloc(category_, bytes_);
 }
 
@@ -104,7 +119,7 @@ TrackedBuffer::~TrackedBuffer() { release(); }
 
 void TrackedBuffer::release() {
   if (data_ != nullptr) {
-    std::free(data_);
+    allocator_->deallocate(data_, bytes_);
     tracker_->on_free(category_, bytes_);
   }
   data_ = nullptr;
@@ -115,7 +130,8 @@ TrackedBuffer::TrackedBuffer(TrackedBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       category_(other.category_),
-      tracker_(other.tracker_) {}
+      tracker_(other.tracker_),
+      allocator_(other.allocator_) {}
 
 TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
   if (this != &other) {
@@ -124,6 +140,7 @@ TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     category_ = other.category_;
     tracker_ = other.tracker_;
+    allocator_ = other.allocator_;
   }
   return *this;
 }
@@ -131,7 +148,7 @@ TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
 void* TrackedBuffer::grow_to(MemCategory category, size_t bytes) {
   if (bytes_ < bytes) {
     release();
-    *this = TrackedBuffer(category, bytes);
+    *this = TrackedBuffer(category, bytes, *allocator_);
   }
   return data_;
 }

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "shardlm/core/device.hpp"
+
 namespace shardlm {
 
 // frozen: parameters that do not train (a LoRA run's base model), wherever they are held.
@@ -22,8 +24,10 @@ class MemoryTracker {
  public:
   static constexpr int kNumCategories = static_cast<int>(MemCategory::count);
 
-  // The process-wide tracker (one per rank).
+  // The process-wide tracker of host memory (one per rank).
   static MemoryTracker& global();
+  // The tracker of a device's memory (the host's is global()).
+  static MemoryTracker& for_device(Device device);
 
   void on_alloc(MemCategory category, size_t bytes);
   void on_free(MemCategory category, size_t bytes);
@@ -45,13 +49,16 @@ class MemoryTracker {
   size_t peak_total_ = 0;
 };
 
-// A 64-byte aligned, zero-initialised buffer owned by one category. Move-only.
-// Pages are touched once at allocation (first touch is expensive in some VMs:
-// pay it at start-up, never in the step loop).
+// A 64-byte aligned, zero-initialised buffer owned by one category, on the device of
+// its allocator (the host unless given). Move-only. Host pages are touched once at
+// allocation (first touch is expensive in some VMs: pay it at start-up, never in the
+// step loop).
 class TrackedBuffer {
  public:
   TrackedBuffer() = default;
   TrackedBuffer(MemCategory category, size_t bytes, MemoryTracker& tracker = MemoryTracker::global());
+  // On the allocator's device, counted by that device's tracker.
+  TrackedBuffer(MemCategory category, size_t bytes, DeviceAllocator& allocator);
   ~TrackedBuffer();
   TrackedBuffer(TrackedBuffer&& other) noexcept;
   TrackedBuffer& operator=(TrackedBuffer&& other) noexcept;
@@ -65,6 +72,7 @@ class TrackedBuffer {
   }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
+  Device device() const { return allocator_->device(); }
   void release();
   // Scratch that grows to the largest request, then is reused: reallocates (releasing
   // first, so the peak never holds both) only when `bytes` exceeds the current size.
@@ -75,6 +83,7 @@ class TrackedBuffer {
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::other;
   MemoryTracker* tracker_ = nullptr;
+  DeviceAllocator* allocator_ = &host_allocator();
 };
 
 }  // namespace shardlm

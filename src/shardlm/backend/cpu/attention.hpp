@@ -30,24 +30,16 @@
 // kernels handle neither; see use_bf16_dot_products in attention.cpp).
 #pragma once
 
+#include "shardlm/backend/kernel_args.hpp"
+
 #include <cstdint>
 
 #include "shardlm/core/dtype.hpp"
 
 namespace shardlm::cpu {
 
-inline constexpr int kAttentionMaxHeadDim = 128;
-
-struct AttentionShape {
-  int B = 0, T = 0;
-  int n_head = 0;     // query heads
-  int n_kv_head = 0;  // key/value heads: n_head % n_kv_head == 0; == n_head for MHA
-  int head_dim = 0;   // 1 .. kAttentionMaxHeadDim
-
-  int group_size() const { return n_head / n_kv_head; }  // query heads per kv head
-  int64_t qkv_columns() const { return static_cast<int64_t>(n_head + 2 * n_kv_head) * head_dim; }
-  int64_t out_columns() const { return static_cast<int64_t>(n_head) * head_dim; }
-};
+using ::shardlm::AttentionShape;
+using ::shardlm::kAttentionMaxHeadDim;
 
 // out = softmax(q k^T / sqrt(hd), causal [, documents]) v per query head; lse kept for
 // the backward. key_begin: null, or [B*T] int32 where query position t of batch row

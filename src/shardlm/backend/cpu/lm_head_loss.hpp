@@ -12,26 +12,15 @@
 // results (dx, dweight) are fp32.
 #pragma once
 
+#include "shardlm/backend/kernel_args.hpp"
+
 #include <cstdint>
 
 #include "shardlm/core/dtype.hpp"
 
 namespace shardlm::cpu {
 
-struct LmHeadLossArgs {
-  ConstTypedPtr x;                   // [N, C] final hidden states (after ln_f)
-  ConstTypedPtr weight;              // [>= V, C] head weight (GPT-2: tied wte)
-  const int32_t* targets = nullptr;  // [N]; a negative target is ignored
-  int64_t N = 0;
-  int C = 0;
-  int V = 0;                         // real vocabulary size
-  float grad_scale = 1.0f;           // gradients are of grad_scale * sum(loss)
-  float* logits_scratch = nullptr;   // [chunk_rows, logits_stride]
-  TypedPtr dlogits_scratch;          // [chunk_rows, logits_stride] in x's type; only
-                                     // when x is not fp32 and gradients are wanted
-  int64_t logits_stride = 0;         // >= V (the padded vocabulary keeps rows aligned)
-  int chunk_rows = 0;
-};
+using ::shardlm::LmHeadLossArgs;
 
 // losses[n] = cross-entropy of row n (0 for ignored rows). If dx != nullptr:
 // dx [N, C] is OVERWRITTEN with grad_scale * dloss/dx and dweight [V, C] ACCUMULATES

@@ -3,6 +3,8 @@
 // it, and per head inside a fused qkv row (Qwen3's q_norm / k_norm).
 #pragma once
 
+#include "shardlm/backend/kernel_args.hpp"
+
 #include <cstdint>
 
 #include "shardlm/core/dtype.hpp"
@@ -17,11 +19,7 @@ namespace shardlm::cpu {
 // (k_norm: the same from the first k head, with n_kv_head heads). rstd holds one value
 // per vector: [rows * heads], vector (r, h) at r * heads + h. The weight has dim values,
 // shared by the heads.
-struct RmsNormShape {
-  int64_t rows = 0;
-  int heads = 1;
-  int dim = 0;
-};
+using ::shardlm::RmsNormShape;
 
 // y = x * rstd * weight, rstd kept for the backward. Statistics and arithmetic in fp32
 // on x as stored (x may be in a compute type); y is rounded once when stored in its

@@ -11,9 +11,9 @@ namespace shardlm::cpu {
 namespace {
 
 void check_rows(int64_t ld_out, int64_t ld_in, int64_t rows, int heads, int head_dim,
-                const int32_t* positions, const RopeTable& table) {
-  SHARDLM_CHECK(head_dim == table.head_dim(), "rope: head_dim {} but the table was built for {}",
-                head_dim, table.head_dim());
+                const int32_t* positions, const RopeTableView& table) {
+  SHARDLM_CHECK(head_dim == table.head_dim, "rope: head_dim {} but the table was built for {}",
+                head_dim, table.head_dim);
   SHARDLM_CHECK(heads > 0 && rows >= 0, "rope: {} heads and {} rows; expected heads > 0", heads,
                 rows);
   const int64_t width = static_cast<int64_t>(heads) * head_dim;
@@ -21,9 +21,9 @@ void check_rows(int64_t ld_out, int64_t ld_in, int64_t rows, int heads, int head
                 "rope: row strides {} and {} must hold {} heads of {} values", ld_out, ld_in,
                 heads, head_dim);
   for (int64_t r = 0; r < rows; ++r)
-    SHARDLM_CHECK(positions[r] >= 0 && positions[r] < table.max_positions(),
+    SHARDLM_CHECK(positions[r] >= 0 && positions[r] < table.max_positions,
                   "rope: position {} of row {} outside the table's [0, {})", positions[r], r,
-                  table.max_positions());
+                  table.max_positions);
 }
 
 }  // namespace
@@ -90,13 +90,13 @@ namespace {
 // (multiplying the sine by +-1 is exact).
 template <typename Writer>
 void rotate_rows(Writer writer, int64_t ld_y, const float* x, int64_t ld_x, int64_t rows,
-                 int heads, int head_dim, const int32_t* positions, const RopeTable& table,
+                 int heads, int head_dim, const int32_t* positions, const RopeTableView& table,
                  float sign) {
   const int half = head_dim / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* c = table.cos_row(positions[r]);
-    const float* s = table.sin_row(positions[r]);
+    const float* c = table.cos + static_cast<int64_t>(positions[r]) * (head_dim / 2);
+    const float* s = table.sin + static_cast<int64_t>(positions[r]) * (head_dim / 2);
     for (int h = 0; h < heads; ++h) {
       const float* in = x + r * ld_x + static_cast<int64_t>(h) * head_dim;
       const auto out = writer.at(r * ld_y + static_cast<int64_t>(h) * head_dim);
@@ -114,7 +114,7 @@ void rotate_rows(Writer writer, int64_t ld_y, const float* x, int64_t ld_x, int6
 }  // namespace
 
 void rope_forward(TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x, int64_t rows, int heads,
-                  int head_dim, const int32_t* positions, const RopeTable& table) {
+                  int head_dim, const int32_t* positions, const RopeTableView& table) {
   const PhaseScope phase(Phase::norms_elementwise);
   check_rows(ld_y, ld_x, rows, heads, head_dim, positions, table);
   with_writer(y, [&](auto writer) {
@@ -123,7 +123,7 @@ void rope_forward(TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x, int64_
 }
 
 void rope_backward(float* dx, int64_t ld_dx, const float* dy, int64_t ld_dy, int64_t rows,
-                   int heads, int head_dim, const int32_t* positions, const RopeTable& table) {
+                   int heads, int head_dim, const int32_t* positions, const RopeTableView& table) {
   const PhaseScope phase(Phase::norms_elementwise);
   check_rows(ld_dx, ld_dy, rows, heads, head_dim, positions, table);
   rotate_rows(Fp32Writer{dx}, ld_dx, dy, ld_dy, rows, heads, head_dim, positions, table, -1.0f);

@@ -8,6 +8,8 @@
 // and their cosines and sines are computed in double and stored in fp32 tables, once.
 #pragma once
 
+#include "shardlm/backend/kernel_args.hpp"
+
 #include <cstdint>
 #include <vector>
 
@@ -36,6 +38,12 @@ class RopeTable {
   // Row p of the tables: head_dim / 2 values each.
   const float* cos_row(int p) const { return cos_ + static_cast<int64_t>(p) * (head_dim_ / 2); }
   const float* sin_row(int p) const { return sin_ + static_cast<int64_t>(p) * (head_dim_ / 2); }
+  RopeTableView view() const { return {cos_, sin_, head_dim_, max_positions_}; }
+  // The host table is its own view (the CPU kernels read it in place).
+  operator RopeTableView() const { return view(); }  // NOLINT(google-explicit-constructor)
+  // The cos then sin tables, one after another (what a device copy of the table holds).
+  const float* data() const { return cos_; }
+  int64_t values() const { return static_cast<int64_t>(max_positions_) * head_dim_; }
 
  private:
   int head_dim_;
@@ -51,10 +59,10 @@ class RopeTable {
 // y's own storage when y is fp32 (in place). head_dim must be the table's, and
 // 0 <= positions[r] < max_positions (Error otherwise). Charged to norms_elementwise.
 void rope_forward(TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x, int64_t rows, int heads,
-                  int head_dim, const int32_t* positions, const RopeTable& table);
+                  int head_dim, const int32_t* positions, const RopeTableView& table);
 
 // dx = R(position)^T dy, the backward of rope_forward (fp32; dx may be dy, in place).
 void rope_backward(float* dx, int64_t ld_dx, const float* dy, int64_t ld_dy, int64_t rows,
-                   int heads, int head_dim, const int32_t* positions, const RopeTable& table);
+                   int heads, int head_dim, const int32_t* positions, const RopeTableView& table);
 
 }  // namespace shardlm::cpu

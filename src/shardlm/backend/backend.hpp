@@ -1,0 +1,156 @@
+// Backend: the one table of kernels the model, the optimizer and the strategies call
+// (DESIGN.md "kernels behind one table"; ggml's backend vtables are the model). The
+// CPU backend (backend/cpu/cpu_backend.cpp) forwards each entry to the cpu:: kernel of
+// the same name, so the CPU path computes exactly what it computed before the table
+// existed; the CUDA backend (backend/cuda/) implements the same contracts on a GPU.
+//
+// Contracts are the cpu:: kernels' (their headers document layouts, aliasing, what
+// accumulates and what is overwritten); every pointer a kernel takes is memory of the
+// backend's device (allocator()), except where an argument says "host". Kernels run in
+// order on the backend's stream: a kernel sees every earlier kernel's writes, and
+// synchronize() waits for all of them (the CPU backend runs each to completion before
+// returning). Results that the host reads (a loss, a sum of squares) come back through
+// host arguments and imply that wait.
+//
+// tests/unit/test_backend_ops.cpp runs every entry on every backend of this build
+// against the CPU backend (relative error, ggml's test-backend-ops), and reports a
+// backend whose device is absent as skipped.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "shardlm/core/device.hpp"
+#include "shardlm/core/dtype.hpp"
+#include "shardlm/backend/kernel_args.hpp"
+#include "shardlm/core/memory_tracker.hpp"
+
+namespace shardlm {
+
+struct ElementRange;
+struct AdamWConfig;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  // "cpu (onednn sgemm)", "cuda:0 (NVIDIA H200, cuBLASLt)": for logs and tables.
+  virtual std::string description() const = 0;
+  // Allocates the device's memory; TrackedBuffer(category, bytes, allocator()).
+  virtual DeviceAllocator& allocator() = 0;
+  MemoryTracker& memory_tracker() { return MemoryTracker::for_device(device()); }
+
+  // --- memory movement (bytes) -------------------------------------------------
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;          // device -> device
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Waits until every kernel issued so far has finished.
+  virtual void synchronize() = 0;
+
+  // --- GEMM and conversions ----------------------------------------------------
+  // C[M,N] (fp32) = alpha op(A) op(B) + beta C, row-major with row strides, operands
+  // fp32 or a compute type, fp32 accumulation (cpu::gemm). beta == 0 ignores C.
+  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                    ConstTypedPtr A, int lda, ConstTypedPtr B, int ldb, float beta, float* C,
+                    int ldc) = 0;
+  virtual void convert(TypedPtr dst, ConstTypedPtr src, int64_t n) = 0;
+  virtual void convert_rows(TypedPtr dst, int64_t ld_dst, ConstTypedPtr src, int64_t ld_src,
+                            int64_t rows, int64_t cols) = 0;
+  virtual void round_to(DType dtype, float* dst, const float* src, int64_t n) = 0;
+
+  // --- elementwise around GEMMs (cpu/bias.hpp, gelu.hpp, swiglu.hpp) -----------
+  virtual void add_bias(float* out, const float* bias, int64_t N, int M) = 0;
+  virtual void add_bias(TypedPtr out, const float* in, const float* bias, int64_t N, int M) = 0;
+  virtual void residual_add_bias(float* out, const float* a, const float* branch,
+                                 const float* bias, int64_t N, int M) = 0;
+  virtual void bias_backward(float* dbias, const float* dout, int64_t N, int M) = 0;
+  virtual void bias_gelu_forward(TypedPtr out, TypedPtr pre_out, const float* pre_in,
+                                 const float* bias, int64_t N, int M) = 0;
+  virtual void gelu_backward(float* dinp, const float* dout, ConstTypedPtr pre,
+                             int64_t count) = 0;
+  virtual void swiglu_forward(TypedPtr h, TypedPtr gate_up_out, const float* gate_up_in,
+                              int64_t N, int I) = 0;
+  virtual void swiglu_backward(float* dgate_up, const float* dh, ConstTypedPtr gate_up,
+                               int64_t N, int I) = 0;
+
+  // --- norms (cpu/layernorm.hpp, rmsnorm.hpp) ------------------------------------
+  virtual void layernorm_forward(TypedPtr out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int64_t N, int C) = 0;
+  virtual void residual_layernorm_forward(float* residual, TypedPtr out, float* mean,
+                                          float* rstd, const float* a, const float* branch,
+                                          const float* branch_bias, const float* weight,
+                                          const float* bias, int64_t N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int64_t N, int C) = 0;
+  virtual void rmsnorm_forward(TypedPtr y, int64_t ld_y, float* rstd, ConstTypedPtr x,
+                               int64_t ld_x, const float* weight, const RmsNormShape& shape,
+                               float eps) = 0;
+  virtual void residual_rmsnorm_forward(float* residual, TypedPtr y, float* rstd,
+                                        const float* a, const float* branch,
+                                        const float* branch_bias, const float* weight,
+                                        int64_t N, int C, float eps) = 0;
+  virtual void rmsnorm_backward(float* dx, int64_t ld_dx, float* dweight, const float* dy,
+                                int64_t ld_dy, ConstTypedPtr x, int64_t ld_x,
+                                const float* weight, const float* rstd,
+                                const RmsNormShape& shape, bool accumulate_dx) = 0;
+
+  // --- positions, attention, embeddings -----------------------------------------
+  // positions: device memory, each already checked by the caller to lie in
+  // [0, table.max_positions).
+  virtual void rope_forward(TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x,
+                            int64_t rows, int heads, int head_dim, const int32_t* positions,
+                            const RopeTableView& table) = 0;
+  virtual void rope_backward(float* dx, int64_t ld_dx, const float* dy, int64_t ld_dy,
+                             int64_t rows, int heads, int head_dim, const int32_t* positions,
+                             const RopeTableView& table) = 0;
+  // key_begin: device memory or null, already checked by the caller (0 <= kb <= t).
+  virtual void attention_forward(TypedPtr out, float* lse, ConstTypedPtr qkv,
+                                 const AttentionShape& s, const int32_t* key_begin) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv,
+                                  ConstTypedPtr out, const float* lse, const AttentionShape& s,
+                                  const int32_t* key_begin) = 0;
+  virtual void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte,
+                                 ConstTypedPtr wpe, int B, int T, int C, DType value_type,
+                                 const int32_t* positions) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                  const int32_t* tokens, int B, int T, int C,
+                                  const int32_t* positions) = 0;
+
+  // --- loss ----------------------------------------------------------------------
+  // losses: [N] on the device (cpu::lm_head_cross_entropy).
+  virtual void lm_head_cross_entropy(const LmHeadLossArgs& args, float* losses, float* dx,
+                                     float* dweight) = 0;
+  // Sum of n device floats in double (the loss), returned to the host; the CPU
+  // backend sums in index order.
+  virtual double sum(const float* data, int64_t n) = 0;
+
+  // --- quantized weights ---------------------------------------------------------
+  virtual void nf4_dequantize(const void* in, int64_t n, TypedPtr out) = 0;
+
+  // --- optimizer (optim/adamw.hpp) ------------------------------------------------
+  // decay_ranges: host memory.
+  virtual void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
+                            std::span<const ElementRange> decay_ranges, float lr,
+                            float grad_multiplier, int64_t step, const AdamWConfig& config,
+                            TypedPtr rounded_params) = 0;
+  // Sum of squares in double (the global gradient norm), returned to the host.
+  virtual double sum_of_squares(const float* data, int64_t n) = 0;
+};
+
+// The host's backend (always present).
+Backend& cpu_backend();
+// The backend of a device: the CPU backend for the host; for CUDA the GPU's backend,
+// made on first use. Error naming the device when this build has no CUDA backend
+// (built without nvcc) or the machine has no such GPU.
+Backend& backend_for(Device device);
+// Whether this build compiled the CUDA backend, and how many GPUs it sees (0 without).
+bool cuda_backend_compiled();
+int cuda_device_count();
+
+}  // namespace shardlm
