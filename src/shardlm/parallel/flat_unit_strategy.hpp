@@ -25,39 +25,27 @@
 // global norm is summed over the same slices, and AdamW is element-wise, so at a
 // fixed world size all strategies give bitwise-identical weights (without gradient
 // accumulation; with it, zero2/zero3 reduce every micro-batch).
+//
+// The state of each flat unit lives in a FlatUnit (flat_unit.hpp), the pooled
+// buffers in BufferPools, ddp/zero1's buckets in GradBuckets; this class is the
+// schedule: which unit gathers, reduces and releases when.
 #pragma once
 
 #include <deque>
 #include <memory>
 #include <vector>
 
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/comm/communicator.hpp"
 #include "shardlm/core/memory_tracker.hpp"
+#include "shardlm/parallel/buffer_pool.hpp"
+#include "shardlm/parallel/flat_unit.hpp"
+#include "shardlm/parallel/grad_bucket.hpp"
 #include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/strategy_buffer_plan.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
-
-// What a strategy allocates per rank at start-up (it allocates nothing later): the
-// one arithmetic the constructor follows and `shardlm plan` reports.
-struct StrategyBufferPlan {
-  bool shard_params = false, shard_grads = false, shard_optimizer = false;
-  DType param_type = DType::fp32;   // of what the model reads (gathered or copied)
-  bool compute_copy = false;        // replicated params also kept in param_type (bf16)
-  std::vector<bool> shared_unit;    // flat units another model unit reads (tied head)
-  int64_t largest_private_unit = 0; // elements
-  int64_t gather_buffer_bytes = 0;  // zero3/hybrid: one gather buffer (largest private unit)
-  int64_t largest_trainable_private_unit = 0;  // what a transient gradient buffer holds
-  int param_pool = 0;               // zero3/hybrid gather buffers of that size
-  int grad_pool = 0;                // zero2/zero3 transient gradient buffers of that size
-  int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
-  int64_t frozen_bytes = 0;  // frozen units' parameters (masters and compute copies)
-  // Raw units (quantized, UnitLayout::raw) are handed out, gathered and kept as stored:
-  // fp32 words, no compute copy.
-  // zero3/hybrid: all-gathers of each flat unit per training micro-batch (a unit that
-  // consecutive steps need stays gathered between them).
-  std::vector<int> gathers_per_micro_batch;
-};
 
 class FlatUnitStrategy : public Strategy {
  public:
@@ -86,10 +74,13 @@ class FlatUnitStrategy : public Strategy {
   // layout must be built for partition_size(options, world.size()) ranks. unit_needs[m]
   // lists the model units whose parameters model unit m reads
   // (Gpt2Model::units_needed_for). Hooks take model units; buffers, collectives and
-  // owned slices are per flat layout unit (one or more model units).
+  // owned slices are per flat layout unit (one or more model units). Buffers are
+  // counted by `tracker`; the strategy's kernels (rounding, zeroing, the norm) run on
+  // `backend`, whose device must be the host until buffers are allocated on devices.
   FlatUnitStrategy(const ParamLayout& layout, std::vector<std::vector<int>> unit_needs,
                    Communicator& world, const StrategyOptions& options,
-                   MemoryTracker& tracker = MemoryTracker::global());
+                   MemoryTracker& tracker = MemoryTracker::global(),
+                   Backend& backend = cpu_backend());
   ~FlatUnitStrategy() override;
 
   std::string name() const override { return to_string(options_.kind); }
@@ -123,36 +114,29 @@ class FlatUnitStrategy : public Strategy {
   // Gradient reductions still queued or running.
   int pending_reductions() const;
   // DDP/zero1 bucket assignment (units per bucket, in launch order), for tests.
-  const std::vector<std::vector<int>>& buckets() const { return buckets_; }
+  std::vector<std::vector<int>> buckets() const;
 
  private:
   static bool step_needs(const std::vector<Step>& schedule, const FlatNeeds& needs, size_t step,
                          int unit);
-  struct PendingReduce {
-    int unit;
-    Work work;
-  };
-  enum class GatherState { none, in_flight, ready };
+  FlatUnit& unit(int index) { return units_[static_cast<size_t>(index)]; }
 
-  // zero3: gathered parameter buffers.
+  // zero3/hybrid: gathered parameters, per the schedule.
   void ensure_gathered(int unit);
-  void start_gather(int unit);
-  void release_params(int unit);
   void prefetch_after(size_t cursor);
   void release_after(size_t cursor);
   size_t schedule_index(bool backward, int model_unit) const;
-  // Replicated params in a bf16 run: waits for the unit's pending all-gather, then
-  // rounds its fp32 parameters into the bf16 copy if they changed since (after_step,
+  // Replicated params: waits for the unit's pending all-gather, then (bf16) rounds its
+  // fp32 parameters into the compute copy if they changed since (after_step,
   // after_load).
-  void refresh_compute_params(int unit);
+  void refresh_replicated_params(int unit);
   // zero1/zero2: all-gather the owners' parameter slices (after a step, or a load, which
   // also covers the frozen units); every strategy: mark compute copies stale.
   void gather_updated_params(bool frozen_too);
-  // zero2/zero3: transient full-unit gradient buffers.
+  // zero2/zero3: a transient full-unit gradient buffer for the unit, once its previous
+  // reduction (and, for a pool buffer, the oldest ones) finished.
   void acquire_grads(int unit);
   void consume_oldest_reduce();
-  void launch_bucket(size_t bucket);
-  float* owned_grad_slice(int unit);
 
   const ParamLayout& layout_;
   std::vector<std::vector<int>> unit_needs_;  // per model unit: flat units it reads
@@ -163,55 +147,28 @@ class FlatUnitStrategy : public Strategy {
   Communicator* shard_;    // partition communicator (world unless hybrid)
   Communicator* replica_;  // hybrid only: same shard index across groups
   const StrategyOptions options_;
-  MemoryTracker& tracker_;
   const int num_units_;
   const int num_model_units_;
-  int shard_rank_, shard_size_;
-  const bool shard_params_, shard_grads_, shard_optimizer_;
-  std::vector<bool> shared_unit_;  // read by another unit (kept in dedicated buffers)
-  std::vector<bool> trainable_;    // per flat unit: frozen units have no grads/optimizer
-  std::vector<bool> raw_;          // per flat unit: stored words (quantized), never converted
-  DType unit_param_type(size_t u) const { return raw_[u] ? DType::fp32 : param_type_; }
-
-  std::vector<TrackedBuffer> full_params_, owned_params_, full_grads_, owned_grads_;
-  std::vector<TrackedBuffer> adam_m_, adam_v_;
-  const DType param_type_;                   // of what params() hands out
+  const bool shard_params_, shard_grads_;
   const WireType reduce_wire_;
-  std::vector<TypedPtr> param_ptrs_;    // per flat unit
-  std::vector<float*> grad_ptrs_;            // per flat unit
+
+  std::vector<FlatUnit> units_;                  // per flat unit
   std::vector<ConstTypedPtr> model_param_ptrs_;  // per model unit (what the model reads)
   std::vector<float*> model_grad_ptrs_;
 
-  // zero3 parameter gathering
-  std::vector<TrackedBuffer> param_pool_;
-  std::vector<int> free_param_buffers_;
-  std::vector<TrackedBuffer> dedicated_params_;  // per unit; only shared units
-  std::vector<int> param_buffer_of_;             // pool index, -1 none, -2 dedicated
-  std::vector<GatherState> gather_state_;
-  std::vector<Work> gather_work_;
+  // zero3/hybrid parameter gathering
+  BufferPool gather_buffers_;
   std::vector<Step> train_schedule_, eval_schedule_;
   const std::vector<Step>* schedule_ = &train_schedule_;
   bool training_ = false;
 
   // zero2/zero3 gradient reduction
-  std::vector<TrackedBuffer> grad_pool_;
-  std::vector<int> free_grad_buffers_;
-  std::vector<TrackedBuffer> dedicated_grads_;
-  std::vector<int> grad_buffer_of_;
-  std::deque<PendingReduce> pending_reduces_;
+  BufferPool grad_buffers_;
+  std::deque<int> pending_reduces_;  // units whose reduce-scatter is in flight, oldest first
 
-  // ddp/zero1 buckets
-  std::vector<std::vector<int>> buckets_;
-  std::vector<int> bucket_of_unit_;
-  std::vector<Work> bucket_works_;
+  // ddp/zero1 buckets, in launch order
+  std::vector<GradBucket> buckets_;
   int num_micro_batches_ = 1;
-
-  // zero1/zero2: all-gather of updated params, waited before next use
-  std::vector<Work> param_sync_;
-  // ddp/zero1/zero2 in bf16: the model reads these copies of full_params_
-  bool compute_copy_ = false;
-  std::vector<TrackedBuffer> compute_params_;
-  std::vector<bool> compute_params_stale_;
 };
 
 }  // namespace shardlm

@@ -1,0 +1,217 @@
+#include "shardlm/parallel/flat_unit.hpp"
+
+#include <string>
+
+#include "shardlm/core/error.hpp"
+
+namespace shardlm {
+
+namespace {
+
+TrackedBuffer floats(MemCategory category, int64_t count, MemoryTracker& tracker) {
+  return TrackedBuffer(category, static_cast<size_t>(count) * sizeof(float), tracker);
+}
+
+TrackedBuffer elements(MemCategory category, DType type, int64_t count, MemoryTracker& tracker) {
+  return TrackedBuffer(category, static_cast<size_t>(count) * dtype_bytes(type), tracker);
+}
+
+}  // namespace
+
+FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPlan& plan,
+                   int shard_rank, MemoryTracker& tracker, Backend& backend)
+    : layout_(layout.units[static_cast<size_t>(index)]),
+      backend_(backend),
+      numel_(layout_.padded_numel),
+      slice_numel_(layout_.shard_numel(layout.world_size)),
+      slice_begin_(shard_rank * slice_numel_),
+      shared_(plan.shared_unit[static_cast<size_t>(index)]),
+      shard_params_(plan.shard_params),
+      shard_grads_(plan.shard_grads),
+      whole_unit_owned_(!plan.shard_optimizer),
+      compute_copy_(plan.compute_copy && !layout_.raw),
+      param_type_(layout_.raw ? DType::fp32 : plan.param_type) {
+  SHARDLM_CHECK(!layout_.raw || !layout_.trainable, "internal: raw unit {} is trainable",
+                layout_.name);
+  // Allocated in this order so that the tracker sees what it always saw (the plan's
+  // arithmetic is checked against it byte for byte).
+  const MemCategory param_category = trainable() ? MemCategory::params : MemCategory::frozen;
+  if (shard_params_) {
+    owned_params_ = floats(param_category, slice_numel_, tracker);
+  } else {
+    full_params_ = floats(param_category, numel_, tracker);
+    if (compute_copy_) {
+      compute_params_ = elements(param_category, param_type_, numel_, tracker);
+      params_ = TypedPtr(compute_params_.data(), param_type_);
+    } else {
+      params_ = full_params_.as<float>();
+    }
+  }
+  if (shared_ && shard_params_)
+    dedicated_params_ = elements(MemCategory::params, param_type_, numel_, tracker);
+  if (!trainable()) return;  // no gradients, no optimizer state
+  if (shard_grads_) {
+    owned_grads_ = floats(MemCategory::grads, slice_numel_, tracker);
+  } else {
+    full_grads_ = floats(MemCategory::grads, numel_, tracker);
+    grads_ = full_grads_.as<float>();
+  }
+  const int64_t optimizer_numel = whole_unit_owned_ ? numel_ : slice_numel_;
+  adam_m_ = floats(MemCategory::optimizer, optimizer_numel, tracker);
+  adam_v_ = floats(MemCategory::optimizer, optimizer_numel, tracker);
+  if (shared_ && shard_grads_) dedicated_grads_ = floats(MemCategory::grads, numel_, tracker);
+}
+
+const float* FlatUnit::replicated_params() const {
+  return shard_params_ ? nullptr : full_params_.as<float>();
+}
+
+OwnedSlice FlatUnit::owned() {
+  const int64_t begin = whole_unit_owned_ ? 0 : slice_begin_;
+  const int64_t end = whole_unit_owned_ ? numel_ : slice_begin_ + slice_numel_;
+  float* master = shard_params_ ? owned_params_.as<float>() : full_params_.as<float>() + begin;
+  // A frozen unit: its parameters only (loaded, checkpointed, never updated).
+  if (!trainable()) return {begin, end, master, nullptr, nullptr, nullptr, {}};
+  float* grad = shard_grads_ ? owned_grads_.as<float>() : full_grads_.as<float>() + begin;
+  // Only an optimizer that updates the whole unit can keep the compute copy current.
+  const TypedPtr compute_copy = whole_unit_owned_ && compute_copy_ ? params_ : TypedPtr();
+  return {begin, end, master, grad, adam_m_.as<float>(), adam_v_.as<float>(), compute_copy};
+}
+
+// ---- zero3/hybrid: gathering --------------------------------------------------------
+
+void FlatUnit::start_gather(BufferPool& pool, Communicator& shard) {
+  void* buffer = nullptr;
+  if (shared_) {
+    buffer = dedicated_params_.data();
+  } else {
+    SHARDLM_CHECK(pool.has_free(), "internal: no free gather buffer for unit {} (pool of {})",
+                  name(), pool.size());
+    gather_slot_ = pool.acquire();
+    buffer = pool.data(gather_slot_);
+  }
+  const TypedPtr gathered(buffer, param_type_);
+  const std::string label = "all_gather params unit " + name();
+  const float* owned = owned_params_.as<float>();
+  if (gathered.dtype == DType::fp32) {  // raw units' words travel as they are
+    gather_ = shard.all_gather(owned, gathered.f32(), static_cast<size_t>(slice_numel_), label);
+  } else {
+    // This rank's block is rounded in place in the gather buffer, then gathered.
+    const TypedPtr mine = gathered.at(slice_begin_);
+    backend_.convert(mine, owned, slice_numel_);
+    gather_ = shard.all_gather_bytes(
+        mine.data, buffer, static_cast<size_t>(slice_numel_) * dtype_bytes(param_type_), label);
+  }
+  gather_state_ = GatherState::in_flight;
+  params_ = gathered;
+}
+
+void FlatUnit::finish_gather() {
+  if (gather_state_ != GatherState::in_flight) return;
+  gather_.wait();
+  gather_state_ = GatherState::ready;
+}
+
+void FlatUnit::release_gather(BufferPool& pool) {
+  if (gather_state_ == GatherState::none) return;
+  gather_.wait();
+  if (gather_slot_ != kNoSlot) pool.release(gather_slot_);
+  gather_slot_ = kNoSlot;
+  gather_state_ = GatherState::none;
+  params_ = TypedPtr();
+}
+
+// ---- zero1/zero2: replicated parameters ---------------------------------------------
+
+void FlatUnit::start_param_sync(Communicator& shard) {
+  float* full = full_params_.as<float>();
+  param_sync_ = shard.all_gather(full + slice_begin_, full, static_cast<size_t>(slice_numel_),
+                                 "all_gather params unit " + name());
+}
+
+void FlatUnit::finish_param_sync() { param_sync_.wait(); }
+
+void FlatUnit::refresh_compute_copy() {
+  if (!compute_copy_ || !compute_copy_stale_) return;
+  backend_.convert(params_, full_params_.as<float>(), numel_);
+  compute_copy_stale_ = false;
+}
+
+void FlatUnit::broadcast_params(Communicator& shard, int root) {
+  shard.broadcast(full_params_.data(), full_params_.bytes(), root,
+                  "broadcast initial params unit " + name())
+      .wait();
+}
+
+// ---- zero2/zero3: transient gradients -----------------------------------------------
+
+void FlatUnit::acquire_grads(BufferPool& pool) {
+  float* buffer = nullptr;
+  if (shared_) {
+    buffer = dedicated_grads_.as<float>();
+  } else {
+    SHARDLM_CHECK(pool.has_free(), "internal: no free gradient buffer for unit {}", name());
+    grad_slot_ = pool.acquire();
+    buffer = static_cast<float*>(pool.data(grad_slot_));
+  }
+  backend_.fill_zero(buffer, static_cast<size_t>(numel_) * sizeof(float));
+  grads_ = buffer;
+}
+
+void FlatUnit::start_reduce(Communicator& shard, WireType wire) {
+  reduce_ = shard.reduce_scatter(grads_, grads_ + slice_begin_, static_cast<size_t>(slice_numel_),
+                                 ReduceOp::sum, "reduce_scatter grads unit " + name(), wire);
+  reduce_pending_ = true;
+}
+
+void FlatUnit::finish_reduce(Communicator* replica, BufferPool& pool) {
+  reduce_.wait();
+  reduce_pending_ = false;
+  float* reduced = grads_ + slice_begin_;
+  const int64_t n = slice_numel_;
+  if (replica != nullptr)
+    replica->all_reduce(reduced, static_cast<size_t>(n), ReduceOp::sum,
+                        "all_reduce grads across replicas unit " + name())
+        .wait();
+  // The owned gradient accumulates over micro-batches. The backend table has no
+  // element-wise add, so this stays a host loop (a device backend needs one).
+  float* owned = owned_grads_.as<float>();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) owned[i] += reduced[i];
+  if (grad_slot_ != kNoSlot) pool.release(grad_slot_);
+  grad_slot_ = kNoSlot;
+  grads_ = nullptr;
+}
+
+// ---- ddp/zero1: full gradients --------------------------------------------------------
+
+Work FlatUnit::start_reduce_in_place(Communicator& shard, WireType wire) {
+  float* grads = full_grads_.as<float>();
+  return shard.reduce_scatter(grads, grads + slice_begin_, static_cast<size_t>(slice_numel_),
+                              ReduceOp::sum, "reduce_scatter grads unit " + name(), wire);
+}
+
+Work FlatUnit::start_gather_reduced(Communicator& shard) {
+  float* grads = full_grads_.as<float>();
+  return shard.all_gather(grads + slice_begin_, grads, static_cast<size_t>(slice_numel_),
+                          "all_gather grads unit " + name());
+}
+
+// ---- every strategy -------------------------------------------------------------------
+
+void FlatUnit::zero_reduced_grads() {
+  TrackedBuffer& reduced = shard_grads_ ? owned_grads_ : full_grads_;
+  backend_.fill_zero(reduced.data(), reduced.bytes());  // frozen units hold none
+}
+
+float* FlatUnit::reduced_grad_slice() {
+  if (shard_grads_) return owned_grads_.as<float>();
+  return full_grads_.as<float>() + slice_begin_;
+}
+
+double FlatUnit::reduced_grad_sum_of_squares() {
+  SHARDLM_ASSERT(trainable());
+  return backend_.sum_of_squares(reduced_grad_slice(), slice_numel_);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,134 @@
+// FlatUnit: one flat layout unit's state on this rank under a FlatUnitStrategy: its
+// buffers (fp32 master, gradients, AdamW moments, compute copy, the dedicated full
+// buffers of a shared unit), what the model reads and accumulates into right now,
+// and the collectives in flight on it, each as a start_*/finish_* pair. One object
+// per unit, as PyTorch FSDP2's FSDPParamGroup, so that a device backend can attach
+// its streams and events to the unit they order. The strategy decides which unit
+// starts and finishes what, and when (the schedule); a unit decides how (which
+// buffer, which collective, which kernel).
+//
+// Which buffers a unit keeps follows StrategyBufferPlan (the table in
+// flat_unit_strategy.hpp); the rank owns elements [slice_begin, slice_begin +
+// slice_numel) of the unit, its slice of the partition.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardlm/backend/backend.hpp"
+#include "shardlm/comm/communicator.hpp"
+#include "shardlm/core/memory_tracker.hpp"
+#include "shardlm/model/param_layout.hpp"
+#include "shardlm/parallel/buffer_pool.hpp"
+#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/strategy_buffer_plan.hpp"
+
+namespace shardlm {
+
+class FlatUnit {
+ public:
+  // Allocates the unit's own buffers as `plan` says (unit `index` of the layout the
+  // plan was made for), counted by `tracker`; kernels run on `backend`.
+  FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPlan& plan,
+           int shard_rank, MemoryTracker& tracker, Backend& backend);
+
+  const std::string& name() const { return layout_.name; }
+  bool trainable() const { return layout_.trainable; }
+  // Another model unit reads it (a tied head): it is gathered and accumulated in
+  // dedicated full buffers rather than pool buffers.
+  bool shared() const { return shared_; }
+
+  // What the model reads (null while not gathered) and accumulates into (null while
+  // no gradient buffer is held or the unit is frozen).
+  TypedPtr params() const { return params_; }
+  float* grads() const { return grads_; }
+  // The full fp32 master when parameters are replicated (ddp, zero1, zero2), else null.
+  const float* replicated_params() const;
+  // What the optimizer and checkpoints see (Strategy::owned): the owned slice, or the
+  // whole unit where the optimizer state is replicated (ddp).
+  OwnedSlice owned();
+
+  // --- zero3/hybrid: gathering the owned parameter slices ------------------------------
+  // Takes a gather buffer (the dedicated one for a shared unit, else one of `pool`),
+  // rounds this rank's slice into it in the model's type and all-gathers.
+  void start_gather(BufferPool& pool, Communicator& shard);
+  // Waits for the gather started last, if still in flight.
+  void finish_gather();
+  // Waits for any gather in flight and gives its buffer back; params() becomes null.
+  void release_gather(BufferPool& pool);
+  bool gathered() const { return gather_state_ != GatherState::none; }
+
+  // --- zero1/zero2: replicated parameters after the owners updated their slices --------
+  // All-gathers the owners' updated slices into the full master in place.
+  void start_param_sync(Communicator& shard);
+  void finish_param_sync();
+  // The compute copy no longer matches the master (refresh_compute_copy rebuilds it).
+  void mark_compute_copy_stale() { compute_copy_stale_ = true; }
+  // Rounds the master into the compute copy if it is stale (bf16 runs of the replicated
+  // strategies: once per step instead of by the model at every use).
+  void refresh_compute_copy();
+  // ddp's sync_module_states: the replica of `root` overwrites every other replica.
+  void broadcast_params(Communicator& shard, int root);
+
+  // --- zero2/zero3: transient full gradient and its reduce-scatter ---------------------
+  // Takes a zeroed full gradient buffer (the dedicated one for a shared unit, else one
+  // of `pool`, which must have a free one).
+  void acquire_grads(BufferPool& pool);
+  // Reduce-scatters the full gradient in the wire type into its owned slice.
+  void start_reduce(Communicator& shard, WireType wire);
+  bool reduce_pending() const { return reduce_pending_; }
+  // Waits for the reduce-scatter, sums the slice across replica groups (hybrid:
+  // `replica` non-null), adds it to the owned gradient (which accumulates over
+  // micro-batches) and gives the full buffer back; grads() becomes null.
+  void finish_reduce(Communicator* replica, BufferPool& pool);
+
+  // --- ddp/zero1: full gradients reduced in buckets (GradBucket) ----------------------
+  // Reduce-scatters the full gradient in place: the owned slice receives the sum.
+  Work start_reduce_in_place(Communicator& shard, WireType wire);
+  // ddp: all-gathers the summed slices back into the full gradient.
+  Work start_gather_reduced(Communicator& shard);
+
+  // --- every strategy -----------------------------------------------------------------
+  // Zeroes what accumulates the reduced gradient over a step (begin_step).
+  void zero_reduced_grads();
+  // This rank's part of the squared global norm: its reduced slice (0 when frozen).
+  double reduced_grad_sum_of_squares();
+
+ private:
+  enum class GatherState { none, in_flight, ready };
+  static constexpr int kNoSlot = -1;
+
+  float* reduced_grad_slice();
+
+  const UnitLayout& layout_;
+  Backend& backend_;
+  const int64_t numel_;         // padded: the full unit
+  const int64_t slice_numel_;   // this rank's slice
+  const int64_t slice_begin_;
+  const bool shared_;
+  const bool shard_params_, shard_grads_;
+  const bool whole_unit_owned_;  // ddp: the optimizer updates the whole unit
+  const bool compute_copy_;      // replicated params also kept in param_type_
+  const DType param_type_;       // what the model reads; raw units: stored fp32 words
+
+  // Storage, allocated once; a buffer the plan does not keep stays empty.
+  TrackedBuffer full_params_, owned_params_, compute_params_, dedicated_params_;
+  TrackedBuffer full_grads_, owned_grads_, dedicated_grads_;
+  TrackedBuffer adam_m_, adam_v_;
+
+  TypedPtr params_;
+  float* grads_ = nullptr;
+
+  GatherState gather_state_ = GatherState::none;
+  Work gather_;
+  int gather_slot_ = kNoSlot;  // pool slot while gathered into the pool
+
+  Work param_sync_;
+  bool compute_copy_stale_ = true;
+
+  Work reduce_;
+  bool reduce_pending_ = false;
+  int grad_slot_ = kNoSlot;  // pool slot while the full gradient lives in the pool
+};
+
+}  // namespace shardlm

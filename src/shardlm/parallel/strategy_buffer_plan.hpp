@@ -1,0 +1,32 @@
+// StrategyBufferPlan: what a FlatUnitStrategy allocates per rank at start-up (it
+// allocates nothing later): the one arithmetic its flat units and pools follow and
+// `shardlm plan` reports (FlatUnitStrategy::plan_buffers computes it).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardlm/core/dtype.hpp"
+
+namespace shardlm {
+
+struct StrategyBufferPlan {
+  bool shard_params = false, shard_grads = false, shard_optimizer = false;
+  DType param_type = DType::fp32;   // of what the model reads (gathered or copied)
+  bool compute_copy = false;        // replicated params also kept in param_type (bf16)
+  std::vector<bool> shared_unit;    // flat units another model unit reads (tied head)
+  int64_t largest_private_unit = 0; // elements
+  int64_t gather_buffer_bytes = 0;  // zero3/hybrid: one gather buffer (largest private unit)
+  int64_t largest_trainable_private_unit = 0;  // what a transient gradient buffer holds
+  int param_pool = 0;               // zero3/hybrid gather buffers of that size
+  int grad_pool = 0;                // zero2/zero3 transient gradient buffers of that size
+  int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
+  int64_t frozen_bytes = 0;  // frozen units' parameters (masters and compute copies)
+  // Raw units (quantized, UnitLayout::raw) are handed out, gathered and kept as stored:
+  // fp32 words, no compute copy.
+  // zero3/hybrid: all-gathers of each flat unit per training micro-batch (a unit that
+  // consecutive steps need stays gathered between them).
+  std::vector<int> gathers_per_micro_batch;
+};
+
+}  // namespace shardlm
