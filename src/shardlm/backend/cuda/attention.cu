@@ -1,0 +1,531 @@
+// Flash-attention-2 style causal attention (forward and a deterministic backward) on
+// CUDA cores in fp32: no [B, H, T, T] tensor, an online softmax over key tiles in the
+// forward, probabilities recomputed from the saved log-sum-exp in the backward.
+//
+// Why CUDA cores and not tensor cores: this was written without a GPU to run it on,
+// so it is the simplest layout that is correct by construction (and checked as host
+// fibers by tests/unit/test_cuda_kernels_emulated.cpp); WMMA/mma tiles are the next
+// step once it is measured against the CPU reference on a card.
+//
+// Layout of a block (every kernel): kThreads = 128 threads; the padded head dimension
+// HD (64 for hd <= 64, 128 for hd <= 128; the padding is zeros, which add nothing to a
+// dot product) is split over kThreadsPerRow = HD / 32 adjacent threads, so each thread
+// holds 32 dimensions of a row in registers: d = part + kThreadsPerRow * k, k < 32
+// (interleaved, so the threads of a row read consecutive shared-memory banks). A block
+// owns kRows = 128 / kThreadsPerRow rows (64 for HD 64, 32 for HD 128), and the other
+// side's tiles are kRows x HD fp32 in shared memory: two of them are 32 KiB for either
+// HD, under the 48 KiB of static shared memory. A row's dot products are the threads'
+// partial sums combined by xor-shuffles, which give every thread of the row the same
+// bits, so the row's branches never diverge. ptxas (CUDA 13, sm_80 and sm_90): forward
+// 168 (HD 64) / 128 (HD 128) registers, dQ 164-188, dK dV 243-255, no spills; so 2-4
+// blocks (8-16 warps) per SM by registers.
+//
+// Kernels:
+//  - forward: a block per (query tile, query head, batch row); key tiles from the
+//    first one any of its queries sees to the diagonal; online softmax per row.
+//  - backward dQ: a block per (query tile, query head, batch row), looping over the
+//    same key tiles: dQ_i = sum_j dS_ij k_j, with dS_ij = P_ij (dO_i . v_j - D_i) scale.
+//  - backward dK, dV: a block per (key tile, kv head, batch row), looping over the
+//    group's query heads in head order and over the query tiles from the diagonal on:
+//    dV_j = sum_i P_ij dO_i, dK_j = sum_i dS_ij q_i, accumulated in registers.
+//  D_i = dO_i . O_i is recomputed where it is needed (the same code in both backward
+//  kernels, so the same bits): no scratch buffer, and the cost is 1/kRows of a tile's.
+// No atomics anywhere: every sum runs in a fixed order, so the results are the same
+// from run to run.
+//
+// key_begin: the CPU rejects values outside [0, t]; a kernel cannot throw, so values
+// outside are clamped into [0, t] (no out-of-range reads, no error either: a caller
+// that wants the CPU's error checks key_begin on the host).
+#include "shardlm/backend/cuda/attention.cuh"
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include <cuda_fp16.h>
+
+#include "shardlm/backend/cuda/kernel_launch.hpp"
+
+namespace shardlm::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kDimsPerThread = 32;
+
+template <int HD>
+struct TileShape {
+  static_assert(HD == 64 || HD == 128, "head_dim buckets are 64 and 128");
+  static constexpr int kThreadsPerRow = HD / kDimsPerThread;  // 2 or 4
+  static constexpr int kRows = kThreads / kThreadsPerRow;      // 64 or 32
+};
+
+// AttentionShape's helpers are host functions; the kernels use these.
+__device__ __forceinline__ int64_t qkv_columns(const AttentionShape& s) {
+  return static_cast<int64_t>(s.n_head + 2 * s.n_kv_head) * s.head_dim;
+}
+__device__ __forceinline__ int64_t out_columns(const AttentionShape& s) {
+  return static_cast<int64_t>(s.n_head) * s.head_dim;
+}
+
+// How qkv and out are stored: widened to fp32 when loaded (exact), rounded once
+// (to nearest, ties to even, as the CPU's conversions) when stored.
+struct Fp32Storage {
+  using Elem = float;
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float store(float v) { return v; }
+};
+struct Bf16Storage {
+  using Elem = uint16_t;
+  static __device__ __forceinline__ float load(uint16_t v) {
+    return __uint_as_float(static_cast<uint32_t>(v) << 16);
+  }
+  // shardlm::float_to_bf16's integer rounding (a quiet NaN stays NaN).
+  static __device__ __forceinline__ uint16_t store(float v) {
+    uint32_t bits = __float_as_uint(v);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+  }
+};
+struct Fp16Storage {
+  using Elem = uint16_t;
+  static __device__ __forceinline__ float load(uint16_t v) {
+    return __half2float(__ushort_as_half(v));
+  }
+  static __device__ __forceinline__ uint16_t store(float v) {
+    return __half_as_ushort(__float2half_rn(v));
+  }
+};
+
+// The sum of x over the kThreadsPerRow adjacent threads of a row, on each of them
+// (a + b == b + a in floating point, so every thread gets the same bits). Every
+// thread of the warp must call it (full mask).
+template <int kThreadsPerRow>
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int offset = 1; offset < kThreadsPerRow; offset <<= 1)
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// The first key query t of batch row b sees: key_begin clamped into [0, t].
+__device__ __forceinline__ int first_key_of(const int32_t* key_begin, int b, int T, int t) {
+  if (key_begin == nullptr) return 0;
+  const int begin = key_begin[static_cast<int64_t>(b) * T + t];
+  return begin < 0 ? 0 : (begin > t ? t : begin);
+}
+
+// Rows [row0, row0 + kRows) of one head ([T, hd] at row stride `stride`) into a
+// [kRows][HD] fp32 tile: zeros past T and past hd. Every thread calls it.
+template <int HD, typename S>
+__device__ __forceinline__ void load_tile(float (*tile)[HD], const typename S::Elem* head,
+                                          int64_t stride, int row0, int T, int hd) {
+  constexpr int kRows = TileShape<HD>::kRows;
+  for (int index = threadIdx.x; index < kRows * HD; index += kThreads) {
+    const int r = index / HD, d = index % HD;
+    const int row = row0 + r;
+    tile[r][d] = (row < T && d < hd) ? S::load(head[static_cast<int64_t>(row) * stride + d]) : 0.0f;
+  }
+}
+
+// This thread's 32 dimensions of a row of one head (zeros past hd, and for an invalid row).
+template <int HD, typename S>
+__device__ __forceinline__ void load_row(float (&values)[kDimsPerThread],
+                                         const typename S::Elem* row, bool valid, int part,
+                                         int hd) {
+  constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) {
+    const int d = part + kThreadsPerRow * k;
+    values[k] = (valid && d < hd) ? S::load(row[d]) : 0.0f;
+  }
+}
+
+// This thread's part of dO_i . O_i (the softmax Jacobian's row term D_i), in k order;
+// row_sum of it is D_i. Both backward kernels compute D this way, so they agree bitwise.
+template <int HD, typename S>
+__device__ __forceinline__ float partial_dout_dot_out(const float* dout_row,
+                                                      const typename S::Elem* out_row,
+                                                      bool valid, int part, int hd) {
+  constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
+  float partial = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) {
+    const int d = part + kThreadsPerRow * k;
+    if (valid && d < hd) partial = fmaf(dout_row[d], S::load(out_row[d]), partial);
+  }
+  return partial;
+}
+
+// Where one (batch row, query head) lives: the q, k, v columns of its rows in qkv.
+template <typename S>
+struct HeadColumns {
+  const typename S::Elem* q;  // row 0 of the batch row, the query head's columns
+  const typename S::Elem* k;  // its kv head's
+  const typename S::Elem* v;
+};
+
+template <typename S>
+__device__ __forceinline__ HeadColumns<S> head_columns(const typename S::Elem* qkv,
+                                                       const AttentionShape& s, int b, int h,
+                                                       int kv) {
+  const int64_t stride = qkv_columns(s);
+  const typename S::Elem* row0 = qkv + static_cast<int64_t>(b) * s.T * stride;
+  return {row0 + static_cast<int64_t>(h) * s.head_dim,
+          row0 + static_cast<int64_t>(s.n_head + kv) * s.head_dim,
+          row0 + static_cast<int64_t>(s.n_head + s.n_kv_head + kv) * s.head_dim};
+}
+
+// The smallest of the kRows values of `first_keys` (every thread calls it after a
+// barrier that follows the writes; it reads shared memory only).
+template <int kRows>
+__device__ __forceinline__ int tile_min(const int* first_keys) {
+  int smallest = first_keys[0];
+  for (int r = 1; r < kRows; ++r) smallest = min(smallest, first_keys[r]);
+  return smallest;
+}
+
+// grid (query tiles, n_head, B), kThreads threads.
+template <int HD, typename S>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_kernel(typename S::Elem* out, float* lse, const typename S::Elem* qkv,
+                             AttentionShape s, const int32_t* key_begin, float scale) {
+  constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
+  constexpr int kRows = TileShape<HD>::kRows;
+  __shared__ float k_tile[kRows][HD];
+  __shared__ float v_tile[kRows][HD];
+  __shared__ int first_keys[kRows];
+
+  const int T = s.T, hd = s.head_dim;
+  const int i0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
+  const int kv = h / (s.n_head / s.n_kv_head);
+  const int64_t stride = qkv_columns(s);
+  const HeadColumns<S> head = head_columns<S>(qkv, s, b, h, kv);
+
+  const int row = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
+  const int i = i0 + row;
+  const bool valid = i < T;
+  // A row past T sees no key (first key T > every key < T); it still runs every loop
+  // so the block's barriers and shuffles stay uniform, and stores nothing.
+  const int first_key = valid ? first_key_of(key_begin, b, T, i) : T;
+
+  float q[kDimsPerThread];
+  load_row<HD, S>(q, head.q + static_cast<int64_t>(i) * stride, valid, part, hd);
+  float acc[kDimsPerThread];
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) acc[k] = 0.0f;
+  float row_max = -INFINITY, row_total = 0.0f;
+
+  if (part == 0) first_keys[row] = first_key;
+  __syncthreads();
+  // Key tiles on the query tiles' grid: from the first one a query of the block sees
+  // (row i0 is valid, so the minimum is <= i0) to the diagonal. Each of them has a key
+  // some row sees (the row with the smallest first key sees it up to its diagonal).
+  const int last_row = min(i0 + kRows, T) - 1;
+  for (int j0 = tile_min<kRows>(first_keys) / kRows * kRows; j0 <= last_row; j0 += kRows) {
+    load_tile<HD, S>(k_tile, head.k, stride, j0, T, hd);
+    load_tile<HD, S>(v_tile, head.v, stride, j0, T, hd);
+    __syncthreads();
+
+    // Scaled scores of this row's visible keys; -inf for the others.
+    float scores[kRows];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      float partial = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kDimsPerThread; ++k)
+        partial = fmaf(q[k], k_tile[j][part + kThreadsPerRow * k], partial);
+      const float dot = row_sum<kThreadsPerRow>(partial);
+      const int key = j0 + j;
+      scores[j] = (key >= first_key && key <= i) ? dot * scale : -INFINITY;
+      tile_max = fmaxf(tile_max, scores[j]);
+    }
+    // A row that sees none of the tile's keys keeps its state (its first visible tile
+    // may come later). Uniform over the row's threads.
+    if (tile_max != -INFINITY) {
+      const float new_max = fmaxf(row_max, tile_max);
+      const float correction = expf(row_max - new_max);  // 0 on the row's first tile
+      float tile_total = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        scores[j] = expf(scores[j] - new_max);  // masked: e^-inf = 0
+        tile_total += scores[j];
+      }
+      row_total = row_total * correction + tile_total;
+      row_max = new_max;
+#pragma unroll
+      for (int k = 0; k < kDimsPerThread; ++k) acc[k] *= correction;
+#pragma unroll
+      for (int j = 0; j < kRows; ++j)
+#pragma unroll
+        for (int k = 0; k < kDimsPerThread; ++k)
+          acc[k] = fmaf(scores[j], v_tile[j][part + kThreadsPerRow * k], acc[k]);
+    }
+    __syncthreads();  // the tiles are overwritten next
+  }
+
+  if (!valid) return;
+  // Every valid row saw its own key, so row_total >= 1.
+  const float inv_total = 1.0f / row_total;
+  typename S::Elem* out_row = out + (static_cast<int64_t>(b) * T + i) * out_columns(s) +
+                              static_cast<int64_t>(h) * hd;
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) {
+    const int d = part + kThreadsPerRow * k;
+    if (d < hd) out_row[d] = S::store(acc[k] * inv_total);
+  }
+  if (part == 0) lse[(static_cast<int64_t>(b) * s.n_head + h) * T + i] = row_max + logf(row_total);
+}
+
+// grid (query tiles, n_head, B), kThreads threads. Writes dQ of its rows.
+template <int HD, typename S>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_dq_kernel(float* dqkv, const float* dout, const typename S::Elem* qkv,
+                                 const typename S::Elem* out, const float* lse, AttentionShape s,
+                                 const int32_t* key_begin, float scale) {
+  constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
+  constexpr int kRows = TileShape<HD>::kRows;
+  __shared__ float k_tile[kRows][HD];
+  __shared__ float v_tile[kRows][HD];
+  __shared__ int first_keys[kRows];
+
+  const int T = s.T, hd = s.head_dim;
+  const int i0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
+  const int kv = h / (s.n_head / s.n_kv_head);
+  const int64_t stride = qkv_columns(s);
+  const HeadColumns<S> head = head_columns<S>(qkv, s, b, h, kv);
+
+  const int row = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
+  const int i = i0 + row;
+  const bool valid = i < T;
+  const int first_key = valid ? first_key_of(key_begin, b, T, i) : T;
+
+  const int64_t out_offset =
+      (static_cast<int64_t>(b) * T + i) * out_columns(s) + static_cast<int64_t>(h) * hd;
+  float q[kDimsPerThread], dout_row[kDimsPerThread], dq[kDimsPerThread];
+  load_row<HD, S>(q, head.q + static_cast<int64_t>(i) * stride, valid, part, hd);
+  load_row<HD, Fp32Storage>(dout_row, dout + out_offset, valid, part, hd);
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) dq[k] = 0.0f;
+  const float D = row_sum<kThreadsPerRow>(
+      partial_dout_dot_out<HD, S>(dout + out_offset, out + out_offset, valid, part, hd));
+  const float row_lse = valid ? lse[(static_cast<int64_t>(b) * s.n_head + h) * T + i] : 0.0f;
+
+  if (part == 0) first_keys[row] = first_key;
+  __syncthreads();
+  const int last_row = min(i0 + kRows, T) - 1;
+  for (int j0 = tile_min<kRows>(first_keys) / kRows * kRows; j0 <= last_row; j0 += kRows) {
+    load_tile<HD, S>(k_tile, head.k, stride, j0, T, hd);
+    load_tile<HD, S>(v_tile, head.v, stride, j0, T, hd);
+    __syncthreads();
+    for (int j = 0; j < kRows; ++j) {
+      float score_partial = 0.0f, dp_partial = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kDimsPerThread; ++k) {
+        score_partial = fmaf(q[k], k_tile[j][part + kThreadsPerRow * k], score_partial);
+        dp_partial = fmaf(dout_row[k], v_tile[j][part + kThreadsPerRow * k], dp_partial);
+      }
+      const float score = row_sum<kThreadsPerRow>(score_partial);
+      const float dp = row_sum<kThreadsPerRow>(dp_partial);
+      const int key = j0 + j;
+      const float p = (key >= first_key && key <= i) ? expf(score * scale - row_lse) : 0.0f;
+      const float ds = p * (dp - D) * scale;  // with the scores' 1/sqrt(hd)
+#pragma unroll
+      for (int k = 0; k < kDimsPerThread; ++k)
+        dq[k] = fmaf(ds, k_tile[j][part + kThreadsPerRow * k], dq[k]);
+    }
+    __syncthreads();  // the tiles are overwritten next
+  }
+
+  if (!valid) return;
+  float* dq_row = dqkv + (static_cast<int64_t>(b) * T + i) * stride + static_cast<int64_t>(h) * hd;
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) {
+    const int d = part + kThreadsPerRow * k;
+    if (d < hd) dq_row[d] = dq[k];
+  }
+}
+
+// grid (key tiles, n_kv_head, B), kThreads threads. Writes dK and dV of its keys,
+// summed over the kv head's query heads in head order.
+template <int HD, typename S>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_dkv_kernel(float* dqkv, const float* dout, const typename S::Elem* qkv,
+                                  const typename S::Elem* out, const float* lse,
+                                  AttentionShape s, const int32_t* key_begin, float scale) {
+  constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
+  constexpr int kRows = TileShape<HD>::kRows;
+  __shared__ float q_tile[kRows][HD];
+  __shared__ float dout_tile[kRows][HD];
+  __shared__ float lse_tile[kRows];
+  __shared__ float d_tile[kRows];
+  __shared__ int first_keys[kRows];
+
+  const int T = s.T, hd = s.head_dim;
+  const int j0 = blockIdx.x * kRows, kv = blockIdx.y, b = blockIdx.z;
+  const int group = (s.n_head / s.n_kv_head);
+  const int64_t stride = qkv_columns(s);
+  const int64_t out_stride = out_columns(s);
+
+  // This thread's key (its row of the block) and its 32 dimensions.
+  const int row = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
+  const int j = j0 + row;
+  const bool key_valid = j < T;
+  const HeadColumns<S> kv_head = head_columns<S>(qkv, s, b, kv * group, kv);
+  float k_row[kDimsPerThread], v_row[kDimsPerThread], dk[kDimsPerThread], dv[kDimsPerThread];
+  load_row<HD, S>(k_row, kv_head.k + static_cast<int64_t>(j) * stride, key_valid, part, hd);
+  load_row<HD, S>(v_row, kv_head.v + static_cast<int64_t>(j) * stride, key_valid, part, hd);
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) dk[k] = dv[k] = 0.0f;
+  const int last_key = min(j0 + kRows, T) - 1;
+
+  for (int member = 0; member < group; ++member) {
+    const int h = kv * group + member;
+    const typename S::Elem* q_head = qkv + static_cast<int64_t>(b) * T * stride +
+                                     static_cast<int64_t>(h) * hd;
+    const int64_t head_out = static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * hd;
+    const float* head_lse = lse + (static_cast<int64_t>(b) * s.n_head + h) * T;
+    // Query tiles on the key tiles' grid, from the diagonal on (earlier queries see no
+    // key of this tile).
+    for (int i0 = j0; i0 < T; i0 += kRows) {
+      __syncthreads();  // the previous tile's readers are done with the shared arrays
+      // Row `row` of the block stages query i0 + row's scalars.
+      const int staged = i0 + row;
+      const bool staged_valid = staged < T;
+      if (part == 0) {
+        first_keys[row] = staged_valid ? first_key_of(key_begin, b, T, staged) : T;
+        lse_tile[row] = staged_valid ? head_lse[staged] : 0.0f;
+      }
+      __syncthreads();
+      // Packed documents: a query tile whose queries all start after this key tile
+      // sees none of it (uniform over the block).
+      if (tile_min<kRows>(first_keys) > last_key) continue;
+      load_tile<HD, S>(q_tile, q_head, stride, i0, T, hd);
+      load_tile<HD, Fp32Storage>(dout_tile, dout + head_out, out_stride, i0, T, hd);
+      const int64_t staged_offset = head_out + static_cast<int64_t>(staged) * out_stride;
+      const float D = row_sum<kThreadsPerRow>(partial_dout_dot_out<HD, S>(
+          dout + staged_offset, out + staged_offset, staged_valid, part, hd));
+      if (part == 0) d_tile[row] = D;
+      __syncthreads();
+
+      for (int ii = 0; ii < kRows; ++ii) {
+        const int i = i0 + ii;
+        float score_partial = 0.0f, dp_partial = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kDimsPerThread; ++k) {
+          score_partial = fmaf(q_tile[ii][part + kThreadsPerRow * k], k_row[k], score_partial);
+          dp_partial = fmaf(dout_tile[ii][part + kThreadsPerRow * k], v_row[k], dp_partial);
+        }
+        const float score = row_sum<kThreadsPerRow>(score_partial);
+        const float dp = row_sum<kThreadsPerRow>(dp_partial);
+        // Query i sees key j when first_key(i) <= j <= i (a query past T has first key
+        // T: it sees nothing; a key past T is invalid).
+        const bool visible = key_valid && j >= first_keys[ii] && j <= i;
+        const float p = visible ? expf(score * scale - lse_tile[ii]) : 0.0f;
+        const float ds = p * (dp - d_tile[ii]) * scale;
+#pragma unroll
+        for (int k = 0; k < kDimsPerThread; ++k) {
+          dv[k] = fmaf(p, dout_tile[ii][part + kThreadsPerRow * k], dv[k]);
+          dk[k] = fmaf(ds, q_tile[ii][part + kThreadsPerRow * k], dk[k]);
+        }
+      }
+    }
+  }
+
+  if (!key_valid) return;
+  float* dk_row = dqkv + (static_cast<int64_t>(b) * T + j) * stride +
+                  static_cast<int64_t>(s.n_head + kv) * hd;
+  float* dv_row = dk_row + static_cast<int64_t>(s.n_kv_head) * hd;
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) {
+    const int d = part + kThreadsPerRow * k;
+    if (d < hd) {
+      dk_row[d] = dk[k];
+      dv_row[d] = dv[k];
+    }
+  }
+}
+
+void check_call(const char* what, const AttentionShape& s, DType out_type, DType qkv_type) {
+  if (s.B <= 0 || s.T <= 0 || s.n_head <= 0 || s.n_kv_head <= 0 || s.n_head % s.n_kv_head != 0 ||
+      s.head_dim < 1 || s.head_dim > kAttentionMaxHeadDim)
+    throw_kernel_argument_error(
+        std::string(what) + ": bad shape (B " + std::to_string(s.B) + ", T " +
+        std::to_string(s.T) + ", n_head " + std::to_string(s.n_head) + ", n_kv_head " +
+        std::to_string(s.n_kv_head) + ", head_dim " + std::to_string(s.head_dim) +
+        "); expected positive sizes, n_head a multiple of n_kv_head, head_dim 1.." +
+        std::to_string(kAttentionMaxHeadDim));
+  if (out_type != qkv_type)
+    throw_kernel_argument_error(std::string(what) + ": output is " +
+                                std::string(dtype_name(out_type)) + " but qkv is " +
+                                std::string(dtype_name(qkv_type)) + "; expected one type");
+  if (s.B > 65535 || s.n_head > 65535)
+    throw_kernel_argument_error(std::string(what) + ": B " + std::to_string(s.B) + " or n_head " +
+                                std::to_string(s.n_head) + " above the grid's 65535");
+}
+
+// Calls f(HD-bucket instance, storage) for the call's head_dim and type.
+template <typename F>
+void dispatch(const AttentionShape& s, DType dtype, F&& f) {
+  auto with_storage = [&](auto head_dim_bucket) {
+    switch (dtype) {
+      case DType::fp32: f(head_dim_bucket, Fp32Storage{}); return;
+      case DType::bf16: f(head_dim_bucket, Bf16Storage{}); return;
+      case DType::fp16: f(head_dim_bucket, Fp16Storage{}); return;
+    }
+  };
+  if (s.head_dim <= 64)
+    with_storage(std::integral_constant<int, 64>{});
+  else
+    with_storage(std::integral_constant<int, 128>{});
+}
+
+float softmax_scale(const AttentionShape& s) {
+  return 1.0f / std::sqrt(static_cast<float>(s.head_dim));  // as the CPU kernels
+}
+
+}  // namespace
+
+void attention_forward(cudaStream_t stream, TypedPtr out, float* lse, ConstTypedPtr qkv,
+                       const AttentionShape& s, const int32_t* key_begin) {
+  check_call("cuda attention_forward", s, out.dtype, qkv.dtype);
+  dispatch(s, qkv.dtype, [&](auto head_dim_bucket, auto storage) {
+    constexpr int HD = decltype(head_dim_bucket)::value;
+    using S = decltype(storage);
+    using Elem = typename S::Elem;
+    constexpr int kRows = TileShape<HD>::kRows;
+    const dim3 grid((s.T + kRows - 1) / kRows, s.n_head, s.B);
+    auto* kernel = &attention_forward_kernel<HD, S>;
+    SHARDLM_LAUNCH_KERNEL("attention_forward_kernel", kernel, grid, kThreads, stream,
+                          static_cast<Elem*>(out.data), lse,
+                          static_cast<const Elem*>(qkv.data), s, key_begin, softmax_scale(s));
+  });
+}
+
+void attention_backward(cudaStream_t stream, float* dqkv, const float* dout, ConstTypedPtr qkv,
+                        ConstTypedPtr out, const float* lse, const AttentionShape& s,
+                        const int32_t* key_begin) {
+  check_call("cuda attention_backward", s, out.dtype, qkv.dtype);
+  dispatch(s, qkv.dtype, [&](auto head_dim_bucket, auto storage) {
+    constexpr int HD = decltype(head_dim_bucket)::value;
+    using S = decltype(storage);
+    using Elem = typename S::Elem;
+    constexpr int kRows = TileShape<HD>::kRows;
+    const int tiles = (s.T + kRows - 1) / kRows;
+    const Elem* qkv_elems = static_cast<const Elem*>(qkv.data);
+    const Elem* out_elems = static_cast<const Elem*>(out.data);
+    // The two kernels write disjoint columns of dqkv (q; k and v), so they need no order.
+    auto* dq_kernel = &attention_backward_dq_kernel<HD, S>;
+    SHARDLM_LAUNCH_KERNEL("attention_backward_dq_kernel", dq_kernel, dim3(tiles, s.n_head, s.B),
+                          kThreads, stream, dqkv, dout, qkv_elems, out_elems, lse, s, key_begin,
+                          softmax_scale(s));
+    auto* dkv_kernel = &attention_backward_dkv_kernel<HD, S>;
+    SHARDLM_LAUNCH_KERNEL("attention_backward_dkv_kernel", dkv_kernel,
+                          dim3(tiles, s.n_kv_head, s.B), kThreads, stream, dqkv, dout, qkv_elems,
+                          out_elems, lse, s, key_begin, softmax_scale(s));
+  });
+}
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,26 @@
+// Causal self-attention on the GPU: the CUDA counterpart of cpu::attention_forward /
+// attention_backward (backend/cpu/attention.hpp), with the same contract: layouts
+// qkv [B*T, (n_head + 2 n_kv_head) hd], out [B*T, n_head hd], lse [B, n_head, T]
+// (natural log), scale 1/sqrt(hd), causal always, GQA, key_begin per token (null: 0),
+// dqkv OVERWRITTEN; qkv and out fp32, bf16 or fp16 (one type for both), lse, dout and
+// dqkv fp32; arithmetic in fp32, out rounded once when stored. Every pointer is device
+// memory; the kernels run on `stream` and the calls return without waiting for them.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "shardlm/backend/kernel_args.hpp"
+#include "shardlm/core/dtype.hpp"
+
+namespace shardlm::cuda {
+
+void attention_forward(cudaStream_t stream, TypedPtr out, float* lse, ConstTypedPtr qkv,
+                       const AttentionShape& s, const int32_t* key_begin);
+
+void attention_backward(cudaStream_t stream, float* dqkv, const float* dout, ConstTypedPtr qkv,
+                        ConstTypedPtr out, const float* lse, const AttentionShape& s,
+                        const int32_t* key_begin);
+
+}  // namespace shardlm::cuda
