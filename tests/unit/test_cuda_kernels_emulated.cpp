@@ -1,0 +1,264 @@
+// shardlm's own CUDA kernels (backend/cuda/attention.cu, cross_entropy.cu) compiled as
+// plain C++ and run on the host (tests/cuda_emulation/include: a block is blockDim.x
+// fibers, __syncthreads and shuffles are rounds of a scheduler), against the
+// CPU kernels and a double reference. It runs in every build, GPU or not, and checks
+// what can go wrong without a card: tile index arithmetic, partial tiles at T not a
+// multiple of the tile, causal and key_begin masking, the skipped tiles, GQA sums, the
+// head_dim buckets' padding, the storage types' rounding, that dqkv and the gradient
+// rows are overwritten and that every thread reaches the same barriers. What it cannot
+// check (speed, races the barriers would not expose, the real device intrinsics) is
+// left to tests/unit/test_backend_ops.cpp on a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/kernel_args.hpp"
+#include "shardlm/core/dtype.hpp"
+#include "shardlm/core/error.hpp"
+#include "kernel_test_helpers.hpp"
+#include "relative_error.hpp"
+
+#ifndef SHARDLM_CUDA_EMULATION
+#error "tests/CMakeLists.txt builds this file with SHARDLM_CUDA_EMULATION and tests/cuda_emulation/include"
+#endif
+
+// The kernels' namespace renamed, so that a CUDA build's real shardlm::cuda functions
+// (in shardlm_lib) and these host-thread instances do not collide.
+#define cuda cuda_emulated
+#include "shardlm/backend/cuda/attention.cu"
+#include "shardlm/backend/cuda/cross_entropy.cu"
+#undef cuda
+
+namespace shardlm::cuda_emulated {
+void check_kernel_launch(const char*, const char*, int) {}
+void throw_kernel_argument_error(const std::string& message) { throw Error(message); }
+}  // namespace shardlm::cuda_emulated
+
+namespace {
+
+using kernel_test::random_vec;
+using kernel_test::Vec;
+using shardlm::AttentionShape;
+using shardlm::ConstTypedPtr;
+using shardlm::DType;
+using shardlm::TypedPtr;
+
+// A tensor held in a storage type: fp32 values, or their 16-bit encodings.
+struct Stored {
+  DType dtype;
+  Vec f32;
+  std::vector<uint16_t> bits;
+
+  Stored(DType type, size_t n) : dtype(type) {
+    if (type == DType::fp32)
+      f32.assign(n, std::numeric_limits<float>::quiet_NaN());
+    else
+      bits.assign(n, 0x7fc0);  // a NaN in bf16 and fp16 alike
+  }
+  Stored(DType type, const Vec& values) : Stored(type, values.size()) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (type == DType::fp32) f32[i] = values[i];
+      if (type == DType::bf16) bits[i] = shardlm::float_to_bf16(values[i]);
+      if (type == DType::fp16) bits[i] = shardlm::float_to_fp16(values[i]);
+    }
+  }
+  TypedPtr ptr() {
+    return dtype == DType::fp32 ? TypedPtr(f32.data()) : TypedPtr(bits.data(), dtype);
+  }
+  Vec widened() const {
+    if (dtype == DType::fp32) return f32;
+    Vec v(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i)
+      v[i] = dtype == DType::bf16 ? shardlm::bf16_to_float(bits[i]) : shardlm::fp16_to_float(bits[i]);
+    return v;
+  }
+};
+
+struct AttentionCase {
+  int B, T, n_head, n_kv_head, head_dim;
+  DType dtype;
+  std::vector<int> document_starts;  // empty: no key_begin; else the starts after 0, per row
+  double out_tolerance;              // relative to max, against the CPU kernel
+};
+
+std::string case_name(const AttentionCase& c) {
+  return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.n_head) +
+         "kv" + std::to_string(c.n_kv_head) + "_hd" + std::to_string(c.head_dim) + "_" +
+         std::string(shardlm::dtype_name(c.dtype)) + (c.document_starts.empty() ? "" : "_packed");
+}
+
+// key_begin of packed documents: each batch row starts documents at 0 and at
+// document_starts (shifted by the row index, so the rows differ).
+std::vector<int32_t> packed_key_begin(const AttentionCase& c) {
+  std::vector<int32_t> key_begin(static_cast<size_t>(c.B) * c.T);
+  for (int b = 0; b < c.B; ++b) {
+    int begin = 0;
+    for (int t = 0; t < c.T; ++t) {
+      for (const int start : c.document_starts)
+        if (t == start + b && start + b < c.T) begin = t;
+      key_begin[static_cast<size_t>(b) * c.T + t] = begin;
+    }
+  }
+  return key_begin;
+}
+
+void PrintTo(const AttentionCase& c, std::ostream* os) { *os << case_name(c); }
+
+class EmulatedAttention : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(EmulatedAttention, ForwardAndBackwardMatchTheCpuKernels) {
+  const AttentionCase& c = GetParam();
+  AttentionShape s;
+  s.B = c.B;
+  s.T = c.T;
+  s.n_head = c.n_head;
+  s.n_kv_head = c.n_kv_head;
+  s.head_dim = c.head_dim;
+  const int64_t N = static_cast<int64_t>(c.B) * c.T;
+  const std::vector<int32_t> key_begin_rows =
+      c.document_starts.empty() ? std::vector<int32_t>{} : packed_key_begin(c);
+  const int32_t* key_begin = key_begin_rows.empty() ? nullptr : key_begin_rows.data();
+
+  Stored qkv(c.dtype, random_vec(N * s.qkv_columns(), 11 + c.T, 1.5));
+  // The CPU reference: fp32 arithmetic on the stored values (the widening path).
+  Stored cpu_out(c.dtype, N * s.out_columns());
+  Vec cpu_lse(static_cast<size_t>(c.B) * c.n_head * c.T);
+  shardlm::cpu::attention_forward_on(shardlm::cpu::Bf16AttentionPath::kWidenToFp32, cpu_out.ptr(),
+                                     cpu_lse.data(), qkv.ptr(), s, key_begin);
+
+  Stored gpu_out(c.dtype, N * s.out_columns());
+  Vec gpu_lse(cpu_lse.size(), std::numeric_limits<float>::quiet_NaN());
+  shardlm::cuda_emulated::attention_forward(nullptr, gpu_out.ptr(), gpu_lse.data(), qkv.ptr(), s,
+                                            key_begin);
+  EXPECT_LT(relative_to_max_error(gpu_out.widened(), cpu_out.widened()), c.out_tolerance);
+  EXPECT_LT(relative_to_max_error(gpu_lse, cpu_lse), 2e-6);
+
+  // Backward on the same (CPU) forward results, so both see identical inputs.
+  const Vec dout = random_vec(N * s.out_columns(), 29 + c.T);
+  Vec cpu_dqkv(N * s.qkv_columns());
+  shardlm::cpu::attention_backward_on(shardlm::cpu::Bf16AttentionPath::kWidenToFp32,
+                                      cpu_dqkv.data(), dout.data(), qkv.ptr(), cpu_out.ptr(),
+                                      cpu_lse.data(), s, key_begin);
+  // NaN everywhere first: every element must be overwritten.
+  Vec gpu_dqkv(cpu_dqkv.size(), std::numeric_limits<float>::quiet_NaN());
+  shardlm::cuda_emulated::attention_backward(nullptr, gpu_dqkv.data(), dout.data(), qkv.ptr(),
+                                             cpu_out.ptr(), cpu_lse.data(), s, key_begin);
+  EXPECT_LT(relative_to_max_error(gpu_dqkv, cpu_dqkv), 2e-5);
+}
+
+// Tiles: 64 rows for head_dim <= 64, 32 rows above. T values make partial tiles, one,
+// two and three tiles; documents start inside tiles and on a tile's first row, and the
+// late documents leave whole (query tile, key tile) pairs masked (the skip paths).
+const AttentionCase kAttentionCases[] = {
+    {2, 70, 2, 2, 64, DType::fp32, {}, 2e-6},
+    {1, 1, 2, 1, 64, DType::fp32, {}, 2e-6},
+    {2, 70, 4, 2, 64, DType::fp32, {5, 37, 64}, 2e-6},
+    {1, 150, 2, 1, 64, DType::fp32, {37, 100, 140}, 2e-6},
+    {1, 45, 2, 1, 128, DType::fp32, {32, 40}, 2e-6},
+    {1, 75, 3, 1, 128, DType::fp32, {10}, 2e-6},
+    {1, 33, 3, 3, 40, DType::fp32, {}, 2e-6},
+    {2, 20, 2, 1, 72, DType::fp32, {7}, 2e-6},
+    {1, 13, 2, 2, 13, DType::fp32, {}, 2e-6},
+    // One rounding of out: within a unit in the last place of the larger values.
+    {2, 70, 4, 2, 64, DType::bf16, {5, 37}, 8e-3},
+    {1, 45, 2, 2, 64, DType::bf16, {}, 8e-3},
+    {1, 40, 4, 1, 128, DType::fp16, {20}, 1e-3},
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedAttention, ::testing::ValuesIn(kAttentionCases),
+                         [](const auto& info) { return case_name(info.param); });
+
+TEST(EmulatedAttention, RejectsBadShapesAndMixedTypes) {
+  AttentionShape s;
+  s.B = 1;
+  s.T = 4;
+  s.n_head = 3;
+  s.n_kv_head = 2;
+  s.head_dim = 8;
+  Vec buffer(1024);
+  EXPECT_THROW(shardlm::cuda_emulated::attention_forward(nullptr, buffer.data(), buffer.data(),
+                                                         buffer.data(), s, nullptr),
+               shardlm::Error);
+  s.n_kv_head = 1;
+  s.head_dim = 129;
+  EXPECT_THROW(shardlm::cuda_emulated::attention_backward(nullptr, buffer.data(), buffer.data(),
+                                                          buffer.data(), buffer.data(),
+                                                          buffer.data(), s, nullptr),
+               shardlm::Error);
+  s.head_dim = 8;
+  std::vector<uint16_t> half(1024);
+  EXPECT_THROW(shardlm::cuda_emulated::attention_forward(
+                   nullptr, TypedPtr(half.data(), DType::bf16), buffer.data(), buffer.data(), s,
+                   nullptr),
+               shardlm::Error);
+}
+
+TEST(EmulatedCrossEntropy, LossesAndGradientsMatchADoubleReference) {
+  constexpr int V = 1000;
+  constexpr int64_t stride = 1003;
+  const std::vector<int32_t> targets = {3, -1, 999, 0, V, 517};
+  const int64_t rows = static_cast<int64_t>(targets.size());
+  const float grad_scale = 0.25f;
+  for (const bool want_grad : {true, false}) {
+    SCOPED_TRACE(want_grad ? "with gradient" : "loss only");
+    Vec logits = random_vec(rows * stride, 5, 3.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = V; j < stride; ++j) logits[r * stride + j] = 12345.0f;  // never touched
+    const Vec original = logits;
+    Vec losses(rows, std::numeric_limits<float>::quiet_NaN());
+    shardlm::cuda_emulated::cross_entropy_rows(nullptr, logits.data(), stride, targets.data(),
+                                               rows, V, grad_scale, losses.data(), want_grad);
+    for (int64_t r = 0; r < rows; ++r) {
+      SCOPED_TRACE("row " + std::to_string(r));
+      const float* x = original.data() + r * stride;
+      const float* got = logits.data() + r * stride;
+      for (int64_t j = V; j < stride; ++j) ASSERT_EQ(got[j], 12345.0f);
+      const int32_t target = targets[r];
+      if (target < 0 || target >= V) {
+        if (target < 0)
+          EXPECT_EQ(losses[r], 0.0f);
+        else
+          EXPECT_TRUE(std::isnan(losses[r]));
+        for (int j = 0; j < V; ++j) ASSERT_EQ(got[j], want_grad ? 0.0f : x[j]);
+        continue;
+      }
+      double max_x = x[0];
+      for (int j = 1; j < V; ++j) max_x = std::max(max_x, static_cast<double>(x[j]));
+      double sum = 0.0;
+      for (int j = 0; j < V; ++j) sum += std::exp(x[j] - max_x);
+      const double loss = max_x + std::log(sum) - x[target];
+      EXPECT_NEAR(losses[r], loss, 1e-5 * std::fabs(loss) + 1e-6);
+      for (int j = 0; j < V; ++j) {
+        const double want =
+            want_grad ? grad_scale * (std::exp(x[j] - max_x) / sum - (j == target ? 1.0 : 0.0))
+                      : x[j];
+        ASSERT_NEAR(got[j], want, 1e-6 + 1e-5 * std::fabs(want)) << "column " << j;
+      }
+    }
+  }
+}
+
+TEST(EmulatedCrossEntropy, RejectsBadArgumentsAndSkipsEmptyChunks) {
+  Vec logits(16);
+  Vec losses(2);
+  const std::vector<int32_t> targets = {0, 1};
+  EXPECT_THROW(shardlm::cuda_emulated::cross_entropy_rows(nullptr, logits.data(), 4, targets.data(),
+                                                          2, 8, 1.0f, losses.data(), true),
+               shardlm::Error);  // stride < V
+  EXPECT_THROW(shardlm::cuda_emulated::cross_entropy_rows(nullptr, logits.data(), 8, targets.data(),
+                                                          2, 0, 1.0f, losses.data(), true),
+               shardlm::Error);  // V = 0
+  shardlm::cuda_emulated::cross_entropy_rows(nullptr, logits.data(), 8, targets.data(), 0, 8,
+                                             1.0f, losses.data(), true);  // nothing to do
+}
+
+}  // namespace
