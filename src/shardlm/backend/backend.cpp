@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 
+#include "shardlm/backend/emulated/emulated_backend.hpp"
 #include "shardlm/core/error.hpp"
 
 #ifdef SHARDLM_WITH_CUDA
@@ -28,8 +29,15 @@ int cuda_device_count() {
 #endif
 }
 
+TrackedBuffer allocate_on(Backend& backend, MemCategory category, size_t bytes,
+                          MemoryTracker& host_tracker) {
+  if (backend.device().is_host()) return TrackedBuffer(category, bytes, host_tracker);
+  return TrackedBuffer(category, bytes, backend.allocator());
+}
+
 Backend& backend_for(Device device) {
   if (device.is_host()) return cpu_backend();
+  if (device.kind == DeviceKind::emulated) return emulated::backend();
   SHARDLM_CHECK(cuda_backend_compiled(),
                 "--device {}: this shardlm was built without the CUDA backend (CMake found no "
                 "nvcc; install the CUDA toolkit and rebuild)",

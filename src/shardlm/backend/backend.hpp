@@ -63,6 +63,9 @@ class Backend {
                             int64_t rows, int64_t cols) = 0;
   virtual void round_to(DType dtype, float* dst, const float* src, int64_t n) = 0;
 
+  // dst[i] += src[i] (a reduced gradient slice into the owned one).
+  virtual void accumulate(float* dst, const float* src, int64_t n) = 0;
+
   // --- elementwise around GEMMs (cpu/bias.hpp, gelu.hpp, swiglu.hpp) -----------
   virtual void add_bias(float* out, const float* bias, int64_t N, int M) = 0;
   virtual void add_bias(TypedPtr out, const float* in, const float* bias, int64_t N, int M) = 0;
@@ -142,6 +145,11 @@ class Backend {
   // Sum of squares in double (the global gradient norm), returned to the host.
   virtual double sum_of_squares(const float* data, int64_t n) = 0;
 };
+
+// A zeroed buffer on the backend's device: counted by `host_tracker` on the host (tests
+// pass their own), by the device's tracker elsewhere.
+TrackedBuffer allocate_on(Backend& backend, MemCategory category, size_t bytes,
+                          MemoryTracker& host_tracker = MemoryTracker::global());
 
 // The host's backend (always present).
 Backend& cpu_backend();

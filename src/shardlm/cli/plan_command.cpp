@@ -59,6 +59,8 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
                       {"parameters", p.parameters},
                       {"flops_per_step", p.flops_per_step},
                       {"tokens_per_step", p.tokens_per_step}};
+  j["device"] = to_string(p.device);
+  if (p.host_optimizer > 0) j["host_optimizer"] = p.host_optimizer;
   if (time) j["time"] = time_json(*time);
   return j;
 }
@@ -79,19 +81,28 @@ std::string label(const Candidate& c, const RunPlanRequest& r, bool automatic) {
 
 void print_memory_table(const std::vector<Candidate>& candidates, double budget, bool bounded,
                         const RunPlanRequest& r, bool automatic) {
+  // --offload optimizer: the optimizer state's host bytes get their own column.
+  const bool offload = r.offload_optimizer;
   std::printf("| candidate | params MiB | frozen MiB | grads MiB | optimizer MiB | activations MiB "
-              "| comm MiB | total MiB per rank | MiB on wire per step |%s\n",
-              bounded ? " fits |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|%s\n", bounded ? "---|" : "");
+              "| comm MiB | total MiB per rank | MiB on wire per step |%s%s\n",
+              offload ? " host optimizer MiB |" : "", bounded ? " fits |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|%s%s\n", offload ? "---|" : "",
+              bounded ? "---|" : "");
   for (const Candidate& c : candidates) {
     const RunPlan& p = c.plan;
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.1f |%s\n", label(c, r, automatic).c_str(),
+    const std::string host = offload ? " " + mib(p.host_optimizer) + " |" : "";
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.1f |%s%s\n", label(c, r, automatic).c_str(),
                 mib(p.params).c_str(), mib(p.frozen).c_str(), mib(p.grads).c_str(),
                 mib(p.optimizer).c_str(), mib(p.activations).c_str(), mib(p.comm).c_str(),
                 mib(p.total()).c_str(),
-                p.wire_bytes_per_step / (1 << 20),
+                p.wire_bytes_per_step / (1 << 20), host.c_str(),
                 bounded ? (p.total() <= budget ? " yes |" : " no |") : "");
   }
+  if (!r.model.device.is_host())
+    std::printf("\nMemory per rank is on the device (%s)%s.\n", to_string(r.model.device).c_str(),
+                offload ? "; host optimizer: fp32 master, AdamW m and v and gradient staging, in "
+                          "host memory (--offload optimizer)"
+                        : "");
 }
 
 void print_time_table(const std::vector<Candidate>& candidates, const RunPlanRequest& r,

@@ -88,6 +88,15 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "Type gradients travel in when reduced across ranks: fp32, or bf16 (half the "
                   "bytes; contributions rounded to bf16, summed in fp32)")
       ->capture_default_str();
+  cmd->add_option("--device", opts->device,
+                  "Where each rank computes: cpu, cuda (one GPU per rank, the node-local rank's; "
+                  "collectives over NCCL) or emulated (a test device: CPU kernels on memory the "
+                  "host cannot read, for checking the device path without a GPU)")
+      ->capture_default_str();
+  cmd->add_option("--offload", opts->offload,
+                  "none, or optimizer: keep the owned fp32 master weights and AdamW state in "
+                  "host memory and run AdamW on the CPU (device runs; ZeRO-Offload)")
+      ->capture_default_str();
   cmd->add_flag("--activation-checkpointing", opts->activation_checkpointing,
                 "Keep only each block's input and recompute the block's forward in backward "
                 "(activation memory of ~1 block instead of all; same gradients)");

@@ -11,12 +11,18 @@
 namespace shardlm {
 
 std::string to_string(Device device) {
-  return device.is_host() ? std::string("cpu") : "cuda:" + std::to_string(device.index);
+  switch (device.kind) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return "cuda:" + std::to_string(device.index);
+    case DeviceKind::emulated: return "emulated";
+  }
+  return "unknown";
 }
 
 Device parse_device(std::string_view text, std::string_view flag) {
   if (text == "cpu") return {DeviceKind::cpu, 0};
   if (text == "cuda") return {DeviceKind::cuda, 0};
+  if (text == "emulated") return {DeviceKind::emulated, 0};
   if (text.starts_with("cuda:")) {
     const std::string_view digits = text.substr(5);
     int index = -1;
@@ -24,7 +30,7 @@ Device parse_device(std::string_view text, std::string_view flag) {
     if (ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && index >= 0)
       return {DeviceKind::cuda, index};
   }
-  throw Error(fmt::format("{}: '{}' is not a device (expected cpu, cuda or cuda:N)", flag, text));
+  throw Error(fmt::format("{}: '{}' is not a device (expected cpu, cuda, cuda:N or emulated)", flag, text));
 }
 
 namespace {

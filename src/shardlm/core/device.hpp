@@ -1,5 +1,8 @@
 // Device: where a buffer lives and where a kernel runs. The host (the CPU backend) is
-// device {cpu, 0}; a CUDA rank uses {cuda, its GPU}. Buffers know their device through
+// device {cpu, 0}; a CUDA rank uses {cuda, its GPU}. {emulated, 0} is a test device:
+// the CPU kernels on memory the host cannot dereference (backend/emulated), so the
+// whole device path (staging, copies, per-device memory, device collectives) runs and
+// is checked on a machine without a GPU. Buffers know their device through
 // the DeviceAllocator that made them, and each device has its own MemoryTracker, so a
 // run reports host and GPU memory by category separately.
 #pragma once
@@ -10,7 +13,7 @@
 
 namespace shardlm {
 
-enum class DeviceKind { cpu, cuda };
+enum class DeviceKind { cpu, cuda, emulated };
 
 struct Device {
   DeviceKind kind = DeviceKind::cpu;
@@ -19,9 +22,10 @@ struct Device {
   friend bool operator==(const Device&, const Device&) = default;
 };
 
-// "cpu", "cuda:0"
+// "cpu", "cuda:0", "emulated"
 std::string to_string(Device device);
-// "cpu" | "cuda" | "cuda:N" (N >= 0); Error naming `flag` and the expected forms otherwise.
+// "cpu" | "cuda" | "cuda:N" (N >= 0) | "emulated"; Error naming `flag` and the expected
+// forms otherwise.
 Device parse_device(std::string_view text, std::string_view flag = "--device");
 
 // Makes and frees the raw memory of one device. allocate returns zero-filled memory,

@@ -32,12 +32,12 @@ MemoryTracker& MemoryTracker::global() {
 
 MemoryTracker& MemoryTracker::for_device(Device device) {
   if (device.is_host()) return global();
-  // One tracker per GPU, made on first use and never destroyed (buffers may outlive
+  // One tracker per device, made on first use and never destroyed (buffers may outlive
   // any owner of a map).
   static std::mutex mutex;
-  static std::map<int, std::unique_ptr<MemoryTracker>> trackers;
+  static std::map<std::pair<int, int>, std::unique_ptr<MemoryTracker>> trackers;
   std::lock_guard lock(mutex);
-  auto& tracker = trackers[device.index];
+  auto& tracker = trackers[{static_cast<int>(device.kind), device.index}];
   if (!tracker) tracker = std::make_unique<MemoryTracker>();
   return *tracker;
 }

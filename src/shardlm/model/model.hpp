@@ -19,6 +19,7 @@
 #include <span>
 #include <vector>
 
+#include "shardlm/core/device.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/param_layout.hpp"
@@ -49,6 +50,10 @@ struct MicroBatch {
 struct ModelOptions {
   DType precision = DType::fp32;
   bool activation_checkpointing = false;
+  // Where the model's arrays live and its kernels run (backend_for(device)). On a
+  // device the micro-batch's arrays are copied into the arena (MicroBatch stays host
+  // memory); parameters and gradients handed in must be that device's memory.
+  Device device{};
 };
 
 // What a model allocates (bytes), for `shardlm plan`.

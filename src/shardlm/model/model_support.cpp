@@ -2,9 +2,6 @@
 
 #include <algorithm>
 
-#include "shardlm/backend/cpu/convert.hpp"
-#include "shardlm/backend/cpu/gemm_mixed.hpp"
-#include "shardlm/backend/cpu/lm_head_loss.hpp"
 #include "shardlm/core/error.hpp"
 
 namespace shardlm {
@@ -40,8 +37,9 @@ void ArenaCarver::request(TypedPtr* slot, DType dtype, int64_t count) {
       count * static_cast<int64_t>(dtype_bytes(dtype)));
 }
 
-TrackedBuffer ArenaCarver::allocate(MemoryTracker& tracker) {
-  TrackedBuffer buffer(MemCategory::activations, static_cast<size_t>(offset_), tracker);
+TrackedBuffer ArenaCarver::allocate(Backend& backend, MemoryTracker& tracker) {
+  TrackedBuffer buffer =
+      allocate_on(backend, MemCategory::activations, static_cast<size_t>(offset_), tracker);
   for (const auto& r : requests_) r.assign(buffer.as<std::byte>() + r.offset);
   return buffer;
 }
@@ -51,15 +49,16 @@ void ArenaCarver::add(std::function<void(std::byte*)> assign, int64_t bytes) {
   offset_ += (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
 }
 
-ParamRounding::ParamRounding(DType compute, int64_t weight_scratch_elements,
+ParamRounding::ParamRounding(Backend& backend, DType compute, int64_t weight_scratch_elements,
                              int64_t vector_scratch_floats, MemoryTracker& tracker)
-    : compute_(compute),
+    : backend_(&backend),
+      compute_(compute),
       weight_type_(compute == DType::fp16 ? DType::fp32 : compute),
       weight_scratch_elements_(weight_scratch_elements),
       tracker_(&tracker) {
   if (compute_ != DType::fp32)
-    vector_buffer_ = TrackedBuffer(MemCategory::params,
-                                   sizeof(float) * static_cast<size_t>(vector_scratch_floats), tracker);
+    vector_buffer_ = allocate_on(backend, MemCategory::params,
+                                 sizeof(float) * static_cast<size_t>(vector_scratch_floats), tracker);
 }
 
 int64_t ParamRounding::planned_bytes(DType compute, int64_t weight_scratch_elements,
@@ -80,15 +79,15 @@ ConstTypedPtr ParamRounding::gemm_weight(ConstTypedPtr src, int64_t scratch_offs
       src.dtype == weight_type_ && (compute_ == DType::fp32 || src.dtype != DType::fp32);
   if (ready) return src;
   if (weight_buffer_.data() == nullptr)
-    weight_buffer_ = TrackedBuffer(
-        MemCategory::params, static_cast<size_t>(weight_scratch_elements_) * dtype_bytes(weight_type_),
-        *tracker_);
+    weight_buffer_ = allocate_on(
+        *backend_, MemCategory::params,
+        static_cast<size_t>(weight_scratch_elements_) * dtype_bytes(weight_type_), *tracker_);
   SHARDLM_ASSERT(scratch_offset + count <= weight_scratch_elements_);
   const TypedPtr scratch = TypedPtr(weight_buffer_.data(), weight_type_).at(scratch_offset);
   if (src.dtype == DType::fp32 && weight_type_ == DType::fp32) {
-    cpu::round_to(compute_, scratch.f32(), src.f32(), count);  // fp16 values kept in fp32
+    backend_->round_to(compute_, scratch.f32(), src.f32(), count);  // fp16 values kept in fp32
   } else {
-    cpu::convert(scratch, src, count);  // rounds fp32 to bf16, or widens fp16 exactly
+    backend_->convert(scratch, src, count);  // rounds fp32 to bf16, or widens fp16 exactly
   }
   return scratch;
 }
@@ -98,16 +97,16 @@ const float* ParamRounding::vector_values(ConstTypedPtr src, int64_t count, floa
   float* dst = *scratch;
   *scratch += count;
   if (src.dtype == DType::fp32) {
-    cpu::round_to(compute_, dst, src.f32(), count);
+    backend_->round_to(compute_, dst, src.f32(), count);
   } else {
-    cpu::convert(dst, src, count);
+    backend_->convert(dst, src, count);
   }
   return dst;
 }
 
 ConstTypedPtr ParamRounding::for_gemm(const float* src, TypedPtr scratch, int64_t count) const {
   if (compute_ == DType::fp32) return src;
-  cpu::convert(scratch, src, count);
+  backend_->convert(scratch, src, count);
   return scratch;
 }
 
@@ -232,9 +231,10 @@ void LmHead::carve(ArenaCarver& carver, int64_t n, int vocab_size, int padded_vo
     carver.request(&dlogits_c_, compute, static_cast<int64_t>(chunk_rows_) * Vp_);
 }
 
-double LmHead::loss(ConstTypedPtr x, ConstTypedPtr weight, const int32_t* targets, int64_t n,
-                    float grad_scale, float* dx, float* dweight) const {
-  cpu::LmHeadLossArgs args;
+double LmHead::loss(Backend& backend, ConstTypedPtr x, ConstTypedPtr weight,
+                    const int32_t* targets, int64_t n, float grad_scale, float* dx,
+                    float* dweight) const {
+  LmHeadLossArgs args;
   args.x = x;
   args.weight = weight;
   args.targets = targets;
@@ -246,15 +246,58 @@ double LmHead::loss(ConstTypedPtr x, ConstTypedPtr weight, const int32_t* target
   args.logits_stride = Vp_;
   args.dlogits_scratch = dlogits_c_;
   args.chunk_rows = chunk_rows_;
-  cpu::lm_head_cross_entropy(args, row_loss_, dx, dweight);
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += row_loss_[i];
-  return sum;
+  backend.lm_head_cross_entropy(args, row_loss_, dx, dweight);
+  return backend.sum(row_loss_, n);
 }
 
-void LmHead::logits(ConstTypedPtr x, int64_t ld, int rows, ConstTypedPtr weight,
-                    float* out) const {
-  cpu::gemm(false, true, rows, V_, C_, 1.0f, x, static_cast<int>(ld), weight, C_, 0.0f, out, V_);
+void LmHead::logits(Backend& backend, ConstTypedPtr x, int64_t ld, int rows,
+                    ConstTypedPtr weight, float* out) const {
+  if (backend.device().is_host()) {
+    backend.gemm(false, true, rows, V_, C_, 1.0f, x, static_cast<int>(ld), weight, C_, 0.0f, out,
+                 V_);
+    return;
+  }
+  SHARDLM_CHECK(rows <= chunk_rows_, "model: logits of {} rows exceed the logits chunk ({} rows)",
+                rows, chunk_rows_);
+  backend.gemm(false, true, rows, V_, C_, 1.0f, x, static_cast<int>(ld), weight, C_, 0.0f,
+               logits_chunk_, V_);
+  backend.copy_to_host(out, logits_chunk_, sizeof(float) * static_cast<size_t>(rows) * V_);
+}
+
+void StagedBatch::carve(ArenaCarver& carver, int64_t n, bool on_device) {
+  on_device_ = on_device;
+  if (!on_device) return;
+  carver.request(&device_tokens_, n);
+  carver.request(&device_targets_, n);
+  carver.request(&device_positions_, n);
+  carver.request(&device_key_begin_, n);
+}
+
+void StagedBatch::stage(Backend& backend, const MicroBatch& batch, bool default_positions) {
+  if (!on_device_) {
+    tokens = batch.tokens;
+    targets = batch.targets;
+    positions = batch.positions;
+    key_begin = batch.key_begin;
+    return;
+  }
+  const size_t n = static_cast<size_t>(batch.B) * static_cast<size_t>(batch.T);
+  auto upload = [&](int32_t* dst, const int32_t* src) -> const int32_t* {
+    if (src == nullptr) return nullptr;
+    backend.copy_from_host(dst, src, n * sizeof(int32_t));
+    return dst;
+  };
+  tokens = upload(device_tokens_, batch.tokens);
+  targets = upload(device_targets_, batch.targets);
+  key_begin = upload(device_key_begin_, batch.key_begin);
+  const int32_t* host_positions = batch.positions;
+  if (host_positions == nullptr && default_positions) {
+    host_positions_.resize(n);
+    for (size_t i = 0; i < n; ++i)
+      host_positions_[i] = static_cast<int32_t>(i % static_cast<size_t>(batch.T));
+    host_positions = host_positions_.data();
+  }
+  positions = upload(device_positions_, host_positions);
 }
 
 }  // namespace shardlm

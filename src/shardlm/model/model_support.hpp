@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/model/model.hpp"
@@ -22,7 +23,8 @@ class ArenaCarver {
   void request(int32_t** slot, int64_t count);
   void request(TypedPtr* slot, DType dtype, int64_t count);
   int64_t bytes() const { return offset_; }
-  TrackedBuffer allocate(MemoryTracker& tracker);
+  // On the backend's device (host: counted by `tracker`).
+  TrackedBuffer allocate(Backend& backend, MemoryTracker& tracker);
 
  private:
   static constexpr int64_t kAlignBytes = 64;
@@ -46,8 +48,8 @@ class ArenaCarver {
 // type, rounded into a vector scratch of `vector_scratch_floats` (compute != fp32 only).
 class ParamRounding {
  public:
-  ParamRounding(DType compute, int64_t weight_scratch_elements, int64_t vector_scratch_floats,
-                MemoryTracker& tracker);
+  ParamRounding(Backend& backend, DType compute, int64_t weight_scratch_elements,
+                int64_t vector_scratch_floats, MemoryTracker& tracker);
   DType compute() const { return compute_; }
   DType weight_type() const { return weight_type_; }
 
@@ -67,6 +69,7 @@ class ParamRounding {
                                int64_t vector_scratch_floats, bool params_in_compute_type);
 
  private:
+  Backend* backend_;
   DType compute_;
   DType weight_type_;
   int64_t weight_scratch_elements_;
@@ -84,6 +87,30 @@ void check_grad_pointer(UnitPointers grads, int num_units, int unit);
 void check_micro_batch(const MicroBatch& batch, int max_batch, int max_seq, int vocab_size);
 // Targets inside the vocabulary or ignored; returns how many are not ignored.
 int64_t count_targets(const int32_t* targets, int64_t n, int vocab_size);
+
+// The micro-batch's int32 arrays where the kernels read them: on the host backend the
+// caller's own arrays; on a device, copies in arrays carved from the model's arena
+// (carve with on_device, which plan_memory counts too). The host arrays stay the ones
+// the model checks and counts targets on.
+class StagedBatch {
+ public:
+  void carve(ArenaCarver& carver, int64_t n, bool on_device);
+  // default_positions: on a device, positions t when the batch has none (the host
+  // path keeps its own default array).
+  void stage(Backend& backend, const MicroBatch& batch, bool default_positions);
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* key_begin = nullptr;
+
+ private:
+  bool on_device_ = false;
+  int32_t* device_tokens_ = nullptr;
+  int32_t* device_targets_ = nullptr;
+  int32_t* device_positions_ = nullptr;
+  int32_t* device_key_begin_ = nullptr;
+  std::vector<int32_t> host_positions_;
+};
 
 // Where a model is in one micro-batch: unit 0's forward starts it (and fixes its
 // shape), the last unit's forward ends it (with the loss, when there are targets),
@@ -125,10 +152,13 @@ class LmHead {
   // Loss of x [n, C] (compute type) against targets; with dx, the gradient of
   // grad_scale * sum(loss) with respect to x (fp32) and the head weight (+= dweight).
   // Returns the loss sum.
-  double loss(ConstTypedPtr x, ConstTypedPtr weight, const int32_t* targets, int64_t n,
-              float grad_scale, float* dx, float* dweight) const;
-  // logits [rows, V] of `rows` hidden states at stride ld.
-  void logits(ConstTypedPtr x, int64_t ld, int rows, ConstTypedPtr weight, float* out) const;
+  // targets: the backend's memory.
+  double loss(Backend& backend, ConstTypedPtr x, ConstTypedPtr weight, const int32_t* targets,
+              int64_t n, float grad_scale, float* dx, float* dweight) const;
+  // logits [rows, V] of `rows` hidden states at stride ld, into host memory `out` (on a
+  // device through the logits chunk: rows must fit in it).
+  void logits(Backend& backend, ConstTypedPtr x, int64_t ld, int rows, ConstTypedPtr weight,
+              float* out) const;
 
  private:
   int V_ = 0, Vp_ = 0, C_ = 0, chunk_rows_ = 0;

@@ -3,8 +3,9 @@
 namespace shardlm {
 
 AdamWOptimizer::AdamWOptimizer(const ParamLayout& layout, Strategy& strategy,
-                               const AdamWConfig& config)
-    : strategy_(strategy), config_(config) {
+                               const AdamWConfig& config, Backend& backend,
+                               HostOwnedState* offloaded)
+    : strategy_(strategy), backend_(backend), offloaded_(offloaded), config_(config) {
   for (int u = 0; u < layout.num_units(); ++u) {
     const OwnedSlice s = strategy_.owned(u);
     decay_ranges_.push_back(
@@ -13,10 +14,14 @@ AdamWOptimizer::AdamWOptimizer(const ParamLayout& layout, Strategy& strategy,
 }
 
 void AdamWOptimizer::step(float lr, float grad_multiplier, int64_t step) {
+  if (offloaded_ != nullptr) {
+    offloaded_->step(decay_ranges_, lr, grad_multiplier, step, config_);
+    return;
+  }
   for (size_t u = 0; u < decay_ranges_.size(); ++u) {
     const OwnedSlice s = strategy_.owned(static_cast<int>(u));
     if (s.grad == nullptr) continue;  // a frozen unit (LoRA's base) does not train
-    adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(), decay_ranges_[u], lr,
+    backend_.adamw_update(s.master, s.grad, s.adam_m, s.adam_v, s.size(), decay_ranges_[u], lr,
                  grad_multiplier, step, config_, s.compute_copy);
   }
 }

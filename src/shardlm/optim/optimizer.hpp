@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/optim/adamw.hpp"
+#include "shardlm/parallel/host_owned_state.hpp"
 #include "shardlm/parallel/strategy.hpp"
 
 namespace shardlm {
@@ -16,7 +18,10 @@ class AdamWOptimizer {
  public:
   // The strategy's owned slices must not move afterwards (they do not: strategies
   // allocate once).
-  AdamWOptimizer(const ParamLayout& layout, Strategy& strategy, const AdamWConfig& config);
+  // The update runs on `backend` (where the strategy keeps the owned slices), or, with
+  // `offloaded`, on the host through it (--offload optimizer).
+  AdamWOptimizer(const ParamLayout& layout, Strategy& strategy, const AdamWConfig& config,
+                 Backend& backend = cpu_backend(), HostOwnedState* offloaded = nullptr);
 
   // step is AdamW's 1-based step count (bias correction); the gradient is multiplied
   // by grad_multiplier first (clipping, loss-scale removal).
@@ -24,6 +29,8 @@ class AdamWOptimizer {
 
  private:
   Strategy& strategy_;
+  Backend& backend_;
+  HostOwnedState* offloaded_;
   AdamWConfig config_;
   std::vector<std::vector<ElementRange>> decay_ranges_;  // per unit, relative to the slice
 };

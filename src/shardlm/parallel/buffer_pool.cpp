@@ -5,9 +5,9 @@
 namespace shardlm {
 
 BufferPool::BufferPool(int count, MemCategory category, size_t bytes_each,
-                       MemoryTracker& tracker) {
+                       MemoryTracker& tracker, Backend& backend) {
   for (int slot = 0; slot < count; ++slot) {
-    buffers_.emplace_back(category, bytes_each, tracker);
+    buffers_.push_back(allocate_on(backend, category, bytes_each, tracker));
     free_slots_.push_back(slot);
   }
 }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 
 namespace shardlm {
@@ -16,7 +17,9 @@ namespace shardlm {
 class BufferPool {
  public:
   BufferPool() = default;
-  BufferPool(int count, MemCategory category, size_t bytes_each, MemoryTracker& tracker);
+  // On the backend's device (host: counted by `tracker`).
+  BufferPool(int count, MemCategory category, size_t bytes_each, MemoryTracker& tracker,
+             Backend& backend = cpu_backend());
 
   int size() const { return static_cast<int>(buffers_.size()); }
   bool has_free() const { return !free_slots_.empty(); }

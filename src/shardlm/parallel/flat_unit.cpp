@@ -8,12 +8,10 @@ namespace shardlm {
 
 namespace {
 
-TrackedBuffer floats(MemCategory category, int64_t count, MemoryTracker& tracker) {
-  return TrackedBuffer(category, static_cast<size_t>(count) * sizeof(float), tracker);
-}
-
-TrackedBuffer elements(MemCategory category, DType type, int64_t count, MemoryTracker& tracker) {
-  return TrackedBuffer(category, static_cast<size_t>(count) * dtype_bytes(type), tracker);
+// Buffers on the backend's device (the host's counted by `tracker`, as tests pass).
+TrackedBuffer elements(MemCategory category, DType type, int64_t count, MemoryTracker& tracker,
+                       Backend& backend) {
+  return allocate_on(backend, category, static_cast<size_t>(count) * dtype_bytes(type), tracker);
 }
 
 }  // namespace
@@ -37,29 +35,32 @@ FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPla
   // arithmetic is checked against it byte for byte).
   const MemCategory param_category = trainable() ? MemCategory::params : MemCategory::frozen;
   if (shard_params_) {
-    owned_params_ = floats(param_category, slice_numel_, tracker);
+    owned_params_ = elements(param_category, DType::fp32, slice_numel_, tracker, backend);
   } else {
-    full_params_ = floats(param_category, numel_, tracker);
+    full_params_ = elements(param_category, DType::fp32, numel_, tracker, backend);
     if (compute_copy_) {
-      compute_params_ = elements(param_category, param_type_, numel_, tracker);
+      compute_params_ = elements(param_category, param_type_, numel_, tracker, backend);
       params_ = TypedPtr(compute_params_.data(), param_type_);
     } else {
       params_ = full_params_.as<float>();
     }
   }
   if (shared_ && shard_params_)
-    dedicated_params_ = elements(MemCategory::params, param_type_, numel_, tracker);
+    dedicated_params_ = elements(MemCategory::params, param_type_, numel_, tracker, backend);
   if (!trainable()) return;  // no gradients, no optimizer state
   if (shard_grads_) {
-    owned_grads_ = floats(MemCategory::grads, slice_numel_, tracker);
+    owned_grads_ = elements(MemCategory::grads, DType::fp32, slice_numel_, tracker, backend);
   } else {
-    full_grads_ = floats(MemCategory::grads, numel_, tracker);
+    full_grads_ = elements(MemCategory::grads, DType::fp32, numel_, tracker, backend);
     grads_ = full_grads_.as<float>();
   }
   const int64_t optimizer_numel = whole_unit_owned_ ? numel_ : slice_numel_;
-  adam_m_ = floats(MemCategory::optimizer, optimizer_numel, tracker);
-  adam_v_ = floats(MemCategory::optimizer, optimizer_numel, tracker);
-  if (shared_ && shard_grads_) dedicated_grads_ = floats(MemCategory::grads, numel_, tracker);
+  if (!plan.optimizer_on_host) {  // --offload optimizer: AdamW state lives in host memory
+    adam_m_ = elements(MemCategory::optimizer, DType::fp32, optimizer_numel, tracker, backend);
+    adam_v_ = elements(MemCategory::optimizer, DType::fp32, optimizer_numel, tracker, backend);
+  }
+  if (shared_ && shard_grads_)
+    dedicated_grads_ = elements(MemCategory::grads, DType::fp32, numel_, tracker, backend);
 }
 
 const float* FlatUnit::replicated_params() const {
@@ -173,11 +174,8 @@ void FlatUnit::finish_reduce(Communicator* replica, BufferPool& pool) {
     replica->all_reduce(reduced, static_cast<size_t>(n), ReduceOp::sum,
                         "all_reduce grads across replicas unit " + name())
         .wait();
-  // The owned gradient accumulates over micro-batches. The backend table has no
-  // element-wise add, so this stays a host loop (a device backend needs one).
-  float* owned = owned_grads_.as<float>();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) owned[i] += reduced[i];
+  // The owned gradient accumulates over micro-batches.
+  backend_.accumulate(owned_grads_.as<float>(), reduced, n);
   if (grad_slot_ != kNoSlot) pool.release(grad_slot_);
   grad_slot_ = kNoSlot;
   grads_ = nullptr;

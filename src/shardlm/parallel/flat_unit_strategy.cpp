@@ -34,6 +34,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   plan.shard_optimizer = options.kind != StrategyKind::ddp;
   plan.param_type = model_param_type(options);
   plan.compute_copy = !plan.shard_params && plan.param_type != DType::fp32;
+  plan.optimizer_on_host = options.optimizer_on_host;
   const size_t U = static_cast<size_t>(layout.num_units());
   plan.shared_unit.assign(U, false);
   for (size_t m = 0; m < unit_needs.size(); ++m)
@@ -120,11 +121,6 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   SHARDLM_CHECK(static_cast<int>(unit_needs.size()) == num_model_units_,
                 "internal: {} model units need lists for a layout of {} model units",
                 unit_needs.size(), num_model_units_);
-  // Buffers are host memory (TrackedBuffer through `tracker`) until the strategy
-  // allocates on the backend's device.
-  SHARDLM_CHECK(backend.device().is_host(),
-                "internal: the strategy's buffers are host memory; backend {} is not the host's",
-                backend.description());
   for (const auto& placement : layout.model_units) unit_of_.push_back(placement.unit);
   first_model_unit_.assign(static_cast<size_t>(num_units_), -1);
   for (int m = num_model_units_ - 1; m >= 0; --m)
@@ -150,10 +146,11 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   for (int u = 0; u < num_units_; ++u)
     units_.emplace_back(layout, u, plan, shard_->rank(), tracker, backend);
   gather_buffers_ = BufferPool(plan.param_pool, MemCategory::params,
-                               static_cast<size_t>(plan.gather_buffer_bytes), tracker);
+                               static_cast<size_t>(plan.gather_buffer_bytes), tracker, backend);
   const size_t grad_buffer_bytes =
       static_cast<size_t>(plan.largest_trainable_private_unit) * sizeof(float);
-  grad_buffers_ = BufferPool(plan.grad_pool, MemCategory::grads, grad_buffer_bytes, tracker);
+  grad_buffers_ =
+      BufferPool(plan.grad_pool, MemCategory::grads, grad_buffer_bytes, tracker, backend);
 
   train_schedule_ = training_schedule(num_model_units_);
   for (int m = 0; m < num_model_units_; ++m) eval_schedule_.push_back({false, m});

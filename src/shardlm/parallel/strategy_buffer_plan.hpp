@@ -14,6 +14,8 @@ struct StrategyBufferPlan {
   bool shard_params = false, shard_grads = false, shard_optimizer = false;
   DType param_type = DType::fp32;   // of what the model reads (gathered or copied)
   bool compute_copy = false;        // replicated params also kept in param_type (bf16)
+  bool optimizer_on_host = false;   // --offload optimizer: no AdamW state allocated here
+                                    // (optimizer_bytes still counts what it would be)
   std::vector<bool> shared_unit;    // flat units another model unit reads (tied head)
   int64_t largest_private_unit = 0; // elements
   int64_t gather_buffer_bytes = 0;  // zero3/hybrid: one gather buffer (largest private unit)

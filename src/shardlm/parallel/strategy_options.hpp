@@ -29,6 +29,9 @@ struct StrategyOptions {
   // (half the bytes; every rank's contribution is rounded to bf16 and the sum is
   // accumulated in fp32, in rank order).
   DType reduce_dtype = DType::fp32;
+  // --offload optimizer: no AdamW state on the device (parallel/host_owned_state.hpp
+  // keeps it in host memory and runs the update there).
+  bool optimizer_on_host = false;
 };
 
 // Accepts the names and aliases above; Error listing them otherwise.

@@ -24,6 +24,13 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.params = buffers.params_bytes;
   plan.grads = buffers.grads_bytes;
   plan.optimizer = buffers.optimizer_bytes;
+  plan.device = r.model.device;
+  if (r.offload_optimizer) {
+    // m and v (8 bytes per owned element) leave the device; the host adds the fp32
+    // master and the gradient staging (8 more).
+    plan.host_optimizer = 2 * buffers.optimizer_bytes;
+    plan.optimizer = 0;
+  }
   plan.frozen = buffers.frozen_bytes;
   const bool params_in_compute_type = buffers.param_type != DType::fp32;
   const ModelMemoryPlan model =

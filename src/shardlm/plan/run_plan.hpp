@@ -36,6 +36,9 @@ struct RunPlanRequest {
   int global_batch = 0;  // sequences per step; 0: micro_batch x world_size
   int64_t min_unit_params = 65536;
   size_t comm_scratch_bytes = size_t{4} << 20;  // CommOptions::scratch_bytes
+  // --offload optimizer (device runs): the owned fp32 master, AdamW m and v and a
+  // gradient staging slice live in host memory instead of the device's.
+  bool offload_optimizer = false;
 };
 
 struct RunPlan {
@@ -45,7 +48,13 @@ struct RunPlan {
   // Peak bytes per rank.
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0;
   int64_t frozen = 0;  // parameters that do not train (LoRA's base)
+  // The categories above are on the run's device (the host for --device cpu).
   int64_t total() const { return params + grads + optimizer + activations + comm + frozen; }
+  Device device{};
+  // --offload optimizer: host bytes of the offloaded state (master, m, v, gradient
+  // staging: 16 bytes per owned trainable element), counted by the host's tracker as
+  // "optimizer"; the device then holds no optimizer state.
+  int64_t host_optimizer = 0;
   double wire_bytes_per_step = 0;  // bus bytes per rank and optimizer step
   double flops_per_step = 0;       // model FLOPs per rank and step (GEMMs + attention)
   double tokens_per_step = 0;      // global batch x sequence length

@@ -25,6 +25,10 @@ nlohmann::json step_record(const StepOutcome& o, const StepContext& c, const Com
       {"exposed_comm_ms", comm.exposed_seconds * 1e3},
       {"comm", comm.to_json()},
       {"mem", MemoryTracker::global().to_json()}};
+  if (!c.device.is_host()) {
+    record["device"] = to_string(c.device);
+    record["device_mem"] = MemoryTracker::for_device(c.device).to_json();
+  }
   record["phase_ms"] = phase_ms_json(phases, o.seconds, comm.exposed_seconds);
   if (c.loss_scale) {
     record["loss_scale"] = *c.loss_scale;  // the scale this step ran with

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardlm/comm/counters.hpp"
+#include "shardlm/core/device.hpp"
 #include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm {
@@ -31,6 +32,9 @@ struct StepContext {
   std::string strategy;
   std::optional<double> loss_scale;   // fp16 runs: the scale the step ran with
   int64_t skipped_steps = 0;
+  // The run's device: a device run adds "device_mem", that device's tracker ("mem" is
+  // always the host's).
+  Device device{};
 };
 
 nlohmann::json step_record(const StepOutcome& outcome, const StepContext& context,

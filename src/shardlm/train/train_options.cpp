@@ -1,5 +1,7 @@
 #include "shardlm/train/train_options.hpp"
 
+#include "shardlm/core/device.hpp"
+
 #include <cmath>
 #include <filesystem>
 #include <utility>
@@ -7,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardlm/ckpt/hf_import.hpp"
+#include "shardlm/core/device.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
@@ -114,6 +117,12 @@ void TrainOptions::validate_run_shape() const {
                 "--shard-group-size applies to --strategy hybrid only (this run uses {})",
                 strategy);
   parse_dtype(precision, "--precision");
+  const Device run_device = parse_device(device, "--device");
+  SHARDLM_CHECK(offload == "none" || offload == "optimizer",
+                "--offload must be none or optimizer, got '{}'", offload);
+  SHARDLM_CHECK(offload == "none" || !run_device.is_host(),
+                "--offload optimizer moves the optimizer state from the device into host "
+                "memory; with --device cpu it is in host memory already (use --device cuda)");
   SHARDLM_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16",
                 "--reduce-dtype must be fp32 or bf16, got '{}'", reduce_dtype);
 }

@@ -75,6 +75,12 @@ struct TrainOptions {
   double loss_scale = 65536.0;            // fp16: initial dynamic loss scale
   int64_t loss_scale_growth_interval = 1000;  // fp16: good steps before the scale doubles
 
+  // Where each rank computes: cpu, cuda (one GPU per rank: the node-local rank's), or
+  // emulated (a test device: backend/emulated). --offload optimizer keeps the owned fp32
+  // master weights and AdamW state in host memory and runs AdamW there (device runs).
+  std::string device = "cpu";
+  std::string offload = "none";  // none | optimizer
+
   std::optional<int> threads;  // default: the cores this host's ranks may use, shared out
   int64_t log_every = 0;  // plain progress lines when not a terminal; 0: ~20 lines per run
 

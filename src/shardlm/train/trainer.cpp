@@ -12,6 +12,9 @@
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/ckpt/hf_import.hpp"
+#include "shardlm/comm/device_communicator.hpp"
+#include "shardlm/parallel/host_owned_state.hpp"
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/comm/world.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/fault_injection.hpp"
@@ -46,12 +49,16 @@ namespace shardlm {
 namespace {
 
 // sha256 of the replicated parameters, for --check-replicas.
-uint64_t replicated_params_digest(const ParamLayout& layout, const FlatUnitStrategy& strategy) {
+uint64_t replicated_params_digest(const ParamLayout& layout, const FlatUnitStrategy& strategy,
+                                  Backend& backend) {
   Sha256 hasher;
+  std::vector<float> host;
   for (int u = 0; u < layout.num_units(); ++u)
-    if (const float* params = strategy.replicated_params(u))
-      hasher.update(params, static_cast<size_t>(layout.units[static_cast<size_t>(u)].padded_numel) *
-                                sizeof(float));
+    if (const float* params = strategy.replicated_params(u)) {
+      host.resize(static_cast<size_t>(layout.units[static_cast<size_t>(u)].padded_numel));
+      backend.copy_to_host(host.data(), params, host.size() * sizeof(float));
+      hasher.update(host.data(), host.size() * sizeof(float));
+    }
   return std::stoull(hasher.hex_digest().substr(0, 16), nullptr, 16);
 }
 
@@ -108,7 +115,17 @@ class Trainer {
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<Model> model_;
+  // --device: where the model and the strategy's buffers live. On a device the strategy
+  // talks over device_comm_ (NCCL) while comm_ carries the host's values; host_state_
+  // holds the owned state in host memory for checkpoints, init and import (a mirror),
+  // or, with --offload optimizer, for good (and runs AdamW there).
+  Device device_{};
+  Backend* backend_ = &cpu_backend();
+  std::unique_ptr<Communicator> device_comm_;
   std::unique_ptr<FlatUnitStrategy> strategy_;
+  std::unique_ptr<HostOwnedState> host_state_;
+  // What host code reads and writes owned state through.
+  Strategy& owned_state() { return host_state_ ? static_cast<Strategy&>(*host_state_) : *strategy_; }
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
   std::optional<LrSchedule> schedule_;
@@ -158,7 +175,8 @@ TrainSummary Trainer::run() {
 
     CommCounters comm_stats = comm_.take_counters();
     comm_stats += strategy_->take_group_counters();
-    StepContext context{tokens_seen_, wall_.seconds(), world_, strategy_->name(), std::nullopt, 0};
+    StepContext context{tokens_seen_, wall_.seconds(), world_, strategy_->name(), std::nullopt,
+                        0, device_};
     if (loss_scaler_) {
       context.loss_scale = outcome.loss_scale;
       context.skipped_steps = loss_scaler_->skipped_steps();
@@ -202,7 +220,7 @@ TrainSummary Trainer::run() {
     summary.sample = o_.sample_prompt + tokenizer->decode(ids);
   }
   strategy_->synchronize();
-  summary.memory = MemoryTracker::global().to_json();
+  summary.memory = MemoryTracker::for_device(device_).to_json();
   summary.wall_s = wall_.seconds();
   return summary;
 }
@@ -283,7 +301,7 @@ MicroBatch Trainer::micro_batch(int k) const {
 
 void Trainer::check_replicas(int64_t done) {
   strategy_->synchronize();
-  auto digests = comm_.all_gather_u64(replicated_params_digest(*layout_, *strategy_), "replica digest");
+  auto digests = comm_.all_gather_u64(replicated_params_digest(*layout_, *strategy_, *backend_), "replica digest");
   for (int r = 1; r < world_; ++r)
     SHARDLM_CHECK(digests[static_cast<size_t>(r)] == digests[0],
                   "replicas diverged after step {}: rank {}'s parameters differ from rank 0's", done,
@@ -304,7 +322,8 @@ int64_t Trainer::set_up() {
   open_metrics(start_step);
   schedule_.emplace(LrSchedule{o_.lr, o_.min_lr.value_or(o_.lr / 10.0f), o_.warmup, o_.steps});
   optimizer_ = std::make_unique<AdamWOptimizer>(
-      *layout_, *strategy_, AdamWConfig{o_.beta1, o_.beta2, 1e-8f, o_.weight_decay});
+      *layout_, *strategy_, AdamWConfig{o_.beta1, o_.beta2, 1e-8f, o_.weight_decay}, *backend_,
+      strategy_options_.optimizer_on_host ? host_state_.get() : nullptr);
   const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
   tokens_.assign(micro_tokens * static_cast<size_t>(accumulation_), 0);
   targets_.assign(tokens_.size(), 0);
@@ -328,6 +347,10 @@ void Trainer::read_inputs() {
                        o_.reshard_after_forward, o_.shard_group_size,
                        parse_dtype(o_.precision, "--precision"),
                        parse_dtype(o_.reduce_dtype, "--reduce-dtype")};
+  device_ = rank_device(parse_device(o_.device, "--device"), comm_,
+                        o_.device.find(':') != std::string::npos);
+  backend_ = &backend_for(device_);  // a clear error now when the device is absent
+  strategy_options_.optimizer_on_host = o_.offload == "optimizer";
   global_batch_ = o_.global_batch > 0 ? o_.global_batch : o_.micro_batch * world_;
   SHARDLM_CHECK(global_batch_ >= world_,
                 "world size {} is larger than the global batch of {} sequences (every rank "
@@ -373,7 +396,7 @@ void Trainer::build_model_and_strategy() {
   const int partition = partition_size(strategy_options_, world_);
   layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
   const ModelOptions model_options{parse_dtype(o_.precision, "--precision"),
-                                   o_.activation_checkpointing};
+                                   o_.activation_checkpointing, device_};
   model_ = model_family(config_.family)
                .make_model(config_, *layout_, o_.micro_batch, o_.seq_len, model_options,
                            MemoryTracker::global());
@@ -383,8 +406,15 @@ void Trainer::build_model_and_strategy() {
     scaler_config.growth_interval = o_.loss_scale_growth_interval;
     loss_scaler_.emplace(scaler_config);
   }
-  strategy_ = std::make_unique<FlatUnitStrategy>(*layout_, model_->unit_needs(), comm_,
-                                                 strategy_options_);
+  device_comm_ = make_device_communicator(device_, comm_);
+  strategy_ = std::make_unique<FlatUnitStrategy>(
+      *layout_, model_->unit_needs(), device_comm_ ? *device_comm_ : comm_, strategy_options_,
+      MemoryTracker::global(), *backend_);
+  if (!device_.is_host())
+    host_state_ = std::make_unique<HostOwnedState>(
+        *layout_, *strategy_, *backend_,
+        strategy_options_.optimizer_on_host ? HostOwnedState::Role::offloaded_optimizer
+                                            : HostOwnedState::Role::mirror);
   runner_ = std::make_unique<ModelRunner>(*model_, *strategy_);
 }
 
@@ -393,7 +423,7 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
   resumed_ = resume_from != nullptr;
   if (resume_from) {
     Stopwatch load_clock;
-    resume_from->load_into(*layout_, *strategy_);
+    resume_from->load_into(*layout_, owned_state());
     const double load_s = load_clock.seconds();
     const CheckpointInfo& info = resume_from->info();
     tokens_seen_ = info.tokens_seen;
@@ -416,19 +446,19 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
     // LoRA adapters start from their init (A random, B zero); the base is imported.
     for (int u = 0; u < layout_->num_units(); ++u)
       if (layout_->units[static_cast<size_t>(u)].trainable && config_.lora.enabled()) {
-        OwnedSlice s = strategy_->owned(u);
+        OwnedSlice s = owned_state().owned(u);
         model_->init_range(u, o_.seed, s.begin, s.end, s.master);
       }
-    import_hugging_face(o_.init_from, config_, *layout_, *strategy_);
+    import_hugging_face(o_.init_from, config_, *layout_, owned_state());
     print(fmt::format("initialised from {}\n", o_.init_from));
     return 0;
   }
   // Init is a function of (seed, tensor name): each rank fills its owned slices.
   for (int u = 0; u < layout_->num_units(); ++u) {
-    OwnedSlice s = strategy_->owned(u);
+    OwnedSlice s = owned_state().owned(u);
     model_->init_range(u, o_.seed, s.begin, s.end, s.master);
   }
-  strategy_->after_load();
+  owned_state().after_load();
   return 0;
 }
 
@@ -501,7 +531,12 @@ double Trainer::evaluate() {
 }
 
 void Trainer::save(int64_t step, const std::string& run_dir) {
-  check_state_finite(*layout_, *strategy_, comm_, step);  // a diverged state is never committed
+  if (host_state_) {
+    strategy_->synchronize();
+    host_state_->pull();
+  }
+  // A diverged state is never committed.
+  check_state_finite(*layout_, owned_state(), comm_, step);
   nlohmann::json options = trajectory_;
   options["steps"] = o_.steps;
   if (!init_from_.empty()) options["init_from"] = init_from_;
@@ -509,7 +544,7 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
                       {{"options", options}}};
   if (loss_scaler_) info.train["loss_scaler"] = loss_scaler_->to_json();
   Stopwatch clock;
-  const std::string dir = save_checkpoint(run_dir, *layout_, *strategy_, info, o_.keep, comm_);
+  const std::string dir = save_checkpoint(run_dir, *layout_, owned_state(), info, o_.keep, comm_);
   if (is_root_) {
     uintmax_t bytes = 0;
     for (const auto& entry : fs::directory_iterator(dir)) bytes += entry.file_size();

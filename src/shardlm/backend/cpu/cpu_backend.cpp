@@ -57,6 +57,11 @@ class CpuBackend final : public Backend {
     cpu::round_to(dtype, dst, src, n);
   }
 
+  void accumulate(float* dst, const float* src, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+
   void add_bias(float* out, const float* bias, int64_t N, int M) override {
     cpu::add_bias(out, bias, N, M);
   }

@@ -1,4 +1,3 @@
-#include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/model/gpt2/gpt2_model.hpp"
 
 #include <algorithm>
@@ -7,13 +6,7 @@
 #include <span>
 #include <type_traits>
 
-#include "shardlm/backend/cpu/attention.hpp"
-#include "shardlm/backend/cpu/bias.hpp"
-#include "shardlm/backend/cpu/embedding.hpp"
-#include "shardlm/backend/cpu/gelu.hpp"
-#include "shardlm/backend/cpu/gemm_mixed.hpp"
-#include "shardlm/backend/cpu/layernorm.hpp"
-#include "shardlm/backend/cpu/lm_head_loss.hpp"
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/gpt2/gpt2_family.hpp"
 #include "shardlm/model/model_support.hpp"
@@ -21,8 +14,6 @@
 namespace shardlm {
 
 namespace {
-
-using cpu::gemm;
 
 // Offsets (elements) of a block's parameters inside its unit buffer.
 struct BlockOffsets {
@@ -82,6 +73,9 @@ struct Gpt2Model::Impl {
   int64_t lnf_w = 0, lnf_b = 0;
   int64_t lm_head = -1;  // offset in the final unit when the head is untied
 
+  // Where the kernels run (options.device); the CPU backend until the constructor.
+  Backend* be = &cpu_backend();
+
   // Activations (one arena).
   TrackedBuffer arena;
   std::vector<float*> residual;  // L + 1 unit boundaries, [N, C] each: the unit inputs
@@ -107,9 +101,9 @@ struct Gpt2Model::Impl {
   // State of the current micro-batch.
   MicroBatchState state{0};
   int B = 0, T = 0;  // state.B, state.T (the kernels' shorthand)
-  // Packed sequences: where each token's document starts (attention looks no further
-  // back), or null.
-  const int32_t* key_begin = nullptr;
+  // The micro-batch's arrays where the kernels read them (key_begin: packed sequences,
+  // where each token's document starts, attention looks no further back; or null).
+  StagedBatch staged;
 
   int64_t N() const { return static_cast<int64_t>(B) * T; }
 
@@ -156,9 +150,9 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
   SHARDLM_CHECK(max_seq > 0 && max_seq <= config.max_seq_len,
                 "model: max sequence length {} must be in [1, max_seq_len {}]", max_seq,
                 config.max_seq_len);
-  SHARDLM_CHECK(config.head_dim() <= cpu::kAttentionMaxHeadDim,
-                "model: head_dim {} exceeds the CPU attention kernel's limit {}",
-                config.head_dim(), cpu::kAttentionMaxHeadDim);
+  SHARDLM_CHECK(config.head_dim() <= kAttentionMaxHeadDim,
+                "model: head_dim {} exceeds the attention kernels' limit {}", config.head_dim(),
+                kAttentionMaxHeadDim);
   SHARDLM_CHECK(layout.num_model_units() == m.L + 2,
                 "model: layout has {} model units, the config needs {}", layout.num_model_units(),
                 m.L + 2);
@@ -184,8 +178,9 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
 
   ArenaCarver carver;
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
-  m.arena = carver.allocate(tracker);
-  m.rounding = std::make_unique<ParamRounding>(m.compute, m.weight_scratch_elements(),
+  m.be = &backend_for(options.device);
+  m.arena = carver.allocate(*m.be, tracker);
+  m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
                                                int64_t{Impl::kVectorFloatsPerC} * m.C, tracker);
 }
 
@@ -237,6 +232,7 @@ void Gpt2Model::Impl::carve_activations(ArenaCarver& carver, int64_t N) {
     carver.request(&m.dres_c, ct, N * C);
     carver.request(&m.dbig_c, ct, 4 * N * C);
   }
+  m.staged.carve(carver, N, !options.device.is_host());
 }
 
 ModelMemoryPlan Gpt2Model::plan_memory(const ModelConfig& config, int max_batch, int max_seq,
@@ -296,21 +292,21 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   const int64_t n = N();
   const int rows = static_cast<int>(n);
   const bool fp32 = compute == DType::fp32;
-  cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, v.ln1_w, v.ln1_b, n, C);
+  be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, v.ln1_w, v.ln1_b, n, C);
   // Attention reads the stored (rounded) qkv, as backward will.
   float* qkv_out = fp32 ? a.qkv.f32() : dbig;
-  gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv_out, 3 * C);
-  cpu::add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * C);
-  cpu::attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H}, key_begin);
-  gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
-  cpu::residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
+  be->gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv_out, 3 * C);
+  be->add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * C);
+  be->attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H}, staged.key_begin);
+  be->gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
+  be->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
                                   v.attn_proj_b, v.ln2_w, v.ln2_b, n, C);
   float* fc_out = fp32 ? a.fc_pre.f32() : dbig;
-  gemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, w.fc, 4 * C, 0.0f, fc_out, 4 * C);
-  cpu::bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, v.fc_b, n, 4 * C);
+  be->gemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, w.fc, 4 * C, 0.0f, fc_out, 4 * C);
+  be->bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, v.fc_b, n, 4 * C);
   if (recompute) return;
-  gemm(false, false, rows, C, 4 * C, 1.0f, a.fc_act, 4 * C, w.fc_proj, C, 0.0f, branch, C);
-  cpu::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, v.fc_proj_b, n,
+  be->gemm(false, false, rows, C, 4 * C, 1.0f, a.fc_act, 4 * C, w.fc_proj, C, 0.0f, branch, C);
+  be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, v.fc_proj_b, n,
                          C);
 }
 
@@ -327,34 +323,34 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
 
   // MLP: y = res2 + gelu(ln2 Wfc + bfc) Wproj + bproj
   ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
-  gemm(true, false, 4 * C, C, rows, 1.0f, a.fc_act, 4 * C, dy, C, 1.0f, g + o.fc_proj_w, C);
-  cpu::bias_backward(g + o.fc_proj_b, dres, n, C);
+  be->gemm(true, false, 4 * C, C, rows, 1.0f, a.fc_act, 4 * C, dy, C, 1.0f, g + o.fc_proj_w, C);
+  be->bias_backward(g + o.fc_proj_b, dres, n, C);
   float* dfc = dbig;
-  gemm(false, true, rows, 4 * C, C, 1.0f, dy, C, w.fc_proj, C, 0.0f, dfc, 4 * C);
-  cpu::gelu_backward(dfc, dfc, a.fc_pre, n * 4 * C);
+  be->gemm(false, true, rows, 4 * C, C, 1.0f, dy, C, w.fc_proj, C, 0.0f, dfc, 4 * C);
+  be->gelu_backward(dfc, dfc, a.fc_pre, n * 4 * C);
   const ConstTypedPtr dfc_g = rounding->for_gemm(dfc, dbig_c, n * 4 * C);
-  gemm(true, false, C, 4 * C, rows, 1.0f, a.ln2, C, dfc_g, 4 * C, 1.0f, g + o.fc_w, 4 * C);
-  cpu::bias_backward(g + o.fc_b, dfc, n, 4 * C);
+  be->gemm(true, false, C, 4 * C, rows, 1.0f, a.ln2, C, dfc_g, 4 * C, 1.0f, g + o.fc_w, 4 * C);
+  be->bias_backward(g + o.fc_b, dfc, n, 4 * C);
   float* dln2 = dsmall;
-  gemm(false, true, rows, C, 4 * C, 1.0f, dfc_g, 4 * C, w.fc, 4 * C, 0.0f, dln2, C);
-  cpu::layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln2, a.res2, v.ln2_w, a.ln2_mean,
+  be->gemm(false, true, rows, C, 4 * C, 1.0f, dfc_g, 4 * C, w.fc, 4 * C, 0.0f, dln2, C);
+  be->layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln2, a.res2, v.ln2_w, a.ln2_mean,
                           a.ln2_rstd, n, C);
 
   // Attention: res2 = x + attn(ln1 Wqkv + bqkv) Wproj + bproj
   dy = rounding->for_gemm(dres, dres_c, n * C);
-  gemm(true, false, C, C, rows, 1.0f, a.att, C, dy, C, 1.0f, g + o.attn_proj_w, C);
-  cpu::bias_backward(g + o.attn_proj_b, dres, n, C);
+  be->gemm(true, false, C, C, rows, 1.0f, a.att, C, dy, C, 1.0f, g + o.attn_proj_w, C);
+  be->bias_backward(g + o.attn_proj_b, dres, n, C);
   float* datt = dsmall;
-  gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
+  be->gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
   float* dqkv = dbig;
-  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, C / H},
-                          key_begin);
+  be->attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, C / H},
+                          staged.key_begin);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * 3 * C);
-  gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
-  cpu::bias_backward(g + o.attn_b, dqkv, n, 3 * C);
+  be->gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
+  be->bias_backward(g + o.attn_b, dqkv, n, 3 * C);
   float* dln1 = dsmall;
-  gemm(false, true, rows, C, 3 * C, 1.0f, dqkv_g, 3 * C, w.attn, 3 * C, 0.0f, dln1, C);
-  cpu::layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dln1, x, v.ln1_w, a.ln1_mean,
+  be->gemm(false, true, rows, C, 3 * C, 1.0f, dqkv_g, 3 * C, w.attn, 3 * C, 0.0f, dln1, C);
+  be->layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dln1, x, v.ln1_w, a.ln1_mean,
                           a.ln1_rstd, n, C);
 }
 
@@ -365,7 +361,7 @@ void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
   const float* weight = rounding->vector_values(p.at(lnf_w), C, &scratch);
   const float* bias = rounding->vector_values(p.at(lnf_b), C, &scratch);
   const int64_t n = N();
-  cpu::layernorm_forward(lnf, lnf_mean, lnf_rstd, residual[L], weight, bias, n, C);
+  be->layernorm_forward(lnf, lnf_mean, lnf_rstd, residual[L], weight, bias, n, C);
   if (batch.targets == nullptr) {
     SHARDLM_CHECK(!training, "model: a training forward needs targets");
     state.finish_forward(false);
@@ -382,8 +378,8 @@ void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
                   head_unit, final_unit);
     dhead = grads[head_unit] + (lm_head < 0 ? wte : lm_head);
   }
-  state.loss_sum = head.loss(lnf, head_weights(params), batch.targets, n, grad_scale,
-                                   training ? dlnf : nullptr, dhead);
+  state.loss_sum = head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
+                             training ? dlnf : nullptr, dhead);
   state.finish_forward(training);
 }
 
@@ -401,7 +397,6 @@ void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
   if (unit == 0) {
     check_micro_batch(batch, m.max_batch, m.max_seq, m.V);
     m.state.start(batch);
-    m.key_begin = batch.key_begin;
     if (batch.positions != nullptr)
       for (int64_t i = 0; i < static_cast<int64_t>(batch.B) * batch.T; ++i)
         SHARDLM_CHECK(batch.positions[i] >= 0 && batch.positions[i] < m.config.max_seq_len,
@@ -410,9 +405,10 @@ void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
                       batch.positions[i], i, m.config.max_seq_len);
     m.B = batch.B;
     m.T = batch.T;
+    m.staged.stage(*m.be, batch, /*default_positions=*/false);
     const ConstTypedPtr p = params[0];
-    cpu::embedding_forward(m.residual[0], batch.tokens, p.at(m.wte), p.at(m.wpe), m.B, m.T, m.C,
-                           m.compute, batch.positions);
+    m.be->embedding_forward(m.residual[0], m.staged.tokens, p.at(m.wte), p.at(m.wpe), m.B, m.T,
+                            m.C, m.compute, m.staged.positions);
     return;
   }
   m.state.check_forward(unit, batch);
@@ -437,9 +433,9 @@ void Gpt2Model::backward_unit(int unit, ParamPointers params, UnitPointers grads
     float* g = grads[unit];
     float* scratch = m.rounding->vector_scratch();
     const float* weight = m.rounding->vector_values(p.at(m.lnf_w), m.C, &scratch);
-    std::memset(m.dres, 0, sizeof(float) * n * m.C);
-    cpu::layernorm_backward(m.dres, g + m.lnf_w, g + m.lnf_b, m.dlnf, m.residual[m.L], weight,
-                            m.lnf_mean, m.lnf_rstd, n, m.C);
+    m.be->fill_zero(m.dres, sizeof(float) * n * m.C);
+    m.be->layernorm_backward(m.dres, g + m.lnf_w, g + m.lnf_b, m.dlnf, m.residual[m.L], weight,
+                             m.lnf_mean, m.lnf_rstd, n, m.C);
   } else if (unit > 0) {
     // One conversion serves the recompute and the backward.
     const BlockVectors v = m.block_vectors(unit - 1, p);
@@ -449,8 +445,8 @@ void Gpt2Model::backward_unit(int unit, ParamPointers params, UnitPointers grads
   } else {
     SHARDLM_CHECK(batch.tokens != nullptr, "model: the micro-batch has no tokens");
     float* g = grads[0];
-    cpu::embedding_backward(g + m.wte, g + m.wpe, m.dres, batch.tokens, m.B, m.T, m.C,
-                            batch.positions);
+    m.be->embedding_backward(g + m.wte, g + m.wpe, m.dres, m.staged.tokens, m.B, m.T, m.C,
+                             m.staged.positions);
   }
 }
 
@@ -462,7 +458,7 @@ void Gpt2Model::logits_at(ParamPointers params, int t, float* out) const {
   m.state.check_logits_at(t);
   check_param_pointers(params, m.L + 2, m.needed_units(m.final_unit), m.final_unit, m.compute);
   // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
-  m.head.logits(m.lnf.at(static_cast<int64_t>(t) * m.C), static_cast<int64_t>(m.T) * m.C, m.B,
+  m.head.logits(*m.be, m.lnf.at(static_cast<int64_t>(t) * m.C), static_cast<int64_t>(m.T) * m.C, m.B,
                 m.head_weights(params), out);
 }
 

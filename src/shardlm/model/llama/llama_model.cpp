@@ -3,15 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "shardlm/backend/cpu/bias.hpp"
-#include "shardlm/backend/cpu/convert.hpp"
-#include "shardlm/backend/cpu/embedding.hpp"
-#include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/backend/cpu/nf4.hpp"
-#include "shardlm/backend/cpu/attention.hpp"
-#include "shardlm/backend/cpu/rmsnorm.hpp"
 #include "shardlm/backend/cpu/rope.hpp"
-#include "shardlm/backend/cpu/swiglu.hpp"
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/llama/llama_family.hpp"
 #include "shardlm/model/llama/llama_lora.hpp"
@@ -20,8 +14,6 @@
 namespace shardlm {
 
 namespace {
-
-using cpu::gemm;
 
 // Offsets (elements) of a layer's parameters inside its unit buffer; -1: absent.
 // QLoRA (nf4): q, k, v and gate, up are separate NF4 tensors (k_w, v_w, up_w set),
@@ -99,6 +91,8 @@ struct LlamaModel::Impl {
   float* lora_du = nullptr;
   TypedPtr lora_u_c, lora_du_c;
 
+  // Where the kernels run (options.device); the CPU backend until the constructor.
+  Backend* be = &cpu_backend();
   TrackedBuffer arena;
   std::vector<float*> residual;           // L + 1 layer inputs, [N, C]
   std::vector<LayerActivations> layers;   // L sets, or 1 with activation checkpointing
@@ -115,17 +109,20 @@ struct LlamaModel::Impl {
   int32_t* default_positions = nullptr;   // [N]: t
   LmHead head;
   std::unique_ptr<ParamRounding> rounding;
-  std::unique_ptr<cpu::RopeTable> rope;
+  std::unique_ptr<cpu::RopeTable> rope;  // made on the host
+  TrackedBuffer rope_on_device;          // its copy on a device (else empty)
+  RopeTableView rope_view;               // the table the kernels read
   // QLoRA: one layer's base weights dequantized (weight type), reused by every layer.
   bool nf4 = false;
   TrackedBuffer dequantized;
 
   MicroBatchState state{0};
-  const int32_t* positions = nullptr;     // of the current micro-batch
+  StagedBatch staged;                     // the micro-batch's arrays on the device
+  const int32_t* positions = nullptr;     // of the current micro-batch, where kernels read them
   const int32_t* key_begin = nullptr;
 
   int64_t N() const { return state.N(); }
-  cpu::AttentionShape attention_shape() const {
+  AttentionShape attention_shape() const {
     return {state.B, state.T, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(hd)};
   }
   LayerActivations& acts(int l) {
@@ -235,6 +232,7 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
   carver.request(&dbig, n * std::max(QKV, 2 * I));
   if (config.qk_norm) carver.request(&dqk, n * (Q + KVD));
   carver.request(&default_positions, n);
+  staged.carve(carver, n, !options.device.is_host());
   if (lora_width > 0) {
     carver.request(&lora_u, n * lora_width);
     carver.request(&lora_du, n * lora_width);
@@ -263,9 +261,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   SHARDLM_CHECK(max_seq > 0 && max_seq <= config.max_seq_len,
                 "model: max sequence length {} must be in [1, max_seq_len {}]", max_seq,
                 config.max_seq_len);
-  SHARDLM_CHECK(m.hd <= cpu::kAttentionMaxHeadDim,
-                "model: head_dim {} exceeds the CPU attention kernel's limit {}", m.hd,
-                cpu::kAttentionMaxHeadDim);
+  SHARDLM_CHECK(m.hd <= kAttentionMaxHeadDim,
+                "model: head_dim {} exceeds the attention kernels' limit {}", m.hd,
+                kAttentionMaxHeadDim);
   SHARDLM_CHECK(layout.num_model_units() == m.num_units,
                 "model: layout has {} model units, the config needs {}", layout.num_model_units(),
                 m.num_units);
@@ -314,13 +312,24 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
 
   ArenaCarver carver;
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
-  m.arena = carver.allocate(tracker);
-  m.rounding = std::make_unique<ParamRounding>(m.compute, m.weight_scratch_elements(),
+  m.be = &backend_for(options.device);
+  m.arena = carver.allocate(*m.be, tracker);
+  m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
                                                m.vector_scratch_floats(), tracker);
   m.rope = std::make_unique<cpu::RopeTable>(static_cast<int>(m.hd), max_seq, config.rope_theta,
                                             config.rope_scaling, tracker);
+  m.rope_view = m.rope->view();
+  if (!options.device.is_host()) {
+    const size_t bytes = sizeof(float) * static_cast<size_t>(m.rope->values());
+    m.rope_on_device = allocate_on(*m.be, MemCategory::other, bytes, tracker);
+    m.be->copy_from_host(m.rope_on_device.data(), m.rope->data(), bytes);
+    const float* cos = m.rope_on_device.as<float>();
+    m.rope_view = {cos, cos + m.rope->values() / 2, m.rope_view.head_dim,
+                   m.rope_view.max_positions};
+  }
   if (m.nf4)
-    m.dequantized = TrackedBuffer(MemCategory::params, static_cast<size_t>(m.dequantized_bytes()), tracker);
+    m.dequantized = allocate_on(*m.be, MemCategory::params,
+                                static_cast<size_t>(m.dequantized_bytes()), tracker);
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -369,8 +378,8 @@ LayerWeights LlamaModel::Impl::layer_weights(int l, ConstTypedPtr p) const {
     int64_t at = 0;
     auto weight = [&](int64_t offset, int64_t count) {
       const TypedPtr dst = buffer.at(at);
-      cpu::nf4_dequantize(p.at(offset).data, count, dst);
-      if (compute == DType::fp16) cpu::round_to(DType::fp16, dst.f32(), dst.f32(), count);
+      be->nf4_dequantize(p.at(offset).data, count, dst);
+      if (compute == DType::fp16) be->round_to(DType::fp16, dst.f32(), dst.f32(), count);
       at += count;
       return ConstTypedPtr(dst);
     };
@@ -419,21 +428,21 @@ LayerVectors LlamaModel::Impl::layer_vectors(int l, ConstTypedPtr p) const {
 // reads them.
 void LlamaModel::Impl::qk_norm_forward(LayerActivations& a, const LayerVectors& v, float* qkv_f) {
   const int64_t n = N();
-  cpu::convert_rows(a.qk_pre, Q + KVD, qkv_f, QKV, n, Q + KVD);
-  cpu::rmsnorm_forward(qkv_f, QKV, a.rstd_q, a.qk_pre, Q + KVD, v.q_norm,
+  be->convert_rows(a.qk_pre, Q + KVD, qkv_f, QKV, n, Q + KVD);
+  be->rmsnorm_forward(qkv_f, QKV, a.rstd_q, a.qk_pre, Q + KVD, v.q_norm,
                        {n, static_cast<int>(H), static_cast<int>(hd)}, eps);
-  cpu::rmsnorm_forward(qkv_f + Q, QKV, a.rstd_k, a.qk_pre.at(Q), Q + KVD, v.k_norm,
+  be->rmsnorm_forward(qkv_f + Q, QKV, a.rstd_k, a.qk_pre.at(Q), Q + KVD, v.k_norm,
                        {n, static_cast<int>(KV), static_cast<int>(hd)}, eps);
 }
 
 void LlamaModel::Impl::qk_norm_backward(const LayerActivations& a, const LayerVectors& v,
                                         float* dqkv, float* dq_norm, float* dk_norm) {
   const int64_t n = N();
-  cpu::rmsnorm_backward(dqk, Q + KVD, dq_norm, dqkv, QKV, a.qk_pre, Q + KVD, v.q_norm,
+  be->rmsnorm_backward(dqk, Q + KVD, dq_norm, dqkv, QKV, a.qk_pre, Q + KVD, v.q_norm,
                         a.rstd_q, {n, static_cast<int>(H), static_cast<int>(hd)}, false);
-  cpu::rmsnorm_backward(dqk + Q, Q + KVD, dk_norm, dqkv + Q, QKV, a.qk_pre.at(Q), Q + KVD,
+  be->rmsnorm_backward(dqk + Q, Q + KVD, dk_norm, dqkv + Q, QKV, a.qk_pre.at(Q), Q + KVD,
                         v.k_norm, a.rstd_k, {n, static_cast<int>(KV), static_cast<int>(hd)}, false);
-  cpu::convert_rows(dqkv, QKV, dqk, Q + KVD, n, Q + KVD);
+  be->convert_rows(dqkv, QKV, dqk, Q + KVD, n, Q + KVD);
 }
 
 // Index of the LoRA group reading `input` in lora_groups, or -1 (no adapters there).
@@ -479,11 +488,11 @@ void LlamaModel::Impl::lora_forward(size_t gi, const LayerAdapters& ad, ConstTyp
   const GroupAdapters& w = ad[gi];
   const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
   const int width = static_cast<int>(g.targets.size()) * r;
-  gemm(false, true, rows, width, in, 1.0f, x, in, w.a, in, 0.0f, lora_u, width);  // u = x A^T
+  be->gemm(false, true, rows, width, in, 1.0f, x, in, w.a, in, 0.0f, lora_u, width);  // u = x A^T
   const ConstTypedPtr u = rounding->for_gemm(lora_u, lora_u_c, N() * width);
   for (size_t ti = 0; ti < g.targets.size(); ++ti) {
     const LoraTarget& tg = g.targets[ti];
-    gemm(false, true, rows, static_cast<int>(tg.out), r, lora_scale, u.at(static_cast<int64_t>(ti) * r),
+    be->gemm(false, true, rows, static_cast<int>(tg.out), r, lora_scale, u.at(static_cast<int64_t>(ti) * r),
          width, w.b[ti], r, 1.0f, out + tg.out_offset, static_cast<int>(g.out_width));
   }
 }
@@ -495,20 +504,20 @@ void LlamaModel::Impl::lora_backward(size_t gi, const LayerAdapters& ad, ConstTy
   const GroupAdapters& w = ad[gi];
   const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
   const int width = static_cast<int>(g.targets.size()) * r, out_w = static_cast<int>(g.out_width);
-  gemm(false, true, rows, width, in, 1.0f, x, in, w.a, in, 0.0f, lora_u, width);  // recomputed
+  be->gemm(false, true, rows, width, in, 1.0f, x, in, w.a, in, 0.0f, lora_u, width);  // recomputed
   const ConstTypedPtr u = rounding->for_gemm(lora_u, lora_u_c, N() * width);
   for (size_t ti = 0; ti < g.targets.size(); ++ti) {
     const LoraTarget& tg = g.targets[ti];
     const int out = static_cast<int>(tg.out);
     const ConstTypedPtr dy_t = dy.at(tg.out_offset);
-    gemm(true, false, out, r, rows, lora_scale, dy_t, out_w, u.at(static_cast<int64_t>(ti) * r), width,
+    be->gemm(true, false, out, r, rows, lora_scale, dy_t, out_w, u.at(static_cast<int64_t>(ti) * r), width,
          1.0f, w.grad_b[ti], r);
-    gemm(false, false, rows, r, out, lora_scale, dy_t, out_w, w.b[ti], r, 0.0f,
+    be->gemm(false, false, rows, r, out, lora_scale, dy_t, out_w, w.b[ti], r, 0.0f,
          lora_du + static_cast<int64_t>(ti) * r, width);
   }
   const ConstTypedPtr du = rounding->for_gemm(lora_du, lora_du_c, N() * width);
-  gemm(true, false, width, in, rows, 1.0f, du, width, x, in, 1.0f, w.grad_a, in);
-  gemm(false, false, rows, in, width, 1.0f, du, width, w.a, in, 1.0f, dx, in);
+  be->gemm(true, false, width, in, rows, 1.0f, du, width, x, in, 1.0f, w.grad_a, in);
+  be->gemm(false, false, rows, in, width, 1.0f, du, width, w.a, in, 1.0f, dx, in);
 }
 
 void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWeights& w,
@@ -522,36 +531,36 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   const int lora_o = group_index(lora_groups, LoraGroup::Input::attention);
   const int lora_gu = group_index(lora_groups, LoraGroup::Input::ln2);
   const int lora_down = group_index(lora_groups, LoraGroup::Input::act);
-  cpu::rmsnorm_forward(a.ln1, C, a.rstd1, x, C, v.ln1, {n, 1, static_cast<int>(C)}, eps);
+  be->rmsnorm_forward(a.ln1, C, a.rstd1, x, C, v.ln1, {n, 1, static_cast<int>(C)}, eps);
   // q|k|v in one GEMM over the packed [QKV, C] projection (HF's [out, in] weights).
   float* qkv_f = dbig;
-  gemm(false, true, rows, static_cast<int>(QKV), static_cast<int>(C), 1.0f, a.ln1,
+  be->gemm(false, true, rows, static_cast<int>(QKV), static_cast<int>(C), 1.0f, a.ln1,
        static_cast<int>(C), w.qkv, static_cast<int>(C), 0.0f, qkv_f, static_cast<int>(QKV));
   if (lora_qkv >= 0) lora_forward(static_cast<size_t>(lora_qkv), ad, a.ln1, qkv_f);
-  if (v.qkv_b != nullptr) cpu::add_bias(qkv_f, v.qkv_b, n, static_cast<int>(QKV));
+  if (v.qkv_b != nullptr) be->add_bias(qkv_f, v.qkv_b, n, static_cast<int>(QKV));
   if (config.qk_norm) qk_norm_forward(a, v, qkv_f);
   // Attention reads q and k after RoPE, and v, as stored (rounded), as backward will.
-  cpu::rope_forward(a.qkv, QKV, qkv_f, QKV, n, static_cast<int>(H), static_cast<int>(hd),
-                    positions, *rope);
-  cpu::rope_forward(a.qkv.at(Q), QKV, qkv_f + Q, QKV, n, static_cast<int>(KV),
-                    static_cast<int>(hd), positions, *rope);
-  cpu::convert_rows(a.qkv.at(Q + KVD), QKV, qkv_f + Q + KVD, QKV, n, KVD);
-  cpu::attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
-  gemm(false, true, rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att,
+  be->rope_forward(a.qkv, QKV, qkv_f, QKV, n, static_cast<int>(H), static_cast<int>(hd),
+                    positions, rope_view);
+  be->rope_forward(a.qkv.at(Q), QKV, qkv_f + Q, QKV, n, static_cast<int>(KV),
+                    static_cast<int>(hd), positions, rope_view);
+  be->convert_rows(a.qkv.at(Q + KVD), QKV, qkv_f + Q + KVD, QKV, n, KVD);
+  be->attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
+  be->gemm(false, true, rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att,
        static_cast<int>(Q), w.o, static_cast<int>(Q), 0.0f, branch, static_cast<int>(C));
   if (lora_o >= 0) lora_forward(static_cast<size_t>(lora_o), ad, a.att, branch);
-  cpu::residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
+  be->residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
                                 static_cast<int>(C), eps);
   float* gu_f = compute == DType::fp32 ? a.gate_up.f32() : dbig;
-  gemm(false, true, rows, static_cast<int>(2 * I), static_cast<int>(C), 1.0f, a.ln2,
+  be->gemm(false, true, rows, static_cast<int>(2 * I), static_cast<int>(C), 1.0f, a.ln2,
        static_cast<int>(C), w.gate_up, static_cast<int>(C), 0.0f, gu_f, static_cast<int>(2 * I));
   if (lora_gu >= 0) lora_forward(static_cast<size_t>(lora_gu), ad, a.ln2, gu_f);
-  cpu::swiglu_forward(a.act, a.gate_up, gu_f, n, static_cast<int>(I));
+  be->swiglu_forward(a.act, a.gate_up, gu_f, n, static_cast<int>(I));
   if (recompute) return;
-  gemm(false, true, rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act,
+  be->gemm(false, true, rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act,
        static_cast<int>(I), w.down, static_cast<int>(I), 0.0f, branch, static_cast<int>(C));
   if (lora_down >= 0) lora_forward(static_cast<size_t>(lora_down), ad, a.act, branch);
-  cpu::residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
+  be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
                          static_cast<int>(C));
 }
 
@@ -577,41 +586,41 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
 
   // MLP: y = r + (silu(g) * u) Wdown^T
   ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
-  if (trains) gemm(true, false, c, i1, rows, 1.0f, dy, c, a.act, i1, 1.0f, g + o.down_w, i1);
+  if (trains) be->gemm(true, false, c, i1, rows, 1.0f, dy, c, a.act, i1, 1.0f, g + o.down_w, i1);
   float* dact = dmid;
-  gemm(false, false, rows, i1, c, 1.0f, dy, c, w.down, i1, 0.0f, dact, i1);
+  be->gemm(false, false, rows, i1, c, 1.0f, dy, c, w.down, i1, 0.0f, dact, i1);
   if (lora_down >= 0) lora_backward(static_cast<size_t>(lora_down), ad, a.act, dy, dact);
   float* dgu = dbig;
-  cpu::swiglu_backward(dgu, dact, a.gate_up, n, i1);
+  be->swiglu_backward(dgu, dact, a.gate_up, n, i1);
   const ConstTypedPtr dgu_g = rounding->for_gemm(dgu, dbig_c, n * 2 * I);
-  if (trains) gemm(true, false, i2, c, rows, 1.0f, dgu_g, i2, a.ln2, c, 1.0f, g + o.gu_w, c);
+  if (trains) be->gemm(true, false, i2, c, rows, 1.0f, dgu_g, i2, a.ln2, c, 1.0f, g + o.gu_w, c);
   float* dln2 = dsmall;
-  gemm(false, false, rows, c, i2, 1.0f, dgu_g, i2, w.gate_up, c, 0.0f, dln2, c);
+  be->gemm(false, false, rows, c, i2, 1.0f, dgu_g, i2, w.gate_up, c, 0.0f, dln2, c);
   if (lora_gu >= 0) lora_backward(static_cast<size_t>(lora_gu), ad, a.ln2, dgu_g, dln2);
-  cpu::rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
+  be->rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
                         /*accumulate_dx=*/true);
 
   // Attention: r = x + attention(...) Wo^T (+ b_o)
   dy = rounding->for_gemm(dres, dres_c, n * C);
-  if (trains) gemm(true, false, c, q, rows, 1.0f, dy, c, a.att, q, 1.0f, g + o.o_w, q);
-  if (trains && o.o_b >= 0) cpu::bias_backward(g + o.o_b, dres, n, c);
+  if (trains) be->gemm(true, false, c, q, rows, 1.0f, dy, c, a.att, q, 1.0f, g + o.o_w, q);
+  if (trains && o.o_b >= 0) be->bias_backward(g + o.o_b, dres, n, c);
   float* datt = dmid;
-  gemm(false, false, rows, q, c, 1.0f, dy, c, w.o, q, 0.0f, datt, q);
+  be->gemm(false, false, rows, q, c, 1.0f, dy, c, w.o, q, 0.0f, datt, q);
   if (lora_o >= 0) lora_backward(static_cast<size_t>(lora_o), ad, a.att, dy, datt);
   float* dqkv = dbig;
-  cpu::attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
-  cpu::rope_backward(dqkv, QKV, dqkv, QKV, n, static_cast<int>(H), static_cast<int>(hd), positions,
-                     *rope);
-  cpu::rope_backward(dqkv + Q, QKV, dqkv + Q, QKV, n, static_cast<int>(KV), static_cast<int>(hd),
-                     positions, *rope);
+  be->attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
+  be->rope_backward(dqkv, QKV, dqkv, QKV, n, static_cast<int>(H), static_cast<int>(hd), positions,
+                     rope_view);
+  be->rope_backward(dqkv + Q, QKV, dqkv + Q, QKV, n, static_cast<int>(KV), static_cast<int>(hd),
+                     positions, rope_view);
   if (config.qk_norm) qk_norm_backward(a, v, dqkv, grad(o.q_norm), grad(o.k_norm));
-  if (trains && o.qkv_b >= 0) cpu::bias_backward(g + o.qkv_b, dqkv, n, qkv);
+  if (trains && o.qkv_b >= 0) be->bias_backward(g + o.qkv_b, dqkv, n, qkv);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * QKV);
-  if (trains) gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
+  if (trains) be->gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
   float* dln1 = dsmall;
-  gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
+  be->gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
   if (lora_qkv >= 0) lora_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g, dln1);
-  cpu::rmsnorm_backward(dres, C, grad(o.ln1), dln1, C, x, C, v.ln1, a.rstd1, {n, 1, c},
+  be->rmsnorm_backward(dres, C, grad(o.ln1), dln1, C, x, C, v.ln1, a.rstd1, {n, 1, c},
                         /*accumulate_dx=*/true);
 }
 
@@ -621,7 +630,7 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
   float* scratch = rounding->vector_scratch();
   const float* weight = rounding->vector_values(p.at(norm_w), C, &scratch);
   const int64_t n = N();
-  cpu::rmsnorm_forward(lnf, C, lnf_rstd, residual[static_cast<size_t>(L)], C, weight,
+  be->rmsnorm_forward(lnf, C, lnf_rstd, residual[static_cast<size_t>(L)], C, weight,
                        {n, 1, static_cast<int>(C)}, eps);
   if (batch.targets == nullptr) {
     SHARDLM_CHECK(!training, "model: a training forward needs targets");
@@ -636,7 +645,7 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
     check_grad_pointer(grads, num_units, final_unit);
     dhead = grads[head_unit] + (lm_head < 0 ? embed : lm_head);
   }
-  state.loss_sum = head.loss(lnf, head_weights(params), batch.targets, n, grad_scale,
+  state.loss_sum = head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
                              training ? dlnf : nullptr, dhead);
   state.finish_forward(training);
 }
@@ -649,12 +658,18 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
   if (role.kind == LlamaUnitRole::Kind::embeddings) {
     check_micro_batch(batch, m.max_batch, m.max_seq, m.V);
     m.state.start(batch);
-    const int64_t n = m.N();
-    for (int64_t i = 0; i < n; ++i) m.default_positions[i] = static_cast<int32_t>(i % batch.T);
-    m.positions = batch.positions != nullptr ? batch.positions : m.default_positions;
-    m.key_begin = batch.key_begin;
-    cpu::embedding_forward(m.residual[0], batch.tokens, params[0].at(m.embed), ConstTypedPtr(),
-                           batch.B, batch.T, static_cast<int>(m.C), m.compute);
+    m.staged.stage(*m.be, batch, /*default_positions=*/true);
+    if (m.be->device().is_host()) {
+      const int64_t n = m.N();
+      for (int64_t i = 0; i < n; ++i) m.default_positions[i] = static_cast<int32_t>(i % batch.T);
+      m.positions = batch.positions != nullptr ? batch.positions : m.default_positions;
+    } else {
+      m.positions = m.staged.positions;
+    }
+    m.key_begin = m.staged.key_begin;
+    m.be->embedding_forward(m.residual[0], m.staged.tokens, params[0].at(m.embed),
+                            ConstTypedPtr(), batch.B, batch.T, static_cast<int>(m.C), m.compute,
+                            nullptr);
     return;
   }
   m.state.check_forward(unit, batch);
@@ -689,8 +704,8 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
     case LlamaUnitRole::Kind::final: {
       float* scratch = m.rounding->vector_scratch();
       const float* weight = m.rounding->vector_values(p.at(m.norm_w), m.C, &scratch);
-      std::memset(m.dres, 0, sizeof(float) * static_cast<size_t>(n * m.C));
-      cpu::rmsnorm_backward(m.dres, m.C, g != nullptr ? g + m.norm_w : nullptr, m.dlnf, m.C,
+      m.be->fill_zero(m.dres, sizeof(float) * static_cast<size_t>(n * m.C));
+      m.be->rmsnorm_backward(m.dres, m.C, g != nullptr ? g + m.norm_w : nullptr, m.dlnf, m.C,
                             m.residual[static_cast<size_t>(m.L)], m.C, weight, m.lnf_rstd,
                             {n, 1, static_cast<int>(m.C)}, /*accumulate_dx=*/true);
       return;
@@ -709,8 +724,8 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
       return;  // its gradients came from its layer's backward
     case LlamaUnitRole::Kind::embeddings:
       if (g != nullptr)
-        cpu::embedding_backward(g + m.embed, nullptr, m.dres, batch.tokens, m.state.B, m.state.T,
-                                static_cast<int>(m.C));
+        m.be->embedding_backward(g + m.embed, nullptr, m.dres, m.staged.tokens, m.state.B,
+                                 m.state.T, static_cast<int>(m.C), nullptr);
       return;
   }
 }
@@ -723,7 +738,7 @@ void LlamaModel::logits_at(ParamPointers params, int t, float* out) const {
   m.state.check_logits_at(t);
   check_param_pointers(params, m.num_units, m.needed_units(m.final_unit), m.final_unit, m.compute);
   // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
-  m.head.logits(m.lnf.at(static_cast<int64_t>(t) * m.C), static_cast<int64_t>(m.state.T) * m.C,
+  m.head.logits(*m.be, m.lnf.at(static_cast<int64_t>(t) * m.C), static_cast<int64_t>(m.state.T) * m.C,
                 m.state.B, m.head_weights(params), out);
 }
 

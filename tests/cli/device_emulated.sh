@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The device path end to end without a GPU: `train --device emulated` keeps the
+# model, the strategy's buffers and the collectives on memory the host cannot read
+# (backend/emulated), with host copies only where the device path makes them
+# (checkpoints, init, the offloaded optimizer). It must give bitwise the CPU run's
+# weights for ddp and zero3 at N=1 and N=2, in fp32 and bf16, with and without
+# --offload optimizer; its checkpoints resume on the CPU and back; memory is counted
+# on the device (and, offloaded, the optimizer state on the host, as `plan` says).
+source "$(dirname "$0")/lib/common.sh" "$@"
+make_byte_data
+run() {  # out, then flags
+  local out="$1"; shift
+  "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --out "$WORK/$out" --steps 6 \
+    --sample-tokens 0 "$@" > "$WORK/$out.log" 2>&1 || { cat "$WORK/$out.log"; fail "$out"; }
+}
+run_n2() {  # out, then flags
+  local out="$1"; shift
+  run_mpi 2 "$SHARDLM" train "${TINY[@]}" --micro-batch 2 --data "$WORK/data" --out "$WORK/$out" \
+    --steps 6 --sample-tokens 0 "$@" > "$WORK/$out.log" 2>&1 || { cat "$WORK/$out.log"; fail "$out"; }
+}
+same() { [ "$(digest_of "$WORK/$1")" = "$(digest_of "$WORK/$2")" ] || fail "$1 and $2 differ"; }
+
+for precision in fp32 bf16; do
+  run "cpu_$precision" --precision "$precision"
+  run "emulated_$precision" --precision "$precision" --device emulated
+  same "cpu_$precision" "emulated_$precision"
+  run "offload_$precision" --precision "$precision" --device emulated --offload optimizer
+  same "cpu_$precision" "offload_$precision"
+  echo "N=1 $precision: cpu = emulated = emulated + offload ($(digest_of "$WORK/cpu_$precision"))"
+done
+
+run_n2 cpu_ddp_n2 --strategy ddp
+for s in ddp zero3; do
+  run_n2 "emulated_${s}_n2" --strategy "$s" --device emulated
+  same cpu_ddp_n2 "emulated_${s}_n2"
+done
+run_n2 offload_zero3_n2 --strategy zero3 --device emulated --offload optimizer
+same cpu_ddp_n2 offload_zero3_n2
+echo "N=2: cpu ddp = emulated ddp = emulated zero3 = emulated zero3 + offload"
+
+# Checkpoints cross devices: 3 steps on the emulated device, 3 more on the CPU (and the
+# other way round) land where 6 steps in one go did.
+run half_emulated --precision fp32 --device emulated --steps 3
+cp -r "$WORK/half_emulated" "$WORK/resumed_on_cpu"
+run resumed_on_cpu --precision fp32 --resume
+same cpu_fp32 resumed_on_cpu
+run half_cpu --precision fp32 --steps 3
+cp -r "$WORK/half_cpu" "$WORK/resumed_on_emulated"
+run resumed_on_emulated --precision fp32 --device emulated --offload optimizer --resume
+same cpu_fp32 resumed_on_emulated
+echo "checkpoints move between the CPU and the device, both ways, bitwise"
+
+# Memory by device: the model, params and grads on the device; offloaded, no
+# optimizer state there and the host holds what plan says (16 bytes per element).
+dev_opt="$(metric "$WORK/offload_fp32" device_mem.peak.optimizer)"
+[ "$dev_opt" = 0 ] || fail "offloaded run holds $dev_opt optimizer bytes on the device"
+[ "$(metric "$WORK/emulated_fp32" device_mem.peak.activations)" -gt 0 ] \
+  || fail "the emulated run's activations are not on the device"
+[ "$(metric "$WORK/emulated_fp32" mem.peak.activations)" = 0 ] \
+  || fail "the emulated run put activations in host memory"
+host_opt="$(metric "$WORK/offload_fp32" mem.peak.optimizer)"
+SHAPE=(--model gpt2-tiny --n-layer 2 --n-embd 32 --n-head 2 --seq-len 32 --micro-batch 4)
+planned="$("$SHARDLM" plan "${SHAPE[@]}" --data "$WORK/data" --device emulated --offload optimizer \
+  --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["host_optimizer"])')"
+[ "$host_opt" = "$planned" ] || fail "host optimizer bytes $host_opt, plan says $planned"
+planned_dev="$("$SHARDLM" plan "${SHAPE[@]}" --data "$WORK/data" --device emulated --offload optimizer \
+  --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["optimizer"])')"
+[ "$planned_dev" = 0 ] || fail "plan puts $planned_dev optimizer bytes on the device"
+echo "memory: device optimizer 0, host optimizer $host_opt bytes = plan"
+
+# Bad input: one line each, nothing written.
+expect_error "--offload optimizer moves the optimizer state" \
+  "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --out "$WORK/bad1" --device cpu --offload optimizer
+expect_error "--device: 'tpu' is not a device" \
+  "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --out "$WORK/bad2" --device tpu
+expect_error "--offload must be none or optimizer" \
+  "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --out "$WORK/bad3" --device emulated --offload params
+if ! "$SHARDLM" train --help | grep -q 'cuda'; then fail "train --help does not name cuda"; fi
+# Without a GPU: a clear error naming the device (never a crash or a CPU fallback).
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  expect_error "--device cuda" \
+    "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --out "$WORK/bad4" --device cuda
+  [ ! -e "$WORK/bad4/checkpoints" ] || fail "a failed --device cuda run wrote checkpoints"
+fi
+echo "device_emulated: all checks passed"
