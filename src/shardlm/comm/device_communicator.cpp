@@ -7,9 +7,6 @@
 #include "shardlm/backend/emulated/emulated_communicator.hpp"
 #include "shardlm/core/error.hpp"
 
-#ifdef SHARDLM_WITH_CUDA
-#include "shardlm/comm/nccl/nccl_communicator.hpp"
-#endif
 
 namespace shardlm {
 
@@ -34,12 +31,8 @@ std::unique_ptr<Communicator> make_device_communicator(Device device, Communicat
     case DeviceKind::emulated:
       return std::make_unique<emulated::DeviceCommunicator>(world);
     case DeviceKind::cuda:
-#ifdef SHARDLM_WITH_CUDA
-      return make_nccl_communicator(world, device.index, backend_for(device));
-#else
-      throw Error(fmt::format("--device {}: this shardlm was built without CUDA (no NCCL)",
-                              to_string(device)));
-#endif
+      // Wired to comm/nccl when it lands (issue 16).
+      throw Error(fmt::format("--device {}: no NCCL communicator in this build", to_string(device)));
   }
   return nullptr;
 }
