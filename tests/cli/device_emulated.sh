@@ -75,7 +75,9 @@ expect_error "--device: 'tpu' is not a device" \
   "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --out "$WORK/bad2" --device tpu
 expect_error "--offload must be none or optimizer" \
   "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --out "$WORK/bad3" --device emulated --offload params
-if ! "$SHARDLM" train --help | grep -q 'cuda'; then fail "train --help does not name cuda"; fi
+"$SHARDLM" train --help > "$WORK/help.txt"
+grep -q -- '--device' "$WORK/help.txt" && grep -q 'cuda' "$WORK/help.txt" \
+  || fail "train --help does not describe --device cuda"
 # Without a GPU: a clear error naming the device (never a crash or a CPU fallback).
 if ! nvidia-smi -L > /dev/null 2>&1; then
   expect_error "--device cuda" \

@@ -489,9 +489,14 @@ void Trainer::print_run_description() const {
       config_.padded_vocab_size(), static_cast<double>(config_.num_parameters()) / 1e6));
   print(fmt::format("data {}: {} ({})\n", o_.data_dir, data_->describe(), meta_.tokenizer));
   print(fmt::format("batch {} x {} tokens (micro-batch {}, {} accumulation steps); strategy {} "
-                    "on {} rank(s) x {} threads; GEMM {}\n",
+                    "on {} rank(s) x {} threads; {}\n",
                     global_batch_, o_.seq_len, o_.micro_batch, accumulation_, strategy_->name(),
-                    world_, threads_.threads, cpu::gemm_library_name()));
+                    world_, threads_.threads,
+                    device_.is_host() ? fmt::format("GEMM {}", cpu::gemm_library_name())
+                                      : backend_->description() +
+                                            (host_state_ && strategy_options_.optimizer_on_host
+                                                 ? "; optimizer offloaded to host memory"
+                                                 : "")));
   print(threads_.oversubscription_warning());
   if (model_->options().precision != DType::fp32 || o_.activation_checkpointing)
     print(fmt::format("precision {} (fp32 master weights and gradients){}\n", o_.precision,
