@@ -5,7 +5,8 @@
 #   scripts/gpu_check.sh pack   # here (any x86-64 machine with the Debian deps and the CUDA
 #                               # toolkit, no GPU needed): builds with CUDA for sm_80/sm_90
 #                               # and packs the binaries, the non-CUDA shared libraries they
-#                               # need and the bundled data into .gpu-bundle/ (git-ignored)
+#                               # need and the bundled data into .gpu-bundle/ (.gitignore'd;
+#                               # the device tool's `carry` takes it along)
 #   scripts/gpu_check.sh run    # on the GPU machine (the device tool: run with
 #                               # carry [".gpu-bundle"]), well under 8 minutes:
 #     1. every kernel on both backends (test_backend_ops: CUDA vs the CPU reference by
@@ -23,8 +24,6 @@ ROOT="$PWD"
 BUNDLE="$ROOT/.gpu-bundle"
 
 pack() {
-  grep -qx '/.gpu-bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu-bundle/' >> .git/info/exclude
-  grep -qx '/build-gpu/' .git/info/exclude 2>/dev/null || echo '/build-gpu/' >> .git/info/exclude
   command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] \
     || { echo "gpu_check pack: no nvcc (install the CUDA toolkit)" >&2; exit 1; }
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSHARDLM_CUDA=ON \
