@@ -1,0 +1,134 @@
+// Launchers of shardlm's own CUDA kernels (kernels_elementwise.cu, kernels_reduce.cu),
+// called by the CUDA backend (cuda_backend.cpp). Each enqueues its kernels on `stream`
+// and returns cudaGetLastError() after the launch (the caller checks it and names the
+// launcher); none synchronizes. Contracts are the cpu:: kernels' of the same name
+// (backend/cpu/*.hpp): layouts, aliasing, what accumulates and what is overwritten.
+//
+// Deterministic by construction: no atomics; every reduction has an order fixed by the
+// shapes alone (warp butterflies, fixed chunks summed in index order), so a run repeats
+// bit for bit on the same GPU.
+//
+// This header is read by g++ (the backend) and nvcc (the kernels): no CUDA-only syntax.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shardlm/backend/kernel_args.hpp"
+#include "shardlm/core/dtype.hpp"
+
+namespace shardlm::cuda::kernels {
+
+// --- conversions ----------------------------------------------------------------------
+cudaError_t convert(cudaStream_t stream, TypedPtr dst, ConstTypedPtr src, int64_t n);
+cudaError_t convert_rows(cudaStream_t stream, TypedPtr dst, int64_t ld_dst, ConstTypedPtr src,
+                         int64_t ld_src, int64_t rows, int64_t cols);
+cudaError_t round_to(cudaStream_t stream, DType dtype, float* dst, const float* src, int64_t n);
+// C[r, c] = beta * C[r, c] for a [rows, cols] matrix with row stride ld (beta == 0 writes
+// zeros without reading C): a GEMM with K = 0.
+cudaError_t scale_rows(cudaStream_t stream, float* C, int64_t ld, int64_t rows, int64_t cols,
+                       float beta);
+
+// --- elementwise around GEMMs -----------------------------------------------------------
+cudaError_t add_bias_inplace(cudaStream_t stream, float* out, const float* bias, int64_t N, int M);
+cudaError_t add_bias(cudaStream_t stream, TypedPtr out, const float* in, const float* bias,
+                     int64_t N, int M);
+cudaError_t residual_add_bias(cudaStream_t stream, float* out, const float* a,
+                              const float* branch, const float* bias, int64_t N, int M);
+cudaError_t bias_gelu_forward(cudaStream_t stream, TypedPtr out, TypedPtr pre_out,
+                              const float* pre_in, const float* bias, int64_t N, int M);
+cudaError_t gelu_backward(cudaStream_t stream, float* dinp, const float* dout, ConstTypedPtr pre,
+                          int64_t count);
+cudaError_t swiglu_forward(cudaStream_t stream, TypedPtr h, TypedPtr gate_up_out,
+                           const float* gate_up_in, int64_t N, int I);
+cudaError_t swiglu_backward(cudaStream_t stream, float* dgate_up, const float* dh,
+                            ConstTypedPtr gate_up, int64_t N, int I);
+
+// --- positions, embeddings, quantized weights -------------------------------------------
+// sign +1: y = R x (forward, y in its type); -1: R^T (backward, fp32).
+cudaError_t rope_rotate(cudaStream_t stream, TypedPtr y, int64_t ld_y, const float* x,
+                        int64_t ld_x, int64_t rows, int heads, int head_dim,
+                        const int32_t* positions, const RopeTableView& table, float sign);
+cudaError_t embedding_forward(cudaStream_t stream, float* out, const int32_t* tokens,
+                              ConstTypedPtr wte, ConstTypedPtr wpe, int B, int T, int C,
+                              DType value_type, const int32_t* positions);
+cudaError_t embedding_backward(cudaStream_t stream, float* dwte, float* dwpe, const float* dout,
+                               const int32_t* tokens, int B, int T, int C,
+                               const int32_t* positions);
+cudaError_t nf4_dequantize(cudaStream_t stream, const void* in, int64_t n, TypedPtr out);
+
+// --- AdamW ---------------------------------------------------------------------------------
+// The per-step constants, computed on the host exactly as optim/adamw.cpp does.
+struct AdamConstants {
+  float decay_factor, grad_multiplier, beta1, beta2, one_minus_beta1, one_minus_beta2;
+  float step_size, bias2_sqrt, eps;
+};
+// Up to this many decay ranges travel inside one launch's arguments.
+inline constexpr int kAdamInlineRanges = 32;
+struct AdamDecayRanges {
+  int64_t begin[kAdamInlineRanges];
+  int64_t end[kAdamInlineRanges];
+  int count = 0;
+};
+// AdamW over elements [lo, hi): element i uses `decayed` constants when some range of
+// `ranges` holds it, else `plain`. rounded_params.data null: no rounded copy.
+cudaError_t adamw_update(cudaStream_t stream, float* params, const float* grads, float* m,
+                         float* v, int64_t lo, int64_t hi, const AdamDecayRanges& ranges,
+                         const AdamConstants& plain, const AdamConstants& decayed,
+                         TypedPtr rounded_params);
+
+// --- norms (one warp per normalized vector) --------------------------------------------------
+cudaError_t layernorm_forward(cudaStream_t stream, TypedPtr out, float* mean, float* rstd,
+                              float* residual, const float* inp_or_a, const float* branch,
+                              const float* branch_bias, const float* weight, const float* bias,
+                              int64_t N, int C, float eps);
+// dinp accumulates (row kernel); the weight and bias gradients go through column_sums.
+cudaError_t layernorm_backward_input(cudaStream_t stream, float* dinp, const float* dout,
+                                     const float* inp, const float* weight, const float* mean,
+                                     const float* rstd, int64_t N, int C);
+cudaError_t rmsnorm_forward(cudaStream_t stream, TypedPtr y, int64_t ld_y, float* rstd,
+                            ConstTypedPtr x, int64_t ld_x, const float* weight,
+                            const RmsNormShape& shape, float eps);
+cudaError_t residual_rmsnorm_forward(cudaStream_t stream, float* residual, TypedPtr y,
+                                     float* rstd, const float* a, const float* branch,
+                                     const float* branch_bias, const float* weight, int64_t N,
+                                     int C, float eps);
+cudaError_t rmsnorm_backward_input(cudaStream_t stream, float* dx, int64_t ld_dx, const float* dy,
+                                   int64_t ld_dy, ConstTypedPtr x, int64_t ld_x,
+                                   const float* weight, const float* rstd,
+                                   const RmsNormShape& shape, bool accumulate_dx);
+
+// --- deterministic column sums (parameter gradients) -----------------------------------------
+// out[c] += sum over rows of a per-element term, in double: rows are cut into chunks of
+// kColumnSumChunkRows; a first kernel sums each chunk (fixed thread mapping) into
+// `partials`, a second adds the chunks in order. partials must hold
+// column_sum_partial_bytes(rows, cols, outputs) bytes of device memory.
+inline constexpr int64_t kColumnSumChunkRows = 256;
+inline size_t column_sum_partial_bytes(int64_t rows, int64_t cols, int outputs) {
+  const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
+  return static_cast<size_t>((chunks > 0 ? chunks : 1) * cols * outputs) * sizeof(double);
+}
+// dbias[m] += sum_n dout[n, m].
+cudaError_t bias_backward(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int M,
+                          double* partials);
+// dweight[c] += sum_n dout * xhat, dbias[c] += sum_n dout (xhat = (inp - mean) rstd).
+cudaError_t layernorm_backward_params(cudaStream_t stream, float* dweight, float* dbias,
+                                      const float* dout, const float* inp, const float* mean,
+                                      const float* rstd, int64_t N, int C, double* partials);
+// dweight[c] += sum over vectors of dy * x * rstd.
+cudaError_t rmsnorm_backward_weight(cudaStream_t stream, float* dweight, const float* dy,
+                                    int64_t ld_dy, ConstTypedPtr x, int64_t ld_x,
+                                    const float* rstd, const RmsNormShape& shape,
+                                    double* partials);
+
+// --- whole-array sums in double ------------------------------------------------------------
+// *result (device) = sum of data[i] (squares: sum of data[i]^2) in double: kSumBlocks
+// blocks sum fixed grid-stride slices into `partials` (kSumBlocks doubles), then one
+// thread adds those in order.
+inline constexpr int kSumBlocks = 512;
+cudaError_t sum(cudaStream_t stream, const float* data, int64_t n, bool squares, double* partials,
+                double* result);
+
+}  // namespace shardlm::cuda::kernels

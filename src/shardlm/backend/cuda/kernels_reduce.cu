@@ -1,0 +1,443 @@
+// Kernels of the CUDA backend that reduce: LayerNorm and RMSNorm (one warp per
+// normalized vector, sums by warp butterflies), parameter gradients as deterministic
+// column sums, the embedding's scatter-add, and whole-array sums in double.
+//
+// No atomics anywhere: every sum has an order fixed by the shapes alone, so a run
+// repeats bit for bit on the same GPU (the project's reproducibility promise).
+#include "shardlm/backend/cuda/device_math.cuh"
+#include "shardlm/backend/cuda/kernels.cuh"
+
+namespace shardlm::cuda::kernels {
+
+using namespace device;
+
+namespace {
+
+// Norms: a warp per vector. Hidden sizes (768..8192) give each lane 24..256 values, the
+// per-head norms (head_dim 64..128) 2..4; a vector's statistics need no shared memory
+// and no block barrier, and blocks of 8 warps keep the SMs full.
+constexpr int kWarpsPerBlock = 8;
+constexpr int kNormThreads = kWarpsPerBlock * 32;
+
+int norm_blocks(int64_t vectors) {
+  return static_cast<int>((vectors + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+__device__ __forceinline__ int64_t warp_vector() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+}
+__device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x % 32); }
+
+// LayerNorm of one row per warp; with `residual` set, the row is first
+// residual = a + branch (+ branch_bias), written by the lane that later reads it.
+template <typename Out>
+__global__ void layernorm_forward_kernel(typename Out::Storage* out, float* mean, float* rstd,
+                                         float* residual, const float* inp_or_a,
+                                         const float* branch, const float* branch_bias,
+                                         const float* weight, const float* bias, int64_t N, int C,
+                                         float eps) {
+  const int64_t row = warp_vector();
+  if (row >= N) return;
+  const int lane = lane_id();
+  const float* x = inp_or_a + row * C;
+  if (residual != nullptr) {
+    float* res = residual + row * C;
+    const float* b = branch + row * C;
+    for (int c = lane; c < C; c += 32)
+      res[c] = branch_bias != nullptr ? x[c] + b[c] + branch_bias[c] : x[c] + b[c];
+    x = res;
+  }
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += 32) sum += x[c];
+  const float m = warp_sum(sum) / static_cast<float>(C);
+  float sum_sq = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = x[c] - m;
+    sum_sq += d * d;
+  }
+  const float r = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(C) + eps);
+  for (int c = lane; c < C; c += 32) Out::store(out, row * C + c, (x[c] - m) * r * weight[c] + bias[c]);
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dinp += rstd (g - mean(g) - xhat mean(g xhat)), g = dout * weight.
+__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp,
+                                                const float* weight, const float* mean,
+                                                const float* rstd, int64_t N, int C) {
+  const int64_t row = warp_vector();
+  if (row >= N) return;
+  const int lane = lane_id();
+  const float* x = inp + row * C;
+  const float* dy = dout + row * C;
+  const float m = mean[row], r = rstd[row];
+  float sum_g = 0.0f, sum_g_xhat = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float g = dy[c] * weight[c];
+    sum_g += g;
+    sum_g_xhat += g * (x[c] - m) * r;
+  }
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const float mean_g = warp_sum(sum_g) * inv_c;
+  const float mean_g_xhat = warp_sum(sum_g_xhat) * inv_c;
+  float* dx = dinp + row * C;
+  for (int c = lane; c < C; c += 32) {
+    const float xhat = (x[c] - m) * r;
+    dx[c] += r * (dy[c] * weight[c] - mean_g - xhat * mean_g_xhat);
+  }
+}
+
+// Offset of vector v (row v / heads, head v % heads) in a tensor with row stride ld.
+__device__ __forceinline__ int64_t vector_offset(int64_t v, int heads, int dim, int64_t ld) {
+  const int64_t row = v / heads;
+  return row * ld + (v - row * heads) * dim;
+}
+
+// RMSNorm of one vector per warp. y may be x's storage (fp32): each lane reads its
+// values before it writes them.
+template <typename Y, typename X>
+__global__ void rmsnorm_forward_kernel(typename Y::Storage* y, int64_t ld_y, float* rstd,
+                                       const typename X::Storage* x, int64_t ld_x,
+                                       const float* weight, int64_t vectors, int heads, int dim,
+                                       float eps) {
+  const int64_t v = warp_vector();
+  if (v >= vectors) return;
+  const int lane = lane_id();
+  const int64_t x_at = vector_offset(v, heads, dim, ld_x);
+  const int64_t y_at = vector_offset(v, heads, dim, ld_y);
+  float sum_sq = 0.0f;
+  for (int c = lane; c < dim; c += 32) {
+    const float value = X::load(x, x_at + c);
+    sum_sq += value * value;
+  }
+  const float r = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(dim) + eps);
+  for (int c = lane; c < dim; c += 32) Y::store(y, y_at + c, X::load(x, x_at + c) * r * weight[c]);
+  if (lane == 0) rstd[v] = r;
+}
+
+template <typename Y>
+__global__ void residual_rmsnorm_forward_kernel(float* residual, typename Y::Storage* y,
+                                                float* rstd, const float* a, const float* branch,
+                                                const float* branch_bias, const float* weight,
+                                                int64_t N, int C, float eps) {
+  const int64_t row = warp_vector();
+  if (row >= N) return;
+  const int lane = lane_id();
+  float* res = residual + row * C;
+  float sum_sq = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const int64_t at = row * C + c;
+    const float value = branch_bias != nullptr ? a[at] + branch[at] + branch_bias[c] : a[at] + branch[at];
+    res[c] = value;
+    sum_sq += value * value;
+  }
+  const float r = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(C) + eps);
+  for (int c = lane; c < C; c += 32) Y::store(y, row * C + c, res[c] * r * weight[c]);
+  if (lane == 0) rstd[row] = r;
+}
+
+// dx = r g w - x r^3 mean(g w x), written or added.
+template <typename X>
+__global__ void rmsnorm_backward_input_kernel(float* dx, int64_t ld_dx, const float* dy,
+                                              int64_t ld_dy, const typename X::Storage* x,
+                                              int64_t ld_x, const float* weight, const float* rstd,
+                                              int64_t vectors, int heads, int dim,
+                                              bool accumulate_dx) {
+  const int64_t v = warp_vector();
+  if (v >= vectors) return;
+  const int lane = lane_id();
+  const int64_t x_at = vector_offset(v, heads, dim, ld_x);
+  const float* g = dy + vector_offset(v, heads, dim, ld_dy);
+  float* out = dx + vector_offset(v, heads, dim, ld_dx);
+  const float r = rstd[v];
+  float sum_gx = 0.0f;
+  for (int c = lane; c < dim; c += 32) sum_gx += g[c] * weight[c] * X::load(x, x_at + c);
+  const float k = r * r * r * warp_sum(sum_gx) * (1.0f / static_cast<float>(dim));
+  for (int c = lane; c < dim; c += 32) {
+    const float value = r * g[c] * weight[c] - k * X::load(x, x_at + c);
+    out[c] = accumulate_dx ? out[c] + value : value;
+  }
+}
+
+// --- column sums ---------------------------------------------------------------------------------
+
+// A block sums a 32-column tile over one chunk of kColumnSumChunkRows rows: thread
+// (tx, ty) takes column tx and rows ty, ty + 8, ...; the 8 row lanes are then added in
+// lane order. Consecutive threads read consecutive columns (coalesced).
+constexpr int kTileColumns = 32;
+constexpr int kRowLanes = 8;
+
+template <int K, typename Term>
+__global__ void column_partials_kernel(double* partials, int64_t rows, int cols, int64_t chunks,
+                                       Term term) {
+  __shared__ double lanes[K][kRowLanes][kTileColumns];
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int c = static_cast<int>(blockIdx.x) * kTileColumns + tx;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    double acc[K];
+    for (int k = 0; k < K; ++k) acc[k] = 0.0;
+    const int64_t r0 = chunk * kColumnSumChunkRows;
+    const int64_t r1 = r0 + kColumnSumChunkRows < rows ? r0 + kColumnSumChunkRows : rows;
+    if (c < cols)
+      for (int64_t r = r0 + ty; r < r1; r += kRowLanes) term(r, c, acc);
+    for (int k = 0; k < K; ++k) lanes[k][ty][tx] = acc[k];
+    __syncthreads();
+    if (ty == 0 && c < cols) {
+      for (int k = 0; k < K; ++k) {
+        double total = 0.0;
+        for (int y = 0; y < kRowLanes; ++y) total += lanes[k][y][tx];
+        partials[(chunk * K + k) * cols + c] = total;
+      }
+    }
+    __syncthreads();  // the lanes are reused by the next chunk
+  }
+}
+
+// out_k[c] += the chunks' partial sums, added in chunk order.
+template <int K>
+__global__ void column_totals_kernel(float* out0, float* out1, const double* partials,
+                                     int64_t chunks, int cols) {
+  for (int64_t c = grid_first(); c < cols; c += grid_stride()) {
+    for (int k = 0; k < K; ++k) {
+      double total = 0.0;
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) total += partials[(chunk * K + k) * cols + c];
+      float* out = k == 0 ? out0 : out1;
+      out[c] += static_cast<float>(total);
+    }
+  }
+}
+
+template <int K, typename Term>
+cudaError_t column_sums(cudaStream_t stream, float* out0, float* out1, int64_t rows, int cols,
+                        Term term, double* partials) {
+  if (rows <= 0 || cols <= 0) return cudaGetLastError();
+  const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
+  const dim3 block(kTileColumns, kRowLanes);
+  const dim3 grid((cols + kTileColumns - 1) / kTileColumns,
+                  static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
+  column_partials_kernel<K><<<grid, block, 0, stream>>>(partials, rows, cols, chunks, term);
+  const int total_blocks = (cols + 255) / 256;
+  column_totals_kernel<K><<<total_blocks, 256, 0, stream>>>(out0, out1, partials, chunks, cols);
+  return cudaGetLastError();
+}
+
+struct BiasTerm {
+  const float* dout;
+  int M;
+  __device__ void operator()(int64_t r, int c, double* acc) const {
+    acc[0] += static_cast<double>(dout[r * M + c]);
+  }
+};
+
+// The CPU's products: dy * xhat in fp32, then widened.
+struct LayerNormTerm {
+  const float *dout, *inp, *mean, *rstd;
+  int C;
+  __device__ void operator()(int64_t r, int c, double* acc) const {
+    const float dy = dout[r * C + c];
+    acc[0] += static_cast<double>(dy * ((inp[r * C + c] - mean[r]) * rstd[r]));
+    acc[1] += static_cast<double>(dy);
+  }
+};
+
+template <typename X>
+struct RmsNormWeightTerm {
+  const float* dy;
+  int64_t ld_dy;
+  const typename X::Storage* x;
+  int64_t ld_x;
+  const float* rstd;
+  int heads, dim;
+  __device__ void operator()(int64_t v, int c, double* acc) const {
+    const double g = dy[vector_offset(v, heads, dim, ld_dy) + c];
+    const double xv = X::load(x, vector_offset(v, heads, dim, ld_x) + c);
+    acc[0] += g * xv * static_cast<double>(rstd[v]);
+  }
+};
+
+// --- embedding backward ---------------------------------------------------------------------------
+
+// A thread owns one column of every row of dwte (and of dwpe for packed positions) and
+// adds the tokens' gradients in token order: repeated tokens are summed in the CPU's
+// order, bit for bit, with no atomics. The parallelism is C threads (the row loop is
+// sequential per column); a sort-by-token version would add more if this shows up.
+__global__ void embedding_backward_columns_kernel(float* dwte, float* dwpe, const float* dout,
+                                                  const int32_t* tokens, int64_t N, int C,
+                                                  const int32_t* positions) {
+  const int c = static_cast<int>(blockIdx.x) * blockDim.x + static_cast<int>(threadIdx.x);
+  if (c >= C) return;
+  for (int64_t n = 0; n < N; ++n)
+    dwte[static_cast<int64_t>(tokens[n]) * C + c] += dout[n * C + c];
+  if (dwpe != nullptr && positions != nullptr)
+    for (int64_t n = 0; n < N; ++n)
+      dwpe[static_cast<int64_t>(positions[n]) * C + c] += dout[n * C + c];
+}
+
+// Position t = 0..T-1 of every sequence: element (t, c) sums its B rows in order.
+__global__ void embedding_backward_positions_kernel(float* dwpe, const float* dout, int B, int T,
+                                                    int C) {
+  const int64_t total = static_cast<int64_t>(T) * C;
+  for (int64_t idx = grid_first(); idx < total; idx += grid_stride()) {
+    const int64_t t = idx / C, c = idx - t * C;
+    float g = dwpe[idx];
+    for (int b = 0; b < B; ++b) g += dout[(static_cast<int64_t>(b) * T + t) * C + c];
+    dwpe[idx] = g;
+  }
+}
+
+// --- whole-array sums ------------------------------------------------------------------------------
+
+constexpr int kSumThreads = 256;
+
+__global__ void sum_partials_kernel(const float* data, int64_t n, bool squares, double* partials) {
+  __shared__ double warp_totals[kSumThreads / 32];
+  double acc = 0.0;
+  for (int64_t i = grid_first(); i < n; i += grid_stride()) {
+    const double x = data[i];
+    acc += squares ? x * x : x;
+  }
+  acc = warp_sum(acc);
+  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_totals[w];
+    partials[blockIdx.x] = total;
+  }
+}
+
+__global__ void sum_final_kernel(const double* partials, int count, double* result) {
+  double total = 0.0;
+  for (int i = 0; i < count; ++i) total += partials[i];
+  *result = total;
+}
+
+}  // namespace
+
+// --- launchers -------------------------------------------------------------------------------------
+
+cudaError_t layernorm_forward(cudaStream_t stream, TypedPtr out, float* mean, float* rstd,
+                              float* residual, const float* inp_or_a, const float* branch,
+                              const float* branch_bias, const float* weight, const float* bias,
+                              int64_t N, int C, float eps) {
+  if (N <= 0) return cudaGetLastError();
+  with_type(out.dtype, [&](auto o) {
+    using O = decltype(o);
+    layernorm_forward_kernel<O><<<norm_blocks(N), kNormThreads, 0, stream>>>(
+        static_cast<typename O::Storage*>(out.data), mean, rstd, residual, inp_or_a, branch,
+        branch_bias, weight, bias, N, C, eps);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t layernorm_backward_input(cudaStream_t stream, float* dinp, const float* dout,
+                                     const float* inp, const float* weight, const float* mean,
+                                     const float* rstd, int64_t N, int C) {
+  if (N <= 0) return cudaGetLastError();
+  layernorm_backward_input_kernel<<<norm_blocks(N), kNormThreads, 0, stream>>>(
+      dinp, dout, inp, weight, mean, rstd, N, C);
+  return cudaGetLastError();
+}
+
+cudaError_t rmsnorm_forward(cudaStream_t stream, TypedPtr y, int64_t ld_y, float* rstd,
+                            ConstTypedPtr x, int64_t ld_x, const float* weight,
+                            const RmsNormShape& shape, float eps) {
+  const int64_t vectors = shape.rows * shape.heads;
+  if (vectors <= 0) return cudaGetLastError();
+  with_type(y.dtype, [&](auto yt) {
+    with_type(x.dtype, [&](auto xt) {
+      using Y = decltype(yt);
+      using X = decltype(xt);
+      rmsnorm_forward_kernel<Y, X><<<norm_blocks(vectors), kNormThreads, 0, stream>>>(
+          static_cast<typename Y::Storage*>(y.data), ld_y, rstd,
+          static_cast<const typename X::Storage*>(x.data), ld_x, weight, vectors, shape.heads,
+          shape.dim, eps);
+    });
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t residual_rmsnorm_forward(cudaStream_t stream, float* residual, TypedPtr y,
+                                     float* rstd, const float* a, const float* branch,
+                                     const float* branch_bias, const float* weight, int64_t N,
+                                     int C, float eps) {
+  if (N <= 0) return cudaGetLastError();
+  with_type(y.dtype, [&](auto yt) {
+    using Y = decltype(yt);
+    residual_rmsnorm_forward_kernel<Y><<<norm_blocks(N), kNormThreads, 0, stream>>>(
+        residual, static_cast<typename Y::Storage*>(y.data), rstd, a, branch, branch_bias, weight,
+        N, C, eps);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t rmsnorm_backward_input(cudaStream_t stream, float* dx, int64_t ld_dx, const float* dy,
+                                   int64_t ld_dy, ConstTypedPtr x, int64_t ld_x,
+                                   const float* weight, const float* rstd,
+                                   const RmsNormShape& shape, bool accumulate_dx) {
+  const int64_t vectors = shape.rows * shape.heads;
+  if (vectors <= 0) return cudaGetLastError();
+  with_type(x.dtype, [&](auto xt) {
+    using X = decltype(xt);
+    rmsnorm_backward_input_kernel<X><<<norm_blocks(vectors), kNormThreads, 0, stream>>>(
+        dx, ld_dx, dy, ld_dy, static_cast<const typename X::Storage*>(x.data), ld_x, weight, rstd,
+        vectors, shape.heads, shape.dim, accumulate_dx);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t bias_backward(cudaStream_t stream, float* dbias, const float* dout, int64_t N, int M,
+                          double* partials) {
+  return column_sums<1>(stream, dbias, nullptr, N, M, BiasTerm{dout, M}, partials);
+}
+
+cudaError_t layernorm_backward_params(cudaStream_t stream, float* dweight, float* dbias,
+                                      const float* dout, const float* inp, const float* mean,
+                                      const float* rstd, int64_t N, int C, double* partials) {
+  return column_sums<2>(stream, dweight, dbias, N, C, LayerNormTerm{dout, inp, mean, rstd, C},
+                        partials);
+}
+
+cudaError_t rmsnorm_backward_weight(cudaStream_t stream, float* dweight, const float* dy,
+                                    int64_t ld_dy, ConstTypedPtr x, int64_t ld_x,
+                                    const float* rstd, const RmsNormShape& shape,
+                                    double* partials) {
+  cudaError_t status = cudaSuccess;
+  with_type(x.dtype, [&](auto xt) {
+    using X = decltype(xt);
+    const RmsNormWeightTerm<X> term{dy,   ld_dy,       static_cast<const typename X::Storage*>(x.data),
+                                    ld_x, rstd,        shape.heads,
+                                    shape.dim};
+    status = column_sums<1>(stream, dweight, nullptr, shape.rows * shape.heads, shape.dim, term,
+                            partials);
+  });
+  return status;
+}
+
+cudaError_t embedding_backward(cudaStream_t stream, float* dwte, float* dwpe, const float* dout,
+                               const int32_t* tokens, int B, int T, int C,
+                               const int32_t* positions) {
+  const int64_t N = static_cast<int64_t>(B) * T;
+  if (N <= 0 || C <= 0) return cudaGetLastError();
+  constexpr int kColumnThreads = 32;  // more blocks for small C (768 columns: 24 SMs busy)
+  embedding_backward_columns_kernel<<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads,
+                                      0, stream>>>(dwte, dwpe, dout, tokens, N, C, positions);
+  if (dwpe != nullptr && positions == nullptr) {
+    const int64_t total = static_cast<int64_t>(T) * C;
+    const int64_t blocks = (total + 255) / 256;
+    embedding_backward_positions_kernel<<<static_cast<int>(blocks < 4096 ? blocks : 4096), 256, 0,
+                                          stream>>>(dwpe, dout, B, T, C);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t sum(cudaStream_t stream, const float* data, int64_t n, bool squares, double* partials,
+                double* result) {
+  // A fixed grid (kSumBlocks x kSumThreads, whatever n is) fixes the summation order.
+  sum_partials_kernel<<<kSumBlocks, kSumThreads, 0, stream>>>(data, n, squares, partials);
+  sum_final_kernel<<<1, 1, 0, stream>>>(partials, kSumBlocks, result);
+  return cudaGetLastError();
+}
+
+}  // namespace shardlm::cuda::kernels
