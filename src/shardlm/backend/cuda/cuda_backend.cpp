@@ -20,13 +20,14 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "shardlm/backend/cpu/gemm.hpp"
+#include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/backend/cuda/attention.cuh"
 #include "shardlm/backend/cuda/cross_entropy.cuh"
 #include "shardlm/backend/cuda/cuda_check.hpp"
 #include "shardlm/backend/cuda/kernels.cuh"
-#include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/optim/adamw.hpp"
 
@@ -74,9 +75,12 @@ uint32_t alignment_of(const void* p) {
 
 cudaDataType_t cuda_type(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::fp16: return CUDA_R_16F;
-    case DType::fp32: break;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::fp16:
+      return CUDA_R_16F;
+    case DType::fp32:
+      break;
   }
   return CUDA_R_32F;
 }
@@ -261,8 +265,8 @@ class CudaBackend final : public Backend {
   }
 
   // --- GEMM and conversions -----------------------------------------------------------------
-  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, ConstTypedPtr A,
-            int lda, ConstTypedPtr B, int ldb, float beta, float* C, int ldc) override {
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, ConstTypedPtr A, int lda,
+            ConstTypedPtr B, int ldb, float beta, float* C, int ldc) override {
     cpu::check_gemm_arguments("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return;
     select();
@@ -290,8 +294,8 @@ class CudaBackend final : public Backend {
       b = widen(widened_b_, B, ldb, rows, cols);
       ldb = cols;
     }
-    const bool ran = lt_matmul(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, DType::fp32,
-                               beta, C, ldc);
+    const bool ran =
+        lt_matmul(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, DType::fp32, beta, C, ldc);
     SHARDLM_CHECK(ran,
                   "cuda gemm: cuBLASLt has no fp32 algorithm for M={} N={} K={} (lda {} ldb {} "
                   "ldc {}, trans {} {})",
@@ -366,8 +370,7 @@ class CudaBackend final : public Backend {
                          const float* weight, const float* bias, int64_t N, int C) override {
     select();
     SHARDLM_CUDA_CHECK(kernels::layernorm_forward(stream_, out, mean, rstd, nullptr, inp, nullptr,
-                                                  nullptr, weight, bias, N, C,
-                                                  cpu::kLayerNormEps));
+                                                  nullptr, weight, bias, N, C, cpu::kLayerNormEps));
   }
   void residual_layernorm_forward(float* residual, TypedPtr out, float* mean, float* rstd,
                                   const float* a, const float* branch, const float* branch_bias,
@@ -395,8 +398,8 @@ class CudaBackend final : public Backend {
         kernels::rmsnorm_forward(stream_, y, ld_y, rstd, x, ld_x, weight, shape, eps));
   }
   void residual_rmsnorm_forward(float* residual, TypedPtr y, float* rstd, const float* a,
-                                const float* branch, const float* branch_bias,
-                                const float* weight, int64_t N, int C, float eps) override {
+                                const float* branch, const float* branch_bias, const float* weight,
+                                int64_t N, int C, float eps) override {
     check_rmsnorm_shape({N, 1, C}, C, C, eps);
     select();
     SHARDLM_CUDA_CHECK(kernels::residual_rmsnorm_forward(stream_, residual, y, rstd, a, branch,
@@ -411,15 +414,14 @@ class CudaBackend final : public Backend {
     SHARDLM_CUDA_CHECK(kernels::rmsnorm_backward_input(stream_, dx, ld_dx, dy, ld_dy, x, ld_x,
                                                        weight, rstd, shape, accumulate_dx));
     if (dweight != nullptr)  // null: a frozen weight
-      SHARDLM_CUDA_CHECK(kernels::rmsnorm_backward_weight(
-          stream_, dweight, dy, ld_dy, x, ld_x, rstd, shape,
-          partials_for(shape.rows * shape.heads, shape.dim, 1)));
+      SHARDLM_CUDA_CHECK(
+          kernels::rmsnorm_backward_weight(stream_, dweight, dy, ld_dy, x, ld_x, rstd, shape,
+                                           partials_for(shape.rows * shape.heads, shape.dim, 1)));
   }
 
   // --- positions, attention, embeddings ---------------------------------------------------------
-  void rope_forward(TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x, int64_t rows,
-                    int heads, int head_dim, const int32_t* positions,
-                    const RopeTableView& table) override {
+  void rope_forward(TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x, int64_t rows, int heads,
+                    int head_dim, const int32_t* positions, const RopeTableView& table) override {
     check_rope(ld_y, ld_x, rows, heads, head_dim, table);
     select();
     SHARDLM_CUDA_CHECK(kernels::rope_rotate(stream_, y, ld_y, x, ld_x, rows, heads, head_dim,
@@ -445,14 +447,13 @@ class CudaBackend final : public Backend {
     cuda::attention_backward(stream_, dqkv, dout, qkv, out, lse, s, key_begin);
   }
   void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
-                         int B, int T, int C, DType value_type,
-                         const int32_t* positions) override {
+                         int B, int T, int C, DType value_type, const int32_t* positions) override {
     select();
-    SHARDLM_CUDA_CHECK(kernels::embedding_forward(stream_, out, tokens, wte, wpe, B, T, C,
-                                                  value_type, positions));
+    SHARDLM_CUDA_CHECK(
+        kernels::embedding_forward(stream_, out, tokens, wte, wpe, B, T, C, value_type, positions));
   }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          int B, int T, int C, const int32_t* positions) override {
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                          int T, int C, const int32_t* positions) override {
     select();
     SHARDLM_CUDA_CHECK(
         kernels::embedding_backward(stream_, dwte, dwpe, dout, tokens, B, T, C, positions));
@@ -501,17 +502,17 @@ class CudaBackend final : public Backend {
   }
   double sum(const float* data, int64_t n) override { return device_sum(data, n, false); }
 
-  // --- quantized weights ---------------------------------------------------------------------------
+  // --- quantized weights
+  // ---------------------------------------------------------------------------
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override {
     select();
     SHARDLM_CUDA_CHECK(kernels::nf4_dequantize(stream_, in, n, out));
   }
 
-  // --- optimizer -----------------------------------------------------------------------------------
-  // optim/adamw.cpp's constants, computed the same way; the decay ranges (host memory,
-  // sorted and disjoint) travel in the launch arguments, up to kAdamInlineRanges per
-  // launch: with more, the slice is cut after every kAdamInlineRanges-th range and each
-  // piece is launched with its own ranges.
+  // --- optimizer
+  // -----------------------------------------------------------------------------------
+  // optim/adamw.cpp's constants, computed the same way; the decay ranges (host memory)
+  // go to the launcher, which carries them in its launches' arguments.
   void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                     std::span<const ElementRange> decay_ranges, float lr, float grad_multiplier,
                     int64_t step, const AdamWConfig& config, TypedPtr rounded_params) override {
@@ -524,38 +525,17 @@ class CudaBackend final : public Backend {
     const float step_size = static_cast<float>(lr / bias1);
     const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
     const float decay_factor = 1.0f - lr * config.weight_decay;
-    const kernels::AdamConstants plain{1.0f,
-                                       grad_multiplier,
-                                       config.beta1,
-                                       config.beta2,
-                                       1.0f - config.beta1,
-                                       1.0f - config.beta2,
-                                       step_size,
-                                       bias2_sqrt,
-                                       config.eps};
+    const kernels::AdamConstants plain{1.0f,         grad_multiplier,     config.beta1,
+                                       config.beta2, 1.0f - config.beta1, 1.0f - config.beta2,
+                                       step_size,    bias2_sqrt,          config.eps};
     kernels::AdamConstants decayed = plain;
     decayed.decay_factor = decay_factor;
-    int64_t lo = 0;
-    size_t next = 0;
-    do {
-      kernels::AdamDecayRanges ranges;
-      while (next < decay_ranges.size() && ranges.count < kernels::kAdamInlineRanges) {
-        ranges.begin[ranges.count] = decay_ranges[next].begin;
-        ranges.end[ranges.count] = decay_ranges[next].end;
-        ++ranges.count;
-        ++next;
-      }
-      // This piece ends where the next batch of ranges begins (or at n).
-      const int64_t hi =
-          next < decay_ranges.size() ? std::min(n, std::max(lo, decay_ranges[next].begin)) : n;
-      SHARDLM_CUDA_CHECK(kernels::adamw_update(stream_, params, grads, m, v, lo, hi, ranges,
-                                               plain, decayed, rounded_params));
-      lo = hi;
-    } while (lo < n);
+    ranges_.clear();
+    for (const ElementRange& r : decay_ranges) ranges_.push_back({r.begin, r.end});
+    SHARDLM_CUDA_CHECK(kernels::adamw_update(stream_, params, grads, m, v, n, ranges_.data(),
+                                             ranges_.size(), plain, decayed, rounded_params));
   }
-  double sum_of_squares(const float* data, int64_t n) override {
-    return device_sum(data, n, true);
-  }
+  double sum_of_squares(const float* data, int64_t n) override { return device_sum(data, n, true); }
 
  private:
   static constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's, allocated once
@@ -589,15 +569,16 @@ class CudaBackend final : public Backend {
   }
 
   double* partials_for(int64_t rows, int64_t cols, int outputs) {
-    return static_cast<double*>(column_partials_.grow_to(
-        kernels::column_sum_partial_bytes(rows, cols, outputs), stream_));
+    return static_cast<double*>(
+        column_partials_.grow_to(kernels::column_sum_partial_bytes(rows, cols, outputs), stream_));
   }
 
   // The stored [rows, cols] operand (row stride ld) widened into a compact fp32 scratch.
   const float* widen(StreamScratch& scratch, ConstTypedPtr operand, int ld, int rows, int cols) {
     auto* wide = static_cast<float*>(
         scratch.grow_to(static_cast<size_t>(rows) * cols * sizeof(float), stream_));
-    SHARDLM_CUDA_CHECK(kernels::convert_rows(stream_, TypedPtr(wide), cols, operand, ld, rows, cols));
+    SHARDLM_CUDA_CHECK(
+        kernels::convert_rows(stream_, TypedPtr(wide), cols, operand, ld, rows, cols));
     return wide;
   }
 
@@ -606,8 +587,8 @@ class CudaBackend final : public Backend {
     select();
     double* result = sum_partials_ + kernels::kSumBlocks;
     SHARDLM_CUDA_CHECK(kernels::sum(stream_, data, n, squares, sum_partials_, result));
-    SHARDLM_CUDA_CHECK(cudaMemcpyAsync(host_result_, result, sizeof(double),
-                                       cudaMemcpyDeviceToHost, stream_));
+    SHARDLM_CUDA_CHECK(
+        cudaMemcpyAsync(host_result_, result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     wait_for_stream(stream_, squares ? "sum_of_squares" : "sum");
     return *host_result_;
   }
@@ -622,8 +603,9 @@ class CudaBackend final : public Backend {
   bool lt_matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A,
                  int lda, const void* B, int ldb, DType type, float beta, float* C, int ldc) {
     const bool tf32 = type == DType::fp32 && tf32_;
-    const GemmKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, type, tf32,
-                      alignment_of(A), alignment_of(B), alignment_of(C)};
+    const GemmKey key{
+        trans_a,         trans_b,        M, N, K, lda, ldb, ldc, type, tf32, alignment_of(A),
+        alignment_of(B), alignment_of(C)};
     auto found = plans_.find(key);
     if (found == plans_.end()) found = plans_.emplace(key, make_plan(key)).first;
     const GemmPlan& plan = found->second;
@@ -707,7 +689,8 @@ class CudaBackend final : public Backend {
   StreamScratch widened_a_{"gemm operand A widened to fp32"};
   StreamScratch widened_b_{"gemm operand B widened to fp32"};
   StreamScratch column_partials_{"parameter-gradient column sums"};
-  double* sum_partials_ = nullptr;  // kSumBlocks partial sums, then the result
+  std::vector<kernels::HostRange> ranges_;  // adamw_update's decay ranges, reused
+  double* sum_partials_ = nullptr;          // kSumBlocks partial sums, then the result
   double* host_result_ = nullptr;   // pinned: the result's copy to the host
 };
 

@@ -15,13 +15,31 @@
 // contraction left to differ and give the CPU's values.
 #pragma once
 
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "shardlm/core/dtype.hpp"
+
+// Launches `kernel` (a __global__ function or a pointer to one: template instances go
+// through a local pointer, as a macro argument cannot hold their commas). Under
+// SHARDLM_CUDA_EMULATION (tests/cuda_emulation: the kernels compiled as C++ and run on
+// host threads, 1-D blocks of whole warps) the same kernels run on the host, which is
+// how test_backend_kernels_emulated checks them on machines without a GPU.
+#ifdef SHARDLM_CUDA_EMULATION
+#include <bit>
+#define SHARDLM_KERNEL(kernel, grid, block, stream, ...)                                \
+  do {                                                                                   \
+    (void)(stream);                                                                      \
+    ::shardlm_emulation::launch(dim3(grid), dim3(block), [&] { (kernel)(__VA_ARGS__); }); \
+  } while (0)
+#define __constant__
+inline float __int_as_float(int value) { return std::bit_cast<float>(value); }
+#else
+#define SHARDLM_KERNEL(kernel, grid, block, stream, ...) \
+  kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
 
 namespace shardlm::cuda::device {
 
@@ -69,9 +87,15 @@ struct Fp16 {
 template <typename F>
 void with_type(DType type, F&& f) {
   switch (type) {
-    case DType::fp32: f(F32{}); return;
-    case DType::bf16: f(Bf16{}); return;
-    case DType::fp16: f(Fp16{}); return;
+    case DType::fp32:
+      f(F32{});
+      return;
+    case DType::bf16:
+      f(Bf16{});
+      return;
+    case DType::fp16:
+      f(Fp16{});
+      return;
   }
 }
 
@@ -107,10 +131,10 @@ __device__ __forceinline__ float tanh_approx(float x) {
   return x < 0.0f ? -t : t;
 }
 
-// Sums over a warp by xor butterflies: every lane ends with the same bits (each step
-// adds the same two values in either order, and IEEE addition is commutative).
-template <typename V>
-__device__ __forceinline__ V warp_sum(V v) {
+// Sums a float over a warp by xor butterflies: every lane ends with the same bits (each
+// step adds the same two values in either order, and IEEE addition is commutative).
+// (fp32 only: double sums go through shared memory, which the emulation also runs.)
+__device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }

@@ -35,8 +35,8 @@ cudaError_t scale_rows(cudaStream_t stream, float* C, int64_t ld, int64_t rows, 
 cudaError_t add_bias_inplace(cudaStream_t stream, float* out, const float* bias, int64_t N, int M);
 cudaError_t add_bias(cudaStream_t stream, TypedPtr out, const float* in, const float* bias,
                      int64_t N, int M);
-cudaError_t residual_add_bias(cudaStream_t stream, float* out, const float* a,
-                              const float* branch, const float* bias, int64_t N, int M);
+cudaError_t residual_add_bias(cudaStream_t stream, float* out, const float* a, const float* branch,
+                              const float* bias, int64_t N, int M);
 cudaError_t bias_gelu_forward(cudaStream_t stream, TypedPtr out, TypedPtr pre_out,
                               const float* pre_in, const float* bias, int64_t N, int M);
 cudaError_t gelu_backward(cudaStream_t stream, float* dinp, const float* dout, ConstTypedPtr pre,
@@ -48,9 +48,9 @@ cudaError_t swiglu_backward(cudaStream_t stream, float* dgate_up, const float* d
 
 // --- positions, embeddings, quantized weights -------------------------------------------
 // sign +1: y = R x (forward, y in its type); -1: R^T (backward, fp32).
-cudaError_t rope_rotate(cudaStream_t stream, TypedPtr y, int64_t ld_y, const float* x,
-                        int64_t ld_x, int64_t rows, int heads, int head_dim,
-                        const int32_t* positions, const RopeTableView& table, float sign);
+cudaError_t rope_rotate(cudaStream_t stream, TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x,
+                        int64_t rows, int heads, int head_dim, const int32_t* positions,
+                        const RopeTableView& table, float sign);
 cudaError_t embedding_forward(cudaStream_t stream, float* out, const int32_t* tokens,
                               ConstTypedPtr wte, ConstTypedPtr wpe, int B, int T, int C,
                               DType value_type, const int32_t* positions);
@@ -65,17 +65,19 @@ struct AdamConstants {
   float decay_factor, grad_multiplier, beta1, beta2, one_minus_beta1, one_minus_beta2;
   float step_size, bias2_sqrt, eps;
 };
-// Up to this many decay ranges travel inside one launch's arguments.
-inline constexpr int kAdamInlineRanges = 32;
-struct AdamDecayRanges {
-  int64_t begin[kAdamInlineRanges];
-  int64_t end[kAdamInlineRanges];
-  int count = 0;
+// A half-open element range [begin, end) (optim/adamw.hpp's ElementRange).
+struct HostRange {
+  int64_t begin = 0;
+  int64_t end = 0;
 };
-// AdamW over elements [lo, hi): element i uses `decayed` constants when some range of
-// `ranges` holds it, else `plain`. rounded_params.data null: no rounded copy.
-cudaError_t adamw_update(cudaStream_t stream, float* params, const float* grads, float* m,
-                         float* v, int64_t lo, int64_t hi, const AdamDecayRanges& ranges,
+// AdamW over n elements: element i uses `decayed` constants when one of decay_ranges
+// (HOST memory, sorted and disjoint) holds it, else `plain`. The ranges travel in the
+// launch arguments, up to kAdamInlineRanges per launch; with more, the slice is cut
+// where each further batch of ranges begins and each piece launched with its batch.
+// rounded_params.data null: no rounded copy, else the updated params in its type.
+inline constexpr int kAdamInlineRanges = 32;
+cudaError_t adamw_update(cudaStream_t stream, float* params, const float* grads, float* m, float* v,
+                         int64_t n, const HostRange* decay_ranges, size_t range_count,
                          const AdamConstants& plain, const AdamConstants& decayed,
                          TypedPtr rounded_params);
 
@@ -91,10 +93,9 @@ cudaError_t layernorm_backward_input(cudaStream_t stream, float* dinp, const flo
 cudaError_t rmsnorm_forward(cudaStream_t stream, TypedPtr y, int64_t ld_y, float* rstd,
                             ConstTypedPtr x, int64_t ld_x, const float* weight,
                             const RmsNormShape& shape, float eps);
-cudaError_t residual_rmsnorm_forward(cudaStream_t stream, float* residual, TypedPtr y,
-                                     float* rstd, const float* a, const float* branch,
-                                     const float* branch_bias, const float* weight, int64_t N,
-                                     int C, float eps);
+cudaError_t residual_rmsnorm_forward(cudaStream_t stream, float* residual, TypedPtr y, float* rstd,
+                                     const float* a, const float* branch, const float* branch_bias,
+                                     const float* weight, int64_t N, int C, float eps);
 cudaError_t rmsnorm_backward_input(cudaStream_t stream, float* dx, int64_t ld_dx, const float* dy,
                                    int64_t ld_dy, ConstTypedPtr x, int64_t ld_x,
                                    const float* weight, const float* rstd,
@@ -119,9 +120,8 @@ cudaError_t layernorm_backward_params(cudaStream_t stream, float* dweight, float
                                       const float* rstd, int64_t N, int C, double* partials);
 // dweight[c] += sum over vectors of dy * x * rstd.
 cudaError_t rmsnorm_backward_weight(cudaStream_t stream, float* dweight, const float* dy,
-                                    int64_t ld_dy, ConstTypedPtr x, int64_t ld_x,
-                                    const float* rstd, const RmsNormShape& shape,
-                                    double* partials);
+                                    int64_t ld_dy, ConstTypedPtr x, int64_t ld_x, const float* rstd,
+                                    const RmsNormShape& shape, double* partials);
 
 // --- whole-array sums in double ------------------------------------------------------------
 // *result (device) = sum of data[i] (squares: sum of data[i]^2) in double: kSumBlocks

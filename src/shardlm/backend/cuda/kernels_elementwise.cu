@@ -3,6 +3,8 @@
 // (grid-stride loops), reads before it writes the same indices, so the in-place forms
 // the cpu:: contracts allow (out == in) are safe. Formulas are written in the CPU
 // kernels' operation order (device_math.cuh says how close that makes them).
+#include <algorithm>
+
 #include "shardlm/backend/cuda/device_math.cuh"
 #include "shardlm/backend/cuda/kernels.cuh"
 
@@ -34,8 +36,8 @@ __global__ void convert_kernel(typename Dst::Storage* dst, const typename Src::S
 // cheap next to the memory traffic, and consecutive threads stay on one row).
 template <typename Dst, typename Src>
 __global__ void convert_rows_kernel(typename Dst::Storage* dst, int64_t ld_dst,
-                                    const typename Src::Storage* src, int64_t ld_src,
-                                    int64_t rows, int64_t cols) {
+                                    const typename Src::Storage* src, int64_t ld_src, int64_t rows,
+                                    int64_t cols) {
   const int64_t n = rows * cols;
   for (int64_t i = grid_first(); i < n; i += grid_stride()) {
     const int64_t r = i / cols, c = i - r * cols;
@@ -68,8 +70,7 @@ template <typename Out>
 __global__ void add_bias_kernel(typename Out::Storage* out, const float* in, const float* bias,
                                 int64_t N, int M) {
   const int64_t n = N * M;
-  for (int64_t i = grid_first(); i < n; i += grid_stride())
-    Out::store(out, i, in[i] + bias[i % M]);
+  for (int64_t i = grid_first(); i < n; i += grid_stride()) Out::store(out, i, in[i] + bias[i % M]);
 }
 
 __global__ void residual_add_bias_kernel(float* out, const float* a, const float* branch,
@@ -176,14 +177,13 @@ __global__ void rope_kernel(typename Y::Storage* y, int64_t ld_y, const float* x
 template <typename Value, typename Tok, typename Pos>
 __global__ void embedding_forward_kernel(float* out, const int32_t* tokens,
                                          const typename Tok::Storage* wte,
-                                         const typename Pos::Storage* wpe, int64_t N, int T,
-                                         int C, const int32_t* positions) {
+                                         const typename Pos::Storage* wpe, int64_t N, int T, int C,
+                                         const int32_t* positions) {
   const int64_t total = N * C;
   for (int64_t idx = grid_first(); idx < total; idx += grid_stride()) {
     const int64_t n = idx / C;
     const int c = static_cast<int>(idx - n * C);
-    const float token_value =
-        Value::round(Tok::load(wte, static_cast<int64_t>(tokens[n]) * C + c));
+    const float token_value = Value::round(Tok::load(wte, static_cast<int64_t>(tokens[n]) * C + c));
     if (wpe == nullptr) {
       out[idx] = token_value;
     } else {
@@ -193,11 +193,22 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens,
   }
 }
 
-__constant__ float kNf4CodeTable[16] = {
-    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
-    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
-    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
-    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+__constant__ float kNf4CodeTable[16] = {-1.0f,
+                                        -0.6961928009986877f,
+                                        -0.5250730514526367f,
+                                        -0.39491748809814453f,
+                                        -0.28444138169288635f,
+                                        -0.18477343022823334f,
+                                        -0.09105003625154495f,
+                                        0.0f,
+                                        0.07958029955625534f,
+                                        0.16093020141124725f,
+                                        0.24611230194568634f,
+                                        0.33791524171829224f,
+                                        0.44070982933044434f,
+                                        0.5626170039176941f,
+                                        0.7229568362236023f,
+                                        1.0f};
 
 // Storage (cpu/nf4.hpp): absmax per 64-value block (fp32 words), then two codes per
 // byte, the earlier value in the high nibble. x = code * absmax in fp32, then stored.
@@ -213,7 +224,13 @@ __global__ void nf4_dequantize_kernel(const float* absmax, const uint8_t* bytes,
 
 // --- AdamW ---------------------------------------------------------------------------------------
 
-// optim/adamw.cpp's adam_scalar, the same explicit fmas and roundings.
+struct AdamDecayRanges {
+  int64_t begin[kAdamInlineRanges];
+  int64_t end[kAdamInlineRanges];
+  int count = 0;
+};
+
+// optim/adamw.cpp's adam_scalar, the same explicit fmas and roundings; over [lo, hi).
 template <typename Rounded>
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t lo,
                              int64_t hi, AdamDecayRanges ranges, AdamConstants plain,
@@ -246,9 +263,10 @@ cudaError_t convert(cudaStream_t stream, TypedPtr dst, ConstTypedPtr src, int64_
     with_type(src.dtype, [&](auto s) {
       using D = decltype(d);
       using S = decltype(s);
-      convert_kernel<D, S><<<blocks_for(n), kThreads, 0, stream>>>(
-          static_cast<typename D::Storage*>(dst.data),
-          static_cast<const typename S::Storage*>(src.data), n);
+      const auto kernel = &convert_kernel<D, S>;
+      SHARDLM_KERNEL(kernel, blocks_for(n), kThreads, stream,
+                     static_cast<typename D::Storage*>(dst.data),
+                     static_cast<const typename S::Storage*>(src.data), n);
     });
   });
   return cudaGetLastError();
@@ -261,9 +279,10 @@ cudaError_t convert_rows(cudaStream_t stream, TypedPtr dst, int64_t ld_dst, Cons
     with_type(src.dtype, [&](auto s) {
       using D = decltype(d);
       using S = decltype(s);
-      convert_rows_kernel<D, S><<<blocks_for(rows * cols), kThreads, 0, stream>>>(
-          static_cast<typename D::Storage*>(dst.data), ld_dst,
-          static_cast<const typename S::Storage*>(src.data), ld_src, rows, cols);
+      const auto kernel = &convert_rows_kernel<D, S>;
+      SHARDLM_KERNEL(kernel, blocks_for(rows * cols), kThreads, stream,
+                     static_cast<typename D::Storage*>(dst.data), ld_dst,
+                     static_cast<const typename S::Storage*>(src.data), ld_src, rows, cols);
     });
   });
   return cudaGetLastError();
@@ -272,7 +291,8 @@ cudaError_t convert_rows(cudaStream_t stream, TypedPtr dst, int64_t ld_dst, Cons
 cudaError_t round_to(cudaStream_t stream, DType dtype, float* dst, const float* src, int64_t n) {
   if (n <= 0) return cudaGetLastError();
   with_type(dtype, [&](auto t) {
-    round_to_kernel<decltype(t)><<<blocks_for(n), kThreads, 0, stream>>>(dst, src, n);
+    const auto kernel = &round_to_kernel<decltype(t)>;
+    SHARDLM_KERNEL(kernel, blocks_for(n), kThreads, stream, dst, src, n);
   });
   return cudaGetLastError();
 }
@@ -280,14 +300,14 @@ cudaError_t round_to(cudaStream_t stream, DType dtype, float* dst, const float* 
 cudaError_t scale_rows(cudaStream_t stream, float* C, int64_t ld, int64_t rows, int64_t cols,
                        float beta) {
   if (rows <= 0 || cols <= 0) return cudaGetLastError();
-  scale_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(C, ld, rows, cols, beta);
+  SHARDLM_KERNEL(scale_rows_kernel, blocks_for(rows * cols), kThreads, stream, C, ld, rows, cols,
+                 beta);
   return cudaGetLastError();
 }
 
-cudaError_t add_bias_inplace(cudaStream_t stream, float* out, const float* bias, int64_t N,
-                             int M) {
+cudaError_t add_bias_inplace(cudaStream_t stream, float* out, const float* bias, int64_t N, int M) {
   if (N <= 0 || M <= 0) return cudaGetLastError();
-  add_bias_inplace_kernel<<<blocks_for(N * M), kThreads, 0, stream>>>(out, bias, N, M);
+  SHARDLM_KERNEL(add_bias_inplace_kernel, blocks_for(N * M), kThreads, stream, out, bias, N, M);
   return cudaGetLastError();
 }
 
@@ -296,17 +316,18 @@ cudaError_t add_bias(cudaStream_t stream, TypedPtr out, const float* in, const f
   if (N <= 0 || M <= 0) return cudaGetLastError();
   with_type(out.dtype, [&](auto o) {
     using O = decltype(o);
-    add_bias_kernel<O><<<blocks_for(N * M), kThreads, 0, stream>>>(
-        static_cast<typename O::Storage*>(out.data), in, bias, N, M);
+    const auto kernel = &add_bias_kernel<O>;
+    SHARDLM_KERNEL(kernel, blocks_for(N * M), kThreads, stream,
+                   static_cast<typename O::Storage*>(out.data), in, bias, N, M);
   });
   return cudaGetLastError();
 }
 
-cudaError_t residual_add_bias(cudaStream_t stream, float* out, const float* a,
-                              const float* branch, const float* bias, int64_t N, int M) {
+cudaError_t residual_add_bias(cudaStream_t stream, float* out, const float* a, const float* branch,
+                              const float* bias, int64_t N, int M) {
   if (N <= 0 || M <= 0) return cudaGetLastError();
-  residual_add_bias_kernel<<<blocks_for(N * M), kThreads, 0, stream>>>(out, a, branch, bias, N,
-                                                                        M);
+  SHARDLM_KERNEL(residual_add_bias_kernel, blocks_for(N * M), kThreads, stream, out, a, branch,
+                 bias, N, M);
   return cudaGetLastError();
 }
 
@@ -317,9 +338,10 @@ cudaError_t bias_gelu_forward(cudaStream_t stream, TypedPtr out, TypedPtr pre_ou
     with_type(pre_out.dtype, [&](auto p) {
       using O = decltype(o);
       using P = decltype(p);
-      bias_gelu_kernel<O, P><<<blocks_for(N * M), kThreads, 0, stream>>>(
-          static_cast<typename O::Storage*>(out.data),
-          static_cast<typename P::Storage*>(pre_out.data), pre_in, bias, N, M);
+      const auto kernel = &bias_gelu_kernel<O, P>;
+      SHARDLM_KERNEL(kernel, blocks_for(N * M), kThreads, stream,
+                     static_cast<typename O::Storage*>(out.data),
+                     static_cast<typename P::Storage*>(pre_out.data), pre_in, bias, N, M);
     });
   });
   return cudaGetLastError();
@@ -330,8 +352,9 @@ cudaError_t gelu_backward(cudaStream_t stream, float* dinp, const float* dout, C
   if (count <= 0) return cudaGetLastError();
   with_type(pre.dtype, [&](auto p) {
     using P = decltype(p);
-    gelu_backward_kernel<P><<<blocks_for(count), kThreads, 0, stream>>>(
-        dinp, dout, static_cast<const typename P::Storage*>(pre.data), count);
+    const auto kernel = &gelu_backward_kernel<P>;
+    SHARDLM_KERNEL(kernel, blocks_for(count), kThreads, stream, dinp, dout,
+                   static_cast<const typename P::Storage*>(pre.data), count);
   });
   return cudaGetLastError();
 }
@@ -343,9 +366,10 @@ cudaError_t swiglu_forward(cudaStream_t stream, TypedPtr h, TypedPtr gate_up_out
     with_type(gate_up_out.dtype, [&](auto st) {
       using H = decltype(ht);
       using S = decltype(st);
-      swiglu_forward_kernel<H, S><<<blocks_for(N * I), kThreads, 0, stream>>>(
-          static_cast<typename H::Storage*>(h.data),
-          static_cast<typename S::Storage*>(gate_up_out.data), gate_up_in, N, I);
+      const auto kernel = &swiglu_forward_kernel<H, S>;
+      SHARDLM_KERNEL(kernel, blocks_for(N * I), kThreads, stream,
+                     static_cast<typename H::Storage*>(h.data),
+                     static_cast<typename S::Storage*>(gate_up_out.data), gate_up_in, N, I);
     });
   });
   return cudaGetLastError();
@@ -356,22 +380,24 @@ cudaError_t swiglu_backward(cudaStream_t stream, float* dgate_up, const float* d
   if (N <= 0 || I <= 0) return cudaGetLastError();
   with_type(gate_up.dtype, [&](auto st) {
     using S = decltype(st);
-    swiglu_backward_kernel<S><<<blocks_for(N * I), kThreads, 0, stream>>>(
-        dgate_up, dh, static_cast<const typename S::Storage*>(gate_up.data), N, I);
+    const auto kernel = &swiglu_backward_kernel<S>;
+    SHARDLM_KERNEL(kernel, blocks_for(N * I), kThreads, stream, dgate_up, dh,
+                   static_cast<const typename S::Storage*>(gate_up.data), N, I);
   });
   return cudaGetLastError();
 }
 
-cudaError_t rope_rotate(cudaStream_t stream, TypedPtr y, int64_t ld_y, const float* x,
-                        int64_t ld_x, int64_t rows, int heads, int head_dim,
-                        const int32_t* positions, const RopeTableView& table, float sign) {
+cudaError_t rope_rotate(cudaStream_t stream, TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x,
+                        int64_t rows, int heads, int head_dim, const int32_t* positions,
+                        const RopeTableView& table, float sign) {
   const int64_t pairs = rows * heads * (head_dim / 2);
   if (pairs <= 0) return cudaGetLastError();
   with_type(y.dtype, [&](auto yt) {
     using Y = decltype(yt);
-    rope_kernel<Y><<<blocks_for(pairs), kThreads, 0, stream>>>(
-        static_cast<typename Y::Storage*>(y.data), ld_y, x, ld_x, rows, heads, head_dim,
-        positions, table.cos, table.sin, sign);
+    const auto kernel = &rope_kernel<Y>;
+    SHARDLM_KERNEL(kernel, blocks_for(pairs), kThreads, stream,
+                   static_cast<typename Y::Storage*>(y.data), ld_y, x, ld_x, rows, heads, head_dim,
+                   positions, table.cos, table.sin, sign);
   });
   return cudaGetLastError();
 }
@@ -389,9 +415,10 @@ cudaError_t embedding_forward(cudaStream_t stream, float* out, const int32_t* to
         using V = decltype(vt);
         using Tk = decltype(tt);
         using P = decltype(pt);
-        embedding_forward_kernel<V, Tk, P><<<blocks_for(N * C), kThreads, 0, stream>>>(
-            out, tokens, static_cast<const typename Tk::Storage*>(wte.data),
-            static_cast<const typename P::Storage*>(wpe.data), N, T, C, positions);
+        const auto kernel = &embedding_forward_kernel<V, Tk, P>;
+        SHARDLM_KERNEL(kernel, blocks_for(N * C), kThreads, stream, out, tokens,
+                       static_cast<const typename Tk::Storage*>(wte.data),
+                       static_cast<const typename P::Storage*>(wpe.data), N, T, C, positions);
       });
     });
   });
@@ -405,25 +432,45 @@ cudaError_t nf4_dequantize(cudaStream_t stream, const void* in, int64_t n, Typed
   const auto* bytes = static_cast<const uint8_t*>(in) + 4 * blocks;
   with_type(out.dtype, [&](auto ot) {
     using O = decltype(ot);
-    nf4_dequantize_kernel<O><<<blocks_for(n), kThreads, 0, stream>>>(
-        absmax, bytes, n, static_cast<typename O::Storage*>(out.data));
+    const auto kernel = &nf4_dequantize_kernel<O>;
+    SHARDLM_KERNEL(kernel, blocks_for(n), kThreads, stream, absmax, bytes, n,
+                   static_cast<typename O::Storage*>(out.data));
   });
   return cudaGetLastError();
 }
 
-cudaError_t adamw_update(cudaStream_t stream, float* params, const float* grads, float* m,
-                         float* v, int64_t lo, int64_t hi, const AdamDecayRanges& ranges,
+cudaError_t adamw_update(cudaStream_t stream, float* params, const float* grads, float* m, float* v,
+                         int64_t n, const HostRange* decay_ranges, size_t range_count,
                          const AdamConstants& plain, const AdamConstants& decayed,
                          TypedPtr rounded_params) {
-  if (hi <= lo) return cudaGetLastError();
+  if (n <= 0) return cudaGetLastError();
   // Without a rounded copy the fp32 instance runs with a null pointer (never stored).
   const DType rounded_type = rounded_params.data != nullptr ? rounded_params.dtype : DType::fp32;
-  with_type(rounded_type, [&](auto rt) {
-    using R = decltype(rt);
-    adamw_kernel<R><<<blocks_for(hi - lo), kThreads, 0, stream>>>(
-        params, grads, m, v, lo, hi, ranges, plain, decayed,
-        static_cast<typename R::Storage*>(rounded_params.data));
-  });
+  int64_t lo = 0;
+  size_t next = 0;
+  do {
+    AdamDecayRanges ranges;
+    while (next < range_count && ranges.count < kAdamInlineRanges) {
+      ranges.begin[ranges.count] = decay_ranges[next].begin;
+      ranges.end[ranges.count] = decay_ranges[next].end;
+      ++ranges.count;
+      ++next;
+    }
+    // This piece ends where the next batch's first range begins (ranges are sorted and
+    // disjoint, so no element of [lo, hi) lies in a later batch, none after in this one).
+    int64_t hi = n;
+    if (next < range_count) hi = std::min(n, std::max(lo, decay_ranges[next].begin));
+    if (hi > lo) {
+      with_type(rounded_type, [&](auto rt) {
+        using R = decltype(rt);
+        const auto kernel = &adamw_kernel<R>;
+        SHARDLM_KERNEL(kernel, blocks_for(hi - lo), kThreads, stream, params, grads, m, v, lo, hi,
+                       ranges, plain, decayed,
+                       static_cast<typename R::Storage*>(rounded_params.data));
+      });
+    }
+    lo = hi;
+  } while (lo < n);
   return cudaGetLastError();
 }
 

@@ -35,28 +35,33 @@ __global__ void layernorm_forward_kernel(typename Out::Storage* out, float* mean
                                          const float* branch, const float* branch_bias,
                                          const float* weight, const float* bias, int64_t N, int C,
                                          float eps) {
-  const int64_t row = warp_vector();
-  if (row >= N) return;
+  // A warp past the last vector reads and writes nothing but still takes part in the
+  // shuffles, so every warp of a block reaches the same synchronisation points (the
+  // emulation checks that; on a GPU only a warp's own lanes would have to).
+  const bool active = warp_vector() < N;
+  const int64_t row = active ? warp_vector() : 0;
+  const int width = active ? C : 0;
   const int lane = lane_id();
   const float* x = inp_or_a + row * C;
   if (residual != nullptr) {
     float* res = residual + row * C;
     const float* b = branch + row * C;
-    for (int c = lane; c < C; c += 32)
+    for (int c = lane; c < width; c += 32)
       res[c] = branch_bias != nullptr ? x[c] + b[c] + branch_bias[c] : x[c] + b[c];
     x = res;
   }
   float sum = 0.0f;
-  for (int c = lane; c < C; c += 32) sum += x[c];
+  for (int c = lane; c < width; c += 32) sum += x[c];
   const float m = warp_sum(sum) / static_cast<float>(C);
   float sum_sq = 0.0f;
-  for (int c = lane; c < C; c += 32) {
+  for (int c = lane; c < width; c += 32) {
     const float d = x[c] - m;
     sum_sq += d * d;
   }
   const float r = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(C) + eps);
-  for (int c = lane; c < C; c += 32) Out::store(out, row * C + c, (x[c] - m) * r * weight[c] + bias[c]);
-  if (lane == 0) {
+  for (int c = lane; c < width; c += 32)
+    Out::store(out, row * C + c, (x[c] - m) * r * weight[c] + bias[c]);
+  if (active && lane == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
@@ -66,14 +71,18 @@ __global__ void layernorm_forward_kernel(typename Out::Storage* out, float* mean
 __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp,
                                                 const float* weight, const float* mean,
                                                 const float* rstd, int64_t N, int C) {
-  const int64_t row = warp_vector();
-  if (row >= N) return;
+  // A warp past the last vector reads and writes nothing but still takes part in the
+  // shuffles, so every warp of a block reaches the same synchronisation points (the
+  // emulation checks that; on a GPU only a warp's own lanes would have to).
+  const bool active = warp_vector() < N;
+  const int64_t row = active ? warp_vector() : 0;
+  const int width = active ? C : 0;
   const int lane = lane_id();
   const float* x = inp + row * C;
   const float* dy = dout + row * C;
   const float m = mean[row], r = rstd[row];
   float sum_g = 0.0f, sum_g_xhat = 0.0f;
-  for (int c = lane; c < C; c += 32) {
+  for (int c = lane; c < width; c += 32) {
     const float g = dy[c] * weight[c];
     sum_g += g;
     sum_g_xhat += g * (x[c] - m) * r;
@@ -82,7 +91,7 @@ __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, 
   const float mean_g = warp_sum(sum_g) * inv_c;
   const float mean_g_xhat = warp_sum(sum_g_xhat) * inv_c;
   float* dx = dinp + row * C;
-  for (int c = lane; c < C; c += 32) {
+  for (int c = lane; c < width; c += 32) {
     const float xhat = (x[c] - m) * r;
     dx[c] += r * (dy[c] * weight[c] - mean_g - xhat * mean_g_xhat);
   }
@@ -101,19 +110,24 @@ __global__ void rmsnorm_forward_kernel(typename Y::Storage* y, int64_t ld_y, flo
                                        const typename X::Storage* x, int64_t ld_x,
                                        const float* weight, int64_t vectors, int heads, int dim,
                                        float eps) {
-  const int64_t v = warp_vector();
-  if (v >= vectors) return;
+  // A warp past the last vector reads and writes nothing but still takes part in the
+  // shuffles, so every warp of a block reaches the same synchronisation points (the
+  // emulation checks that; on a GPU only a warp's own lanes would have to).
+  const bool active = warp_vector() < vectors;
+  const int64_t v = active ? warp_vector() : 0;
+  const int width = active ? dim : 0;
   const int lane = lane_id();
   const int64_t x_at = vector_offset(v, heads, dim, ld_x);
   const int64_t y_at = vector_offset(v, heads, dim, ld_y);
   float sum_sq = 0.0f;
-  for (int c = lane; c < dim; c += 32) {
+  for (int c = lane; c < width; c += 32) {
     const float value = X::load(x, x_at + c);
     sum_sq += value * value;
   }
   const float r = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(dim) + eps);
-  for (int c = lane; c < dim; c += 32) Y::store(y, y_at + c, X::load(x, x_at + c) * r * weight[c]);
-  if (lane == 0) rstd[v] = r;
+  for (int c = lane; c < width; c += 32)
+    Y::store(y, y_at + c, X::load(x, x_at + c) * r * weight[c]);
+  if (active && lane == 0) rstd[v] = r;
 }
 
 template <typename Y>
@@ -121,20 +135,25 @@ __global__ void residual_rmsnorm_forward_kernel(float* residual, typename Y::Sto
                                                 float* rstd, const float* a, const float* branch,
                                                 const float* branch_bias, const float* weight,
                                                 int64_t N, int C, float eps) {
-  const int64_t row = warp_vector();
-  if (row >= N) return;
+  // A warp past the last vector reads and writes nothing but still takes part in the
+  // shuffles, so every warp of a block reaches the same synchronisation points (the
+  // emulation checks that; on a GPU only a warp's own lanes would have to).
+  const bool active = warp_vector() < N;
+  const int64_t row = active ? warp_vector() : 0;
+  const int width = active ? C : 0;
   const int lane = lane_id();
   float* res = residual + row * C;
   float sum_sq = 0.0f;
-  for (int c = lane; c < C; c += 32) {
+  for (int c = lane; c < width; c += 32) {
     const int64_t at = row * C + c;
-    const float value = branch_bias != nullptr ? a[at] + branch[at] + branch_bias[c] : a[at] + branch[at];
+    const float value =
+        branch_bias != nullptr ? a[at] + branch[at] + branch_bias[c] : a[at] + branch[at];
     res[c] = value;
     sum_sq += value * value;
   }
   const float r = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(C) + eps);
-  for (int c = lane; c < C; c += 32) Y::store(y, row * C + c, res[c] * r * weight[c]);
-  if (lane == 0) rstd[row] = r;
+  for (int c = lane; c < width; c += 32) Y::store(y, row * C + c, res[c] * r * weight[c]);
+  if (active && lane == 0) rstd[row] = r;
 }
 
 // dx = r g w - x r^3 mean(g w x), written or added.
@@ -144,17 +163,21 @@ __global__ void rmsnorm_backward_input_kernel(float* dx, int64_t ld_dx, const fl
                                               int64_t ld_x, const float* weight, const float* rstd,
                                               int64_t vectors, int heads, int dim,
                                               bool accumulate_dx) {
-  const int64_t v = warp_vector();
-  if (v >= vectors) return;
+  // A warp past the last vector reads and writes nothing but still takes part in the
+  // shuffles, so every warp of a block reaches the same synchronisation points (the
+  // emulation checks that; on a GPU only a warp's own lanes would have to).
+  const bool active = warp_vector() < vectors;
+  const int64_t v = active ? warp_vector() : 0;
+  const int width = active ? dim : 0;
   const int lane = lane_id();
   const int64_t x_at = vector_offset(v, heads, dim, ld_x);
   const float* g = dy + vector_offset(v, heads, dim, ld_dy);
   float* out = dx + vector_offset(v, heads, dim, ld_dx);
   const float r = rstd[v];
   float sum_gx = 0.0f;
-  for (int c = lane; c < dim; c += 32) sum_gx += g[c] * weight[c] * X::load(x, x_at + c);
+  for (int c = lane; c < width; c += 32) sum_gx += g[c] * weight[c] * X::load(x, x_at + c);
   const float k = r * r * r * warp_sum(sum_gx) * (1.0f / static_cast<float>(dim));
-  for (int c = lane; c < dim; c += 32) {
+  for (int c = lane; c < width; c += 32) {
     const float value = r * g[c] * weight[c] - k * X::load(x, x_at + c);
     out[c] = accumulate_dx ? out[c] + value : value;
   }
@@ -162,17 +185,19 @@ __global__ void rmsnorm_backward_input_kernel(float* dx, int64_t ld_dx, const fl
 
 // --- column sums ---------------------------------------------------------------------------------
 
-// A block sums a 32-column tile over one chunk of kColumnSumChunkRows rows: thread
-// (tx, ty) takes column tx and rows ty, ty + 8, ...; the 8 row lanes are then added in
-// lane order. Consecutive threads read consecutive columns (coalesced).
+// A block (8 warps) sums a 32-column tile over one chunk of kColumnSumChunkRows rows:
+// lane tx of warp ty takes column tx and rows ty, ty + 8, ...; the 8 row lanes are then
+// added in lane order. A warp reads 32 consecutive columns of a row (coalesced).
 constexpr int kTileColumns = 32;
 constexpr int kRowLanes = 8;
+constexpr int kColumnSumThreads = kTileColumns * kRowLanes;
 
 template <int K, typename Term>
 __global__ void column_partials_kernel(double* partials, int64_t rows, int cols, int64_t chunks,
                                        Term term) {
   __shared__ double lanes[K][kRowLanes][kTileColumns];
-  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int tx = static_cast<int>(threadIdx.x % kTileColumns);
+  const int ty = static_cast<int>(threadIdx.x / kTileColumns);
   const int c = static_cast<int>(blockIdx.x) * kTileColumns + tx;
   for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
     double acc[K];
@@ -201,7 +226,8 @@ __global__ void column_totals_kernel(float* out0, float* out1, const double* par
   for (int64_t c = grid_first(); c < cols; c += grid_stride()) {
     for (int k = 0; k < K; ++k) {
       double total = 0.0;
-      for (int64_t chunk = 0; chunk < chunks; ++chunk) total += partials[(chunk * K + k) * cols + c];
+      for (int64_t chunk = 0; chunk < chunks; ++chunk)
+        total += partials[(chunk * K + k) * cols + c];
       float* out = k == 0 ? out0 : out1;
       out[c] += static_cast<float>(total);
     }
@@ -213,12 +239,14 @@ cudaError_t column_sums(cudaStream_t stream, float* out0, float* out1, int64_t r
                         Term term, double* partials) {
   if (rows <= 0 || cols <= 0) return cudaGetLastError();
   const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
-  const dim3 block(kTileColumns, kRowLanes);
   const dim3 grid((cols + kTileColumns - 1) / kTileColumns,
                   static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
-  column_partials_kernel<K><<<grid, block, 0, stream>>>(partials, rows, cols, chunks, term);
+  const auto partials_kernel = &column_partials_kernel<K, Term>;
+  SHARDLM_KERNEL(partials_kernel, grid, kColumnSumThreads, stream, partials, rows, cols, chunks,
+                 term);
   const int total_blocks = (cols + 255) / 256;
-  column_totals_kernel<K><<<total_blocks, 256, 0, stream>>>(out0, out1, partials, chunks, cols);
+  const auto totals_kernel = &column_totals_kernel<K>;
+  SHARDLM_KERNEL(totals_kernel, total_blocks, 256, stream, out0, out1, partials, chunks, cols);
   return cudaGetLastError();
 }
 
@@ -256,7 +284,8 @@ struct RmsNormWeightTerm {
   }
 };
 
-// --- embedding backward ---------------------------------------------------------------------------
+// --- embedding backward
+// ---------------------------------------------------------------------------
 
 // A thread owns one column of every row of dwte (and of dwpe for packed positions) and
 // adds the tokens' gradients in token order: repeated tokens are summed in the CPU's
@@ -267,8 +296,7 @@ __global__ void embedding_backward_columns_kernel(float* dwte, float* dwpe, cons
                                                   const int32_t* positions) {
   const int c = static_cast<int>(blockIdx.x) * blockDim.x + static_cast<int>(threadIdx.x);
   if (c >= C) return;
-  for (int64_t n = 0; n < N; ++n)
-    dwte[static_cast<int64_t>(tokens[n]) * C + c] += dout[n * C + c];
+  for (int64_t n = 0; n < N; ++n) dwte[static_cast<int64_t>(tokens[n]) * C + c] += dout[n * C + c];
   if (dwpe != nullptr && positions != nullptr)
     for (int64_t n = 0; n < N; ++n)
       dwpe[static_cast<int64_t>(positions[n]) * C + c] += dout[n * C + c];
@@ -286,28 +314,34 @@ __global__ void embedding_backward_positions_kernel(float* dwpe, const float* do
   }
 }
 
-// --- whole-array sums ------------------------------------------------------------------------------
+// --- whole-array sums
+// ------------------------------------------------------------------------------
 
 constexpr int kSumThreads = 256;
 
+// Each thread sums a fixed grid-stride slice; the block's threads are then added by a
+// shared-memory tree (fixed pairs), so the order depends on n and nothing else.
 __global__ void sum_partials_kernel(const float* data, int64_t n, bool squares, double* partials) {
-  __shared__ double warp_totals[kSumThreads / 32];
+  __shared__ double thread_totals[kSumThreads];
   double acc = 0.0;
   for (int64_t i = grid_first(); i < n; i += grid_stride()) {
     const double x = data[i];
     acc += squares ? x * x : x;
   }
-  acc = warp_sum(acc);
-  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = acc;
+  thread_totals[threadIdx.x] = acc;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kSumThreads / 32; ++w) total += warp_totals[w];
-    partials[blockIdx.x] = total;
+  for (int half = kSumThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half)
+      thread_totals[threadIdx.x] += thread_totals[threadIdx.x + half];
+    __syncthreads();
   }
+  if (threadIdx.x == 0) partials[blockIdx.x] = thread_totals[0];
 }
 
+// One thread adds the blocks' sums in block order (a warp is launched: blocks are
+// whole warps, here and in the emulation).
 __global__ void sum_final_kernel(const double* partials, int count, double* result) {
+  if (threadIdx.x != 0) return;
   double total = 0.0;
   for (int i = 0; i < count; ++i) total += partials[i];
   *result = total;
@@ -315,7 +349,8 @@ __global__ void sum_final_kernel(const double* partials, int count, double* resu
 
 }  // namespace
 
-// --- launchers -------------------------------------------------------------------------------------
+// --- launchers
+// -------------------------------------------------------------------------------------
 
 cudaError_t layernorm_forward(cudaStream_t stream, TypedPtr out, float* mean, float* rstd,
                               float* residual, const float* inp_or_a, const float* branch,
@@ -324,9 +359,10 @@ cudaError_t layernorm_forward(cudaStream_t stream, TypedPtr out, float* mean, fl
   if (N <= 0) return cudaGetLastError();
   with_type(out.dtype, [&](auto o) {
     using O = decltype(o);
-    layernorm_forward_kernel<O><<<norm_blocks(N), kNormThreads, 0, stream>>>(
-        static_cast<typename O::Storage*>(out.data), mean, rstd, residual, inp_or_a, branch,
-        branch_bias, weight, bias, N, C, eps);
+    const auto kernel = &layernorm_forward_kernel<O>;
+    SHARDLM_KERNEL(kernel, norm_blocks(N), kNormThreads, stream,
+                   static_cast<typename O::Storage*>(out.data), mean, rstd, residual, inp_or_a,
+                   branch, branch_bias, weight, bias, N, C, eps);
   });
   return cudaGetLastError();
 }
@@ -335,8 +371,8 @@ cudaError_t layernorm_backward_input(cudaStream_t stream, float* dinp, const flo
                                      const float* inp, const float* weight, const float* mean,
                                      const float* rstd, int64_t N, int C) {
   if (N <= 0) return cudaGetLastError();
-  layernorm_backward_input_kernel<<<norm_blocks(N), kNormThreads, 0, stream>>>(
-      dinp, dout, inp, weight, mean, rstd, N, C);
+  SHARDLM_KERNEL(layernorm_backward_input_kernel, norm_blocks(N), kNormThreads, stream, dinp, dout,
+                 inp, weight, mean, rstd, N, C);
   return cudaGetLastError();
 }
 
@@ -349,25 +385,26 @@ cudaError_t rmsnorm_forward(cudaStream_t stream, TypedPtr y, int64_t ld_y, float
     with_type(x.dtype, [&](auto xt) {
       using Y = decltype(yt);
       using X = decltype(xt);
-      rmsnorm_forward_kernel<Y, X><<<norm_blocks(vectors), kNormThreads, 0, stream>>>(
-          static_cast<typename Y::Storage*>(y.data), ld_y, rstd,
-          static_cast<const typename X::Storage*>(x.data), ld_x, weight, vectors, shape.heads,
-          shape.dim, eps);
+      const auto kernel = &rmsnorm_forward_kernel<Y, X>;
+      SHARDLM_KERNEL(kernel, norm_blocks(vectors), kNormThreads, stream,
+                     static_cast<typename Y::Storage*>(y.data), ld_y, rstd,
+                     static_cast<const typename X::Storage*>(x.data), ld_x, weight, vectors,
+                     shape.heads, shape.dim, eps);
     });
   });
   return cudaGetLastError();
 }
 
-cudaError_t residual_rmsnorm_forward(cudaStream_t stream, float* residual, TypedPtr y,
-                                     float* rstd, const float* a, const float* branch,
-                                     const float* branch_bias, const float* weight, int64_t N,
-                                     int C, float eps) {
+cudaError_t residual_rmsnorm_forward(cudaStream_t stream, float* residual, TypedPtr y, float* rstd,
+                                     const float* a, const float* branch, const float* branch_bias,
+                                     const float* weight, int64_t N, int C, float eps) {
   if (N <= 0) return cudaGetLastError();
   with_type(y.dtype, [&](auto yt) {
     using Y = decltype(yt);
-    residual_rmsnorm_forward_kernel<Y><<<norm_blocks(N), kNormThreads, 0, stream>>>(
-        residual, static_cast<typename Y::Storage*>(y.data), rstd, a, branch, branch_bias, weight,
-        N, C, eps);
+    const auto kernel = &residual_rmsnorm_forward_kernel<Y>;
+    SHARDLM_KERNEL(kernel, norm_blocks(N), kNormThreads, stream, residual,
+                   static_cast<typename Y::Storage*>(y.data), rstd, a, branch, branch_bias, weight,
+                   N, C, eps);
   });
   return cudaGetLastError();
 }
@@ -380,9 +417,10 @@ cudaError_t rmsnorm_backward_input(cudaStream_t stream, float* dx, int64_t ld_dx
   if (vectors <= 0) return cudaGetLastError();
   with_type(x.dtype, [&](auto xt) {
     using X = decltype(xt);
-    rmsnorm_backward_input_kernel<X><<<norm_blocks(vectors), kNormThreads, 0, stream>>>(
-        dx, ld_dx, dy, ld_dy, static_cast<const typename X::Storage*>(x.data), ld_x, weight, rstd,
-        vectors, shape.heads, shape.dim, accumulate_dx);
+    const auto kernel = &rmsnorm_backward_input_kernel<X>;
+    SHARDLM_KERNEL(kernel, norm_blocks(vectors), kNormThreads, stream, dx, ld_dx, dy, ld_dy,
+                   static_cast<const typename X::Storage*>(x.data), ld_x, weight, rstd, vectors,
+                   shape.heads, shape.dim, accumulate_dx);
   });
   return cudaGetLastError();
 }
@@ -400,15 +438,14 @@ cudaError_t layernorm_backward_params(cudaStream_t stream, float* dweight, float
 }
 
 cudaError_t rmsnorm_backward_weight(cudaStream_t stream, float* dweight, const float* dy,
-                                    int64_t ld_dy, ConstTypedPtr x, int64_t ld_x,
-                                    const float* rstd, const RmsNormShape& shape,
-                                    double* partials) {
+                                    int64_t ld_dy, ConstTypedPtr x, int64_t ld_x, const float* rstd,
+                                    const RmsNormShape& shape, double* partials) {
   cudaError_t status = cudaSuccess;
   with_type(x.dtype, [&](auto xt) {
     using X = decltype(xt);
-    const RmsNormWeightTerm<X> term{dy,   ld_dy,       static_cast<const typename X::Storage*>(x.data),
-                                    ld_x, rstd,        shape.heads,
-                                    shape.dim};
+    const RmsNormWeightTerm<X> term{
+        dy,          ld_dy,    static_cast<const typename X::Storage*>(x.data), ld_x, rstd,
+        shape.heads, shape.dim};
     status = column_sums<1>(stream, dweight, nullptr, shape.rows * shape.heads, shape.dim, term,
                             partials);
   });
@@ -421,13 +458,13 @@ cudaError_t embedding_backward(cudaStream_t stream, float* dwte, float* dwpe, co
   const int64_t N = static_cast<int64_t>(B) * T;
   if (N <= 0 || C <= 0) return cudaGetLastError();
   constexpr int kColumnThreads = 32;  // more blocks for small C (768 columns: 24 SMs busy)
-  embedding_backward_columns_kernel<<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads,
-                                      0, stream>>>(dwte, dwpe, dout, tokens, N, C, positions);
+  SHARDLM_KERNEL(embedding_backward_columns_kernel, (C + kColumnThreads - 1) / kColumnThreads,
+                 kColumnThreads, stream, dwte, dwpe, dout, tokens, N, C, positions);
   if (dwpe != nullptr && positions == nullptr) {
     const int64_t total = static_cast<int64_t>(T) * C;
-    const int64_t blocks = (total + 255) / 256;
-    embedding_backward_positions_kernel<<<static_cast<int>(blocks < 4096 ? blocks : 4096), 256, 0,
-                                          stream>>>(dwpe, dout, B, T, C);
+    const int64_t needed = (total + 255) / 256;
+    const int blocks = static_cast<int>(needed < 4096 ? needed : 4096);
+    SHARDLM_KERNEL(embedding_backward_positions_kernel, blocks, 256, stream, dwpe, dout, B, T, C);
   }
   return cudaGetLastError();
 }
@@ -435,8 +472,8 @@ cudaError_t embedding_backward(cudaStream_t stream, float* dwte, float* dwpe, co
 cudaError_t sum(cudaStream_t stream, const float* data, int64_t n, bool squares, double* partials,
                 double* result) {
   // A fixed grid (kSumBlocks x kSumThreads, whatever n is) fixes the summation order.
-  sum_partials_kernel<<<kSumBlocks, kSumThreads, 0, stream>>>(data, n, squares, partials);
-  sum_final_kernel<<<1, 1, 0, stream>>>(partials, kSumBlocks, result);
+  SHARDLM_KERNEL(sum_partials_kernel, kSumBlocks, kSumThreads, stream, data, n, squares, partials);
+  SHARDLM_KERNEL(sum_final_kernel, 1, 32, stream, partials, kSumBlocks, result);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,412 @@
+// The CUDA backend's own kernels (backend/cuda/kernels_elementwise.cu, kernels_reduce.cu)
+// compiled as plain C++ and run on host threads (tests/cuda_emulation/include: a block
+// is blockDim.x std::threads, __syncthreads a barrier, shuffles an exchange), against
+// the cpu:: kernels on the same inputs. It runs in every build, GPU or not, and checks
+// what can go wrong without a card: index arithmetic (row strides, heads inside a row,
+// grid-stride tails, odd sizes), which tensors are overwritten and which accumulate,
+// in-place forms, the storage types' rounding, the chunked column sums and the AdamW
+// launch splitting over many decay ranges. What it cannot check (the real intrinsics,
+// cuBLASLt, speed, races the barriers would not expose) is left to test_backend_ops on
+// a GPU.
+//
+// Tolerances as in test_backend_ops.cpp: 1e-5 relative for fp32 results whose sums run
+// in another order; exact where both sides add the same values in the same order.
+#include <gtest/gtest.h>
+
+#ifndef SHARDLM_CUDA_EMULATION
+
+TEST(BackendKernelsEmulated, Unavailable) {
+  GTEST_SKIP() << "tests/cuda_emulation is not in this checkout: the CUDA kernels cannot run "
+                  "on host threads here";
+}
+
+#else
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernel_test_helpers.hpp"
+#include "relative_error.hpp"
+#include "shardlm/backend/cpu/bias.hpp"
+#include "shardlm/backend/cpu/convert.hpp"
+#include "shardlm/backend/cpu/embedding.hpp"
+#include "shardlm/backend/cpu/gelu.hpp"
+#include "shardlm/backend/cpu/layernorm.hpp"
+#include "shardlm/backend/cpu/nf4.hpp"
+#include "shardlm/backend/cpu/rmsnorm.hpp"
+#include "shardlm/backend/cpu/rope.hpp"
+#include "shardlm/backend/cpu/swiglu.hpp"
+#include "shardlm/backend/kernel_args.hpp"
+#include "shardlm/core/dtype.hpp"
+#include "shardlm/optim/adamw.hpp"
+
+// The kernels' namespace renamed, so that a CUDA build's real shardlm::cuda functions
+// (in shardlm_lib) and these host-thread instances do not collide.
+#define cuda cuda_emulated
+#include "shardlm/backend/cuda/kernels_elementwise.cu"
+#include "shardlm/backend/cuda/kernels_reduce.cu"
+#undef cuda
+
+namespace {
+
+namespace gpu = shardlm::cuda_emulated::kernels;
+using kernel_test::Half;
+using kernel_test::random_vec;
+using kernel_test::Vec;
+using shardlm::DType;
+using shardlm::TypedPtr;
+
+constexpr double kFp32Tol = 1e-5;
+constexpr cudaStream_t kStream = nullptr;
+
+void expect_close(const Vec& got, const Vec& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i])) << what << ": NaN mismatch at " << i;
+  const double error = relative_to_max_error(got, want);
+  EXPECT_LE(error, tol) << what << ": relative error " << error;
+}
+
+// Equal values (NaN where the other has NaN; infinities equal).
+void expect_equal_values(const Vec& got, const Vec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_TRUE(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))
+        << what << " at " << i << ": " << got[i] << " vs " << want[i];
+}
+
+// Bitwise equality (NaN payloads included).
+void expect_same_bits(const Half& got, const Half& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << what << " at " << i;
+}
+
+Vec widen_storage(DType type, const Half& s, size_t n) {
+  Vec out(n);
+  shardlm::cpu::convert(out.data(), shardlm::ConstTypedPtr(s.data(), type), int64_t(n));
+  return out;
+}
+
+TEST(BackendKernelsEmulated, Conversions) {
+  Vec values = random_vec(1001, 1, 3.0);
+  values[0] = 1.0f + std::ldexp(1.0f, -8);  // a bf16 tie
+  values[1] = 1.0e6f;                       // beyond fp16
+  values[2] = std::numeric_limits<float>::quiet_NaN();
+  values[3] = -0.0f;
+  uint32_t signalling = 0x7f800001u;  // a NaN payload float_to_bf16 quiets its own way
+  std::memcpy(&values[4], &signalling, 4);
+  for (DType to : {DType::bf16, DType::fp16}) {
+    Half got(values.size()), want(values.size());
+    ASSERT_EQ(gpu::convert(kStream, TypedPtr(got.data(), to), values.data(), 1001), cudaSuccess);
+    shardlm::cpu::convert(TypedPtr(want.data(), to), values.data(), 1001);
+    if (to == DType::bf16) {
+      expect_same_bits(got, want, "convert fp32 -> bf16");
+    } else {
+      // fp16 NaN payloads may differ (the CUDA intrinsic's, GCC's _Float16): compare values.
+      expect_equal_values(widen_storage(to, got, 1001), widen_storage(to, want, 1001),
+                          "convert fp32 -> fp16");
+    }
+    // And back.
+    Vec back(values.size()), back_want(values.size());
+    gpu::convert(kStream, back.data(), shardlm::ConstTypedPtr(got.data(), to), 1001);
+    shardlm::cpu::convert(back_want.data(), shardlm::ConstTypedPtr(got.data(), to), 1001);
+    expect_equal_values(back, back_want, "convert back to fp32");
+    // round_to
+    Vec rounded(values.size()), rounded_want(values.size());
+    gpu::round_to(kStream, to, rounded.data(), values.data(), 1001);
+    shardlm::cpu::round_to(to, rounded_want.data(), values.data(), 1001);
+    expect_equal_values(rounded, rounded_want, "round_to");
+  }
+  // convert_rows with strides, padding kept.
+  const int rows = 6, cols = 37, ld_src = 40, ld_dst = 39;
+  const Vec src = random_vec(size_t(rows) * ld_src, 2);
+  Half got(size_t(rows) * ld_dst, 0x1234), want(size_t(rows) * ld_dst, 0x1234);
+  gpu::convert_rows(kStream, TypedPtr(got.data(), DType::bf16), ld_dst, src.data(), ld_src, rows,
+                    cols);
+  shardlm::cpu::convert_rows(TypedPtr(want.data(), DType::bf16), ld_dst, src.data(), ld_src, rows,
+                             cols);
+  expect_same_bits(got, want, "convert_rows");
+  // scale_rows (a GEMM with K = 0): beta 0 ignores NaN.
+  Vec c(size_t(rows) * ld_src, std::nanf(""));
+  gpu::scale_rows(kStream, c.data(), ld_src, rows, cols, 0.0f);
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < ld_src; ++k)
+      EXPECT_EQ(std::isnan(c[size_t(r) * ld_src + k]), k >= cols) << r << " " << k;
+}
+
+TEST(BackendKernelsEmulated, BiasGeluSwiglu) {
+  const int64_t N = 5;
+  const int M = 300;  // more than a block of 256 per row
+  const Vec x = random_vec(N * M, 11, 2.0), y = random_vec(N * M, 12), bias = random_vec(M, 13);
+  {
+    Vec got = x, want = x;
+    gpu::add_bias_inplace(kStream, got.data(), bias.data(), N, M);
+    shardlm::cpu::add_bias(want.data(), bias.data(), N, M);
+    EXPECT_EQ(got, want);
+    Half got16(N * M), want16(N * M);
+    gpu::add_bias(kStream, TypedPtr(got16.data(), DType::bf16), x.data(), bias.data(), N, M);
+    shardlm::cpu::add_bias(TypedPtr(want16.data(), DType::bf16), x.data(), bias.data(), N, M);
+    expect_same_bits(got16, want16, "add_bias bf16");
+    Vec r(N * M), r_want(N * M);
+    for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
+      gpu::residual_add_bias(kStream, r.data(), x.data(), y.data(), b, N, M);
+      shardlm::cpu::residual_add_bias(r_want.data(), x.data(), y.data(), b, N, M);
+      EXPECT_EQ(r, r_want);
+    }
+  }
+  for (int64_t rows : {int64_t(3), int64_t(600)}) {  // one chunk, three chunks of 256
+    const Vec dout = random_vec(rows * M, 14), dbias0 = random_vec(M, 15);
+    Vec got = dbias0, want = dbias0;
+    std::vector<double> partials(gpu::column_sum_partial_bytes(rows, M, 1) / sizeof(double));
+    gpu::bias_backward(kStream, got.data(), dout.data(), rows, M, partials.data());
+    shardlm::cpu::bias_backward(want.data(), dout.data(), rows, M);
+    expect_close(got, want, kFp32Tol, "bias_backward rows " + std::to_string(rows));
+  }
+  for (DType type : {DType::fp32, DType::bf16}) {
+    Half out(2 * N * M + 1), pre(2 * N * M + 1), out_w(2 * N * M + 1), pre_w(2 * N * M + 1);
+    gpu::bias_gelu_forward(kStream, TypedPtr(out.data(), type), TypedPtr(pre.data(), type),
+                           x.data(), bias.data(), N, M);
+    shardlm::cpu::bias_gelu_forward(TypedPtr(out_w.data(), type), TypedPtr(pre_w.data(), type),
+                                    x.data(), bias.data(), N, M);
+    expect_equal_values(widen_storage(type, pre, N * M), widen_storage(type, pre_w, N * M),
+                        "gelu pre");
+    expect_close(widen_storage(type, out, N * M), widen_storage(type, out_w, N * M),
+                 type == DType::fp32 ? kFp32Tol : 1e-2, "gelu out");
+    Vec dinp(N * M), dinp_w(N * M);
+    gpu::gelu_backward(kStream, dinp.data(), y.data(), shardlm::ConstTypedPtr(pre.data(), type),
+                       N * M);
+    shardlm::cpu::gelu_backward(dinp_w.data(), y.data(), shardlm::ConstTypedPtr(pre.data(), type),
+                                N * M);
+    expect_close(dinp, dinp_w, kFp32Tol, "gelu backward");
+  }
+  // SwiGLU: [N, 2I] gate | up; in place for fp32.
+  const int I = M / 2;
+  for (DType type : {DType::fp32, DType::bf16}) {
+    Half h(N * I * 2 + 1), stored(2 * N * 2 * I + 1), h_w(N * I * 2 + 1),
+        stored_w(2 * N * 2 * I + 1);
+    gpu::swiglu_forward(kStream, TypedPtr(h.data(), type), TypedPtr(stored.data(), type), x.data(),
+                        N, I);
+    shardlm::cpu::swiglu_forward(TypedPtr(h_w.data(), type), TypedPtr(stored_w.data(), type),
+                                 x.data(), N, I);
+    expect_equal_values(widen_storage(type, stored, N * 2 * I),
+                        widen_storage(type, stored_w, N * 2 * I), "swiglu stored gate_up");
+    expect_close(widen_storage(type, h, N * I), widen_storage(type, h_w, N * I),
+                 type == DType::fp32 ? kFp32Tol : 1e-2, "swiglu h");
+    Vec dgu(N * 2 * I), dgu_w(N * 2 * I);
+    const Vec dh = random_vec(N * I, 16);
+    gpu::swiglu_backward(kStream, dgu.data(), dh.data(),
+                         shardlm::ConstTypedPtr(stored.data(), type), N, I);
+    shardlm::cpu::swiglu_backward(dgu_w.data(), dh.data(),
+                                  shardlm::ConstTypedPtr(stored.data(), type), N, I);
+    expect_close(dgu, dgu_w, kFp32Tol, "swiglu backward");
+  }
+}
+
+TEST(BackendKernelsEmulated, LayerNorm) {
+  const int64_t N = 11;  // one warp per row: 8 rows per block, a partial second block
+  const int C = 70;
+  const Vec inp = random_vec(N * C, 21, 2.0, 0.3), w = random_vec(C, 22, 0.5, 1.0);
+  const Vec b = random_vec(C, 23), branch = random_vec(N * C, 24), bb = random_vec(C, 25);
+  const Vec dout = random_vec(N * C, 26);
+  Vec out(N * C), mean(N), rstd(N), out_w(N * C), mean_w(N), rstd_w(N);
+  gpu::layernorm_forward(kStream, out.data(), mean.data(), rstd.data(), nullptr, inp.data(),
+                         nullptr, nullptr, w.data(), b.data(), N, C, shardlm::cpu::kLayerNormEps);
+  shardlm::cpu::layernorm_forward(out_w.data(), mean_w.data(), rstd_w.data(), inp.data(), w.data(),
+                                  b.data(), N, C);
+  expect_close(out, out_w, kFp32Tol, "layernorm out");
+  expect_close(mean, mean_w, kFp32Tol, "layernorm mean");
+  expect_close(rstd, rstd_w, kFp32Tol, "layernorm rstd");
+  Vec res(N * C), res_w(N * C);
+  gpu::layernorm_forward(kStream, out.data(), mean.data(), rstd.data(), res.data(), inp.data(),
+                         branch.data(), bb.data(), w.data(), b.data(), N, C,
+                         shardlm::cpu::kLayerNormEps);
+  shardlm::cpu::residual_layernorm_forward(res_w.data(), out_w.data(), mean_w.data(), rstd_w.data(),
+                                           inp.data(), branch.data(), bb.data(), w.data(), b.data(),
+                                           N, C);
+  EXPECT_EQ(res, res_w);
+  expect_close(out, out_w, kFp32Tol, "residual layernorm out");
+  // Backward accumulates.
+  Vec dinp = random_vec(N * C, 27), dw = random_vec(C, 28), db = random_vec(C, 29);
+  Vec dinp_w = dinp, dw_w = dw, db_w = db;
+  std::vector<double> partials(gpu::column_sum_partial_bytes(N, C, 2) / sizeof(double));
+  // (at the residual forward's input and statistics)
+  gpu::layernorm_backward_input(kStream, dinp.data(), dout.data(), res_w.data(), w.data(),
+                                mean_w.data(), rstd_w.data(), N, C);
+  gpu::layernorm_backward_params(kStream, dw.data(), db.data(), dout.data(), res_w.data(),
+                                 mean_w.data(), rstd_w.data(), N, C, partials.data());
+  shardlm::cpu::layernorm_backward(dinp_w.data(), dw_w.data(), db_w.data(), dout.data(),
+                                   res_w.data(), w.data(), mean_w.data(), rstd_w.data(), N, C);
+  expect_close(dinp, dinp_w, kFp32Tol, "layernorm dinp");
+  expect_close(dw, dw_w, kFp32Tol, "layernorm dweight");
+  expect_close(db, db_w, kFp32Tol, "layernorm dbias");
+}
+
+TEST(BackendKernelsEmulated, RmsNorm) {
+  const float eps = 1e-6f;
+  struct Case {
+    shardlm::RmsNormShape shape;
+    int64_t ld;
+  };
+  // Plain; per head inside a wider row; more vectors than one column-sum chunk.
+  for (const Case& k :
+       {Case{{9, 1, 100}, 100}, Case{{3, 4, 40}, 7 * 40 + 3}, Case{{130, 2, 24}, 50}})
+    for (DType type : {DType::fp32, DType::bf16})
+      for (bool accumulate : {false, true}) {
+        const shardlm::RmsNormShape& s = k.shape;
+        const int64_t total = s.rows * k.ld, vectors = s.rows * s.heads;
+        const std::string what = "rmsnorm heads " + std::to_string(s.heads) + " " +
+                                 std::string(shardlm::dtype_name(type));
+        const Vec x_values = random_vec(total, 31, 2.0);
+        Half x(2 * total + 1);
+        shardlm::cpu::convert(TypedPtr(x.data(), type), x_values.data(), total);
+        const shardlm::ConstTypedPtr xp(x.data(), type);
+        const Vec w = random_vec(s.dim, 32, 0.5, 1.0), dy = random_vec(total, 33);
+        Half y(2 * total + 1, 0), y_w(2 * total + 1, 0);
+        Vec rstd(vectors), rstd_w(vectors);
+        gpu::rmsnorm_forward(kStream, TypedPtr(y.data(), type), k.ld, rstd.data(), xp, k.ld,
+                             w.data(), s, eps);
+        shardlm::cpu::rmsnorm_forward(TypedPtr(y_w.data(), type), k.ld, rstd_w.data(), xp, k.ld,
+                                      w.data(), s, eps);
+        expect_close(widen_storage(type, y, total), widen_storage(type, y_w, total),
+                     type == DType::fp32 ? kFp32Tol : 1e-2, what + " y");
+        expect_close(rstd, rstd_w, kFp32Tol, what + " rstd");
+        Vec dx = random_vec(total, 34), dw = random_vec(s.dim, 35);
+        Vec dx_w = dx, dw_w = dw;
+        std::vector<double> partials(gpu::column_sum_partial_bytes(vectors, s.dim, 1) /
+                                     sizeof(double));
+        gpu::rmsnorm_backward_input(kStream, dx.data(), k.ld, dy.data(), k.ld, xp, k.ld, w.data(),
+                                    rstd_w.data(), s, accumulate);
+        gpu::rmsnorm_backward_weight(kStream, dw.data(), dy.data(), k.ld, xp, k.ld, rstd_w.data(),
+                                     s, partials.data());
+        shardlm::cpu::rmsnorm_backward(dx_w.data(), k.ld, dw_w.data(), dy.data(), k.ld, xp, k.ld,
+                                       w.data(), rstd_w.data(), s, accumulate);
+        expect_close(dx, dx_w, kFp32Tol, what + " dx");
+        expect_close(dw, dw_w, kFp32Tol, what + " dweight");
+      }
+  // Residual form.
+  const int64_t N = 10;
+  const int C = 90;
+  const Vec a = random_vec(N * C, 36), br = random_vec(N * C, 37), bb = random_vec(C, 38);
+  const Vec w = random_vec(C, 39, 0.5, 1.0);
+  Vec res(N * C), res_w(N * C), y(N * C), y_w(N * C), rstd(N), rstd_w(N);
+  gpu::residual_rmsnorm_forward(kStream, res.data(), y.data(), rstd.data(), a.data(), br.data(),
+                                bb.data(), w.data(), N, C, eps);
+  shardlm::cpu::residual_rmsnorm_forward(res_w.data(), y_w.data(), rstd_w.data(), a.data(),
+                                         br.data(), bb.data(), w.data(), N, C, eps);
+  EXPECT_EQ(res, res_w);
+  expect_close(y, y_w, kFp32Tol, "residual rmsnorm y");
+  expect_close(rstd, rstd_w, kFp32Tol, "residual rmsnorm rstd");
+}
+
+TEST(BackendKernelsEmulated, RopeEmbeddingNf4) {
+  const int head_dim = 24, heads = 3, max_positions = 20;
+  const int64_t rows = 5, ld_x = heads * head_dim + 4, ld_y = heads * head_dim + 1;
+  const shardlm::cpu::RopeTable table(head_dim, max_positions, 10000.0, shardlm::RopeScaling{});
+  const std::vector<int32_t> positions = {0, 19, 3, 3, 7};
+  const Vec x = random_vec(rows * ld_x, 41);
+  for (DType type : {DType::fp32, DType::bf16}) {
+    Half y(2 * rows * ld_y + 1, 0), y_w(2 * rows * ld_y + 1, 0);
+    gpu::rope_rotate(kStream, TypedPtr(y.data(), type), ld_y, x.data(), ld_x, rows, heads, head_dim,
+                     positions.data(), table.view(), 1.0f);
+    shardlm::cpu::rope_forward(TypedPtr(y_w.data(), type), ld_y, x.data(), ld_x, rows, heads,
+                               head_dim, positions.data(), table.view());
+    expect_close(widen_storage(type, y, rows * ld_y), widen_storage(type, y_w, rows * ld_y),
+                 type == DType::fp32 ? kFp32Tol : 1e-2, "rope forward");
+  }
+  Vec dx = x, dx_w = x;  // in place
+  gpu::rope_rotate(kStream, dx.data(), ld_x, dx.data(), ld_x, rows, heads, head_dim,
+                   positions.data(), table.view(), -1.0f);
+  shardlm::cpu::rope_backward(dx_w.data(), ld_x, dx_w.data(), ld_x, rows, heads, head_dim,
+                              positions.data(), table.view());
+  expect_close(dx, dx_w, kFp32Tol, "rope backward in place");
+
+  // Embeddings: repeated tokens, packed positions, bf16 tables read as bf16 values.
+  const int B = 2, T = 4, C = 40, vocab = 6;
+  const std::vector<int32_t> tokens = {1, 5, 1, 1, 0, 5, 2, 1};
+  const std::vector<int32_t> packed = {0, 1, 0, 1, 2, 3, 0, 1};
+  const Vec wte = random_vec(size_t(vocab) * C, 42), wpe = random_vec(size_t(T) * C, 43);
+  const Vec dout = random_vec(size_t(B) * T * C, 44);
+  for (const int32_t* pos : {static_cast<const int32_t*>(nullptr), packed.data()})
+    for (DType value_type : {DType::fp32, DType::bf16}) {
+      Vec out(size_t(B) * T * C), out_w(size_t(B) * T * C);
+      gpu::embedding_forward(kStream, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C,
+                             value_type, pos);
+      shardlm::cpu::embedding_forward(out_w.data(), tokens.data(), wte.data(), wpe.data(), B, T, C,
+                                      value_type, pos);
+      EXPECT_EQ(out, out_w);
+      Vec dwte = wte, dwpe = wpe, dwte_w = wte, dwpe_w = wpe;
+      gpu::embedding_backward(kStream, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T,
+                              C, pos);
+      shardlm::cpu::embedding_backward(dwte_w.data(), dwpe_w.data(), dout.data(), tokens.data(), B,
+                                       T, C, pos);
+      EXPECT_EQ(dwte, dwte_w);  // same additions in the same order: bit for bit
+      EXPECT_EQ(dwpe, dwpe_w);
+    }
+
+  // NF4, an odd count (a half-filled last byte).
+  const int64_t n = 201;
+  const Vec values = random_vec(size_t(n), 45);
+  std::vector<uint32_t> words(size_t(shardlm::cpu::nf4_storage_words(n)));
+  shardlm::cpu::nf4_quantize(values.data(), n, words.data());
+  for (DType type : {DType::fp32, DType::bf16, DType::fp16}) {
+    Half got(2 * n + 1), want(2 * n + 1);
+    gpu::nf4_dequantize(kStream, words.data(), n, TypedPtr(got.data(), type));
+    shardlm::cpu::nf4_dequantize(words.data(), n, TypedPtr(want.data(), type));
+    expect_equal_values(widen_storage(type, got, n), widen_storage(type, want, n), "nf4");
+  }
+}
+
+TEST(BackendKernelsEmulated, AdamWAndSums) {
+  const int64_t n = 3000;
+  std::vector<shardlm::ElementRange> ranges;
+  for (int64_t begin = 5; begin + 9 < n; begin += 41) ranges.push_back({begin, begin + 9});
+  ASSERT_GT(ranges.size(), size_t(2 * gpu::kAdamInlineRanges));  // three launches
+  std::vector<gpu::HostRange> host_ranges;
+  for (const auto& r : ranges) host_ranges.push_back({r.begin, r.end});
+  const Vec grads = random_vec(size_t(n), 51);
+  Vec p = random_vec(size_t(n), 52), m = random_vec(size_t(n), 53, 0.1), v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * float(i % 7);
+  Vec p_w = p, m_w = m, v_w = v;
+  const shardlm::AdamWConfig config;
+  const float lr = 1e-3f, multiplier = 0.9f;
+  const int64_t step = 5;
+  // The constants as CudaBackend::adamw_update computes them (optim/adamw.cpp's).
+  const double bias1 = 1.0 - std::pow(double(config.beta1), double(step));
+  const double bias2 = 1.0 - std::pow(double(config.beta2), double(step));
+  const gpu::AdamConstants plain{1.0f,
+                                 multiplier,
+                                 config.beta1,
+                                 config.beta2,
+                                 1.0f - config.beta1,
+                                 1.0f - config.beta2,
+                                 static_cast<float>(lr / bias1),
+                                 static_cast<float>(std::sqrt(bias2)),
+                                 config.eps};
+  gpu::AdamConstants decayed = plain;
+  decayed.decay_factor = 1.0f - lr * config.weight_decay;
+  Half rounded(2 * n), rounded_w(2 * n);
+  gpu::adamw_update(kStream, p.data(), grads.data(), m.data(), v.data(), n, host_ranges.data(),
+                    host_ranges.size(), plain, decayed, TypedPtr(rounded.data(), DType::bf16));
+  shardlm::adamw_update(p_w.data(), grads.data(), m_w.data(), v_w.data(), n, ranges, lr, multiplier,
+                        step, config, TypedPtr(rounded_w.data(), DType::bf16));
+  // The same explicit fmas and IEEE operations on both sides: bit for bit.
+  EXPECT_EQ(p, p_w);
+  EXPECT_EQ(m, m_w);
+  EXPECT_EQ(v, v_w);
+  expect_same_bits(rounded, rounded_w, "adamw rounded params");
+
+  // Sums in double (one call: the emulation runs kSumBlocks x 256 host threads).
+  std::vector<double> partials(gpu::kSumBlocks + 1);
+  gpu::sum(kStream, grads.data(), n, true, partials.data(), &partials[gpu::kSumBlocks]);
+  EXPECT_NEAR(partials[gpu::kSumBlocks], shardlm::sum_of_squares(grads.data(), n),
+              1e-12 * double(n));
+}
+
+}  // namespace
+
+#endif  // SHARDLM_CUDA_EMULATION
