@@ -14,6 +14,8 @@
 // besides (tests/unit/test_cpu_kernels.cpp, test_gemm.cpp, test_rmsnorm.cpp,
 // test_rope.cpp, test_swiglu.cpp, test_attention_gqa.cpp, test_nf4.cpp, test_adamw.cpp,
 // test_compute_type_kernels.cpp); GELU, SwiGLU, attention and the LM head rely on those.
+// The CUDA backend's own kernels also run on host threads against the cpu:: kernels in
+// every build (test_backend_kernels_emulated.cpp); what only a GPU can check is here.
 //
 // Tolerances (relative to the tensor's max):
 //   kFp32Tol = 1e-5: fp32 outputs. Elementwise kernels run the CPU's formulas in its
