@@ -32,6 +32,7 @@ TEST(BackendKernelsEmulated, Unavailable) {
 
 #include "kernel_test_helpers.hpp"
 #include "relative_error.hpp"
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/backend/cpu/bias.hpp"
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/embedding.hpp"
@@ -152,6 +153,10 @@ TEST(BackendKernelsEmulated, BiasGeluSwiglu) {
     gpu::add_bias(kStream, TypedPtr(got16.data(), DType::bf16), x.data(), bias.data(), N, M);
     shardlm::cpu::add_bias(TypedPtr(want16.data(), DType::bf16), x.data(), bias.data(), N, M);
     expect_same_bits(got16, want16, "add_bias bf16");
+    Vec acc = x, acc_want = x;
+    gpu::accumulate(kStream, acc.data(), y.data(), N * M);
+    shardlm::cpu_backend().accumulate(acc_want.data(), y.data(), N * M);
+    EXPECT_EQ(acc, acc_want);
     Vec r(N * M), r_want(N * M);
     for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
       gpu::residual_add_bias(kStream, r.data(), x.data(), y.data(), b, N, M);

@@ -3,7 +3,9 @@
 // / max |want|, ggml's test-backend-ops): the CPU backend is the reference, and a
 // backend passes when it computes the same contract, not the same bits.
 //
-// Parametrised over "cpu" (always) and "cuda0" (the first GPU). A CUDA case is
+// Parametrised over "cpu" and "emulated" (always: the emulated device runs the CPU
+// kernels on memory the host may not touch, which checks that every input and output
+// goes through the table's copies) and "cuda0" (the first GPU). A CUDA case is
 // instantiated in every build and reports itself SKIPPED, with the reason, when the
 // build has no CUDA backend or the machine no GPU: never silently absent.
 //
@@ -121,6 +123,7 @@ void expect_close(const Vec& got, const Vec& want, double tol, const std::string
 }
 
 const char* kCpu = "cpu";
+const char* kEmulated = "emulated";
 const char* kCuda = "cuda0";
 
 class BackendOps : public ::testing::TestWithParam<std::string> {
@@ -132,6 +135,8 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
       if (shardlm::cuda_device_count() == 0)
         GTEST_SKIP() << "CUDA backend compiled, but no CUDA device is visible on this machine";
       backend_ = &shardlm::backend_for({shardlm::DeviceKind::cuda, 0});
+    } else if (GetParam() == kEmulated) {
+      backend_ = &shardlm::backend_for({shardlm::DeviceKind::emulated, 0});
     } else {
       backend_ = &shardlm::cpu_backend();
     }
@@ -349,6 +354,18 @@ TEST_P(BackendOps, BiasAdds) {
     EXPECT_EQ(got[1], typed);
     EXPECT_EQ(got[2], res);
     EXPECT_EQ(got[3], res_nobias);
+  }
+  // accumulate: dst += src.
+  {
+    auto run = [&](Backend& b) {
+      Buffer dst = upload(b, x);
+      const Buffer src = upload(b, y);
+      b.accumulate(dst.f32(), src.f32(), N * M);
+      return std::vector<Vec>{dst.read(N * M)};
+    };
+    Vec want(N * M);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = x[i] + y[i];
+    EXPECT_EQ(run(tested())[0], want) << "accumulate";
   }
   // bias_backward accumulates column sums into dbias.
   for (int64_t rows : {int64_t(1), int64_t(300), int64_t(1000)}) {
@@ -838,7 +855,7 @@ TEST_P(BackendOps, AdamW) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BackendOps, ::testing::Values(kCpu, kCuda),
+INSTANTIATE_TEST_SUITE_P(Backends, BackendOps, ::testing::Values(kCpu, kEmulated, kCuda),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

@@ -325,6 +325,11 @@ class CudaBackend final : public Backend {
     SHARDLM_CUDA_CHECK(kernels::round_to(stream_, dtype, dst, src, n));
   }
 
+  void accumulate(float* dst, const float* src, int64_t n) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::accumulate(stream_, dst, src, n));
+  }
+
   // --- elementwise around GEMMs -----------------------------------------------------------------
   void add_bias(float* out, const float* bias, int64_t N, int M) override {
     select();

@@ -26,6 +26,8 @@ cudaError_t convert(cudaStream_t stream, TypedPtr dst, ConstTypedPtr src, int64_
 cudaError_t convert_rows(cudaStream_t stream, TypedPtr dst, int64_t ld_dst, ConstTypedPtr src,
                          int64_t ld_src, int64_t rows, int64_t cols);
 cudaError_t round_to(cudaStream_t stream, DType dtype, float* dst, const float* src, int64_t n);
+// dst[i] += src[i] (a reduced gradient slice into the owned one).
+cudaError_t accumulate(cudaStream_t stream, float* dst, const float* src, int64_t n);
 // C[r, c] = beta * C[r, c] for a [rows, cols] matrix with row stride ld (beta == 0 writes
 // zeros without reading C): a GEMM with K = 0.
 cudaError_t scale_rows(cudaStream_t stream, float* C, int64_t ld, int64_t rows, int64_t cols,

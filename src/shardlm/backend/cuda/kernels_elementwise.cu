@@ -50,6 +50,10 @@ __global__ void round_to_kernel(float* dst, const float* src, int64_t n) {
   for (int64_t i = grid_first(); i < n; i += grid_stride()) dst[i] = T::round(src[i]);
 }
 
+__global__ void accumulate_kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = grid_first(); i < n; i += grid_stride()) dst[i] += src[i];
+}
+
 __global__ void scale_rows_kernel(float* C, int64_t ld, int64_t rows, int64_t cols, float beta) {
   const int64_t n = rows * cols;
   for (int64_t i = grid_first(); i < n; i += grid_stride()) {
@@ -294,6 +298,12 @@ cudaError_t round_to(cudaStream_t stream, DType dtype, float* dst, const float* 
     const auto kernel = &round_to_kernel<decltype(t)>;
     SHARDLM_KERNEL(kernel, blocks_for(n), kThreads, stream, dst, src, n);
   });
+  return cudaGetLastError();
+}
+
+cudaError_t accumulate(cudaStream_t stream, float* dst, const float* src, int64_t n) {
+  if (n <= 0) return cudaGetLastError();
+  SHARDLM_KERNEL(accumulate_kernel, blocks_for(n), kThreads, stream, dst, src, n);
   return cudaGetLastError();
 }
 
