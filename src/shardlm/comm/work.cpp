@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "shardlm/core/timer.hpp"
@@ -21,6 +22,90 @@ WorkState::WorkState(CollectiveInfo info, std::shared_ptr<CounterBlock> counters
       counters_(std::move(counters)),
       policy_(std::move(policy)),
       ticket_(ticket) {}
+
+WorkState::WorkState(CollectiveInfo info, std::shared_ptr<CounterBlock> counters,
+                     std::shared_ptr<const WaitPolicy> policy,
+                     std::shared_ptr<CompletionSource> source,
+                     std::chrono::steady_clock::time_point issued_at)
+    : info_(std::move(info)),
+      counters_(std::move(counters)),
+      policy_(std::move(policy)),
+      ticket_(0),
+      source_(std::move(source)) {
+  SHARDLM_CHECK(source_ != nullptr && policy_ != nullptr,
+                "device-completed {} needs a completion source and a wait policy", describe(info_));
+  deadline_ = issued_at + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(policy_->timeout_seconds));
+}
+
+std::string WorkState::refresh_locked(std::chrono::steady_clock::time_point now) {
+  if (status_ != Status::pending) return {};
+  CompletionPoll result = source_->poll();
+  if (result.status == CompletionStatus::done) {
+    status_ = Status::done;
+    if (counters_) counters_->add_seconds(info_.kind, result.seconds);
+  } else if (result.status == CompletionStatus::failed) {
+    status_ = Status::failed;
+    error_ = fmt::format("{}: {} failed: {}", policy_->who, describe(info_), result.error);
+  } else if (now >= deadline_) {
+    status_ = Status::failed;
+    timed_out_ = true;
+    error_ = fmt::format("{}: {} did not finish within {:g} s", policy_->who, describe(info_),
+                         policy_->timeout_seconds);
+    return error_;
+  } else {
+    return {};
+  }
+  finished_.notify_all();
+  return {};
+}
+
+// Outside the lock: abandon() may block for a while (ncclCommAbort) and on_timeout
+// usually ends the process.
+void WorkState::report_timeout(const std::string& line) {
+  finished_.notify_all();
+  source_->abandon();
+  if (policy_->on_timeout) policy_->on_timeout(line);
+}
+
+bool WorkState::poll_device(std::chrono::steady_clock::time_point now) {
+  SHARDLM_ASSERT(source_ != nullptr);
+  std::string timeout_line;
+  {
+    std::lock_guard lock(mutex_);
+    timeout_line = refresh_locked(now);
+    if (timeout_line.empty()) return status_ != Status::pending;
+  }
+  report_timeout(timeout_line);
+  return true;
+}
+
+bool WorkState::stream_wait(void* stream) {
+  if (source_ == nullptr) return false;
+  std::lock_guard lock(mutex_);
+  if (!source_->stream_wait(stream)) return false;
+  observed_ = true;  // completion is now the stream's business; the watchdog still watches
+  return true;
+}
+
+// Polls until the source settles or the deadline passes, sleeping a little longer
+// each round (a collective in flight usually ends within microseconds to
+// milliseconds); the watchdog's notify ends a sleep early.
+void WorkState::wait_for_device(std::unique_lock<std::mutex>& lock) {
+  auto pause = std::chrono::microseconds(5);
+  for (;;) {
+    const std::string timeout_line = refresh_locked(std::chrono::steady_clock::now());
+    if (!timeout_line.empty()) {
+      lock.unlock();
+      report_timeout(timeout_line);
+      lock.lock();
+      return;
+    }
+    if (status_ != Status::pending) return;
+    finished_.wait_for(lock, pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+  }
+}
 
 void WorkState::complete() {
   {
@@ -42,6 +127,14 @@ void WorkState::fail(std::string message) {
 void WorkState::wait() {
   Stopwatch blocked;
   std::unique_lock lock(mutex_);
+  if (source_ != nullptr) {
+    wait_for_device(lock);
+    observed_ = true;
+    if (counters_) counters_->add_exposed_seconds(blocked.seconds());
+    if (timed_out_) throw CommTimeout(error_);
+    if (status_ == Status::failed) throw Error(error_);
+    return;
+  }
   if (status_ == Status::pending) {
     // Only while pending: the communication thread is then alive (it drains its queue
     // before it ends). Lock order: this state's mutex, then the thread's.
@@ -69,7 +162,14 @@ void WorkState::wait() {
 }
 
 bool WorkState::is_done() {
-  std::lock_guard lock(mutex_);
+  std::string timeout_line;
+  std::unique_lock lock(mutex_);
+  if (source_ != nullptr) timeout_line = refresh_locked(std::chrono::steady_clock::now());
+  if (!timeout_line.empty()) {
+    lock.unlock();
+    report_timeout(timeout_line);
+    lock.lock();
+  }
   if (status_ == Status::pending) return false;
   observed_ = true;
   return true;
@@ -87,5 +187,10 @@ void Work::wait() {
 }
 
 bool Work::is_done() const { return state_ == nullptr || state_->is_done(); }
+
+void Work::wait_on_stream(void* stream) {
+  if (state_ && state_->stream_wait(stream)) return;
+  wait();
+}
 
 }  // namespace shardlm

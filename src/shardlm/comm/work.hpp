@@ -1,7 +1,18 @@
 // Work: the handle an asynchronous collective returns. wait() blocks until the
 // collective has finished, throws if it failed, and never blocks past its deadline.
+//
+// Two ways a Work completes:
+// - host completion (CPU communicators): whoever executed the collective calls
+//   WorkState::complete() or fail() (the communication thread);
+// - device completion (NCCL): a CompletionSource (an event recorded on the
+//   communication stream) is polled by wait(), is_done() and the DeviceWatchdog
+//   (device_watchdog.hpp); a consumer stream can be ordered after it with
+//   Work::wait_on_stream() without blocking the host. The deadline then counts from
+//   the moment the collective was issued, and whoever first sees it pass (a waiter or
+//   the watchdog) abandons the device work and reports the collective by name.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -46,6 +57,36 @@ class CommTimeout : public Error {
   using Error::Error;
 };
 
+// What a CompletionSource reports when polled.
+enum class CompletionStatus { pending, done, failed };
+struct CompletionPoll {
+  CompletionStatus status = CompletionStatus::pending;
+  std::string error;     // why, when failed
+  double seconds = 0.0;  // when done: time the device spent on the collective (counters)
+};
+
+// Completion decided by a device rather than by a host thread: for NCCL, an event
+// recorded on the communication stream after the collective. Called from several
+// threads (waiters, the watchdog), always under the owning WorkState's lock, so an
+// implementation needs no locking of its own.
+class CompletionSource {
+ public:
+  virtual ~CompletionSource() = default;
+  // Non-blocking: has the device work finished (or failed)?
+  virtual CompletionPoll poll() = 0;
+  // Makes `stream` (a cudaStream_t) wait for the completion without blocking the
+  // host. Returns false if this source cannot order a stream (the caller then waits
+  // on the host instead).
+  virtual bool stream_wait(void* stream) {
+    (void)stream;
+    return false;
+  }
+  // Called once, when the deadline has passed: stop the device work so that no rank
+  // hangs on it (NCCL: ncclCommAbort). Runs before WaitPolicy::on_timeout, which in a
+  // real job ends the process.
+  virtual void abandon() {}
+};
+
 namespace detail {
 
 // Shared between the Work handle(s), the communication thread that completes it and
@@ -54,6 +95,11 @@ class WorkState {
  public:
   WorkState(CollectiveInfo info, std::shared_ptr<CounterBlock> counters,
             std::shared_ptr<const WaitPolicy> policy, uint64_t ticket = 0);
+  // Device completion: `source` decides; the deadline is issued_at + the policy's
+  // timeout. complete()/fail() must not be called on such a state.
+  WorkState(CollectiveInfo info, std::shared_ptr<CounterBlock> counters,
+            std::shared_ptr<const WaitPolicy> policy, std::shared_ptr<CompletionSource> source,
+            std::chrono::steady_clock::time_point issued_at);
 
   const CollectiveInfo& info() const { return info_; }
   uint64_t ticket() const { return ticket_; }
@@ -68,8 +114,26 @@ class WorkState {
   // result. Collectives never observed by shutdown are reported as leaks.
   bool observed() const;
 
+  // --- device completion only ---
+  bool has_completion_source() const { return source_ != nullptr; }
+  // Polls the source once and checks the deadline against `now` (the watchdog's
+  // sweep). Returns true once the state is settled (done, failed or timed out). When
+  // this call is the one that finds the deadline passed, it abandons the device work
+  // and calls the policy's on_timeout with "<who>: <collective> did not finish within
+  // <timeout> s" before returning.
+  bool poll_device(std::chrono::steady_clock::time_point now);
+  // Orders `stream` after the collective (see Work::wait_on_stream). Returns false
+  // when the source cannot; marks the state observed when it can.
+  bool stream_wait(void* stream);
+
  private:
   enum class Status { pending, done, failed };
+  // Under mutex_: polls the source, settles done/failed, or on a passed deadline
+  // settles failed with the timeout line and returns that line (to be reported by the
+  // caller outside the lock). Empty when no deadline was crossed by this call.
+  std::string refresh_locked(std::chrono::steady_clock::time_point now);
+  void report_timeout(const std::string& line);
+  void wait_for_device(std::unique_lock<std::mutex>& lock);
   const CollectiveInfo info_;
   const std::shared_ptr<CounterBlock> counters_;
   const std::shared_ptr<const WaitPolicy> policy_;
@@ -79,6 +143,10 @@ class WorkState {
   Status status_ = Status::pending;
   std::string error_;
   bool observed_ = false;
+  // Device completion (null for host completion).
+  const std::shared_ptr<CompletionSource> source_;
+  std::chrono::steady_clock::time_point deadline_{};
+  bool timed_out_ = false;  // settled failed because the deadline passed
 };
 
 }  // namespace detail
@@ -95,6 +163,13 @@ class Work {
   // the communicator's exposed_seconds. Waiting again returns (or throws) at once.
   void wait();
   bool is_done() const;
+  // Orders `stream` (a cudaStream_t, passed as void* so that this header needs no
+  // CUDA) after the collective without blocking the host: work launched on `stream`
+  // afterwards sees the collective's result (c10d's Work::wait on a stream). The
+  // deadline still applies (the DeviceWatchdog keeps watching the collective). A Work
+  // completed on the host (CPU communicators, or a finished no-op) has no event to
+  // order by: then this is wait().
+  void wait_on_stream(void* stream);
   // The collective this handle belongs to; nullptr for a default-constructed Work.
   const CollectiveInfo* info() const { return state_ ? &state_->info() : nullptr; }
   // True once wait() returned or is_done() reported true (see WorkState::observed).
