@@ -268,9 +268,9 @@ TEST(NcclCollectives, CollectiveWaitsForTheComputeStreamAndAConsumerStreamWaitsF
   check_cuda(cudaMallocHost(reinterpret_cast<void**>(&pinned_out), count * sizeof(float)), "pinned");
   std::memcpy(pinned_in, input.data(), count * sizeof(float));
   DeviceFloats data(count);
-  check_cuda(cudaMemset(data.get(), 0, count * sizeof(float)), "memset");
-  // The compute stream is held back by a host function, then writes the input: a
-  // collective that did not wait for it would reduce the zeros.
+  // The compute stream zeroes the buffer, is held back by a host function, then
+  // writes the input: a collective that did not wait for it would reduce the zeros.
+  check_cuda(cudaMemsetAsync(data.get(), 0, count * sizeof(float), compute), "memset");
   check_cuda(cudaLaunchHostFunc(compute, [](void*) {
                std::this_thread::sleep_for(std::chrono::milliseconds(50));
              }, nullptr), "cudaLaunchHostFunc");

@@ -293,6 +293,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclRuntime> runtime,
   cuda_check(cudaSetDevice(runtime_->device), "cudaSetDevice");
   cuda_check(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(float)),
              "cudaMalloc (barrier word)");
+  cuda_check(cudaMemset(barrier_word_, 0, sizeof(float)), "cudaMemset (barrier word)");
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -326,6 +327,7 @@ void NcclCommunicator::abort_nccl() { comm_->abort(); }
 void NcclCommunicator::abort_job(const std::string& message) {
   comm_->abort();  // peers blocked in a collective with us fail instead of waiting
   host_->abort_job(message);
+  std::_Exit(1);  // not reached (abort_job ends the job); tells the compiler so
 }
 
 void NcclCommunicator::finalize() {
