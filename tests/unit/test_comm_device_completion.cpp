@@ -261,6 +261,25 @@ TEST(DeviceWatchdog, WaitOnStreamOrdersTheStreamAndLeavesTheDeadlineToTheWatchdo
   EXPECT_EQ(log.lines().size(), 1u);  // still enforced
 }
 
+TEST(DeviceWatchdog, FailureOfACollectiveHandedToAStreamIsReportedAndAborts) {
+  // Nobody will wait on the host: the failure must not pass silently.
+  TimeoutLog log;
+  const Clock::time_point t0 = Clock::now();
+  DeviceWork dw(policy(300, &log), t0);
+  DeviceWatchdog watchdog(manual());
+  watchdog.watch(dw.state);
+  int stream_token = 0;
+  dw.work.wait_on_stream(&stream_token);
+  dw.event->break_with("NCCL error: remote process exited");
+  EXPECT_EQ(watchdog.sweep(t0 + std::chrono::seconds(1)), 0u);
+  EXPECT_EQ(log.lines(), std::vector<std::string>{
+                             "rank 3: all_gather 'unit h.3' (#41 on world) failed: NCCL error: "
+                             "remote process exited"});
+  EXPECT_EQ(dw.event->abandoned(), 1);
+  EXPECT_THROW(dw.work.wait(), Error);
+  EXPECT_EQ(log.lines().size(), 1u);
+}
+
 TEST(DeviceWatchdog, HostCompletedWorkOnAStreamIsAHostWait) {
   auto p = std::make_shared<const WaitPolicy>();
   auto state = std::make_shared<detail::WorkState>(unit_h3(), nullptr, p);

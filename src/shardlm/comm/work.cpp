@@ -47,6 +47,13 @@ std::string WorkState::refresh_locked(std::chrono::steady_clock::time_point now)
   } else if (result.status == CompletionStatus::failed) {
     status_ = Status::failed;
     error_ = fmt::format("{}: {} failed: {}", policy_->who, describe(info_), result.error);
+    // Handed to a stream (wait_on_stream): no host wait will ever throw this, and the
+    // consumer stream would go on with a wrong buffer, so it is reported like a
+    // deadline. A host waiter gets it from wait() instead.
+    if (observed_) {
+      finished_.notify_all();
+      return error_;
+    }
   } else if (now >= deadline_) {
     status_ = Status::failed;
     timed_out_ = true;
@@ -60,8 +67,9 @@ std::string WorkState::refresh_locked(std::chrono::steady_clock::time_point now)
   return {};
 }
 
-// Outside the lock: abandon() may block for a while (ncclCommAbort) and on_timeout
-// usually ends the process.
+// Reports a line refresh_locked returned: a deadline passed, or a collective handed
+// to a stream failed. Outside the lock: abandon() may block for a while
+// (ncclCommAbort) and on_timeout usually ends the process.
 void WorkState::report_timeout(const std::string& line) {
   finished_.notify_all();
   source_->abandon();
