@@ -120,7 +120,8 @@ class WorkState {
   // sweep). Returns true once the state is settled (done, failed or timed out). When
   // this call is the one that finds the deadline passed, it abandons the device work
   // and calls the policy's on_timeout with "<who>: <collective> did not finish within
-  // <timeout> s" before returning.
+  // <timeout> s" before returning; likewise with "<who>: <collective> failed: <why>"
+  // for a failure no host wait will report (the Work was handed to a stream).
   bool poll_device(std::chrono::steady_clock::time_point now);
   // Orders `stream` after the collective (see Work::wait_on_stream). Returns false
   // when the source cannot; marks the state observed when it can.
