@@ -7,6 +7,9 @@
 #include "shardlm/backend/emulated/emulated_communicator.hpp"
 #include "shardlm/core/error.hpp"
 
+#ifdef SHARDLM_WITH_CUDA
+#include "shardlm/comm/nccl/nccl_communicator.hpp"
+#endif
 
 namespace shardlm {
 
@@ -30,9 +33,21 @@ std::unique_ptr<Communicator> make_device_communicator(Device device, Communicat
       return nullptr;
     case DeviceKind::emulated:
       return std::make_unique<emulated::DeviceCommunicator>(world);
-    case DeviceKind::cuda:
-      // Wired to comm/nccl when it lands (issue 16).
-      throw Error(fmt::format("--device {}: no NCCL communicator in this build", to_string(device)));
+    case DeviceKind::cuda: {
+#ifdef SHARDLM_WITH_CUDA
+      // Over a copy of the world (split), which the NCCL communicator owns and uses
+      // for bootstrap and host buffers. Compute stream: the legacy default stream,
+      // which is ordered after the backend's work as long as the backend computes on
+      // blocking streams; a non-blocking backend stream goes to set_compute_stream().
+      NcclOptions nccl;
+      nccl.device = device.index;
+      return NcclCommunicator::create(world.split(0, world.rank(), world.name()), world.options(),
+                                      nccl);
+#else
+      throw Error(fmt::format("--device {}: this shardlm was built without CUDA (no NCCL)",
+                              to_string(device)));
+#endif
+    }
   }
   return nullptr;
 }
