@@ -51,6 +51,10 @@ class Backend {
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   // Waits until every kernel issued so far has finished.
   virtual void synchronize() = 0;
+  // The stream the kernels run on (a cudaStream_t on CUDA), for work that must be
+  // ordered after them without a host wait: the NCCL communicator's collectives.
+  // nullptr where kernels run to completion on the calling thread (CPU, emulated).
+  virtual void* stream_handle() const { return nullptr; }
 
   // --- GEMM and conversions ----------------------------------------------------
   // C[M,N] (fp32) = alpha op(A) op(B) + beta C, row-major with row strides, operands

@@ -36,11 +36,12 @@ std::unique_ptr<Communicator> make_device_communicator(Device device, Communicat
     case DeviceKind::cuda: {
 #ifdef SHARDLM_WITH_CUDA
       // Over a copy of the world (split), which the NCCL communicator owns and uses
-      // for bootstrap and host buffers. Compute stream: the legacy default stream,
-      // which is ordered after the backend's work as long as the backend computes on
-      // blocking streams; a non-blocking backend stream goes to set_compute_stream().
+      // for bootstrap and host buffers. Collectives are ordered after the kernels of
+      // this device's backend (its stream is non-blocking: the legacy default stream
+      // would not order them).
       NcclOptions nccl;
       nccl.device = device.index;
+      nccl.compute_stream = backend_for(device).stream_handle();
       return NcclCommunicator::create(world.split(0, world.rank(), world.name()), world.options(),
                                       nccl);
 #else

@@ -229,6 +229,7 @@ class CudaBackend final : public Backend {
   }
 
   Device device() const override { return {DeviceKind::cuda, index_}; }
+  void* stream_handle() const override { return stream_; }
   std::string description() const override {
     return fmt::format("cuda:{} ({}, cuBLASLt{})", index_, name_, tf32_ ? ", TF32" : "");
   }
