@@ -117,6 +117,11 @@ PY
   local G=(--model gpt2 --precision bf16 --micro-batch 16 --seq-len 1024 --steps 50 --lr 6e-4
            --warmup 10 --device cuda --sample-tokens 0)
   train gpt2_bf16 "${G[@]}" && summarize gpt2_bf16 "$(flops_of gpt2 1024)"
+  # Reference (llm.c, "Reproducing GPT-2 (124M) in llm.c in 90 minutes for $20", Karpathy,
+  # 2024-05-28, karpathy/llm.c discussion #481): 10B tokens in ~90 min on 8 A100 80GB SXM,
+  # "up to ~60% MFU" => ~230k tokens/s per A100; the same run took ~45 min on 8 H100
+  # (modded-nanogpt's README) => ~460k tokens/s per H100.
+  echo "llm.c reference: ~230k tokens/s per A100 80GB, ~460k per H100, up to ~60% MFU"
   echo "== 4. the same with --offload optimizer"
   train gpt2_bf16_offload "${G[@]}" --offload optimizer && summarize gpt2_bf16_offload "$(flops_of gpt2 1024)"
   echo "== 5. qwen2.5-0.5b-shaped, bf16, 20 steps"
