@@ -19,23 +19,12 @@
 #include "shardlm/core/rng.hpp"
 #include "shardlm/model/family.hpp"
 #include "shardlm/model/model.hpp"
+#include "tiny_family_config.hpp"
 
 namespace shardlm {
 namespace {
 
 constexpr Device kEmulated{DeviceKind::emulated, 0};
-
-ModelConfig config_for(const std::string& preset) {
-  ModelConfig c = model_preset(preset);
-  c.vocab_size = 97;
-  c.max_seq_len = 32;
-  if (c.family == "gpt2") {
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 32;
-  }
-  return c;
-}
 
 // One fp32 buffer per flat unit on a backend's device, filled from host values.
 struct UnitBuffers {
@@ -136,7 +125,7 @@ class EmulatedDevice : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EmulatedDevice, TrainingMicroBatchIsBitwiseTheCpuBackends) {
   const Case c = GetParam();
-  const ModelConfig config = config_for(c.preset);
+  const ModelConfig config = tiny_family_config(c.preset);
   const Result want = run_on(Device{}, config, c.precision, c.packed);
   const Result got = run_on(kEmulated, config, c.precision, c.packed);
   EXPECT_GT(want.targets, 0);
@@ -175,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(Families, EmulatedDevice, ::testing::ValuesIn(cases()),
                          });
 
 TEST(EmulatedDeviceMemory, ModelArraysAreCountedOnTheDeviceNotTheHost) {
-  const ModelConfig config = config_for("llama-tiny");
+  const ModelConfig config = tiny_family_config("llama-tiny");
   const ParamLayout layout = ParamLayout::build(config, 1);
   MemoryTracker& device = MemoryTracker::for_device(kEmulated);
   const size_t device_before = device.current(MemCategory::activations);

@@ -16,21 +16,10 @@
 #include "shardlm/core/rng.hpp"
 #include "shardlm/model/family.hpp"
 #include "shardlm/model/model.hpp"
+#include "tiny_family_config.hpp"
 
 namespace shardlm {
 namespace {
-
-ModelConfig config_for(const std::string& preset) {
-  ModelConfig c = model_preset(preset);
-  c.vocab_size = 97;
-  c.max_seq_len = 32;
-  if (c.family == "gpt2") {
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 32;
-  }
-  return c;
-}
 
 // fp32 parameters and zeroed gradients, one buffer per flat unit.
 struct Weights {
@@ -96,7 +85,7 @@ void expect_close(const std::vector<std::vector<float>>& got, const std::vector<
 class Packing : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Packing, PackedRowEqualsItsExamplesRunOneAtATime) {
-  const ModelConfig config = config_for(GetParam());
+  const ModelConfig config = tiny_family_config(GetParam());
   const ParamLayout layout = ParamLayout::build(config, 1);
   const int T = 24;
   auto model = model_family(config.family).make_model(config, layout, 2, T, {}, MemoryTracker::global());
@@ -163,7 +152,7 @@ TEST_P(Packing, PackedRowEqualsItsExamplesRunOneAtATime) {
 }
 
 TEST_P(Packing, MaskedTargetsContributeNoLossAndNoGradient) {
-  const ModelConfig config = config_for(GetParam());
+  const ModelConfig config = tiny_family_config(GetParam());
   const ParamLayout layout = ParamLayout::build(config, 1);
   const int B = 2, T = 16;
   auto model = model_family(config.family).make_model(config, layout, B, T, {}, MemoryTracker::global());

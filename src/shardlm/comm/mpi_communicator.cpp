@@ -17,22 +17,6 @@ namespace shardlm {
 
 namespace {
 
-// Prints the line and ends the whole job: MPI_Abort makes mpirun kill every rank and
-// exit non-zero. Legal from any thread under MPI_THREAD_MULTIPLE (what we ask for), and
-// what Open MPI does in practice under SERIALIZED too, even while the communication
-// thread is blocked inside a collective.
-[[noreturn]] void abort_with_line(const std::string& line) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "%s\n", line.c_str());
-  std::fflush(stderr);
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
-}
-
 uint64_t fnv1a(std::string_view text) {
   uint64_t hash = 0xcbf29ce484222325ull;
   for (unsigned char ch : text) hash = (hash ^ ch) * 0x100000001b3ull;
@@ -86,7 +70,7 @@ class MpiRuntime {
     mpi::check(MPI_Comm_rank(world_, &rank_), "MPI_Comm_rank");
     mpi::check(MPI_Comm_size(world_, &size_), "MPI_Comm_size");
     if (thread_level_ < MPI_THREAD_SERIALIZED)
-      abort_with_line(fmt::format(
+      print_line_and_end_job(fmt::format(
           "rank {}: MPI provides thread level {}, but shardlm calls MPI from its communication "
           "thread and needs at least MPI_THREAD_SERIALIZED ({})",
           rank_, thread_level_, MPI_THREAD_SERIALIZED));
@@ -96,7 +80,7 @@ class MpiRuntime {
     WaitPolicy policy;
     policy.who = fmt::format("rank {}", rank_);
     policy.timeout_seconds = options.timeout_seconds;
-    policy.on_timeout = [](const std::string& line) { abort_with_line(line); };
+    policy.on_timeout = [](const std::string& line) { print_line_and_end_job(line); };
     thread_ = std::make_unique<CommThread>(
         std::move(policy), options.overlap ? CommStart::at_once : CommStart::on_wait);
   }
@@ -210,7 +194,7 @@ int MpiCommunicator::thread_level() const { return runtime_->thread_level(); }
 std::string MpiCommunicator::who() const { return fmt::format("rank {}", runtime_->rank()); }
 
 void MpiCommunicator::abort_job(const std::string& message) {
-  abort_with_line(fmt::format("{}: {}", who(), message));
+  print_line_and_end_job(fmt::format("{}: {}", who(), message));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {

@@ -1,12 +1,26 @@
 #include "shardlm/comm/world.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
 #include "shardlm/comm/mpi_communicator.hpp"
+#include "shardlm/comm/mpi_include.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
 
 namespace shardlm {
+
+void print_line_and_end_job(const std::string& line) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
 
 bool launched_by_mpi_launcher() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})

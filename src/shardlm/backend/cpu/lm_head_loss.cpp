@@ -1,5 +1,7 @@
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
 
+#include "shardlm/backend/kernel_checks.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -106,14 +108,9 @@ float row_cross_entropy(const float* logits, float* numerators, int V, int32_t t
 void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx, float* dweight) {
   // Its GEMMs (and dlogits rounding) are charged to their own phases by nesting.
   const PhaseScope phase(Phase::loss);
-  SHARDLM_CHECK(a.chunk_rows > 0 && a.logits_stride >= a.V && a.V > 0,
-                "lm head: bad chunking (chunk_rows {}, stride {}, vocab {})", a.chunk_rows,
-                a.logits_stride, a.V);
   const bool want_grad = dx != nullptr;
   const bool round_dlogits = a.x.dtype != DType::fp32;
-  SHARDLM_CHECK(!(want_grad && round_dlogits) || a.dlogits_scratch.dtype == a.x.dtype,
-                "lm head: {} inputs need a {} dlogits scratch, got {}", dtype_name(a.x.dtype),
-                dtype_name(a.x.dtype), dtype_name(a.dlogits_scratch.dtype));
+  check_lm_head_args(a, want_grad);
   const int ld = static_cast<int>(a.logits_stride);
   for (int64_t r0 = 0; r0 < a.N; r0 += a.chunk_rows) {
     const int rows = static_cast<int>(std::min<int64_t>(a.chunk_rows, a.N - r0));

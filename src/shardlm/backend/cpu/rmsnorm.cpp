@@ -1,5 +1,7 @@
 #include "shardlm/backend/cpu/rmsnorm.hpp"
 
+#include "shardlm/backend/kernel_checks.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -45,16 +47,6 @@ inline float normalize(Writer out, const float* x, const float* weight, int dim,
   return r;
 }
 
-void check_shape(const RmsNormShape& s, int64_t ld_a, int64_t ld_b, float eps) {
-  SHARDLM_CHECK(s.rows >= 0 && s.heads > 0 && s.dim > 0,
-                "rmsnorm: {} rows of {} heads of {} values; expected heads, dim > 0", s.rows,
-                s.heads, s.dim);
-  const int64_t width = static_cast<int64_t>(s.heads) * s.dim;
-  SHARDLM_CHECK(ld_a >= width && ld_b >= width,
-                "rmsnorm: row strides {} and {} must hold {} heads of {} values", ld_a, ld_b,
-                s.heads, s.dim);
-  SHARDLM_CHECK(eps >= 0.0f, "rmsnorm: eps must be non-negative, got {}", eps);
-}
 
 // Per-call scratch for the weight gradient's per-chunk sums (double), grown once on
 // the calling thread.
@@ -68,7 +60,7 @@ double* chunk_sums(size_t values) {
 void rmsnorm_forward(TypedPtr y, int64_t ld_y, float* rstd, ConstTypedPtr x, int64_t ld_x,
                      const float* weight, const RmsNormShape& s, float eps) {
   const PhaseScope phase(Phase::norms_elementwise);
-  check_shape(s, ld_y, ld_x, eps);
+  check_rmsnorm_shape(s, ld_y, ld_x, eps);
   const int64_t vectors = s.rows * s.heads;
   with_reader(x, [&](auto reader) {
     with_writer(y, [&](auto writer) {
@@ -86,7 +78,7 @@ void residual_rmsnorm_forward(float* residual, TypedPtr y, float* rstd, const fl
                               const float* branch, const float* branch_bias, const float* weight,
                               int64_t N, int C, float eps) {
   const PhaseScope phase(Phase::norms_elementwise);
-  check_shape({N, 1, C}, C, C, eps);
+  check_rmsnorm_shape({N, 1, C}, C, C, eps);
   with_writer(y, [&](auto writer) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
@@ -101,8 +93,8 @@ void rmsnorm_backward(float* dx, int64_t ld_dx, float* dweight, const float* dy,
                       ConstTypedPtr x, int64_t ld_x, const float* weight, const float* rstd,
                       const RmsNormShape& s, bool accumulate_dx) {
   const PhaseScope phase(Phase::norms_elementwise);
-  check_shape(s, ld_dx, ld_dy, 0.0f);
-  check_shape(s, ld_x, ld_x, 0.0f);
+  check_rmsnorm_shape(s, ld_dx, ld_dy, 0.0f);
+  check_rmsnorm_shape(s, ld_x, ld_x, 0.0f);
   const int dim = s.dim;
   const int64_t vectors = s.rows * s.heads;
   const int64_t num_chunks = (vectors + kChunkVectors - 1) / kChunkVectors;

@@ -1,5 +1,7 @@
 #include "shardlm/backend/cpu/rope.hpp"
 
+#include "shardlm/backend/kernel_checks.hpp"
+
 #include <cmath>
 #include <numbers>
 
@@ -12,14 +14,7 @@ namespace {
 
 void check_rows(int64_t ld_out, int64_t ld_in, int64_t rows, int heads, int head_dim,
                 const int32_t* positions, const RopeTableView& table) {
-  SHARDLM_CHECK(head_dim == table.head_dim, "rope: head_dim {} but the table was built for {}",
-                head_dim, table.head_dim);
-  SHARDLM_CHECK(heads > 0 && rows >= 0, "rope: {} heads and {} rows; expected heads > 0", heads,
-                rows);
-  const int64_t width = static_cast<int64_t>(heads) * head_dim;
-  SHARDLM_CHECK(ld_out >= width && ld_in >= width,
-                "rope: row strides {} and {} must hold {} heads of {} values", ld_out, ld_in,
-                heads, head_dim);
+  check_rope_shape(ld_out, ld_in, rows, heads, head_dim, table);
   for (int64_t r = 0; r < rows; ++r)
     SHARDLM_CHECK(positions[r] >= 0 && positions[r] < table.max_positions,
                   "rope: position {} of row {} outside the table's [0, {})", positions[r], r,

@@ -27,6 +27,7 @@
 #include "shardlm/backend/cuda/attention.cuh"
 #include "shardlm/backend/cuda/cross_entropy.cuh"
 #include "shardlm/backend/cuda/cuda_check.hpp"
+#include "shardlm/backend/kernel_checks.hpp"
 #include "shardlm/backend/cuda/kernels.cuh"
 #include "shardlm/core/error.hpp"
 #include "shardlm/optim/adamw.hpp"
@@ -428,7 +429,7 @@ class CudaBackend final : public Backend {
   // --- positions, attention, embeddings ---------------------------------------------------------
   void rope_forward(TypedPtr y, int64_t ld_y, const float* x, int64_t ld_x, int64_t rows, int heads,
                     int head_dim, const int32_t* positions, const RopeTableView& table) override {
-    check_rope(ld_y, ld_x, rows, heads, head_dim, table);
+    check_rope_shape(ld_y, ld_x, rows, heads, head_dim, table);
     select();
     SHARDLM_CUDA_CHECK(kernels::rope_rotate(stream_, y, ld_y, x, ld_x, rows, heads, head_dim,
                                             positions, table, 1.0f));
@@ -436,7 +437,7 @@ class CudaBackend final : public Backend {
   void rope_backward(float* dx, int64_t ld_dx, const float* dy, int64_t ld_dy, int64_t rows,
                      int heads, int head_dim, const int32_t* positions,
                      const RopeTableView& table) override {
-    check_rope(ld_dx, ld_dy, rows, heads, head_dim, table);
+    check_rope_shape(ld_dx, ld_dy, rows, heads, head_dim, table);
     select();
     SHARDLM_CUDA_CHECK(kernels::rope_rotate(stream_, dx, ld_dx, dy, ld_dy, rows, heads, head_dim,
                                             positions, table, -1.0f));
@@ -473,14 +474,9 @@ class CudaBackend final : public Backend {
   // rows have zero loss and zero dlogits).
   void lm_head_cross_entropy(const LmHeadLossArgs& a, float* losses, float* dx,
                              float* dweight) override {
-    SHARDLM_CHECK(a.chunk_rows > 0 && a.logits_stride >= a.V && a.V > 0,
-                  "lm head: bad chunking (chunk_rows {}, stride {}, vocab {})", a.chunk_rows,
-                  a.logits_stride, a.V);
     const bool want_grad = dx != nullptr;
     const bool round_dlogits = a.x.dtype != DType::fp32;
-    SHARDLM_CHECK(!(want_grad && round_dlogits) || a.dlogits_scratch.dtype == a.x.dtype,
-                  "lm head: {} inputs need a {} dlogits scratch, got {}", dtype_name(a.x.dtype),
-                  dtype_name(a.x.dtype), dtype_name(a.dlogits_scratch.dtype));
+    check_lm_head_args(a, want_grad);
     SHARDLM_CHECK(a.logits_stride <= INT32_MAX, "lm head: logits stride {} beyond int range",
                   a.logits_stride);
     select();
@@ -549,30 +545,6 @@ class CudaBackend final : public Backend {
   // Kernels launch on the calling thread's current device: a thread that drives several
   // GPUs (tests, a threads launcher) must select ours first (cheap when it already is).
   void select() const { SHARDLM_CUDA_CHECK(cudaSetDevice(index_)); }
-
-  static void check_rmsnorm_shape(const RmsNormShape& s, int64_t ld_a, int64_t ld_b, float eps) {
-    SHARDLM_CHECK(s.rows >= 0 && s.heads > 0 && s.dim > 0,
-                  "rmsnorm: {} rows of {} heads of {} values; expected heads, dim > 0", s.rows,
-                  s.heads, s.dim);
-    const int64_t width = static_cast<int64_t>(s.heads) * s.dim;
-    SHARDLM_CHECK(ld_a >= width && ld_b >= width,
-                  "rmsnorm: row strides {} and {} must hold {} heads of {} values", ld_a, ld_b,
-                  s.heads, s.dim);
-    SHARDLM_CHECK(eps >= 0.0f, "rmsnorm: eps must be non-negative, got {}", eps);
-  }
-
-  // cpu/rope.cpp's checks, less the positions (device memory, checked by the caller).
-  static void check_rope(int64_t ld_out, int64_t ld_in, int64_t rows, int heads, int head_dim,
-                         const RopeTableView& table) {
-    SHARDLM_CHECK(head_dim == table.head_dim, "rope: head_dim {} but the table was built for {}",
-                  head_dim, table.head_dim);
-    SHARDLM_CHECK(heads > 0 && rows >= 0, "rope: {} heads and {} rows; expected heads > 0", heads,
-                  rows);
-    const int64_t width = static_cast<int64_t>(heads) * head_dim;
-    SHARDLM_CHECK(ld_out >= width && ld_in >= width,
-                  "rope: row strides {} and {} must hold {} heads of {} values", ld_out, ld_in,
-                  heads, head_dim);
-  }
 
   double* partials_for(int64_t rows, int64_t cols, int outputs) {
     return static_cast<double*>(

@@ -41,21 +41,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   throw Error(fmt::format("NCCL: unknown reduction operator {}", static_cast<int>(op)));
 }
 
-// What the watchdog's report does in a real job: one line, then the whole job ends
-// (mpirun kills every rank), as MpiCommunicator does on a deadline. Captures nothing,
-// because Work handles may outlive the communicator.
-[[noreturn]] void print_and_end_job(const std::string& line) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "%s\n", line.c_str());
-  std::fflush(stderr);
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
-}
-
 bool is_device_pointer(const void* pointer) {
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
@@ -143,10 +128,12 @@ class NcclRuntime {
     WaitPolicy p;
     p.who = fmt::format("rank {}", world_rank);
     p.timeout_seconds = options.timeout_seconds;
+    // Unless a test handles it: one line, then the whole job ends, as MpiCommunicator
+    // does on a deadline.
     if (nccl.on_timeout)
       p.on_timeout = nccl.on_timeout;
     else
-      p.on_timeout = [](const std::string& line) { print_and_end_job(line); };
+      p.on_timeout = [](const std::string& line) { print_line_and_end_job(line); };
     policy = std::make_shared<const WaitPolicy>(std::move(p));
     DeviceWatchdogOptions w;
     w.poll_interval_seconds = nccl.watchdog_poll_seconds;
