@@ -1,5 +1,5 @@
 // Backend: the one table of kernels the model, the optimizer and the strategies call
-// (DESIGN.md "kernels behind one table"; ggml's backend vtables are the model). The
+// (docs/architecture.md "Rooms"; ggml's backend vtables are the model). The
 // CPU backend (backend/cpu/cpu_backend.cpp) forwards each entry to the cpu:: kernel of
 // the same name, so the CPU path computes exactly what it computed before the table
 // existed; the CUDA backend (backend/cuda/) implements the same contracts on a GPU.

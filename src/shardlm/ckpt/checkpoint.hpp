@@ -1,4 +1,4 @@
-// Checkpoints in model space (DESIGN.md "Lessons from the field").
+// Checkpoints in model space (docs/checkpoint-format.md).
 //
 // A checkpoint is a directory `RUN_DIR/checkpoints/step_NNNNNNNN/` holding
 // manifest.json, one file per writing rank with that rank's owned slices of fp32

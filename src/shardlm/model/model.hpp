@@ -1,5 +1,5 @@
 // Model: what the step loop, the strategies, checkpoints and `plan` know of a model
-// (DESIGN.md "The step"). A family (model/family.hpp) makes one; GPT-2 and the Llama
+// (docs/architecture.md "The step"). A family (model/family.hpp) makes one; GPT-2 and the Llama
 // families implement it in their own folders.
 //
 // A model owns no parameters: the caller (the trainer, through a parallel Strategy)

@@ -1,4 +1,4 @@
-// ParamLayout: the flat-unit data layout (DESIGN.md "Flat units"), as pure functions.
+// ParamLayout: the flat-unit data layout (docs/architecture.md "Flat units"), as pure functions.
 //
 // The model is cut into model units (the family's: model/family.hpp), for every family
 // so far 0 the embeddings, 1..n_layer the transformer blocks, n_layer+1 the final norm

@@ -1,5 +1,5 @@
 // Strategy: how the model's state is spread over ranks, expressed as the hooks of
-// the step loop (DESIGN.md "The step"). The model and the optimizer never ask which
+// the step loop (docs/architecture.md "The step"). The model and the optimizer never ask which
 // strategy runs; they use the pointers and slices a Strategy hands them.
 #pragma once
 
@@ -42,7 +42,7 @@ class Strategy {
   virtual UnitPointers grads() = 0;
   virtual OwnedSlice owned(int unit) = 0;
 
-  // Step loop hooks (see DESIGN.md). micro_batch counts from 0 to num_micro_batches-1.
+  // Step loop hooks (docs/architecture.md "The step"). micro_batch counts from 0 to num_micro_batches-1.
   virtual void begin_step(int num_micro_batches) = 0;
   // training: a backward of the same micro-batch follows (gradients are needed).
   virtual void before_forward(int unit, bool training) = 0;

@@ -225,7 +225,7 @@ TrainSummary Trainer::run() {
   return summary;
 }
 
-// One optimizer step: the whole step contract of DESIGN.md, every strategy alike.
+// One optimizer step: the whole step contract of docs/architecture.md, every strategy alike.
 StepOutcome Trainer::train_step(int64_t step) {
   Stopwatch clock;
   const int64_t target_count = load_step_batches(step);

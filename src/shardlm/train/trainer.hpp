@@ -1,4 +1,4 @@
-// The training loop (DESIGN.md "The step"): data -> micro-batches -> forward and
+// The training loop (docs/architecture.md "The step"): data -> micro-batches -> forward and
 // backward through the strategy's hooks -> global-norm clipping -> AdamW on the
 // owned slices -> metrics, progress, evaluation, checkpoints.
 #pragma once
