@@ -1,7 +1,9 @@
 // NcclCommunicator under mpirun: `mpirun -n N mpi_test_comm_nccl` (CTest runs N=1 and
-// N=2). Needs one GPU per rank; where the build has no CUDA, or this host has fewer
-// GPUs than ranks, every case is instantiated and reported SKIPPED with the reason
-// (and the job prints "NCCL tests skipped: <reason>", which CTest reports as skipped).
+// N=2), or started alone: N=1 without MPI (CTest's comm_nccl_alone; scripts/gpu_check.sh
+// runs it so, where Open MPI's runtime files are not installed). Needs one GPU per rank;
+// where the build has no CUDA, or this host has fewer GPUs than ranks, every case is
+// instantiated and reported SKIPPED with the reason (and the job prints "NCCL tests
+// skipped: <reason>", which CTest reports as skipped).
 //
 // Expectations come from formulas (integer-valued floats: every summation order gives
 // the same bits) or, for the ordered and bf16 paths, from a scalar left-to-right fp32
@@ -16,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "shardlm/comm/mpi_communicator.hpp"
+#include "shardlm/comm/world.hpp"
 #include "shardlm/core/dtype.hpp"
 
 #ifdef SHARDLM_WITH_CUDA
@@ -419,7 +421,10 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   CommOptions options;
   options.timeout_seconds = 60;  // a bug that hangs ends the job well inside CTest's limit
-  std::unique_ptr<Communicator> host = MpiCommunicator::create_world(options);
+  // MPI under a launcher, else the single-process communicator (make_world_communicator's
+  // rule): started alone, as on a GPU machine without Open MPI's runtime files, the test
+  // runs at N=1 without initialising MPI.
+  std::unique_ptr<Communicator> host = make_world_communicator(options);
   host_world = host.get();
   const int rank = host->rank();
 #ifdef SHARDLM_WITH_CUDA

@@ -345,13 +345,43 @@ TEST(BackendKernelsEmulated, RopeEmbeddingNf4) {
                                       value_type, pos);
       EXPECT_EQ(out, out_w);
       Vec dwte = wte, dwpe = wpe, dwte_w = wte, dwpe_w = wpe;
+      std::vector<int32_t> order(2 * size_t(B) * T);
       gpu::embedding_backward(kStream, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T,
-                              C, pos);
+                              C, pos, order.data());
       shardlm::cpu::embedding_backward(dwte_w.data(), dwpe_w.data(), dout.data(), tokens.data(), B,
                                        T, C, pos);
       EXPECT_EQ(dwte, dwte_w);  // same additions in the same order: bit for bit
       EXPECT_EQ(dwpe, dwpe_w);
     }
+
+  // A larger batch: many repeats of few tokens (runs longer than a rank tile of 256, so the
+  // stable order crosses tiles), packed positions, a column count that is not a multiple
+  // of the 256-column blocks. The CPU's order of additions, so bit for bit.
+  {
+    const int B2 = 3, T2 = 120, C2 = 300, vocab2 = 9;
+    std::vector<int32_t> tok2(size_t(B2) * T2), pos2(size_t(B2) * T2);
+    for (size_t n = 0; n < tok2.size(); ++n) {
+      tok2[n] = static_cast<int32_t>((n * 7 + n / 13) % vocab2);
+      pos2[n] = static_cast<int32_t>(n % 40);  // documents of 40 rows
+    }
+    const Vec wte2 = random_vec(size_t(vocab2) * C2, 46), wpe2 = random_vec(size_t(T2) * C2, 47);
+    const Vec dout2 = random_vec(size_t(B2) * T2 * C2, 48);
+    for (const int32_t* pos : {static_cast<const int32_t*>(nullptr), pos2.data()}) {
+      Vec dwte = wte2, dwpe = wpe2, dwte_w = wte2, dwpe_w = wpe2;
+      std::vector<int32_t> order(2 * tok2.size());
+      gpu::embedding_backward(kStream, dwte.data(), dwpe.data(), dout2.data(), tok2.data(), B2, T2,
+                              C2, pos, order.data());
+      shardlm::cpu::embedding_backward(dwte_w.data(), dwpe_w.data(), dout2.data(), tok2.data(), B2,
+                                       T2, C2, pos);
+      EXPECT_EQ(dwte, dwte_w) << (pos ? "packed" : "default positions");
+      EXPECT_EQ(dwpe, dwpe_w) << (pos ? "packed" : "default positions");
+      // The order is the stable sort of the tokens (the same as std::stable_sort's).
+      std::vector<int32_t> want(tok2.size());
+      for (size_t n = 0; n < want.size(); ++n) want[n] = static_cast<int32_t>(n);
+      std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return tok2[a] < tok2[b]; });
+      EXPECT_EQ(std::vector<int32_t>(order.begin(), order.begin() + long(want.size())), want);
+    }
+  }
 
   // NF4, an odd count (a half-filled last byte).
   const int64_t n = 201;

@@ -25,6 +25,7 @@
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
 #include "kernel_test_helpers.hpp"
+#include "naive_attention.hpp"
 #include "relative_error.hpp"
 
 #ifndef SHARDLM_CUDA_EMULATION
@@ -150,9 +151,69 @@ TEST_P(EmulatedAttention, ForwardAndBackwardMatchTheCpuKernels) {
                                       cpu_lse.data(), s, key_begin);
   // NaN everywhere first: every element must be overwritten.
   Vec gpu_dqkv(cpu_dqkv.size(), std::numeric_limits<float>::quiet_NaN());
+  // GQA's per-query-head slots, NaN too: each must be written before the group sum reads it.
+  Vec slots(shardlm::cuda_emulated::attention_backward_scratch_bytes(s) / sizeof(float),
+            std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(slots.empty(), c.n_head == c.n_kv_head);
   shardlm::cuda_emulated::attention_backward(nullptr, gpu_dqkv.data(), dout.data(), qkv.ptr(),
-                                             cpu_out.ptr(), cpu_lse.data(), s, key_begin);
+                                             cpu_out.ptr(), cpu_lse.data(), s, key_begin,
+                                             slots.empty() ? nullptr : slots.data());
   EXPECT_LT(relative_to_max_error(gpu_dqkv, cpu_dqkv), 2e-5);
+
+  // fp32: every element within the double reference's bound on an fp32 kernel's error
+  // (naive_attention.hpp; its blocking term with this kernel's tile of kRows keys).
+  if (c.dtype == DType::fp32) {
+    naive_attention::AttentionShape ns{c.B, c.T, c.n_head, c.head_dim, c.n_kv_head};
+    std::vector<double> dout_d(dout.begin(), dout.end());
+    const naive_attention::Reference want =
+        naive_attention::reference(qkv.f32, dout_d, ns, key_begin, c.head_dim <= 64 ? 64 : 32);
+    int outside = 0;
+    for (size_t i = 0; i < gpu_dqkv.size(); ++i)
+      if (!(std::fabs(double(gpu_dqkv[i]) - want.dqkv[i]) <= want.dqkv_bound[i]) && ++outside <= 3)
+        ADD_FAILURE() << "dqkv[" << i << "] = " << gpu_dqkv[i] << ", the double reference "
+                      << want.dqkv[i] << " +- " << want.dqkv_bound[i];
+    EXPECT_EQ(outside, 0);
+    int out_outside = 0;
+    const Vec got_out = gpu_out.widened();
+    for (size_t i = 0; i < got_out.size(); ++i)
+      if (!(std::fabs(double(got_out[i]) - want.out[i]) <= want.out_bound[i])) ++out_outside;
+    EXPECT_EQ(out_outside, 0) << "forward outputs outside the double reference's bound";
+  }
+}
+
+// The GQA backward's group sum is the CPU kernel's: a kv head's dK and dV are its query
+// heads' slots (each head's own gradient) added in head order, bit for bit.
+TEST(EmulatedAttention, GqaSumsTheQueryHeadsInHeadOrder) {
+  AttentionShape s;
+  s.B = 1;
+  s.T = 70;
+  s.n_head = 3;
+  s.n_kv_head = 1;
+  s.head_dim = 64;
+  const int64_t N = s.T;
+  const Vec qkv = random_vec(N * s.qkv_columns(), 7, 1.5);
+  Vec out(N * s.out_columns()), lse(size_t(s.n_head) * s.T);
+  shardlm::cpu::attention_forward_on(shardlm::cpu::Bf16AttentionPath::kWidenToFp32, TypedPtr(out.data()),
+                                     lse.data(), ConstTypedPtr(qkv.data()), s, nullptr);
+  const Vec dout = random_vec(N * s.out_columns(), 8);
+  Vec dqkv(N * s.qkv_columns()), slots(shardlm::cuda_emulated::attention_backward_scratch_bytes(s) / 4);
+  shardlm::cuda_emulated::attention_backward(nullptr, dqkv.data(), dout.data(), ConstTypedPtr(qkv.data()),
+                                             ConstTypedPtr(out.data()), lse.data(), s, nullptr,
+                                             slots.data());
+  const int hd = s.head_dim;
+  for (int64_t n = 0; n < N; ++n)
+    for (int which = 0; which < 2; ++which)
+      for (int d = 0; d < hd; ++d) {
+        const float* slot = slots.data() + (which * N + n) * s.out_columns() + d;
+        float want = slot[0];
+        for (int h = 1; h < s.n_head; ++h) want += slot[h * hd];
+        ASSERT_EQ(dqkv[n * s.qkv_columns() + (s.n_head + which) * hd + d], want) << n << " " << d;
+      }
+  // Without scratch a GQA call is refused (it would write nowhere).
+  EXPECT_THROW(shardlm::cuda_emulated::attention_backward(nullptr, dqkv.data(), dout.data(),
+                                                          ConstTypedPtr(qkv.data()), ConstTypedPtr(out.data()),
+                                                          lse.data(), s, nullptr, nullptr),
+               shardlm::Error);
 }
 
 // Tiles: 64 rows for head_dim <= 64, 32 rows above. T values make partial tiles, one,
@@ -192,7 +253,7 @@ TEST(EmulatedAttention, RejectsBadShapesAndMixedTypes) {
   s.head_dim = 129;
   EXPECT_THROW(shardlm::cuda_emulated::attention_backward(nullptr, buffer.data(), buffer.data(),
                                                           buffer.data(), buffer.data(),
-                                                          buffer.data(), s, nullptr),
+                                                          buffer.data(), s, nullptr, buffer.data()),
                shardlm::Error);
   s.head_dim = 8;
   std::vector<uint16_t> half(1024);

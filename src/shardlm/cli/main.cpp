@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
   CLI::App app{"shardlm: train GPT-2-family language models on one or many processes"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  // What was built, for a machine the binary was carried to (scripts/gpu_check.sh).
+  app.set_version_flag("--version", "shardlm (CPU kernels -march=" SHARDLM_BUILD_MARCH ", "
+                                    SHARDLM_BUILD_CUDA ")");
   shardlm::cli::register_prepare(app);
   shardlm::cli::register_train(app);
   shardlm::cli::register_sft(app);

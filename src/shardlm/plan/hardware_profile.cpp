@@ -193,10 +193,12 @@ HardwareProfile HardwareProfile::from_json(const nlohmann::json& j) {
   return p;
 }
 
-std::vector<std::string> builtin_profile_names() { return {"a100-80g", "h100-80g", "l4-24g"}; }
+std::vector<std::string> builtin_profile_names() {
+  return {"a100-80g", "h100-80g", "h200-141g", "l4-24g"};
+}
 
 HardwareProfile builtin_profile(const std::string& name) {
-  // Peak figures: NVIDIA's A100, H100 and L4 datasheets; efficiencies: docs/planning.md.
+  // Peak figures: NVIDIA's A100, H100, H200 and L4 datasheets; efficiencies: docs/planning.md.
   if (name == "a100-80g")
     return gpu_node(name,
                     "8 x A100 SXM4 80 GB per node (NVLink 3 / NVSwitch), 8 x HDR 200 Gbit/s "
@@ -209,6 +211,13 @@ HardwareProfile builtin_profile(const std::string& name) {
                     "8 x H100 SXM5 80 GB per node (NVLink 4 / NVSwitch), 8 x NDR 400 Gbit/s "
                     "InfiniBand per node; datasheet peaks x stated efficiencies",
                     80, 67e12, 989e12, 3350e9, 0.5,
+                    uniform("nvlink4", 2e-6, 0.8 * 450e9, kGpuOverlapShare),
+                    uniform("8x ib-ndr", 5e-6, 0.9 * 400e9, kGpuOverlapShare));
+  if (name == "h200-141g")  // H200 SXM: H100's compute, HBM3e 4.8 TB/s, 141 GB
+    return gpu_node(name,
+                    "8 x H200 SXM 141 GB per node (NVLink 4 / NVSwitch), 8 x NDR 400 Gbit/s "
+                    "InfiniBand per node; datasheet peaks x stated efficiencies",
+                    141, 67e12, 989e12, 4800e9, 0.5,
                     uniform("nvlink4", 2e-6, 0.8 * 450e9, kGpuOverlapShare),
                     uniform("8x ib-ndr", 5e-6, 0.9 * 400e9, kGpuOverlapShare));
   if (name == "l4-24g")

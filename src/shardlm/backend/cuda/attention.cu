@@ -25,9 +25,13 @@
 //    first one any of its queries sees to the diagonal; online softmax per row.
 //  - backward dQ: a block per (query tile, query head, batch row), looping over the
 //    same key tiles: dQ_i = sum_j dS_ij k_j, with dS_ij = P_ij (dO_i . v_j - D_i) scale.
-//  - backward dK, dV: a block per (key tile, kv head, batch row), looping over the
-//    group's query heads in head order and over the query tiles from the diagonal on:
-//    dV_j = sum_i P_ij dO_i, dK_j = sum_i dS_ij q_i, accumulated in registers.
+//  - backward dK, dV: a block per (key tile, query head, batch row), looping over the
+//    query tiles from the diagonal on: dV_j = sum_i P_ij dO_i, dK_j = sum_i dS_ij q_i,
+//    accumulated in registers. Multi-head attention writes them in place; GQA writes
+//    each query head's into a slot ([2][B T][n_head hd] scratch) and a last kernel adds
+//    a kv head's slots in head order (the CPU kernel's sum). A block per query head
+//    rather than per kv head: qwen2.5-0.5b (2 kv heads of 7 query heads, T 1024, B 8)
+//    gets 1792 blocks instead of 256 on the 132 SMs of an H100/H200.
 //  D_i = dO_i . O_i is recomputed where it is needed (the same code in both backward
 //  kernels, so the same bits): no scratch buffer, and the cost is 1/kRows of a tile's.
 // No atomics anywhere: every sum runs in a fixed order, so the results are the same
@@ -348,13 +352,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid (key tiles, n_kv_head, B), kThreads threads. Writes dK and dV of its keys,
-// summed over the kv head's query heads in head order.
+// grid (key tiles, n_head, B), kThreads threads. Writes dK and dV of its keys for its
+// query head: into dqkv's k and v columns (slots null: n_head == n_kv_head), else into
+// the head's slot, which gqa_group_sum_kernel adds up.
 template <int HD, typename S>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dkv_kernel(float* dqkv, const float* dout, const typename S::Elem* qkv,
-                                  const typename S::Elem* out, const float* lse,
-                                  AttentionShape s, const int32_t* key_begin, float scale) {
+    attention_backward_dkv_kernel(float* dqkv, float* slots, const float* dout,
+                                  const typename S::Elem* qkv, const typename S::Elem* out,
+                                  const float* lse, AttentionShape s, const int32_t* key_begin,
+                                  float scale) {
   constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
   constexpr int kRows = TileShape<HD>::kRows;
   __shared__ float q_tile[kRows][HD];
@@ -364,8 +370,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int first_keys[kRows];
 
   const int T = s.T, hd = s.head_dim;
-  const int j0 = blockIdx.x * kRows, kv = blockIdx.y, b = blockIdx.z;
-  const int group = (s.n_head / s.n_kv_head);
+  const int j0 = blockIdx.x * kRows, h = blockIdx.y, b = blockIdx.z;
+  const int kv = h / (s.n_head / s.n_kv_head);
   const int64_t stride = qkv_columns(s);
   const int64_t out_stride = out_columns(s);
 
@@ -373,71 +379,70 @@ __global__ void __launch_bounds__(kThreads)
   const int row = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
   const int j = j0 + row;
   const bool key_valid = j < T;
-  const HeadColumns<S> kv_head = head_columns<S>(qkv, s, b, kv * group, kv);
+  const HeadColumns<S> head = head_columns<S>(qkv, s, b, h, kv);
   float k_row[kDimsPerThread], v_row[kDimsPerThread], dk[kDimsPerThread], dv[kDimsPerThread];
-  load_row<HD, S>(k_row, kv_head.k + static_cast<int64_t>(j) * stride, key_valid, part, hd);
-  load_row<HD, S>(v_row, kv_head.v + static_cast<int64_t>(j) * stride, key_valid, part, hd);
+  load_row<HD, S>(k_row, head.k + static_cast<int64_t>(j) * stride, key_valid, part, hd);
+  load_row<HD, S>(v_row, head.v + static_cast<int64_t>(j) * stride, key_valid, part, hd);
 #pragma unroll
   for (int k = 0; k < kDimsPerThread; ++k) dk[k] = dv[k] = 0.0f;
   const int last_key = min(j0 + kRows, T) - 1;
 
-  for (int member = 0; member < group; ++member) {
-    const int h = kv * group + member;
-    const typename S::Elem* q_head = qkv + static_cast<int64_t>(b) * T * stride +
-                                     static_cast<int64_t>(h) * hd;
-    const int64_t head_out = static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * hd;
-    const float* head_lse = lse + (static_cast<int64_t>(b) * s.n_head + h) * T;
-    // Query tiles on the key tiles' grid, from the diagonal on (earlier queries see no
-    // key of this tile).
-    for (int i0 = j0; i0 < T; i0 += kRows) {
-      __syncthreads();  // the previous tile's readers are done with the shared arrays
-      // Row `row` of the block stages query i0 + row's scalars.
-      const int staged = i0 + row;
-      const bool staged_valid = staged < T;
-      if (part == 0) {
-        first_keys[row] = staged_valid ? first_key_of(key_begin, b, T, staged) : T;
-        lse_tile[row] = staged_valid ? head_lse[staged] : 0.0f;
-      }
-      __syncthreads();
-      // Packed documents: a query tile whose queries all start after this key tile
-      // sees none of it (uniform over the block).
-      if (tile_min<kRows>(first_keys) > last_key) continue;
-      load_tile<HD, S>(q_tile, q_head, stride, i0, T, hd);
-      load_tile<HD, Fp32Storage>(dout_tile, dout + head_out, out_stride, i0, T, hd);
-      const int64_t staged_offset = head_out + static_cast<int64_t>(staged) * out_stride;
-      const float D = row_sum<kThreadsPerRow>(partial_dout_dot_out<HD, S>(
-          dout + staged_offset, out + staged_offset, staged_valid, part, hd));
-      if (part == 0) d_tile[row] = D;
-      __syncthreads();
+  const int64_t head_out = static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * hd;
+  const float* head_lse = lse + (static_cast<int64_t>(b) * s.n_head + h) * T;
+  // Query tiles on the key tiles' grid, from the diagonal on (earlier queries see no
+  // key of this tile).
+  for (int i0 = j0; i0 < T; i0 += kRows) {
+    __syncthreads();  // the previous tile's readers are done with the shared arrays
+    // Row `row` of the block stages query i0 + row's scalars.
+    const int staged = i0 + row;
+    const bool staged_valid = staged < T;
+    if (part == 0) {
+      first_keys[row] = staged_valid ? first_key_of(key_begin, b, T, staged) : T;
+      lse_tile[row] = staged_valid ? head_lse[staged] : 0.0f;
+    }
+    __syncthreads();
+    // Packed documents: a query tile whose queries all start after this key tile
+    // sees none of it (uniform over the block).
+    if (tile_min<kRows>(first_keys) > last_key) continue;
+    load_tile<HD, S>(q_tile, head.q, stride, i0, T, hd);
+    load_tile<HD, Fp32Storage>(dout_tile, dout + head_out, out_stride, i0, T, hd);
+    const int64_t staged_offset = head_out + static_cast<int64_t>(staged) * out_stride;
+    const float D = row_sum<kThreadsPerRow>(partial_dout_dot_out<HD, S>(
+        dout + staged_offset, out + staged_offset, staged_valid, part, hd));
+    if (part == 0) d_tile[row] = D;
+    __syncthreads();
 
-      for (int ii = 0; ii < kRows; ++ii) {
-        const int i = i0 + ii;
-        float score_partial = 0.0f, dp_partial = 0.0f;
+    for (int ii = 0; ii < kRows; ++ii) {
+      const int i = i0 + ii;
+      float score_partial = 0.0f, dp_partial = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kDimsPerThread; ++k) {
-          score_partial = fmaf(q_tile[ii][part + kThreadsPerRow * k], k_row[k], score_partial);
-          dp_partial = fmaf(dout_tile[ii][part + kThreadsPerRow * k], v_row[k], dp_partial);
-        }
-        const float score = row_sum<kThreadsPerRow>(score_partial);
-        const float dp = row_sum<kThreadsPerRow>(dp_partial);
-        // Query i sees key j when first_key(i) <= j <= i (a query past T has first key
-        // T: it sees nothing; a key past T is invalid).
-        const bool visible = key_valid && j >= first_keys[ii] && j <= i;
-        const float p = visible ? expf(score * scale - lse_tile[ii]) : 0.0f;
-        const float ds = p * (dp - d_tile[ii]) * scale;
+      for (int k = 0; k < kDimsPerThread; ++k) {
+        score_partial = fmaf(q_tile[ii][part + kThreadsPerRow * k], k_row[k], score_partial);
+        dp_partial = fmaf(dout_tile[ii][part + kThreadsPerRow * k], v_row[k], dp_partial);
+      }
+      const float score = row_sum<kThreadsPerRow>(score_partial);
+      const float dp = row_sum<kThreadsPerRow>(dp_partial);
+      // Query i sees key j when first_key(i) <= j <= i (a query past T has first key
+      // T: it sees nothing; a key past T is invalid).
+      const bool visible = key_valid && j >= first_keys[ii] && j <= i;
+      const float p = visible ? expf(score * scale - lse_tile[ii]) : 0.0f;
+      const float ds = p * (dp - d_tile[ii]) * scale;
 #pragma unroll
-        for (int k = 0; k < kDimsPerThread; ++k) {
-          dv[k] = fmaf(p, dout_tile[ii][part + kThreadsPerRow * k], dv[k]);
-          dk[k] = fmaf(ds, q_tile[ii][part + kThreadsPerRow * k], dk[k]);
-        }
+      for (int k = 0; k < kDimsPerThread; ++k) {
+        dv[k] = fmaf(p, dout_tile[ii][part + kThreadsPerRow * k], dv[k]);
+        dk[k] = fmaf(ds, q_tile[ii][part + kThreadsPerRow * k], dk[k]);
       }
     }
   }
 
   if (!key_valid) return;
-  float* dk_row = dqkv + (static_cast<int64_t>(b) * T + j) * stride +
-                  static_cast<int64_t>(s.n_head + kv) * hd;
-  float* dv_row = dk_row + static_cast<int64_t>(s.n_kv_head) * hd;
+  const int64_t n = static_cast<int64_t>(b) * T + j;
+  float* dk_row = slots != nullptr
+                      ? slots + n * out_stride + static_cast<int64_t>(h) * hd
+                      : dqkv + n * stride + static_cast<int64_t>(s.n_head + kv) * hd;
+  float* dv_row = slots != nullptr
+                      ? dk_row + static_cast<int64_t>(s.B) * T * out_stride
+                      : dk_row + static_cast<int64_t>(s.n_kv_head) * hd;
 #pragma unroll
   for (int k = 0; k < kDimsPerThread; ++k) {
     const int d = part + kThreadsPerRow * k;
@@ -445,6 +450,30 @@ __global__ void __launch_bounds__(kThreads)
       dk_row[d] = dk[k];
       dv_row[d] = dv[k];
     }
+  }
+}
+
+// GQA: dK and dV of each kv head = its query heads' slots added in head order (the
+// first copied, the others added one by one, as cpu::attention_backward does).
+// Grid-stride over (k or v, row, kv head, dimension).
+__global__ void gqa_group_sum_kernel(float* dqkv, const float* slots, AttentionShape s) {
+  const int hd = s.head_dim, group = s.n_head / s.n_kv_head;
+  const int64_t N = static_cast<int64_t>(s.B) * s.T;
+  const int64_t per_row = static_cast<int64_t>(s.n_kv_head) * hd;
+  const int64_t total = 2 * N * per_row;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t which = idx / (N * per_row);  // 0: k, 1: v
+    const int64_t rest = idx - which * N * per_row;
+    const int64_t n = rest / per_row;
+    const int g = static_cast<int>((rest - n * per_row) / hd);
+    const int d = static_cast<int>(rest - n * per_row - static_cast<int64_t>(g) * hd);
+    const float* first = slots + (which * N + n) * out_columns(s) +
+                         static_cast<int64_t>(g) * group * hd + d;
+    float sum = first[0];
+    for (int r = 1; r < group; ++r) sum += first[static_cast<int64_t>(r) * hd];
+    dqkv[n * qkv_columns(s) + static_cast<int64_t>(s.n_head + which * s.n_kv_head + g) * hd + d] =
+        sum;
   }
 }
 
@@ -504,10 +533,22 @@ void attention_forward(cudaStream_t stream, TypedPtr out, float* lse, ConstTyped
   });
 }
 
+size_t attention_backward_scratch_bytes(const AttentionShape& s) {
+  if (s.n_head == s.n_kv_head) return 0;
+  return 2 * static_cast<size_t>(s.B) * static_cast<size_t>(s.T) *
+         static_cast<size_t>(s.n_head) * static_cast<size_t>(s.head_dim) * sizeof(float);
+}
+
 void attention_backward(cudaStream_t stream, float* dqkv, const float* dout, ConstTypedPtr qkv,
                         ConstTypedPtr out, const float* lse, const AttentionShape& s,
-                        const int32_t* key_begin) {
+                        const int32_t* key_begin, float* gqa_scratch) {
   check_call("cuda attention_backward", s, out.dtype, qkv.dtype);
+  const bool gqa = s.n_head != s.n_kv_head;
+  if (gqa && gqa_scratch == nullptr)
+    throw_kernel_argument_error("cuda attention_backward: GQA (n_head " + std::to_string(s.n_head) +
+                                ", n_kv_head " + std::to_string(s.n_kv_head) +
+                                ") needs attention_backward_scratch_bytes() of scratch; got none");
+  float* slots = gqa ? gqa_scratch : nullptr;
   dispatch(s, qkv.dtype, [&](auto head_dim_bucket, auto storage) {
     constexpr int HD = decltype(head_dim_bucket)::value;
     using S = decltype(storage);
@@ -523,9 +564,16 @@ void attention_backward(cudaStream_t stream, float* dqkv, const float* dout, Con
                           softmax_scale(s));
     auto* dkv_kernel = &attention_backward_dkv_kernel<HD, S>;
     SHARDLM_LAUNCH_KERNEL("attention_backward_dkv_kernel", dkv_kernel,
-                          dim3(tiles, s.n_kv_head, s.B), kThreads, stream, dqkv, dout, qkv_elems,
-                          out_elems, lse, s, key_begin, softmax_scale(s));
+                          dim3(tiles, s.n_head, s.B), kThreads, stream, dqkv, slots, dout,
+                          qkv_elems, out_elems, lse, s, key_begin, softmax_scale(s));
   });
+  if (gqa) {
+    const int64_t total = 2 * static_cast<int64_t>(s.B) * s.T * s.n_kv_head * s.head_dim;
+    const int64_t needed = (total + 255) / 256;
+    const int blocks = static_cast<int>(needed < 4096 ? needed : 4096);
+    SHARDLM_LAUNCH_KERNEL("gqa_group_sum_kernel", gqa_group_sum_kernel, blocks, 256, stream, dqkv,
+                          slots, s);
+  }
 }
 
 }  // namespace shardlm::cuda

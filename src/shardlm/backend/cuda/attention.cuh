@@ -7,6 +7,7 @@
 // memory; the kernels run on `stream` and the calls return without waiting for them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -19,8 +20,14 @@ namespace shardlm::cuda {
 void attention_forward(cudaStream_t stream, TypedPtr out, float* lse, ConstTypedPtr qkv,
                        const AttentionShape& s, const int32_t* key_begin);
 
+// The device scratch attention_backward needs for `s`: 0 for multi-head attention, else
+// each query head's k and v gradients (2 B T n_head hd floats), summed per group.
+size_t attention_backward_scratch_bytes(const AttentionShape& s);
+
+// gqa_scratch: attention_backward_scratch_bytes(s) of device memory (null when that is 0),
+// used by the queued kernels until they have run.
 void attention_backward(cudaStream_t stream, float* dqkv, const float* dout, ConstTypedPtr qkv,
                         ConstTypedPtr out, const float* lse, const AttentionShape& s,
-                        const int32_t* key_begin);
+                        const int32_t* key_begin, float* gqa_scratch);
 
 }  // namespace shardlm::cuda

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -37,8 +38,21 @@ namespace shardlm::cuda {
 namespace {
 
 // A stream wait longer than this is a hung kernel or a lost device: an error naming the
-// wait, not a silent hang (generous: one step of a large model is seconds).
-constexpr double kStreamWaitTimeoutSeconds = 600.0;
+// wait, not a silent hang. 600 s by default (generous: one step of a large model is
+// seconds); SHARDLM_CUDA_STREAM_TIMEOUT=SECONDS sets it (scripts/gpu_check.sh: 60, so a
+// hang ends well inside one command on a borrowed GPU).
+double stream_wait_timeout_seconds() {
+  static const double seconds = [] {
+    const char* text = std::getenv("SHARDLM_CUDA_STREAM_TIMEOUT");
+    if (text == nullptr || *text == '\0') return 600.0;
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    SHARDLM_CHECK(end != text && *end == '\0' && std::isfinite(value) && value > 0,
+                  "SHARDLM_CUDA_STREAM_TIMEOUT='{}': expected a number of seconds > 0", text);
+    return value;
+  }();
+  return seconds;
+}
 
 // Waits for every kernel issued so far on `stream`. Polls (cudaStreamQuery) instead of
 // blocking in cudaStreamSynchronize, so the wait can time out.
@@ -52,7 +66,7 @@ void wait_for_stream(cudaStream_t stream, const char* what) {
                               cudaGetErrorString(status), cudaGetErrorName(status)));
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    SHARDLM_CHECK(waited < kStreamWaitTimeoutSeconds,
+    SHARDLM_CHECK(waited < stream_wait_timeout_seconds(),
                   "cuda: {} waited {:.0f} s for the GPU's stream to finish (a hung kernel or a "
                   "lost device?)",
                   what, waited);
@@ -62,6 +76,24 @@ void wait_for_stream(cudaStream_t stream, const char* what) {
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+}
+
+// Waits for an event (one never recorded counts as done), with the same deadline.
+void wait_for_event(cudaEvent_t event, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady)
+      throw Error(fmt::format("CUDA error while waiting in {} (cudaEventQuery): {} ({})", what,
+                              cudaGetErrorString(status), cudaGetErrorName(status)));
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    SHARDLM_CHECK(waited < stream_wait_timeout_seconds(),
+                  "cuda: {} waited {:.0f} s for the GPU (a hung kernel or a lost device?)", what,
+                  waited);
+    std::this_thread::yield();
   }
 }
 
@@ -210,7 +242,12 @@ class CudaBackend final : public Backend {
     SHARDLM_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
     SHARDLM_CUDA_CHECK(cudaMalloc(&sum_partials_, (kernels::kSumBlocks + 1) * sizeof(double)));
     SHARDLM_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(double)));
+    for (StagingSlot& slot : staging_) {
+      SHARDLM_CUDA_CHECK(cudaMallocHost(&slot.data, kStagingSlotBytes));
+      SHARDLM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+    }
     tf32_ = env_flag("SHARDLM_CUDA_TF32");
+    (void)stream_wait_timeout_seconds();  // a bad SHARDLM_CUDA_STREAM_TIMEOUT fails here
   }
 
   // Never throws: the process-wide backends are destroyed at exit, possibly after the
@@ -222,10 +259,17 @@ class CudaBackend final : public Backend {
     widened_a_.release(stream_);
     widened_b_.release(stream_);
     column_partials_.release(stream_);
+    embedding_order_.release(stream_);
+    gqa_slots_.release(stream_);
     if (lt_ != nullptr) (void)cublasLtDestroy(lt_);
     (void)cudaFree(workspace_);
     (void)cudaFree(sum_partials_);
     (void)cudaFreeHost(host_result_);
+    (void)cudaStreamSynchronize(stream_);  // the staging slots' copies are done with them
+    for (StagingSlot& slot : staging_) {
+      if (slot.copied != nullptr) (void)cudaEventDestroy(slot.copied);
+      (void)cudaFreeHost(slot.data);
+    }
     (void)cudaStreamDestroy(stream_);
   }
 
@@ -248,11 +292,22 @@ class CudaBackend final : public Backend {
     SHARDLM_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     wait_for_stream(stream_, "copy_to_host");
   }
-  // Waits before returning: from pinned memory cudaMemcpyAsync returns before the copy
-  // has read the source, and the caller may reuse its buffer at once.
+  // The caller may reuse its buffer once this returns. Small copies (a micro-batch's
+  // token, target and position arrays) go through the pinned staging ring and stay on
+  // the stream; larger ones are queued and waited for (cudaMemcpyAsync from pinned
+  // memory returns before the copy has read the source).
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return;
     select();
+    if (bytes <= kStagingSlotBytes) {
+      StagingSlot& slot = staging_[next_staging_slot_];
+      next_staging_slot_ = (next_staging_slot_ + 1) % staging_.size();
+      wait_for_event(slot.copied, "copy_from_host (a staging slot's previous copy)");
+      std::memcpy(slot.data, host_src, bytes);
+      SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dst, slot.data, bytes, cudaMemcpyHostToDevice, stream_));
+      SHARDLM_CUDA_CHECK(cudaEventRecord(slot.copied, stream_));
+      return;
+    }
     SHARDLM_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
     wait_for_stream(stream_, "copy_from_host");
   }
@@ -451,7 +506,10 @@ class CudaBackend final : public Backend {
                           const float* lse, const AttentionShape& s,
                           const int32_t* key_begin) override {
     select();
-    cuda::attention_backward(stream_, dqkv, dout, qkv, out, lse, s, key_begin);
+    const size_t scratch_bytes = cuda::attention_backward_scratch_bytes(s);
+    float* scratch = scratch_bytes == 0 ? nullptr
+                                        : static_cast<float*>(gqa_slots_.grow_to(scratch_bytes, stream_));
+    cuda::attention_backward(stream_, dqkv, dout, qkv, out, lse, s, key_begin, scratch);
   }
   void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
                          int B, int T, int C, DType value_type, const int32_t* positions) override {
@@ -461,9 +519,14 @@ class CudaBackend final : public Backend {
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                           int T, int C, const int32_t* positions) override {
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    SHARDLM_CHECK(rows < INT32_MAX, "cuda embedding_backward: {} x {} rows; expected fewer than 2^31",
+                  B, T);
     select();
-    SHARDLM_CUDA_CHECK(
-        kernels::embedding_backward(stream_, dwte, dwpe, dout, tokens, B, T, C, positions));
+    auto* order = static_cast<int32_t*>(
+        embedding_order_.grow_to(2 * static_cast<size_t>(rows) * sizeof(int32_t), stream_));
+    SHARDLM_CUDA_CHECK(kernels::embedding_backward(stream_, dwte, dwpe, dout, tokens, B, T, C,
+                                                   positions, order));
   }
 
   // --- loss --------------------------------------------------------------------------------------
@@ -541,6 +604,13 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's, allocated once
+  // The staging ring of small host-to-device copies: a slot is reused once the copy
+  // queued from it has run (its event), 8 copies later, so the host rarely waits.
+  static constexpr size_t kStagingSlotBytes = 1u << 20;
+  struct StagingSlot {
+    void* data = nullptr;           // pinned
+    cudaEvent_t copied = nullptr;  // recorded after the copy from it
+  };
 
   // Kernels launch on the calling thread's current device: a thread that drives several
   // GPUs (tests, a threads launcher) must select ours first (cheap when it already is).
@@ -667,9 +737,13 @@ class CudaBackend final : public Backend {
   StreamScratch widened_a_{"gemm operand A widened to fp32"};
   StreamScratch widened_b_{"gemm operand B widened to fp32"};
   StreamScratch column_partials_{"parameter-gradient column sums"};
+  StreamScratch embedding_order_{"the embedding backward's token order"};
+  StreamScratch gqa_slots_{"the GQA attention backward's per-query-head k and v gradients"};
   std::vector<kernels::HostRange> ranges_;  // adamw_update's decay ranges, reused
   double* sum_partials_ = nullptr;          // kSumBlocks partial sums, then the result
   double* host_result_ = nullptr;   // pinned: the result's copy to the host
+  std::array<StagingSlot, 8> staging_{};
+  size_t next_staging_slot_ = 0;
 };
 
 }  // namespace

@@ -56,9 +56,11 @@ cudaError_t rope_rotate(cudaStream_t stream, TypedPtr y, int64_t ld_y, const flo
 cudaError_t embedding_forward(cudaStream_t stream, float* out, const int32_t* tokens,
                               ConstTypedPtr wte, ConstTypedPtr wpe, int B, int T, int C,
                               DType value_type, const int32_t* positions);
+// order_scratch: 2 B T int32 of device memory (the batch's rows in token order, then in
+// position order), which the launches use while they run. B T < 2^31.
 cudaError_t embedding_backward(cudaStream_t stream, float* dwte, float* dwpe, const float* dout,
                                const int32_t* tokens, int B, int T, int C,
-                               const int32_t* positions);
+                               const int32_t* positions, int32_t* order_scratch);
 cudaError_t nf4_dequantize(cudaStream_t stream, const void* in, int64_t n, TypedPtr out);
 
 // --- AdamW ---------------------------------------------------------------------------------

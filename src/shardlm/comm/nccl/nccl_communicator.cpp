@@ -280,7 +280,10 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclRuntime> runtime,
   cuda_check(cudaSetDevice(runtime_->device), "cudaSetDevice");
   cuda_check(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(float)),
              "cudaMalloc (barrier word)");
-  cuda_check(cudaMemset(barrier_word_, 0, sizeof(float)), "cudaMemset (barrier word)");
+  // On the communication stream, which every barrier's all-reduce runs on, so the zero is
+  // written before the first barrier reads it (cudaMemset would run on the legacy stream).
+  cuda_check(cudaMemsetAsync(barrier_word_, 0, sizeof(float), runtime_->comm_stream),
+             "cudaMemsetAsync (barrier word)");
 }
 
 NcclCommunicator::~NcclCommunicator() {
