@@ -118,7 +118,9 @@ bundle() {
     echo "cpu_flags=$(march_cpu_flags "$march")"
     echo "glibc_needed=$glibc"
     echo "built=$(date -u +%FT%TZ) on $(hostname), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    echo "built_with=$(ldd --version | head -n 1)"
+    local ldd_version
+    ldd_version="$(ldd --version)"
+    echo "built_with=${ldd_version%%$'\n'*}"
   } > "$stage/bundle.txt"
   rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
   tar -czf "$BUNDLE/$TARBALL" -C "$stage" .
@@ -126,7 +128,7 @@ bundle() {
   (cd "$stage" && du -sh bin lib data | tr '\n' ' ') | sed 's/^/gpu_check bundle: unpacked: /'
   echo
   rm -rf "$stage"
-  echo "gpu_check bundle: $BUNDLE/$TARBALL, $(du -h "$BUNDLE/$TARBALL" | cut -f1) ($(cat "$BUNDLE/bundle.txt" | head -n 1))"
+  echo "gpu_check bundle: $BUNDLE/$TARBALL, $(du -h "$BUNDLE/$TARBALL" | cut -f1) ($(head -n 1 "$BUNDLE/bundle.txt"))"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -181,7 +183,9 @@ step() {
     134) why="aborted (SIGABRT)" ;;
     139) why="segmentation fault" ;;
   esac
-  FAILED+=("$name: $why"$'\n'"$(error_lines "$log")")
+  local errors
+  errors="$(error_lines "$log")"
+  FAILED+=("$name: $why${errors:+$'\n'$errors}")
   echo "   $name: FAILED ($why)"
   return "$status"
 }
@@ -244,7 +248,8 @@ preflight() {
   [ -z "$missing" ] || stop "this CPU lacks$missing, which the bundle's -march=$march uses (pack with SHARDLM_MARCH=x86-64-v3)"
   echo "cpu flags: ok ($(wc -w <<< "$need") needed by -march=$march)"
   local glibc needed
-  glibc="$(ldd --version 2>&1 | head -n 1)" || stop "ldd --version failed: $glibc"
+  glibc="$(ldd --version 2>&1)" || stop "ldd --version failed: ${glibc%%$'\n'*}"
+  glibc="${glibc%%$'\n'*}"
   echo "glibc: $glibc"
   needed="$(sed -n 's/^glibc_needed=//p' "$BUNDLE/bundle.txt")"
   local have="${glibc##* }"
@@ -271,8 +276,9 @@ preflight() {
   version="$(with_libs "$WORK/bin/shardlm" --version 2>&1)" || status=$?
   (( status == 0 )) || stop "shardlm --version failed (exit $status): $(tail -n 1 <<< "$version")"
   echo "shardlm: $version"
-  local smi
-  if smi="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"; then
+  local smi="no nvidia-smi on the PATH"
+  if command -v nvidia-smi >/dev/null \
+      && smi="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"; then
     echo "gpu: $smi"
     HAVE_GPU=1
   elif [ "${GPU_CHECK_ALLOW_NO_GPU:-0}" = 1 ]; then
@@ -333,18 +339,19 @@ run_body() {
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
   export SHARDLM_CUDA_STREAM_TIMEOUT="${SHARDLM_CUDA_STREAM_TIMEOUT:-60}"
   PEAK_TFLOPS="${PEAK_BF16_TFLOPS:-989}"  # H100/H200 SXM dense bf16 (NVIDIA datasheet)
-  local quick=() eq_steps=10
+  local quick=() eq_shape=(--micro-batch 4 --seq-len 256 --steps 10)
   # GPU_CHECK_QUICK=1 (the CI dry run, no GPU): one emulated-device test instead of all,
-  # and 2 CPU steps of step 6 (its CUDA half and the comparison do not run there).
+  # and 2 short CPU steps of step 6 (its CUDA half and the comparison do not run there).
   if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then
     quick=(--gtest_filter="${GPU_CHECK_QUICK_FILTER:-*/gpt2*fp32_rows}")
-    eq_steps=2
+    eq_shape=(--micro-batch 1 --seq-len 32 --steps 2)
   fi
 
   echo "== 1. kernels: every op on every backend vs the CPU reference"
   if with_libs_step backend_ops 90 "$WORK/bin/test_backend_ops" --gtest_brief=1 \
       && grep -q '^\[  SKIPPED \]' "$WORK/step.log"; then
-    skipped_itself backend_ops "$(grep -m1 '^\[  SKIPPED \]' "$WORK/step.log" | sed 's/^\[  SKIPPED \] //')"
+    skipped_itself backend_ops "$(grep -m1 '^\[  SKIPPED \]' "$WORK/step.log" \
+                                  | sed 's/^\[  SKIPPED \] //; s/\.$//') skipped themselves"
   fi
   with_libs_step emulated_device 150 "$WORK/bin/test_emulated_device" --gtest_brief=1 "${quick[@]}" || true
 
@@ -378,7 +385,7 @@ run_body() {
     --micro-batch 8 --seq-len 1024 --steps 20 --device cuda --sample-tokens 0 \
     && summarize qwen05_bf16 "$qwen_flops"
   echo "== 6. CPU vs CUDA, gpt2-small-30m fp32, 10 steps"
-  local E=(--model gpt2-small-30m --micro-batch 4 --seq-len 256 --steps "$eq_steps" --sample-tokens 0)
+  local E=(--model gpt2-small-30m "${eq_shape[@]}" --sample-tokens 0)
   if train eq_cpu 60 "${E[@]}" --device cpu && gpu_train eq_cuda 60 "${E[@]}" --device cuda; then
     step cpu_vs_cuda 30 python3 - "$WORK/run_eq_cpu/metrics.jsonl" "$WORK/run_eq_cuda/metrics.jsonl" <<'PY' || true
 import json, sys

@@ -82,8 +82,9 @@ export GPU_CHECK_ALLOW_NO_GPU=1 GPU_CHECK_QUICK=1 OMP_NUM_THREADS=2 OUT="$WORK/o
 t0=$SECONDS
 bash "$SCRIPT" bundle "$BUILD" || fail "bundle"
 echo "bundle: $(( SECONDS - t0 )) s"
-tar -tzf "$WORK/bundle/gpu-bundle.tar.gz" | grep -q '^./bin/shardlm$' || fail "no bin/shardlm in the bundle"
-tar -tzf "$WORK/bundle/gpu-bundle.tar.gz" | grep -q '^./lib/libfmt' || fail "no libfmt in the bundle's lib"
+tar -tzf "$WORK/bundle/gpu-bundle.tar.gz" > "$WORK/bundle.list"
+grep -q '^./bin/shardlm$' "$WORK/bundle.list" || fail "no bin/shardlm in the bundle"
+grep -q '^./lib/libfmt' "$WORK/bundle.list" || fail "no libfmt in the bundle's lib"
 t0=$SECONDS
 bash "$SCRIPT" run > "$WORK/run.txt" 2>&1 || { cat "$WORK/run.txt"; fail "the dry run failed"; }
 echo "dry run: $(( SECONDS - t0 )) s"
@@ -98,13 +99,19 @@ grep -q '^   eq_cpu: ok' "$OUT/gpu_check.log" || fail "the CPU half of step 6 di
 [ "$(find "$OUT" -type f | wc -l)" -le 8 ] || fail "more than 8 files under \$OUT"
 
 # --- 4. broken bundles stop at once, with one line ---------------------------------------------
-broken() {  # name, then a command run in the unpacked bundle's copy before it is packed again
+broken() {  # name, then a command run in a copy of the bundle (bundle.txt, tree/) that is packed again
   local name="$1"; shift
   rm -rf "$WORK/broken" && mkdir -p "$WORK/broken/tree" "$WORK/broken/bundle"
-  tar -xzf "$WORK/bundle/gpu-bundle.tar.gz" -C "$WORK/broken/tree"
-  (cd "$WORK/broken/tree" && "$@")
-  tar -czf "$WORK/broken/bundle/gpu-bundle.tar.gz" -C "$WORK/broken/tree" .
-  cp "$WORK/broken/tree/bundle.txt" "$WORK/broken/bundle/"
+  cp "$WORK/bundle/bundle.txt" "$WORK/broken/bundle/"
+  if [ "$1" = "in-tree" ]; then
+    shift
+    tar -xzf "$WORK/bundle/gpu-bundle.tar.gz" -C "$WORK/broken/tree"
+    (cd "$WORK/broken/tree" && "$@")
+    tar -cf - -C "$WORK/broken/tree" . | gzip -1 > "$WORK/broken/bundle/gpu-bundle.tar.gz"
+  else
+    ln "$WORK/bundle/gpu-bundle.tar.gz" "$WORK/broken/bundle/"
+    (cd "$WORK/broken/bundle" && "$@")
+  fi
   local status=0
   GPU_CHECK_BUNDLE="$WORK/broken/bundle" OUT="$WORK/broken/out" bash "$SCRIPT" run \
     > "$WORK/broken/run.txt" 2>&1 || status=$?
@@ -112,7 +119,7 @@ broken() {  # name, then a command run in the unpacked bundle's copy before it i
   grep '^gpu_check: stopped before any step: ' "$WORK/broken/run.txt" \
     || { cat "$WORK/broken/run.txt"; fail "$name: no one-line reason"; }
 }
-broken "a missing library" sh -c 'rm lib/libfmt*'
+broken "a missing library" in-tree sh -c 'rm lib/libfmt*'
 grep -q 'libfmt.* not from the bundle' "$WORK/broken/run.txt" || fail "the missing library is not named"
 broken "a CPU flag this machine lacks" sed -i 's/^cpu_flags=/cpu_flags=imaginary_flag /' bundle.txt
 grep -q 'lacks imaginary_flag' "$WORK/broken/run.txt" || fail "the missing CPU flag is not named"

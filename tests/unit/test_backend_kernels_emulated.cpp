@@ -366,7 +366,7 @@ TEST(BackendKernelsEmulated, RopeEmbeddingNf4) {
     }
     const Vec wte2 = random_vec(size_t(vocab2) * C2, 46), wpe2 = random_vec(size_t(T2) * C2, 47);
     const Vec dout2 = random_vec(size_t(B2) * T2 * C2, 48);
-    for (const int32_t* pos : {static_cast<const int32_t*>(nullptr), pos2.data()}) {
+    for (const int32_t* pos : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(pos2.data())}) {
       Vec dwte = wte2, dwpe = wpe2, dwte_w = wte2, dwpe_w = wpe2;
       std::vector<int32_t> order(2 * tok2.size());
       gpu::embedding_backward(kStream, dwte.data(), dwpe.data(), dout2.data(), tok2.data(), B2, T2,
