@@ -78,8 +78,9 @@ nlohmann::json rates_to_json(const ComputeRates& r);
 ComputeRates rates_from_json(const nlohmann::json& j, const std::string& where);
 
 // Built-in profiles: "a100-80g" (8 x A100 SXM4 80 GB per node, NVLink/NVSwitch, 8 x
-// HDR InfiniBand), "h100-80g" (8 x H100 SXM5, NVLink 4, 8 x NDR InfiniBand), "l4-24g"
-// (8 x L4 24 GB on PCIe 4, 100 Gbit/s Ethernet).
+// HDR InfiniBand), "h100-80g" (8 x H100 SXM5, NVLink 4, 8 x NDR InfiniBand), "h200-141g"
+// (the same node with H200 SXM 141 GB), "l4-24g" (8 x L4 24 GB on PCIe 4, 100 Gbit/s
+// Ethernet).
 std::vector<std::string> builtin_profile_names();
 HardwareProfile builtin_profile(const std::string& name);  // Error on an unknown name
 
