@@ -2,7 +2,9 @@
 // rank-order algorithms (comm/mpi_algorithms.hpp) and the full queued path
 // (MpiCommunicator: queue + communication thread). Sizes are nccl-tests "algorithm
 // bytes" (all_reduce: the buffer; reduce_scatter: the send buffer; all_gather: the
-// receive buffer); bus GB/s = bus bytes / time (counters.hpp).
+// receive buffer; all_to_all: the send buffer; send_recv: the message one rank sends
+// while receiving as much, one ring step); bus GB/s = bus bytes / time (counters.hpp).
+// A latency table follows: the median time of one tiny exchange (8 bytes per peer).
 //
 //   mpirun -n 2 build/bench/comm_bench [--sizes-mib 1,4,16,64] [--reps 10]
 //          [--scratch-mib 1,4,16] [--library-only] [--overlap]
@@ -211,7 +213,49 @@ int main(int argc, char** argv) {
                   },
                   sync, slowest),
               rs_bus);
+    const uint64_t a2a_bus = bus_bytes_for(CollectiveKind::all_to_all, bytes, n);
+    const int block_bytes = static_cast<int>(block * sizeof(float));
+    print_row(rank, "all_to_all", "MPI_Alltoall", mib,
+              time_median_ms(
+                  args.reps,
+                  [&] {
+                    MPI_Alltoall(data, block_bytes, MPI_BYTE, other, block_bytes, MPI_BYTE,
+                                 MPI_COMM_WORLD);
+                  },
+                  sync, slowest),
+              a2a_bus);
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    print_row(rank, "send_recv", "MPI_Sendrecv (ring step)", mib,
+              time_median_ms(
+                  args.reps,
+                  [&] {
+                    MPI_Sendrecv(data, int_count, MPI_FLOAT, next, 1, other, int_count, MPI_FLOAT,
+                                 prev, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                  },
+                  sync, slowest),
+              bus_bytes_for(CollectiveKind::send_recv, bytes, n));
     if (args.library_only) continue;
+
+    {
+      const std::vector<size_t> per_peer(n, block * sizeof(float));
+      print_row(rank, "all_to_all", "direct exchange", mib,
+                time_median_ms(
+                    args.reps,
+                    [&] {
+                      mpi::all_to_all_v(MPI_COMM_WORLD, data, per_peer.data(), other,
+                                        per_peer.data());
+                    },
+                    sync, slowest),
+                a2a_bus);
+      print_row(rank, "send_recv", "Irecv + Isend (ring step)", mib,
+                time_median_ms(
+                    args.reps,
+                    [&] {
+                      mpi::send_recv(MPI_COMM_WORLD, data, bytes, next, other, bytes, prev);
+                    },
+                    sync, slowest),
+                bus_bytes_for(CollectiveKind::send_recv, bytes, n));
+    }
 
     for (double s : args.scratch_mib) {
       const std::string tag =
@@ -309,7 +353,62 @@ int main(int argc, char** argv) {
               [&] { world->all_gather(data + world->rank() * block, data, block, "bench").wait(); },
               queued_sync, queued_slowest),
           bus_bytes_for(CollectiveKind::all_gather, bytes, n));
+      print_row(rank, "all_to_all", "MpiCommunicator (queued)", mib,
+                time_median_ms(
+                    args.reps, [&] { world->all_to_all(data, other, block, "bench").wait(); },
+                    queued_sync, queued_slowest),
+                bus_bytes_for(CollectiveKind::all_to_all, bytes, n));
+      // Uneven splits (expert dispatch), balanced so every rank sends and receives the
+      // whole buffer: rank p sends rank q the share (p + q) % n + 1 of n (n + 1) / 2.
+      std::vector<size_t> share(n), send_counts(n), recv_counts(n);
+      size_t assigned = 0;
+      for (int k = 0; k < n; ++k) {
+        share[k] = k + 1 < n ? count * (k + 1) / (n * (n + 1) / 2) : count - assigned;
+        assigned += share[k];
+      }
+      for (int q = 0; q < n; ++q) {
+        send_counts[q] = share[(world->rank() + q) % n];
+        recv_counts[q] = share[(q + world->rank()) % n];
+      }
+      uint64_t sent_away = 0;
+      for (int q = 0; q < n; ++q)
+        if (q != world->rank()) sent_away += send_counts[q] * sizeof(float);
+      print_row(rank, "all_to_all_v", "MpiCommunicator (queued, uneven)", mib,
+                time_median_ms(
+                    args.reps,
+                    [&] {
+                      world->all_to_all_v(data, send_counts, other, recv_counts, "bench").wait();
+                    },
+                    queued_sync, queued_slowest),
+                sent_away);
+      const int next = (world->rank() + 1) % n, prev = (world->rank() + n - 1) % n;
+      print_row(rank, "send_recv", "MpiCommunicator (queued, ring step)", mib,
+                time_median_ms(
+                    args.reps,
+                    [&] { world->send_recv(data, count, next, other, count, prev, "bench").wait(); },
+                    queued_sync, queued_slowest),
+                bus_bytes_for(CollectiveKind::send_recv, bytes, n));
     }
+    // Latency: one tiny exchange (8 bytes per peer), queued path, median microseconds.
+    const double a2a_us =
+        1e3 * time_median_ms(
+                  std::max(args.reps, 50),
+                  [&] { world->all_to_all(data, other, 2, "latency").wait(); }, queued_sync,
+                  queued_slowest);
+    const int next = (world->rank() + 1) % n, prev = (world->rank() + n - 1) % n;
+    const double ring_us =
+        1e3 * time_median_ms(
+                  std::max(args.reps, 50),
+                  [&] { world->send_recv(data, 2, next, other, 2, prev, "latency").wait(); },
+                  queued_sync, queued_slowest);
+    const double barrier_us =
+        1e3 * time_median_ms(
+                  std::max(args.reps, 50), [&] { world->barrier("latency").wait(); },
+                  queued_sync, queued_slowest);
+    if (rank == 0)
+      std::printf("\nlatency (MpiCommunicator, 8 bytes per peer, median of %d): all_to_all %.1f us, "
+                  "send_recv ring step %.1f us, barrier %.1f us\n",
+                  std::max(args.reps, 50), a2a_us, ring_us, barrier_us);
     if (args.overlap) {
       // Calibrate a compute block of about the 16 MiB all-reduce's own duration.
       const size_t count = (size_t{16} << 20) / sizeof(float) / n * n;

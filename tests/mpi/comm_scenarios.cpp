@@ -3,6 +3,8 @@
 // tests/mpi/expect_job_failure.cmake as `mpirun -n 2 mpi_comm_scenarios <scenario>`.
 //   skip-collective  rank 1 never issues the all-reduce rank 0 waits for (2 s deadline)
 //   abort-job        rank 1 hits an error and calls abort_job while rank 0 sits in a barrier
+//   skip-recv        rank 1 never sends the activations rank 0 waits to receive (2 s)
+//   skip-all-to-all  rank 1 never joins the all_to_all rank 0 waits for (2 s)
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -15,7 +17,7 @@ int main(int argc, char** argv) {
   using namespace shardlm;
   const std::string scenario = argc > 1 ? argv[1] : "";
   CommOptions options;
-  options.timeout_seconds = scenario == "skip-collective" ? 2.0 : 60.0;
+  options.timeout_seconds = scenario.rfind("skip-", 0) == 0 ? 2.0 : 60.0;
   auto world = MpiCommunicator::create_world(options);
   std::vector<float> gradients(1024, 1.0f);
 
@@ -25,6 +27,16 @@ int main(int argc, char** argv) {
           .wait();
     else
       std::this_thread::sleep_for(std::chrono::seconds(30));  // busy elsewhere; must be killed
+  } else if (scenario == "skip-recv" || scenario == "skip-all-to-all") {
+    if (world->rank() != 1) {
+      std::vector<float> received(2 * 1024);
+      if (scenario == "skip-recv")
+        world->recv(gradients.data(), gradients.size(), 1, "activations micro 0").wait();
+      else
+        world->all_to_all(gradients.data(), received.data(), 512, "ulysses q").wait();
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(30));  // busy elsewhere; must be killed
+    }
   } else if (scenario == "abort-job") {
     if (world->rank() == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "shardlm/comm/mpi_algorithms.hpp"
 #include "shardlm/comm/mpi_communicator.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/sha256.hpp"
@@ -336,6 +338,200 @@ TEST(MpiCollectives, SequenceCheckFailsEveryRankWhenRanksFallOutOfStep) {
   EXPECT_EQ(data[0], 1.0f);  // the collective itself never ran
   // Everything after fails at once on every rank instead of deadlocking.
   EXPECT_THROW(group->barrier("next").wait(), Error);
+}
+
+// --- all-to-all and point-to-point ---
+
+// What `sender` puts at element i of its block for `receiver` (exact in fp32).
+float message_value(int sender, int receiver, size_t i) {
+  return static_cast<float>(sender * 100000 + receiver * 1000 + static_cast<int>(i % 997));
+}
+
+// Elements rank p sends rank q in the uneven cases: zeros included.
+size_t uneven_count(int p, int q, size_t scale) {
+  return static_cast<size_t>((p * 3 + q * 5 + 1) % 4) * scale;
+}
+
+TEST(MpiExchange, AllToAllIsExactForEqualAndUnevenSplits) {
+  const int n = world->size();
+  const int r = world->rank();
+  for (size_t per_peer : {size_t{0}, size_t{1}, size_t{37}, size_t{70000}}) {
+    std::vector<float> send(per_peer * n), recv(per_peer * n, -1.0f);
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < per_peer; ++i) send[q * per_peer + i] = message_value(r, q, i);
+    world->all_to_all(send.data(), recv.data(), per_peer, "ulysses q").wait();
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < per_peer; ++i)
+        ASSERT_EQ(recv[p * per_peer + i], message_value(p, r, i)) << per_peer << " from " << p;
+  }
+  for (size_t scale : {size_t{1}, size_t{5000}}) {
+    std::vector<size_t> send_counts(n), recv_counts(n);
+    std::vector<float> send;
+    for (int q = 0; q < n; ++q) {
+      send_counts[q] = uneven_count(r, q, scale);
+      recv_counts[q] = uneven_count(q, r, scale);
+      for (size_t i = 0; i < send_counts[q]; ++i) send.push_back(message_value(r, q, i));
+    }
+    size_t total = 0;
+    for (size_t c : recv_counts) total += c;
+    std::vector<float> recv(total + 1, -1.0f);
+    world->all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, "moe dispatch").wait();
+    size_t at = 0;
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < recv_counts[p]; ++i, ++at)
+        ASSERT_EQ(recv[at], message_value(p, r, i)) << "scale " << scale << " from " << p;
+    EXPECT_EQ(recv[total], -1.0f);
+  }
+  // bf16 elements travel as they are, at 2 bytes each.
+  std::vector<uint16_t> h(3 * n), g(3 * n, 0);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(r * 256 + i);
+  world->take_counters();
+  world->all_to_all(ConstTypedPtr(h.data(), DType::bf16), TypedPtr(g.data(), DType::bf16), 3,
+                    "bf16 a2a")
+      .wait();
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < 3; ++i) ASSERT_EQ(g[p * 3 + i], p * 256 + r * 3 + i);
+  EXPECT_EQ(world->take_counters()[CollectiveKind::all_to_all].bytes, 6u * n);
+}
+
+TEST(MpiExchange, RingOfSendRecvAndAPipelineOfSendsAndReceives) {
+  const int n = world->size();
+  const int r = world->rank();
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  // Ring: uneven block sizes (origin k has (k + 1) * 3000 elements) travel round.
+  const auto block_size = [](int k) { return static_cast<size_t>(k + 1) * 3000; };
+  std::vector<float> held(block_size(r));
+  for (size_t i = 0; i < held.size(); ++i) held[i] = message_value(r, r, i);
+  for (int step = 1; step < n; ++step) {
+    const int origin = (r - step + n) % n;
+    std::vector<float> incoming(block_size(origin), -1.0f);
+    world->send_recv(held.data(), held.size(), next, incoming.data(), incoming.size(), prev,
+                     "ring kv")
+        .wait();
+    for (size_t i = 0; i < incoming.size(); ++i)
+      ASSERT_EQ(incoming[i], message_value(origin, origin, i)) << "step " << step;
+    held = std::move(incoming);
+  }
+  // Pipeline 0 -> 1 -> ... -> n-1, two micro-batches, collectives in between.
+  world->take_counters();
+  const uint64_t collectives_before = world->next_sequence();
+  std::vector<float> activations(20000);
+  for (int micro = 0; micro < 2; ++micro) {
+    if (r > 0) {
+      world->recv(activations.data(), activations.size(), r - 1, "activations").wait();
+      for (size_t i = 0; i < activations.size(); ++i)
+        ASSERT_EQ(activations[i], message_value(r - 1, micro, i));
+    }
+    if (r < n - 1) {
+      for (size_t i = 0; i < activations.size(); ++i) activations[i] = message_value(r, micro, i);
+      world->send(activations.data(), activations.size(), r + 1, "activations").wait();
+    }
+    world->barrier("micro-batch done").wait();
+  }
+  EXPECT_EQ(world->next_sequence(), collectives_before + 2);  // only the barriers
+  const CommCounters c = world->take_counters();
+  EXPECT_EQ(c[CollectiveKind::send].calls, r < n - 1 ? 2u : 0u);
+  EXPECT_EQ(c[CollectiveKind::send].bytes, r < n - 1 ? 2u * 80000 : 0u);
+  EXPECT_EQ(c[CollectiveKind::send].messages, r < n - 1 ? 2u : 0u);
+  EXPECT_EQ(c[CollectiveKind::recv].bytes, r > 0 ? 2u * 80000 : 0u);
+  EXPECT_EQ(c[CollectiveKind::recv].bus_bytes, 0u);
+  EXPECT_GT(c[CollectiveKind::barrier].seconds + c[CollectiveKind::send].seconds, 0.0);
+}
+
+TEST(MpiExchange, AlgorithmsChunkMessagesAndNameAPeerThatSentOtherThanExpected) {
+  // Straight on a communicator of its own (MPI_THREAD_MULTIPLE: legal beside the
+  // communication thread, which never touches this one).
+  const int n = world->size();
+  const int r = world->rank();
+  MPI_Comm comm;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  std::vector<size_t> send_bytes(n), recv_bytes(n);
+  std::vector<char> send, recv;
+  for (int q = 0; q < n; ++q) {
+    send_bytes[q] = uneven_count(r, q, 11);
+    recv_bytes[q] = uneven_count(q, r, 11);
+    for (size_t i = 0; i < send_bytes[q]; ++i) send.push_back(static_cast<char>(r * 16 + q + i));
+  }
+  size_t total = 0;
+  for (size_t b : recv_bytes) total += b;
+  recv.assign(total, 0);
+  mpi::all_to_all_v(comm, send.data(), send_bytes.data(), recv.data(), recv_bytes.data(),
+                    /*chunk_bytes=*/7);
+  size_t at = 0;
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < recv_bytes[p]; ++i, ++at)
+      ASSERT_EQ(recv[at], static_cast<char>(p * 16 + r + i));
+  // Rank 0 sends rank 1 five bytes where eight are expected, then eight where five are.
+  if (r < 2 && n >= 2) {
+    char buffer[8] = {};
+    for (const auto& [sent, expected] : {std::pair{5, 8}, std::pair{8, 5}}) {
+      try {
+        mpi::send_recv(comm, buffer, r == 0 ? sent : 0, r == 0 ? 1 : -1, buffer,
+                       r == 1 ? expected : 0, r == 1 ? 0 : -1);
+        EXPECT_EQ(r, 0) << "rank 1 should have failed";
+      } catch (const Error& e) {
+        EXPECT_EQ(r, 1);
+        const std::string message = e.what();
+        if (sent < expected)
+          EXPECT_EQ(message, "rank 0 sent 5 bytes where 8 were expected (the two sides' counts "
+                             "disagree)");
+        else
+          EXPECT_NE(message.find("rank 0 sent more than the 5 bytes expected?"), std::string::npos)
+              << message;
+      }
+    }
+  }
+  MPI_Barrier(comm);
+  MPI_Comm_free(&comm);
+}
+
+TEST(MpiExchange, CheckModeFailsEveryRankOnCountsOrMessagesThatDisagree) {
+  if (!world->options().check_sequence) GTEST_SKIP() << "needs --check-sequence";
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  const int n = world->size();
+  const int r = world->rank();
+  {
+    auto group = world->split(0, r, "a2a group");
+    // Rank 0 sends 2 elements to rank 1, which expects 3; the rest send 1 to everyone.
+    std::vector<size_t> send_counts(n, 1), recv_counts(n, 1);
+    if (r == 0) send_counts[1] = 2;
+    if (r == 1) recv_counts[0] = 3;
+    std::vector<float> send(n + 1), recv(n + 2, -1.0f);
+    try {
+      group->all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, "moe combine").wait();
+      FAIL() << "the counts check should have failed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "counts disagree on a2a group: rank 0 sends 2 elements to rank 1 but rank 1 "
+                    "expects 3 from rank 0"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(recv[0], -1.0f);  // nothing moved
+  }
+  {
+    auto group = world->split(0, r, "p2p group");
+    std::vector<float> x(6, 1.0f);
+    if (r < 2) {
+      try {
+        if (r == 0)
+          group->send(x.data(), 4, 1, "kv block").wait();
+        else
+          group->recv(x.data(), 4, 0, "kv block 2").wait();
+        FAIL() << "the message check should have failed";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(
+                      "point-to-point out of step on p2p group: rank 0 sent 'kv block' (#0 to "
+                      "rank 1, 16 bytes, fp32) but rank 1 expects 'kv block 2' (#0 from rank 0, "
+                      "16 bytes, fp32)"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    // A disagreeing pair does not stop the group's collectives.
+    group->barrier("after the pair").wait();
+  }
 }
 
 // Prints failures from ranks other than 0 (rank 0 keeps the normal gtest output).

@@ -399,6 +399,117 @@ TEST(NcclCollectives, CollectiveAPeerNeverJoinsTimesOutNamedAndAborts) {
 #endif
 }
 
+#ifdef SHARDLM_WITH_CUDA
+// What `sender` puts at element i of its block for `receiver` (exact in fp32).
+float message_value(int sender, int receiver, size_t i) {
+  return static_cast<float>(sender * 100000 + receiver * 1000 + static_cast<int>(i % 997));
+}
+size_t uneven_count(int p, int q, size_t scale) {
+  return static_cast<size_t>((p * 3 + q * 5 + 1) % 4) * scale;
+}
+#endif
+
+TEST(NcclExchange, AllToAllEqualAndUnevenSplitsOnDeviceAndHostBuffers) {
+  SKIP_WITHOUT_NCCL();
+#ifdef SHARDLM_WITH_CUDA
+  const int n = world->size();
+  const int r = world->rank();
+  for (size_t per_peer : {size_t{1}, size_t{37}, size_t{70000}}) {
+    std::vector<float> input(per_peer * n);
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < per_peer; ++i) input[q * per_peer + i] = message_value(r, q, i);
+    DeviceFloats send(input), recv(per_peer * n);
+    world->all_to_all(send.get(), recv.get(), per_peer, "ulysses q").wait();
+    std::vector<float> host_recv(per_peer * n, -1.0f);
+    world->all_to_all(input.data(), host_recv.data(), per_peer, "ulysses q on the host").wait();
+    const auto got = recv.download();
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < per_peer; ++i) {
+        ASSERT_EQ(got[p * per_peer + i], message_value(p, r, i)) << per_peer << " from " << p;
+        ASSERT_EQ(host_recv[p * per_peer + i], message_value(p, r, i)) << "host, from " << p;
+      }
+  }
+  std::vector<size_t> send_counts(n), recv_counts(n);
+  std::vector<float> input;
+  size_t total = 0;
+  for (int q = 0; q < n; ++q) {
+    send_counts[q] = uneven_count(r, q, 1000);
+    recv_counts[q] = uneven_count(q, r, 1000);
+    total += recv_counts[q];
+    for (size_t i = 0; i < send_counts[q]; ++i) input.push_back(message_value(r, q, i));
+  }
+  DeviceFloats send(input), recv(std::vector<float>(total + 1, -1.0f));
+  world->all_to_all_v(send.get(), send_counts, recv.get(), recv_counts, "moe dispatch").wait();
+  const auto got = recv.download();
+  size_t at = 0;
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < recv_counts[p]; ++i, ++at)
+      ASSERT_EQ(got[at], message_value(p, r, i)) << "from " << p;
+  EXPECT_EQ(got[total], -1.0f);
+  EXPECT_GE(world->counters()[CollectiveKind::all_to_all_v].calls, 1u);
+#endif
+}
+
+TEST(NcclExchange, RingOfSendRecvAndAPipelineOfSendsAndReceives) {
+  SKIP_WITHOUT_NCCL();
+#ifdef SHARDLM_WITH_CUDA
+  const int n = world->size();
+  const int r = world->rank();
+  const size_t block = 50000;
+  std::vector<float> mine(block);
+  for (size_t i = 0; i < block; ++i) mine[i] = message_value(r, r, i);
+  DeviceFloats held(mine), incoming(block);
+  // One step (N = 1: a ring of one, a copy to itself).
+  world->send_recv(held.get(), block, (r + 1) % n, incoming.get(), block, (r - 1 + n) % n, "ring kv")
+      .wait();
+  const int prev = (r - 1 + n) % n;
+  const auto got = incoming.download();
+  for (size_t i = 0; i < block; ++i) ASSERT_EQ(got[i], message_value(prev, prev, i));
+  if (n < 2) return;
+  DeviceFloats activations(block);
+  if (r > 0) {
+    world->recv(activations.get(), block, r - 1, "activations").wait();
+    const auto a = activations.download();
+    for (size_t i = 0; i < block; ++i) ASSERT_EQ(a[i], message_value(r - 1, r - 1, i));
+  }
+  if (r < n - 1) world->send(held.get(), block, r + 1, "activations").wait();
+#endif
+}
+
+TEST(NcclExchange, ARecvWhoseSenderNeverSendsTimesOutNamingThePeer) {
+  SKIP_WITHOUT_NCCL();
+#ifdef SHARDLM_WITH_CUDA
+  if (world->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  CommOptions options;
+  options.timeout_seconds = 2;
+  std::vector<std::string> lines;
+  std::mutex lines_mutex;
+  NcclOptions nccl;
+  nccl.on_timeout = [&](const std::string& line) {
+    std::lock_guard lock(lines_mutex);
+    lines.push_back(line);
+  };
+  auto doomed = NcclCommunicator::create(host_world->split(0, world->rank(), "doomed p2p"), options, nccl);
+  if (doomed->rank() == 1) {
+    DeviceFloats data(16);
+    Work work = doomed->recv(data.get(), 16, 0, "activations micro 0");
+    const std::string expected =
+        "rank 1: recv 'activations micro 0' (#0 from rank 0 on doomed p2p) did not finish within 2 s";
+    try {
+      work.wait();
+      ADD_FAILURE() << "the receive finished without a sender";
+    } catch (const CommTimeout& e) {
+      EXPECT_EQ(std::string(e.what()), expected);
+    }
+    std::lock_guard lock(lines_mutex);
+    EXPECT_EQ(lines, std::vector<std::string>{expected});
+  }
+  doomed->abort_nccl();
+  host_world->barrier("after the p2p timeout test").wait();
+  doomed->finalize();
+#endif
+}
+
 class RankFailurePrinter : public testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}

@@ -46,6 +46,13 @@ TEST(CommCounters, BusBytesFollowTheNcclConventions) {
   EXPECT_EQ(bus_bytes_for(CollectiveKind::all_reduce, 1000, 1), 0u);
   EXPECT_EQ(bus_bytes_for(CollectiveKind::all_reduce, uint64_t{1} << 62, 3),
             (uint64_t{1} << 62) / 3 * 4 + 1);  // floor(2 * 2^62 * 2 / 3), no overflow
+  EXPECT_EQ(bus_bytes_for(CollectiveKind::all_to_all, 1000, 4), 750u);  // nccl-tests alltoall
+  EXPECT_EQ(bus_bytes_for(CollectiveKind::send, 1000, 4), 1000u);
+  EXPECT_EQ(bus_bytes_for(CollectiveKind::send_recv, 1000, 2), 1000u);
+  EXPECT_EQ(bus_bytes_for(CollectiveKind::recv, 1000, 2), 0u);  // the sender counts it
+  EXPECT_EQ(bus_bytes_for(CollectiveKind::send_recv, 1000, 1), 0u);  // to itself
+  EXPECT_EQ(to_string(CollectiveKind::all_to_all_v), "all_to_all_v");
+  EXPECT_EQ(to_string(CollectiveKind::send_recv), "send_recv");
 }
 
 TEST(CommCounters, AddAndJson) {
@@ -63,6 +70,12 @@ TEST(CommCounters, AddAndJson) {
   EXPECT_EQ(json["all_gather"]["bytes"], 128);
   EXPECT_EQ(json["total"]["seconds"], 1.0);
   EXPECT_EQ(json["exposed_seconds"], 0.5);
+  block.add_call(CollectiveKind::send_recv, 40, 40, 1);
+  block.add_call(CollectiveKind::all_to_all, 90, 60, 2);
+  const auto more = block.snapshot().to_json();
+  EXPECT_EQ(more["send_recv"]["messages"], 1);
+  EXPECT_EQ(more["all_to_all"]["bus_bytes"], 60);
+  EXPECT_EQ(more["total"]["messages"], 3);
 }
 
 }  // namespace

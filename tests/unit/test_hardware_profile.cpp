@@ -117,3 +117,33 @@ TEST(HardwareProfile, LinksAreTheirLineRateAsTcpGoodput) {
     EXPECT_TRUE(contains(e.what(), "unknown --link '2gbit'")) << e.what();
   }
 }
+
+TEST(HardwareProfile, ProfilesWrittenBeforeAllToAllAndSendRecvStillLoad) {
+  // A calibrated profile of the earlier format: no all_to_all / send_recv figures.
+  nlohmann::json j = builtin_profile("a100-80g").to_json();
+  for (const char* t : {"intra_node", "inter_node"}) {
+    j[t].erase("all_to_all");
+    j[t].erase("send_recv");
+  }
+  const HardwareProfile p = HardwareProfile::from_json(j);
+  // Both take the transport's all-gather figures until `calibrate` measures them.
+  EXPECT_EQ(p.inter_node.all_to_all.bus_bytes_per_s, p.inter_node.all_gather.bus_bytes_per_s);
+  EXPECT_EQ(p.intra_node.send_recv.latency_s, p.intra_node.all_gather.latency_s);
+  EXPECT_EQ(&p.intra_node.rate(CollectiveKind::all_to_all_v), &p.intra_node.all_to_all);
+  EXPECT_EQ(&p.intra_node.rate(CollectiveKind::recv), &p.intra_node.send_recv);
+  // Present ones are read and checked like the others.
+  j["intra_node"]["send_recv"] = {{"latency_us", 3.0}, {"bus_gb_per_s", -2.0}};
+  EXPECT_TRUE(contains(error_of(j), "intra_node.send_recv.bus_gb_per_s must be positive"))
+      << error_of(j);
+}
+
+TEST(HardwareProfile, BuiltInExchangesAcrossNodesAreBoundByEachRanksNic) {
+  // A ring spreads over the node's 8 NICs; a rank's all-to-all and send/recv traffic
+  // to other nodes leaves through its own (HDR 25 GB/s, NDR 50 GB/s, at 0.9).
+  EXPECT_DOUBLE_EQ(builtin_profile("a100-80g").inter_node.all_to_all.bus_bytes_per_s, 0.9 * 25e9);
+  EXPECT_DOUBLE_EQ(builtin_profile("h100-80g").inter_node.send_recv.bus_bytes_per_s, 0.9 * 50e9);
+  EXPECT_DOUBLE_EQ(builtin_profile("h100-80g").intra_node.all_to_all.bus_bytes_per_s, 0.8 * 450e9);
+  const HardwareProfile l4 = builtin_profile("l4-24g");
+  EXPECT_DOUBLE_EQ(l4.inter_node.all_to_all.bus_bytes_per_s,
+                   l4.inter_node.all_reduce.bus_bytes_per_s / 8);
+}

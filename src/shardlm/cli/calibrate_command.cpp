@@ -221,14 +221,17 @@ void run_parent(const CalibrateFlags& f) {
                   c.ranks_per_node, c.threads_per_rank, r.gemm_flops_per_s / 1e9,
                   r.attention_flops_per_s / 1e9, r.elementwise_bytes_per_s / 1e9,
                   r.loss_bytes_per_s / 1e9, r.state_bytes_per_s / 1e9);
-  std::printf("\n| transport | all_gather us/msg, GB/s | reduce_scatter | all_reduce | compute "
-              "share during comm |\n|---|---|---|---|---|\n");
+  std::printf("\n| transport | all_gather us/msg, GB/s | reduce_scatter | all_reduce | "
+              "all_to_all | send_recv | compute share during comm |\n"
+              "|---|---|---|---|---|---|---|\n");
   for (const TransportFigures* t : {&profile.intra_node, &profile.inter_node})
-    std::printf("| %s | %.1f, %.2f | %.1f, %.2f | %.1f, %.2f | %.2f |\n", t->name.c_str(),
-                t->all_gather.latency_s * 1e6, t->all_gather.bus_bytes_per_s / 1e9,
-                t->reduce_scatter.latency_s * 1e6, t->reduce_scatter.bus_bytes_per_s / 1e9,
-                t->all_reduce.latency_s * 1e6, t->all_reduce.bus_bytes_per_s / 1e9,
-                t->compute_share_during_comm);
+    std::printf("| %s | %.1f, %.2f | %.1f, %.2f | %.1f, %.2f | %.1f, %.2f | %.1f, %.2f | %.2f |\n",
+                t->name.c_str(), t->all_gather.latency_s * 1e6,
+                t->all_gather.bus_bytes_per_s / 1e9, t->reduce_scatter.latency_s * 1e6,
+                t->reduce_scatter.bus_bytes_per_s / 1e9, t->all_reduce.latency_s * 1e6,
+                t->all_reduce.bus_bytes_per_s / 1e9, t->all_to_all.latency_s * 1e6,
+                t->all_to_all.bus_bytes_per_s / 1e9, t->send_recv.latency_s * 1e6,
+                t->send_recv.bus_bytes_per_s / 1e9, t->compute_share_during_comm);
   std::printf("\nmemory per rank (MemAvailable / %d): %s\n", f.ranks,
               gib(profile.memory_per_rank_bytes).c_str());
 }
@@ -240,7 +243,7 @@ void register_calibrate(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "calibrate",
       "Measure this machine (GEMM, attention, elementwise and optimizer rates on a model's "
-      "kernels; collective latency and bandwidth over shared memory and TCP) and write a "
+      "kernels; latency and bandwidth of the collectives, all-to-all and send/recv over shared memory and TCP) and write a "
       "hardware profile for `plan`");
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--model", f->run.model, "Model preset whose kernels are timed")->capture_default_str();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "shardlm/comm/reduce_kernels.hpp"
 
@@ -20,7 +21,12 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 }  // namespace
 
 Communicator::Communicator(int rank, int size, std::string name, CommOptions options)
-    : rank_(rank), size_(size), name_(std::move(name)), options_(options) {
+    : rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      options_(options),
+      sends_to_(static_cast<size_t>(std::max(size, 1)), 0),
+      receives_from_(static_cast<size_t>(std::max(size, 1)), 0) {
   SHARDLM_CHECK(size >= 1 && rank >= 0 && rank < size, "invalid communicator: rank {} of {}", rank,
                 size);
   SHARDLM_CHECK(options.timeout_seconds > 0, "--comm-timeout must be positive seconds, got {}",
@@ -41,20 +47,30 @@ bool Communicator::finalized() const {
 
 Communicator::Collective Communicator::begin(CollectiveKind kind, std::string label, uint64_t bytes,
                                              int root, int op) {
+  Collective c = begin_counted(kind, std::move(label), bytes, bus_bytes_for(kind, bytes, size_), 0);
+  c.root = root;
+  c.op = op;
+  return c;
+}
+
+Communicator::Collective Communicator::begin_counted(CollectiveKind kind, std::string label,
+                                                     uint64_t bytes, uint64_t bus_bytes,
+                                                     uint64_t messages) {
+  const bool point_to_point = kind == CollectiveKind::send || kind == CollectiveKind::recv ||
+                              kind == CollectiveKind::send_recv;
   Collective c;
   c.info.kind = kind;
   c.info.label = std::move(label);
   c.info.communicator = name_;
   c.bytes = bytes;
-  c.root = root;
-  c.op = op;
+  c.agreed_bytes = bytes;
   {
     std::lock_guard lock(mutex_);
     SHARDLM_CHECK(!finalized_, "{}: {} '{}' issued on communicator '{}' after finalize()", who(),
                   to_string(kind), c.info.label, name_);
-    c.info.sequence = next_sequence_++;
+    if (!point_to_point) c.info.sequence = next_sequence_++;
   }
-  counters_->add_call(kind, bytes, bus_bytes_for(kind, bytes, size_));
+  counters_->add_call(kind, bytes, bus_bytes, messages);
   return c;
 }
 
@@ -117,6 +133,147 @@ Work Communicator::broadcast(void* data, size_t bytes, int root, std::string lab
 Work Communicator::barrier(std::string label) {
   auto c = begin(CollectiveKind::barrier, std::move(label), 0, -1, -1);
   return track(start_barrier(c));
+}
+
+Work Communicator::all_to_all(ConstTypedPtr send, TypedPtr recv, size_t count_per_peer,
+                              std::string label) {
+  AllToAllCounts counts;
+  counts.send.assign(static_cast<size_t>(size_), count_per_peer);
+  counts.recv = counts.send;
+  return begin_all_to_all(CollectiveKind::all_to_all, send, recv, std::move(counts),
+                          std::move(label));
+}
+
+Work Communicator::all_to_all_v(ConstTypedPtr send, std::span<const size_t> send_counts,
+                                TypedPtr recv, std::span<const size_t> recv_counts,
+                                std::string label) {
+  SHARDLM_CHECK(send_counts.size() == static_cast<size_t>(size_) &&
+                    recv_counts.size() == static_cast<size_t>(size_),
+                "all_to_all_v '{}': expected {} send and {} recv counts (one per rank of {}), got "
+                "{} and {}",
+                label, size_, size_, name_, send_counts.size(), recv_counts.size());
+  AllToAllCounts counts;
+  counts.send.assign(send_counts.begin(), send_counts.end());
+  counts.recv.assign(recv_counts.begin(), recv_counts.end());
+  return begin_all_to_all(CollectiveKind::all_to_all_v, send, recv, std::move(counts),
+                          std::move(label));
+}
+
+Work Communicator::begin_all_to_all(CollectiveKind kind, ConstTypedPtr send, TypedPtr recv,
+                                    AllToAllCounts counts, std::string label) {
+  const std::string_view what = to_string(kind);
+  SHARDLM_CHECK(send.dtype == recv.dtype, "{} '{}': send is {} but recv is {} (expected one dtype)",
+                what, label, dtype_name(send.dtype), dtype_name(recv.dtype));
+  const size_t element = dtype_bytes(send.dtype);
+  const auto me = static_cast<size_t>(rank_);
+  SHARDLM_CHECK(counts.send[me] == counts.recv[me],
+                "{} '{}': rank {} sends {} elements to itself but expects {} from itself", what,
+                label, rank_, counts.send[me], counts.recv[me]);
+  uint64_t send_total = 0, recv_total = 0, sent_away = 0, messages = 0;
+  for (size_t p = 0; p < counts.send.size(); ++p) {
+    send_total += counts.send[p];
+    recv_total += counts.recv[p];
+    if (p != me) {
+      sent_away += counts.send[p];
+      messages += 1;
+    }
+  }
+  SHARDLM_CHECK((send.data != nullptr || send_total == 0) && (recv.data != nullptr || recv_total == 0),
+                "{} '{}': null buffer", what, label);
+  SHARDLM_CHECK(!overlaps(send.data, send_total * element, recv.data, recv_total * element),
+                "{} '{}': send and recv must not overlap (no in-place all-to-all)", what, label);
+  Collective c = begin_counted(kind, std::move(label), send_total * element,
+                               size_ > 1 ? sent_away * element : 0, size_ > 1 ? messages : 0);
+  c.agreed_bytes = kind == CollectiveKind::all_to_all ? c.bytes : 0;
+  c.dtype = static_cast<int>(send.dtype);
+  return track(start_all_to_all(send, recv, counts, c));
+}
+
+Work Communicator::send(ConstTypedPtr data, size_t count, int peer, std::string label) {
+  PointToPoint p;
+  p.send = data;
+  p.send_count = count;
+  p.to = peer;
+  return begin_point_to_point(CollectiveKind::send, p, std::move(label));
+}
+
+Work Communicator::recv(TypedPtr data, size_t count, int peer, std::string label) {
+  PointToPoint p;
+  p.recv = data;
+  p.recv_count = count;
+  p.from = peer;
+  return begin_point_to_point(CollectiveKind::recv, p, std::move(label));
+}
+
+Work Communicator::send_recv(ConstTypedPtr send, size_t send_count, int to, TypedPtr recv,
+                             size_t recv_count, int from, std::string label) {
+  PointToPoint p;
+  p.send = send;
+  p.send_count = send_count;
+  p.to = to;
+  p.recv = recv;
+  p.recv_count = recv_count;
+  p.from = from;
+  return begin_point_to_point(CollectiveKind::send_recv, p, std::move(label));
+}
+
+Work Communicator::begin_point_to_point(CollectiveKind kind, const PointToPoint& p,
+                                        std::string label) {
+  const std::string_view what = to_string(kind);
+  const bool sends = kind != CollectiveKind::recv;
+  const bool receives = kind != CollectiveKind::send;
+  for (const auto& [used, peer, role] : {std::tuple{sends, p.to, "peer to send to"},
+                                         std::tuple{receives, p.from, "peer to receive from"}})
+    SHARDLM_CHECK(!used || (peer >= 0 && peer < size_),
+                  "{} '{}': {} {} is not a rank of {} (size {})", what, label, role, peer, name_,
+                  size_);
+  if (kind == CollectiveKind::send_recv) {
+    SHARDLM_CHECK(p.send.dtype == p.recv.dtype,
+                  "send_recv '{}': send is {} but recv is {} (expected one dtype)", label,
+                  dtype_name(p.send.dtype), dtype_name(p.recv.dtype));
+    SHARDLM_CHECK((p.to == rank_) == (p.from == rank_),
+                  "send_recv '{}': sends to rank {} and receives from rank {}: either both are "
+                  "this rank ({}, a ring of one) or neither",
+                  label, p.to, p.from, rank_);
+    SHARDLM_CHECK(p.to != rank_ || p.send_count == p.recv_count,
+                  "send_recv '{}': sends {} elements to itself but expects {}", label,
+                  p.send_count, p.recv_count);
+  } else {
+    const int peer = sends ? p.to : p.from;
+    SHARDLM_CHECK(peer != rank_,
+                  "{} '{}': peer {} is this rank (a message to itself: use send_recv with to == "
+                  "from == {}, or a copy)",
+                  what, label, peer, rank_);
+  }
+  const size_t element = dtype_bytes(sends ? p.send.dtype : p.recv.dtype);
+  const uint64_t send_bytes = sends ? p.send_count * element : 0;
+  const uint64_t recv_bytes = receives ? p.recv_count * element : 0;
+  SHARDLM_CHECK((!sends || p.send.data != nullptr || send_bytes == 0) &&
+                    (!receives || p.recv.data != nullptr || recv_bytes == 0),
+                "{} '{}': null buffer", what, label);
+  SHARDLM_CHECK(!overlaps(p.send.data, send_bytes, p.recv.data, recv_bytes),
+                "send_recv '{}': send and recv must not overlap", label);
+  const bool to_other = sends && p.to != rank_;
+  Collective c = begin_counted(kind, std::move(label), sends ? send_bytes : recv_bytes,
+                               to_other ? send_bytes : 0, to_other ? 1 : 0);
+  c.dtype = static_cast<int>(sends ? p.send.dtype : p.recv.dtype);
+  {
+    std::lock_guard lock(mutex_);
+    // Numbered per pair, not per communicator: begin_counted took no sequence number.
+    if (sends) {
+      c.info.to = p.to;
+      c.info.sequence = sends_to_[static_cast<size_t>(p.to)]++;
+    }
+    if (receives) {
+      c.info.from = p.from;
+      const uint64_t n = receives_from_[static_cast<size_t>(p.from)]++;
+      if (sends)
+        c.info.from_sequence = n;
+      else
+        c.info.sequence = n;
+    }
+  }
+  return track(start_point_to_point(p, c));
 }
 
 // Small all-reduces are an all-gather plus a local reduction in rank order: one

@@ -6,9 +6,22 @@
 // error messages; labels must be the same on every rank. Buffers must stay valid
 // and untouched until the returned Work has been waited for.
 //
+// Point-to-point operations (send, recv, send_recv) involve two ranks and are matched
+// per ordered pair: the k-th message this rank sends to rank q is the k-th message q
+// receives from this rank (a send_recv's halves count as one send and one receive).
+// Both sides must agree on label, count and dtype. They do not take collective
+// sequence numbers, so they may be interleaved with collectives freely as long as
+// each pair's order is the same on both sides. Each implementation runs a rank's
+// operations in issue order and a lone send or recv completes only once its peer has
+// posted the other side (like a blocking MPI_Send / MPI_Recv, or NCCL's ncclSend
+// outside a group): a ring step must be one send_recv, since separate sends issued
+// first on every rank can wait for each other for ever (the deadline then names them).
+//
 // Implementations: SingleProcessCommunicator (world size 1, no MPI) and
 // MpiCommunicator; make_world_communicator() (world.hpp) picks one.
-// InProcessCommunicator runs N ranks on N threads for unit tests.
+// InProcessCommunicator runs N ranks on N threads for unit tests. On device buffers:
+// NcclCommunicator (nccl/) and the emulated device's EmulatedDeviceCommunicator;
+// make_device_communicator() (device_communicator.hpp) picks one.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +34,7 @@
 
 #include "shardlm/comm/counters.hpp"
 #include "shardlm/comm/work.hpp"
+#include "shardlm/core/dtype.hpp"
 
 namespace shardlm {
 
@@ -75,6 +89,30 @@ class Communicator {
   Work broadcast(void* data, size_t bytes, int root, std::string label);
   Work barrier(std::string label);
 
+  // --- all-to-all (Ulysses sequence<->head exchange, expert dispatch and combine) ---
+  // Counts are elements of the buffers' dtype (send's and recv's must be the same, and
+  // the same on every rank). Blocks are packed in rank order: block p of `send` goes
+  // to rank p, block p of `recv` comes from rank p; a rank's own block is copied. No
+  // in-place: the buffers must not overlap.
+  Work all_to_all(ConstTypedPtr send, TypedPtr recv, size_t count_per_peer, std::string label);
+  // Variable splits: send_counts[p] elements to rank p and recv_counts[p] from rank p
+  // (size() entries each; block offsets are their running sums). What rank p sends to
+  // rank q must be what q expects from p: recv_counts[rank()] == send_counts[rank()]
+  // is checked at the call, the other ranks' counts by the implementation, which fails
+  // the collective naming both ranks. The count vectors are copied.
+  Work all_to_all_v(ConstTypedPtr send, std::span<const size_t> send_counts, TypedPtr recv,
+                    std::span<const size_t> recv_counts, std::string label);
+
+  // --- point-to-point (ring attention, pipeline stages); matching rule above ---
+  // `peer` is a rank of this communicator other than this rank.
+  Work send(ConstTypedPtr data, size_t count, int peer, std::string label);
+  Work recv(TypedPtr data, size_t count, int peer, std::string label);
+  // Sends `send` to rank `to` while receiving into `recv` from rank `from`, both at
+  // once (one ring step: to = rank + 1, from = rank - 1). to == from is allowed; if
+  // either is this rank both must be (a ring of one: a copy). Buffers must not overlap.
+  Work send_recv(ConstTypedPtr send, size_t send_count, int to, TypedPtr recv, size_t recv_count,
+                 int from, std::string label);
+
   // --- small blocking helpers (loss sums, token counts, norms, config) ---
   // Queued behind earlier collectives like any other, then waited for.
   void all_reduce_blocking(std::span<double> values, ReduceOp op, std::string label);
@@ -112,8 +150,27 @@ class Communicator {
   struct Collective {
     CollectiveInfo info;
     uint64_t bytes = 0;  // algorithm bytes (counters.hpp)
+    // What every rank's `bytes` must equal: `bytes`, except for all_to_all_v, whose
+    // ranks send different amounts (0 there; the counts are checked instead).
+    uint64_t agreed_bytes = 0;
     int root = -1;
     int op = -1;
+    int dtype = -1;  // the DType of all_to_all(_v) and point-to-point buffers
+  };
+  // An all_to_all(_v)'s split, in elements per peer (all equal for all_to_all).
+  struct AllToAllCounts {
+    std::vector<size_t> send;
+    std::vector<size_t> recv;
+  };
+  // One point-to-point operation: a send half (to >= 0), a receive half (from >= 0),
+  // or both (send_recv). Counts in elements of the pointers' dtype.
+  struct PointToPoint {
+    ConstTypedPtr send;
+    size_t send_count = 0;
+    int to = -1;
+    TypedPtr recv;
+    size_t recv_count = 0;
+    int from = -1;
   };
   // Implementations start the collective and return its Work; the base class has
   // already validated arguments, assigned the sequence number and counted the call.
@@ -124,6 +181,9 @@ class Communicator {
                                 const Collective& c) = 0;
   virtual Work start_broadcast(void* data, size_t bytes, int root, const Collective& c) = 0;
   virtual Work start_barrier(const Collective& c) = 0;
+  virtual Work start_all_to_all(ConstTypedPtr send, TypedPtr recv, const AllToAllCounts& counts,
+                                const Collective& c) = 0;
+  virtual Work start_point_to_point(const PointToPoint& p, const Collective& c) = 0;
 
   bool finalized() const;
   const std::shared_ptr<CounterBlock>& counter_block() const { return counters_; }
@@ -132,6 +192,13 @@ class Communicator {
 
  private:
   Collective begin(CollectiveKind kind, std::string label, uint64_t bytes, int root, int op);
+  // Checks the communicator is not finalized, numbers a collective (point-to-point
+  // operations are numbered per pair by the caller) and counts the call.
+  Collective begin_counted(CollectiveKind kind, std::string label, uint64_t bytes,
+                           uint64_t bus_bytes, uint64_t messages);
+  Work begin_all_to_all(CollectiveKind kind, ConstTypedPtr send, TypedPtr recv,
+                        AllToAllCounts counts, std::string label);
+  Work begin_point_to_point(CollectiveKind kind, const PointToPoint& p, std::string label);
   Work track(Work work);
   template <typename T>
   void all_reduce_values(std::span<T> values, ReduceOp op, std::string label);
@@ -143,6 +210,8 @@ class Communicator {
   const std::shared_ptr<CounterBlock> counters_ = std::make_shared<CounterBlock>();
   mutable std::mutex mutex_;
   uint64_t next_sequence_ = 0;
+  std::vector<uint64_t> sends_to_;        // per peer: point-to-point messages sent to it
+  std::vector<uint64_t> receives_from_;   // per peer: messages received from it
   bool finalized_ = false;
   std::vector<Work> unobserved_;  // pruned of observed ones as it grows
   size_t prune_at_ = 64;

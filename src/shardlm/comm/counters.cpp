@@ -17,6 +17,16 @@ std::string_view to_string(CollectiveKind kind) {
       return "broadcast";
     case CollectiveKind::barrier:
       return "barrier";
+    case CollectiveKind::all_to_all:
+      return "all_to_all";
+    case CollectiveKind::all_to_all_v:
+      return "all_to_all_v";
+    case CollectiveKind::send:
+      return "send";
+    case CollectiveKind::recv:
+      return "recv";
+    case CollectiveKind::send_recv:
+      return "send_recv";
     case CollectiveKind::count:
       break;
   }
@@ -48,9 +58,14 @@ uint64_t bus_bytes_for(CollectiveKind kind, uint64_t bytes, int world_size) {
       return fraction(2);
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather:
+    case CollectiveKind::all_to_all:
+    case CollectiveKind::all_to_all_v:  // estimate; the communicator counts the exact figure
       return fraction(1);
     case CollectiveKind::broadcast:
+    case CollectiveKind::send:
+    case CollectiveKind::send_recv:
       return bytes;
+    case CollectiveKind::recv:
     case CollectiveKind::barrier:
     case CollectiveKind::count:
       break;
@@ -64,6 +79,7 @@ CollectiveStats CommCounters::total() const {
     sum.calls += s.calls;
     sum.bytes += s.bytes;
     sum.bus_bytes += s.bus_bytes;
+    sum.messages += s.messages;
     sum.seconds += s.seconds;
   }
   return sum;
@@ -74,6 +90,7 @@ CommCounters& CommCounters::operator+=(const CommCounters& other) {
     by_kind[k].calls += other.by_kind[k].calls;
     by_kind[k].bytes += other.by_kind[k].bytes;
     by_kind[k].bus_bytes += other.by_kind[k].bus_bytes;
+    by_kind[k].messages += other.by_kind[k].messages;
     by_kind[k].seconds += other.by_kind[k].seconds;
   }
   exposed_seconds += other.exposed_seconds;
@@ -81,8 +98,11 @@ CommCounters& CommCounters::operator+=(const CommCounters& other) {
 }
 
 static nlohmann::json stats_json(const CollectiveStats& s) {
-  return {
-      {"calls", s.calls}, {"bytes", s.bytes}, {"bus_bytes", s.bus_bytes}, {"seconds", s.seconds}};
+  return {{"calls", s.calls},
+          {"bytes", s.bytes},
+          {"bus_bytes", s.bus_bytes},
+          {"messages", s.messages},
+          {"seconds", s.seconds}};
 }
 
 nlohmann::json CommCounters::to_json() const {
@@ -94,12 +114,14 @@ nlohmann::json CommCounters::to_json() const {
   return out;
 }
 
-void CounterBlock::add_call(CollectiveKind kind, uint64_t bytes, uint64_t bus_bytes) {
+void CounterBlock::add_call(CollectiveKind kind, uint64_t bytes, uint64_t bus_bytes,
+                           uint64_t messages) {
   std::lock_guard lock(mutex_);
   auto& s = counters_[kind];
   s.calls += 1;
   s.bytes += bytes;
   s.bus_bytes += bus_bytes;
+  s.messages += messages;
 }
 
 void CounterBlock::add_seconds(CollectiveKind kind, double seconds) {

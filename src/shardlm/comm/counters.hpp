@@ -16,6 +16,13 @@ enum class CollectiveKind : int {
   all_gather,
   broadcast,
   barrier,
+  // The exchanges of context and expert parallelism (Ulysses, MoE dispatch), and the
+  // point-to-point steps of rings and pipelines (communicator.hpp).
+  all_to_all,
+  all_to_all_v,
+  send,
+  recv,
+  send_recv,
   count
 };
 inline constexpr int kNumCollectiveKinds = static_cast<int>(CollectiveKind::count);
@@ -39,10 +46,21 @@ size_t wire_bytes(WireType wire);  // bytes per element on the wire
 // - bus_bytes: what each rank must send at least under an optimal algorithm:
 //   all_reduce 2(N-1)/N * bytes, reduce_scatter and all_gather (N-1)/N * bytes,
 //   broadcast bytes; 0 when N == 1.
+// - all_to_all: bytes = the send buffer (size * count_per_peer * element), bus_bytes
+//   (N-1)/N * bytes (nccl-tests' alltoall); all_to_all_v: bytes = this rank's send
+//   buffer, bus_bytes = what it sends to other ranks (its own block stays).
+// - send: bytes = bus_bytes = the message; recv: bytes = the message, bus_bytes 0 (the
+//   sender counts it); send_recv: bytes = bus_bytes = the message sent (0 bus bytes
+//   when it goes to this rank itself).
+// - messages: point-to-point messages this rank sends, counted for the kinds where
+//   the operation fixes them: all_to_all(_v) one per other rank, send and send_recv
+//   one (none to itself), recv none. 0 for the reductions, gathers and broadcasts,
+//   whose message count is the algorithm's choice (plan's time model estimates it).
 struct CollectiveStats {
   uint64_t calls = 0;
   uint64_t bytes = 0;
   uint64_t bus_bytes = 0;
+  uint64_t messages = 0;
   // Seconds the communication thread spent executing collectives of this kind (MPI
   // calls plus the reduction arithmetic), whether or not anyone waited on them.
   double seconds = 0.0;
@@ -62,7 +80,7 @@ struct CommCounters {
   }
   CollectiveStats total() const;
   CommCounters& operator+=(const CommCounters& other);
-  // {"all_reduce": {"calls":..,"bytes":..,"bus_bytes":..,"seconds":..}, ...,
+  // {"all_reduce": {"calls":..,"bytes":..,"bus_bytes":..,"messages":..,"seconds":..}, ...,
   //  "total": {...}, "exposed_seconds": ..}
   nlohmann::json to_json() const;
 };
@@ -71,7 +89,7 @@ struct CommCounters {
 // adds calls and exposed time, the communication thread adds seconds.
 class CounterBlock {
  public:
-  void add_call(CollectiveKind kind, uint64_t bytes, uint64_t bus_bytes);
+  void add_call(CollectiveKind kind, uint64_t bytes, uint64_t bus_bytes, uint64_t messages = 0);
   void add_seconds(CollectiveKind kind, double seconds);
   void add_exposed_seconds(double seconds);
   CommCounters snapshot() const;

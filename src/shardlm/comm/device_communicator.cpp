@@ -4,7 +4,7 @@
 #include <string>
 
 #include "shardlm/backend/backend.hpp"
-#include "shardlm/backend/emulated/emulated_communicator.hpp"
+#include "shardlm/comm/emulated_device_communicator.hpp"
 #include "shardlm/core/error.hpp"
 
 #ifdef SHARDLM_WITH_CUDA
@@ -32,7 +32,7 @@ std::unique_ptr<Communicator> make_device_communicator(Device device, Communicat
     case DeviceKind::cpu:
       return nullptr;
     case DeviceKind::emulated:
-      return std::make_unique<emulated::DeviceCommunicator>(world);
+      return std::make_unique<EmulatedDeviceCommunicator>(world);
     case DeviceKind::cuda: {
 #ifdef SHARDLM_WITH_CUDA
       // Over a copy of the world (split), which the NCCL communicator owns and uses

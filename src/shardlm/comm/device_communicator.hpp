@@ -1,6 +1,6 @@
 // A rank's device and the communicator that carries that device's memory: on the host
 // the world communicator itself; on the emulated device its wrapper over the host's
-// (backend/emulated); on CUDA an NCCL communicator bootstrapped over the host's.
+// (emulated_device_communicator.hpp); on CUDA an NCCL communicator bootstrapped over the host's.
 #pragma once
 
 #include <memory>

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "shardlm/comm/reduce_kernels.hpp"
 #include "shardlm/core/dtype.hpp"
@@ -23,7 +24,7 @@ namespace {
 
 // What a rank's start_* asked for (an all_reduce_blocking is counted as an all_reduce
 // but travels as an all-gather, so this differs from the collective's kind).
-enum class Operation { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+enum class Operation { all_reduce, reduce_scatter, all_gather, broadcast, barrier, all_to_all };
 
 }  // namespace
 
@@ -35,6 +36,8 @@ struct InProcessCommunicator::Contribution {
   size_t count = 0;  // floats for reductions, bytes otherwise
   ReduceOp op = ReduceOp::sum;
   WireType wire = WireType::fp32;
+  Communicator::AllToAllCounts split;  // all_to_all: elements per peer
+  size_t element_bytes = 0;            // all_to_all
   int world_rank = 0;
   std::string injected_failure;
   std::shared_ptr<detail::WorkState> state;
@@ -85,6 +88,35 @@ struct InProcessJob::State {
   }
 };
 
+namespace {
+
+// One rank's point-to-point operation: done once each of its halves (one, or two for
+// a send_recv) has met its peer's other half.
+struct PointToPointOp {
+  CollectiveInfo info;
+  std::shared_ptr<detail::WorkState> state;
+  std::shared_ptr<CounterBlock> counters;
+  int world_rank = 0;
+  std::string injected_failure;
+  int halves_left = 0;  // under the group's mutex
+  std::string failure;  // the first failed half's line; under the group's mutex
+};
+
+// A send or receive half waiting for its peer's other half.
+struct PointToPointHalf {
+  std::shared_ptr<PointToPointOp> op;
+  bool sending = false;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  uint64_t bytes = 0;
+  int dtype = -1;
+  int rank = 0;  // in the group: the rank that posted it
+  int peer = 0;
+  uint64_t sequence = 0;  // per pair
+};
+
+}  // namespace
+
 struct InProcessCommunicator::Group {
   std::shared_ptr<InProcessJob::State> job;
   std::string name;
@@ -99,18 +131,61 @@ struct InProcessCommunicator::Group {
     std::vector<std::pair<std::shared_ptr<Group>, int>> result;  // per rank: group, rank in it
   };
   std::map<uint64_t, SplitSlot> splits;
+  // Point-to-point halves posted before their peer's, by (sender, receiver, number).
+  std::map<std::tuple<int, int, uint64_t>, PointToPointHalf> unmatched;
 
   int size() const { return static_cast<int>(world_ranks.size()); }
 };
 
 namespace {
 
-std::string describe_issue(const CollectiveInfo& info, uint64_t bytes, int root, int op) {
-  std::string text = fmt::format("{} '{}' (#{}, {} bytes", to_string(info.kind), info.label,
-                                 info.sequence, bytes);
+std::string describe_issue(const CollectiveInfo& info, uint64_t bytes, int root, int op,
+                           int dtype) {
+  std::string text = fmt::format("{} '{}' (#{}", to_string(info.kind), info.label, info.sequence);
+  if (info.kind != CollectiveKind::all_to_all_v) text += fmt::format(", {} bytes", bytes);
   if (root >= 0) text += fmt::format(", root {}", root);
   if (op >= 0) text += fmt::format(", {}", to_string(static_cast<ReduceOp>(op)));
+  if (dtype >= 0) text += fmt::format(", {}", dtype_name(static_cast<DType>(dtype)));
   return text + ")";
+}
+
+// "rank 0 sent 'kv' (#2 to rank 1, 64 bytes, fp32)"
+std::string describe_half(const PointToPointHalf& h) {
+  return fmt::format("rank {} {} '{}' (#{} {} rank {}, {} bytes, {})", h.rank,
+                     h.sending ? "sent" : "expects", h.op->info.label, h.sequence,
+                     h.sending ? "to" : "from", h.peer, h.bytes,
+                     dtype_name(static_cast<DType>(h.dtype)));
+}
+
+// Every rank's send block q must be what rank q expects from it.
+template <typename C>
+void check_all_to_all_counts(const std::vector<C>& all) {
+  const size_t n = all.size();
+  for (size_t p = 0; p < n; ++p)
+    for (size_t q = 0; q < n; ++q)
+      if (all[p].split.send[q] != all[q].split.recv[p])
+        throw Error(fmt::format("counts disagree: rank {} sends {} elements to rank {} but rank {} "
+                                "expects {} from rank {}",
+                                p, all[p].split.send[q], q, q, all[q].split.recv[p], p));
+}
+
+// Block q of every rank's send buffer into block p of rank q's receive buffer.
+template <typename C>
+void exchange_all_to_all(std::vector<C>& all) {
+  check_all_to_all_counts(all);
+  const size_t n = all.size();
+  const size_t element = all[0].element_bytes;
+  std::vector<size_t> send_offset(n, 0);  // per sender: where its block for q starts
+  for (size_t q = 0; q < n; ++q) {
+    char* to = static_cast<char*>(all[q].recv);
+    for (size_t p = 0; p < n; ++p) {
+      const size_t bytes = all[q].split.recv[p] * element;
+      if (bytes > 0)
+        std::memcpy(to, static_cast<const char*>(all[p].send) + send_offset[p] * element, bytes);
+      to += bytes;
+      send_offset[p] += all[p].split.send[q];
+    }
+  }
 }
 
 // Performs one collective for every rank of the group, on the calling thread.
@@ -157,6 +232,8 @@ void perform(std::vector<C>& all) {
         const void* from = all[static_cast<size_t>(p)].send;
         if (to != from && first.count > 0) std::memcpy(to, from, first.count);
       }
+  } else if (first.operation == Operation::all_to_all) {
+    exchange_all_to_all(all);
   } else if (first.operation == Operation::broadcast) {
     const void* from = all[static_cast<size_t>(first.c.root)].recv;
     for (int r = 0; r < n; ++r)
@@ -226,13 +303,14 @@ Work InProcessCommunicator::post(Contribution x) {
   for (size_t r = 1; r < ready.size() && failure.empty(); ++r) {
     const Contribution& other = ready[r];
     if (other.operation == first.operation && other.c.info.kind == first.c.info.kind &&
-        other.c.info.label == first.c.info.label && other.c.bytes == first.c.bytes &&
-        other.c.root == first.c.root && other.c.op == first.c.op)
+        other.c.info.label == first.c.info.label && other.c.agreed_bytes == first.c.agreed_bytes &&
+        other.c.root == first.c.root && other.c.op == first.c.op && other.c.dtype == first.c.dtype)
       continue;
+    const auto issue = [](const Contribution& x) {
+      return describe_issue(x.c.info, x.c.agreed_bytes, x.c.root, x.c.op, x.c.dtype);
+    };
     failure = fmt::format("collectives out of step on {}: rank 0 of {} issued {} but rank {} issued {}",
-                          name(), name(),
-                          describe_issue(first.c.info, first.c.bytes, first.c.root, first.c.op), r,
-                          describe_issue(other.c.info, other.c.bytes, other.c.root, other.c.op));
+                          name(), name(), issue(first), r, issue(other));
   }
   for (const auto& c : ready)
     if (failure.empty() && !c.injected_failure.empty())
@@ -277,6 +355,90 @@ Work InProcessCommunicator::start_broadcast(void* data, size_t bytes, int, const
 
 Work InProcessCommunicator::start_barrier(const Collective& c) {
   return post(Contribution::make(c, Operation::barrier, nullptr, nullptr, 0));
+}
+
+Work InProcessCommunicator::start_all_to_all(ConstTypedPtr send, TypedPtr recv,
+                                             const AllToAllCounts& counts, const Collective& c) {
+  Contribution x = Contribution::make(c, Operation::all_to_all, send.data, recv.data, 0);
+  x.split = counts;
+  x.element_bytes = dtype_bytes(send.dtype);
+  return post(std::move(x));
+}
+
+Work InProcessCommunicator::start_point_to_point(const PointToPoint& p, const Collective& c) {
+  auto state = std::make_shared<detail::WorkState>(c.info, counter_block(), policy_);
+  auto op = std::make_shared<PointToPointOp>();
+  op->info = c.info;
+  op->state = state;
+  op->counters = counter_block();
+  op->world_rank = world_rank_;
+  std::vector<PointToPointHalf> halves;
+  if (p.to >= 0) {
+    PointToPointHalf h{op, true, p.send.data, nullptr, p.send_count * dtype_bytes(p.send.dtype),
+                       c.dtype, rank(), p.to, c.info.sequence};
+    halves.push_back(h);
+  }
+  if (p.from >= 0) {
+    const uint64_t number = p.to >= 0 ? c.info.from_sequence : c.info.sequence;
+    PointToPointHalf h{op, false, nullptr, p.recv.data,
+                       p.recv_count * dtype_bytes(p.recv.dtype), c.dtype, rank(), p.from, number};
+    halves.push_back(h);
+  }
+  op->halves_left = static_cast<int>(halves.size());
+  InProcessJob::State& job = *group_->job;
+  const std::optional<InProcessFault> fault = job.take_fault(world_rank_, name(), c.info.label);
+  std::vector<std::shared_ptr<PointToPointOp>> settled;
+  {
+    std::lock_guard lock(group_->mutex);
+    if (job.aborted) {
+      state->fail(job.line());
+      return Work(state);
+    }
+    if (fault && fault->kind == InProcessFault::Kind::never_arrives) {
+      std::lock_guard job_lock(job.mutex);
+      job.lost.push_back(state);
+      return Work(state);
+    }
+    if (fault) op->injected_failure = fault->message;
+    for (PointToPointHalf& h : halves) {
+      const auto key = h.sending ? std::make_tuple(h.rank, h.peer, h.sequence)
+                                 : std::make_tuple(h.peer, h.rank, h.sequence);
+      auto it = group_->unmatched.find(key);
+      if (it == group_->unmatched.end()) {
+        group_->unmatched.emplace(key, std::move(h));
+        continue;
+      }
+      const PointToPointHalf other = std::move(it->second);
+      group_->unmatched.erase(it);
+      const PointToPointHalf& sender = h.sending ? h : other;
+      const PointToPointHalf& receiver = h.sending ? other : h;
+      std::string failure;
+      if (sender.op->info.label != receiver.op->info.label || sender.bytes != receiver.bytes ||
+          sender.dtype != receiver.dtype)
+        failure = fmt::format("point-to-point out of step on {}: {} but {}", name(),
+                              describe_half(sender), describe_half(receiver));
+      for (const auto* side : {&sender, &receiver})
+        if (failure.empty() && !side->op->injected_failure.empty())
+          failure = fmt::format("{} (injected on rank {})", side->op->injected_failure,
+                                side->op->world_rank);
+      Stopwatch elapsed;
+      if (failure.empty() && sender.bytes > 0) std::memcpy(receiver.recv, sender.send, sender.bytes);
+      const double seconds = elapsed.seconds();
+      for (const auto& side : {sender.op, receiver.op}) {
+        side->counters->add_seconds(side->info.kind, seconds);
+        if (!failure.empty() && side->failure.empty()) side->failure = failure;
+        if (--side->halves_left == 0) settled.push_back(side);
+      }
+    }
+  }
+  for (const auto& done : settled) {
+    if (done->failure.empty())
+      done->state->complete();
+    else
+      done->state->fail(fmt::format("rank {}: {} failed: {}", done->world_rank,
+                                    describe(done->info), done->failure));
+  }
+  return Work(state);
 }
 
 std::unique_ptr<Communicator> InProcessCommunicator::split(int color, int key, std::string name) {
@@ -342,6 +504,8 @@ void InProcessCommunicator::abort_job(const std::string& message) {
       for (auto& c : slot)
         if (c) c->state->fail(first_line);
     group->pending.clear();
+    for (auto& [key, half] : group->unmatched) half.op->state->fail(first_line);
+    group->unmatched.clear();
     group->split_done.notify_all();
   }
   for (auto& state : lost) state->fail(first_line);

@@ -5,10 +5,20 @@
 // Same interface, argument checks, sequence numbers, labels, counters and deadlines
 // as the MPI communicator. A collective completes when the last rank issues it: that
 // rank's thread performs it for every rank. Every collective is checked for agreement
-// (sequence, kind, bytes, root, operator, label) across the ranks, as
+// (sequence, kind, bytes, root, operator, dtype, label) across the ranks, as
 // CommOptions::check_sequence does under MPI, and fails on every rank with the same
-// "out of step" line when they disagree. Reductions go through reduce_kernels.hpp in
-// rank order, so results are bitwise what the MPI communicator computes.
+// "out of step" line when they disagree; an all_to_all_v also when what a rank sends
+// another differs from what that one expects. Reductions go through
+// reduce_kernels.hpp in rank order, so results are bitwise what the MPI communicator
+// computes.
+//
+// A point-to-point half (a send, a recv, either half of a send_recv) completes when
+// its peer posts the matching other half (same pair, same per-pair number); the one
+// that arrives second copies the message. Matched halves that disagree on label,
+// bytes or dtype fail both operations with one "out of step" line. Unlike under MPI
+// and NCCL, a rank's operations do not wait for its earlier ones, so a ring of
+// separate sends and receives that would block there completes here: test rings with
+// send_recv, as real code must use them.
 //
 // A wait past its deadline throws CommTimeout naming the rank and the collective (no
 // process is aborted). abort_job() ends the whole job as MPI_Abort would: every
@@ -67,6 +77,9 @@ class InProcessCommunicator final : public Communicator {
                         const Collective& c) override;
   Work start_broadcast(void* data, size_t bytes, int root, const Collective& c) override;
   Work start_barrier(const Collective& c) override;
+  Work start_all_to_all(ConstTypedPtr send, TypedPtr recv, const AllToAllCounts& counts,
+                        const Collective& c) override;
+  Work start_point_to_point(const PointToPoint& p, const Collective& c) override;
   std::string who() const override;
 
  private:

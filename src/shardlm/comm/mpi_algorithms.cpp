@@ -20,6 +20,8 @@ namespace {
 // MPI keeps messages between two ranks in order, so fixed tags cannot mix up rounds.
 constexpr int kReduceScatterTag = 7101;
 constexpr int kAllGatherTag = 7102;
+constexpr int kAllToAllTag = 7103;
+constexpr int kPointToPointTag = 7104;
 
 struct CommShape {
   int size = 1;
@@ -215,6 +217,132 @@ void broadcast(MPI_Comm comm, void* data, size_t bytes, int root) {
     const int count = static_cast<int>(std::min(kPiece, bytes - offset));
     check(MPI_Bcast(static_cast<char*>(data) + offset, count, MPI_BYTE, root, comm), "MPI_Bcast");
   }
+}
+
+namespace {
+
+// The messages of one direct exchange: receives posted first, then sends, all waited
+// for together; then every receive's size is checked against what was expected.
+class Exchange {
+ public:
+  Exchange(MPI_Comm comm, int tag, size_t chunk_bytes)
+      : comm_(comm), tag_(tag), chunk_(std::clamp<size_t>(chunk_bytes, 1, size_t{INT_MAX})) {}
+
+  // At least one message, so an empty block still pairs with its peer's.
+  void receive(void* data, size_t bytes, int from) {
+    size_t offset = 0;
+    do {
+      const int count = static_cast<int>(std::min(chunk_, bytes - offset));
+      requests_.emplace_back();
+      expected_.push_back({from, count});
+      check(MPI_Irecv(static_cast<char*>(data) + offset, count, MPI_BYTE, from, tag_, comm_,
+                      &requests_.back()),
+            "MPI_Irecv");
+      offset += static_cast<size_t>(count);
+    } while (offset < bytes);
+  }
+  void send(const void* data, size_t bytes, int to) {
+    size_t offset = 0;
+    do {
+      const int count = static_cast<int>(std::min(chunk_, bytes - offset));
+      requests_.emplace_back();
+      expected_.push_back({-1, count});
+      check(MPI_Isend(static_cast<const char*>(data) + offset, count, MPI_BYTE, to, tag_, comm_,
+                      &requests_.back()),
+            "MPI_Isend");
+      offset += static_cast<size_t>(count);
+    } while (offset < bytes);
+  }
+  void wait() {
+    if (requests_.empty()) return;
+    std::vector<MPI_Status> statuses(requests_.size());
+    const int rc = MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data());
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (size_t i = 0; i < statuses.size(); ++i)
+        if (statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
+          const int from = expected_[i].from;
+          try {
+            check(statuses[i].MPI_ERROR, from >= 0 ? "MPI_Irecv" : "MPI_Isend");
+          } catch (const Error& e) {
+            if (from < 0) throw;
+            throw Error(fmt::format("{} (rank {} sent more than the {} bytes expected?)", e.what(),
+                                    from, expected_[i].bytes));
+          }
+        }
+    }
+    check(rc, "MPI_Waitall");
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      if (expected_[i].from < 0) continue;
+      int received = 0;
+      check(MPI_Get_count(&statuses[i], MPI_BYTE, &received), "MPI_Get_count");
+      SHARDLM_CHECK(received == expected_[i].bytes,
+                    "rank {} sent {} bytes where {} were expected (the two sides' counts disagree)",
+                    expected_[i].from, received, expected_[i].bytes);
+    }
+  }
+
+ private:
+  struct Expected {
+    int from;  // -1 for a send
+    int bytes;
+  };
+  MPI_Comm comm_;
+  int tag_;
+  size_t chunk_;
+  std::vector<MPI_Request> requests_;
+  std::vector<Expected> expected_;
+};
+
+}  // namespace
+
+void all_to_all_v(MPI_Comm comm, const void* send, const size_t* send_bytes, void* recv,
+                  const size_t* recv_bytes, size_t chunk_bytes) {
+  const auto [n, r] = shape_of(comm);
+  std::vector<size_t> send_offset(static_cast<size_t>(n) + 1, 0), recv_offset(send_offset);
+  for (int p = 0; p < n; ++p) {
+    send_offset[p + 1] = send_offset[p] + send_bytes[p];
+    recv_offset[p + 1] = recv_offset[p] + recv_bytes[p];
+  }
+  const auto* from_base = static_cast<const char*>(send);
+  auto* to_base = static_cast<char*>(recv);
+  Exchange exchange(comm, kAllToAllTag, chunk_bytes);
+  for (int step = 1; step < n; ++step) {
+    const int from = (r - step + n) % n;
+    exchange.receive(to_base + recv_offset[from], recv_bytes[from], from);
+  }
+  for (int step = 1; step < n; ++step) {
+    const int to = (r + step) % n;
+    exchange.send(from_base + send_offset[to], send_bytes[to], to);
+  }
+  SHARDLM_CHECK(send_bytes[r] == recv_bytes[r],
+                "all-to-all: this rank sends {} bytes to itself but expects {}", send_bytes[r],
+                recv_bytes[r]);
+  if (send_bytes[r] > 0) std::memcpy(to_base + recv_offset[r], from_base + send_offset[r], send_bytes[r]);
+  exchange.wait();
+}
+
+void all_to_all_library(MPI_Comm comm, const void* send, void* recv, size_t bytes_per_peer) {
+  SHARDLM_CHECK(bytes_per_peer <= size_t{INT_MAX}, "MPI_Alltoall: {} bytes per peer exceed INT_MAX",
+                bytes_per_peer);
+  const int b = static_cast<int>(bytes_per_peer);
+  check(MPI_Alltoall(send, b, MPI_BYTE, recv, b, MPI_BYTE, comm), "MPI_Alltoall");
+}
+
+void send_recv(MPI_Comm comm, const void* send, size_t send_bytes, int to, void* recv,
+               size_t recv_bytes, int from, size_t chunk_bytes) {
+  const auto [n, r] = shape_of(comm);
+  (void)n;
+  if (to == r || from == r) {
+    SHARDLM_CHECK(to == r && from == r && send_bytes == recv_bytes,
+                  "send_recv to itself: to {} from {}, {} bytes sent, {} expected", to, from,
+                  send_bytes, recv_bytes);
+    if (send_bytes > 0 && send != recv) std::memcpy(recv, send, send_bytes);
+    return;
+  }
+  Exchange exchange(comm, kPointToPointTag, chunk_bytes);
+  if (from >= 0) exchange.receive(recv, recv_bytes, from);
+  if (to >= 0) exchange.send(send, send_bytes, to);
+  exchange.wait();
 }
 
 }  // namespace shardlm::mpi

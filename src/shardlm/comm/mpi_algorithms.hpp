@@ -54,4 +54,25 @@ void all_gather_direct(MPI_Comm comm, const void* send, void* recv, size_t bytes
 // MPI_Bcast in pieces of at most 1 GiB (MPI counts are int).
 void broadcast(MPI_Comm comm, void* data, size_t bytes, int root);
 
+// All-to-all by direct exchange: block p of `send` (send_bytes[p], blocks packed in
+// rank order) goes to rank p, block p of `recv` (recv_bytes[p]) comes from rank p; the
+// own block is copied. Every peer gets at least one message (an empty one for an empty
+// block) and messages are at most chunk_bytes, so a peer that sends other than what
+// this rank expects is an error naming it ("rank 2 sent 12 bytes where 16 were
+// expected", or MPI's truncation error) instead of a message left for a later call.
+// Receives are posted first, then sends to the nearest ranks upwards (as in
+// reduce_scatter_rank_order).
+void all_to_all_v(MPI_Comm comm, const void* send, const size_t* send_bytes, void* recv,
+                  const size_t* recv_bytes, size_t chunk_bytes = size_t{1} << 30);
+// MPI_Alltoall on equal blocks (the library's algorithm, for the benchmark).
+void all_to_all_library(MPI_Comm comm, const void* send, void* recv, size_t bytes_per_peer);
+
+// Point-to-point: sends `send_bytes` to rank `to` (none when to < 0) while receiving
+// `recv_bytes` from rank `from` (none when from < 0), both posted before either is
+// waited for; to == from == this rank is a copy. Messages are chunked and checked as
+// in all_to_all_v. Returns once both are done: a lone send waits for its receiver's
+// matching receive only as long as MPI does (eager messages complete at once).
+void send_recv(MPI_Comm comm, const void* send, size_t send_bytes, int to, void* recv,
+               size_t recv_bytes, int from, size_t chunk_bytes = size_t{1} << 30);
+
 }  // namespace shardlm::mpi

@@ -40,12 +40,18 @@ class MpiCommunicator final : public Communicator {
                         const Collective& c) override;
   Work start_broadcast(void* data, size_t bytes, int root, const Collective& c) override;
   Work start_barrier(const Collective& c) override;
+  Work start_all_to_all(ConstTypedPtr send, TypedPtr recv, const AllToAllCounts& counts,
+                        const Collective& c) override;
+  Work start_point_to_point(const PointToPoint& p, const Collective& c) override;
   std::string who() const override;
 
  private:
   MpiCommunicator(std::shared_ptr<MpiRuntime> runtime, std::shared_ptr<State> state, int rank,
                   int size, std::string name, CommOptions options, bool is_world);
-  Work submit(const Collective& c, std::function<void(MPI_Comm)> body);
+  // Queues `body` behind the sequence check (and, for an all_to_all_v, the check of
+  // every rank's `counts`).
+  Work submit(const Collective& c, std::function<void(MPI_Comm)> body,
+              const AllToAllCounts* counts = nullptr);
 
   std::shared_ptr<MpiRuntime> runtime_;
   std::shared_ptr<State> state_;

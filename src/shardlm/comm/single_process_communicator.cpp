@@ -79,4 +79,15 @@ Work SingleProcessCommunicator::start_barrier(const Collective& c) {
   return finish_copy(nullptr, nullptr, 0, c);
 }
 
+Work SingleProcessCommunicator::start_all_to_all(ConstTypedPtr send, TypedPtr recv,
+                                                 const AllToAllCounts& counts,
+                                                 const Collective& c) {
+  return finish_copy(send.data, recv.data, counts.send[0] * dtype_bytes(send.dtype), c);
+}
+
+Work SingleProcessCommunicator::start_point_to_point(const PointToPoint& p, const Collective& c) {
+  SHARDLM_ASSERT(p.to == 0 && p.from == 0);  // the base class allows nothing else at size 1
+  return finish_copy(p.send.data, p.recv.data, p.send_count * dtype_bytes(p.send.dtype), c);
+}
+
 }  // namespace shardlm

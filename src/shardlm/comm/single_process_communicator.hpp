@@ -24,6 +24,11 @@ class SingleProcessCommunicator final : public Communicator {
                         const Collective& c) override;
   Work start_broadcast(void* data, size_t bytes, int root, const Collective& c) override;
   Work start_barrier(const Collective& c) override;
+  // Size 1: the own block is the whole exchange; a point-to-point operation can only
+  // be a send_recv to itself (a ring of one).
+  Work start_all_to_all(ConstTypedPtr send, TypedPtr recv, const AllToAllCounts& counts,
+                        const Collective& c) override;
+  Work start_point_to_point(const PointToPoint& p, const Collective& c) override;
 
  private:
   // Copies `bytes` unless source and destination are the same, and returns a Work

@@ -10,8 +10,21 @@
 namespace shardlm {
 
 std::string describe(const CollectiveInfo& info) {
-  return fmt::format("{} '{}' (#{} on {})", to_string(info.kind), info.label, info.sequence,
-                     info.communicator);
+  switch (info.kind) {
+    case CollectiveKind::send:
+      return fmt::format("send '{}' (#{} to rank {} on {})", info.label, info.sequence, info.to,
+                         info.communicator);
+    case CollectiveKind::recv:
+      return fmt::format("recv '{}' (#{} from rank {} on {})", info.label, info.sequence,
+                         info.from, info.communicator);
+    case CollectiveKind::send_recv:
+      return fmt::format("send_recv '{}' (#{} to rank {}, #{} from rank {} on {})", info.label,
+                         info.sequence, info.to, info.from_sequence, info.from,
+                         info.communicator);
+    default:
+      return fmt::format("{} '{}' (#{} on {})", to_string(info.kind), info.label, info.sequence,
+                         info.communicator);
+  }
 }
 
 namespace detail {

@@ -27,14 +27,21 @@ namespace shardlm {
 
 // What a collective is, for messages: kind, the caller's label ("reduce_scatter unit
 // h.3"), its sequence number on its communicator, and that communicator's name.
+// Point-to-point operations are numbered per pair of ranks instead: `sequence` counts
+// this rank's sends to `to` (a recv: its receives from `from`), `from_sequence` a
+// send_recv's receives from `from`. Peers are ranks of the communicator.
 struct CollectiveInfo {
   CollectiveKind kind = CollectiveKind::barrier;
   std::string label;
   uint64_t sequence = 0;
   std::string communicator = "world";
+  int to = -1;    // send, send_recv: the rank sent to
+  int from = -1;  // recv, send_recv: the rank received from
+  uint64_t from_sequence = 0;  // send_recv: the number of its receive half
 };
 
-// "all_reduce 'loss sum' (#7 on world)"
+// "all_reduce 'loss sum' (#7 on world)", "send 'kv step 2' (#2 to rank 1 on context)",
+// "send_recv 'kv step 2' (#2 to rank 1, #2 from rank 3 on context)"
 std::string describe(const CollectiveInfo& info);
 
 // What a wait does when its deadline passes.

@@ -138,7 +138,11 @@ TransportCalibration measure_transport(Communicator& world, const std::string& n
   TrackedBuffer buffer(MemCategory::other, large * 4);
   float* data = buffer.as<float>();
   std::fill(data, data + large, 1.0f);
+  TrackedBuffer received(MemCategory::other, large * 4);  // all-to-all and send/recv: no in-place
+  float* other = received.as<float>();
+  std::fill(other, other + large, 0.0f);
   const int r = world.rank();
+  const int next = (r + 1) % N, prev = (r + N - 1) % N;
 
   const auto time_once = [&](CollectiveKind kind, size_t count) {
     world.barrier("calibrate barrier").wait();
@@ -152,6 +156,12 @@ TransportCalibration measure_transport(Communicator& world, const std::string& n
         world.reduce_scatter(data, data + r * block, block, ReduceOp::sum,
                              "calibrate reduce_scatter")
             .wait();
+        break;
+      case CollectiveKind::all_to_all:
+        world.all_to_all(data, other, block, "calibrate all_to_all").wait();
+        break;
+      case CollectiveKind::send_recv:  // one ring step: the whole buffer to the next rank
+        world.send_recv(data, count, next, other, count, prev, "calibrate send_recv").wait();
         break;
       default:
         world.all_reduce(data, count, ReduceOp::sum, "calibrate all_reduce").wait();
@@ -172,7 +182,8 @@ TransportCalibration measure_transport(Communicator& world, const std::string& n
   TransportCalibration out;
   out.figures.name = name;
   const CollectiveKind kinds[] = {CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
-                                  CollectiveKind::all_reduce};
+                                  CollectiveKind::all_reduce, CollectiveKind::all_to_all,
+                                  CollectiveKind::send_recv};
   double large_all_reduce_s = 0;
   for (CollectiveKind kind : kinds) {
     const double small_bytes = 4.0 * small, large_b = 4.0 * large;
@@ -180,14 +191,22 @@ TransportCalibration measure_transport(Communicator& world, const std::string& n
     const auto bus = [&](double bytes) {
       return static_cast<double>(bus_bytes_for(kind, static_cast<uint64_t>(bytes), N));
     };
+    // The exchanges send a fixed number of messages (hardware_profile.hpp); the other
+    // kinds as the step model counts them.
     const auto messages = [&](double bytes) {
+      if (kind == CollectiveKind::all_to_all) return static_cast<double>(N - 1);
+      if (kind == CollectiveKind::send_recv) return 1.0;
       return collective_messages(kind, bytes, N, CommOptions{}.scratch_bytes, 4);
     };
     const CollectiveRate rate =
         fit(messages(small_bytes), bus(small_bytes), t_small, messages(large_b), bus(large_b), t_large);
-    (kind == CollectiveKind::all_gather       ? out.figures.all_gather
-     : kind == CollectiveKind::reduce_scatter ? out.figures.reduce_scatter
-                                              : out.figures.all_reduce) = rate;
+    switch (kind) {
+      case CollectiveKind::all_gather: out.figures.all_gather = rate; break;
+      case CollectiveKind::reduce_scatter: out.figures.reduce_scatter = rate; break;
+      case CollectiveKind::all_to_all: out.figures.all_to_all = rate; break;
+      case CollectiveKind::send_recv: out.figures.send_recv = rate; break;
+      default: out.figures.all_reduce = rate; break;
+    }
     if (kind == CollectiveKind::all_reduce) large_all_reduce_s = t_large;
     out.detail += fmt::format("{} {:.1f} KiB {:.3f} ms, {:.1f} MiB {:.2f} ms -> {:.1f} us/message, "
                               "{:.2f} GB/s bus; ",

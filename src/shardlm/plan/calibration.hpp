@@ -31,7 +31,9 @@ struct TransportCalibration {
   std::string detail;
 };
 
-// Times all-gather, reduce-scatter and all-reduce on `world` at two sizes (small:
+// Times all-gather, reduce-scatter, all-reduce, all-to-all (equal splits) and a ring
+// step of send_recv (the buffer to the next rank, from the previous) on `world` at
+// two sizes (small:
 // latency, large_bytes: bandwidth; the fastest of `repeats`, as the machine may be
 // shared), fits latency per message and
 // bus bandwidth (t = latency x messages + bus bytes / bandwidth, messages as the step

@@ -14,6 +14,11 @@ const CollectiveRate& TransportFigures::rate(CollectiveKind kind) const {
   switch (kind) {
     case CollectiveKind::all_gather: return all_gather;
     case CollectiveKind::reduce_scatter: return reduce_scatter;
+    case CollectiveKind::all_to_all:
+    case CollectiveKind::all_to_all_v: return all_to_all;
+    case CollectiveKind::send:
+    case CollectiveKind::recv:
+    case CollectiveKind::send_recv: return send_recv;
     default: return all_reduce;
   }
 }
@@ -46,6 +51,8 @@ nlohmann::json transport_to_json(const TransportFigures& t) {
           {"all_gather", rate_json(t.all_gather)},
           {"reduce_scatter", rate_json(t.reduce_scatter)},
           {"all_reduce", rate_json(t.all_reduce)},
+          {"all_to_all", rate_json(t.all_to_all)},
+          {"send_recv", rate_json(t.send_recv)},
           {"compute_share_during_comm", t.compute_share_during_comm}};
 }
 
@@ -90,6 +97,11 @@ TransportFigures transport_from_json(const nlohmann::json& j, const std::string&
   t.reduce_scatter =
       rate_from(j.value("reduce_scatter", nlohmann::json()), where + ".reduce_scatter");
   t.all_reduce = rate_from(j.value("all_reduce", nlohmann::json()), where + ".all_reduce");
+  // Absent in profiles written before all-to-all and point-to-point existed.
+  t.all_to_all = j.contains("all_to_all") ? rate_from(j.at("all_to_all"), where + ".all_to_all")
+                                          : t.all_gather;
+  t.send_recv = j.contains("send_recv") ? rate_from(j.at("send_recv"), where + ".send_recv")
+                                        : t.all_gather;
   t.compute_share_during_comm = positive(j, "compute_share_during_comm", where);
   SHARDLM_CHECK(t.compute_share_during_comm <= 1.0,
                 "profile: field {}.compute_share_during_comm must be in (0, 1], got {}", where,
@@ -107,11 +119,26 @@ ComputeRates rates_from_json(const nlohmann::json& j, const std::string& where) 
 
 namespace {
 
-// A transport whose three collectives share one latency and bus bandwidth.
+// A transport whose collectives share one latency and bus bandwidth.
 TransportFigures uniform(const std::string& name, double latency_s, double bytes_per_s,
                          double compute_share) {
   const CollectiveRate r{latency_s, bytes_per_s};
-  return {name, r, r, r, compute_share};
+  TransportFigures t;
+  t.name = name;
+  t.all_gather = t.reduce_scatter = t.all_reduce = t.all_to_all = t.send_recv = r;
+  t.compute_share_during_comm = compute_share;
+  return t;
+}
+
+// Inter-node figures for all-to-all and point-to-point, which are bound by each rank's
+// own NIC rather than by the node's: a ring's collectives spread over every NIC of the
+// node (the node's aggregate, above), but a rank's messages to other nodes leave
+// through its own (one NIC per GPU on DGX A100 / H100 with rail-optimised
+// PXN routing; an L4 node's 8 ranks share one).
+TransportFigures with_per_rank_nic(TransportFigures t, double latency_s, double nic_bytes_per_s) {
+  t.all_to_all = {latency_s, nic_bytes_per_s};
+  t.send_recv = {latency_s, nic_bytes_per_s};
+  return t;
 }
 
 // GPU rates from peak figures and the efficiencies docs/planning.md states.
@@ -199,34 +226,45 @@ std::vector<std::string> builtin_profile_names() {
 
 HardwareProfile builtin_profile(const std::string& name) {
   // Peak figures: NVIDIA's A100, H100, H200 and L4 datasheets; efficiencies: docs/planning.md.
+  // Links: NVLink 3 600 GB/s and NVLink 4 900 GB/s per GPU both ways (300 / 450 each
+  // way; A100, H100 and H200 datasheets), HDR 200 Gbit/s = 25 GB/s and NDR 400 Gbit/s =
+  // 50 GB/s per ConnectX-6 / -7 port, one per GPU (DGX A100 / DGX H100 user guides).
+  // all_to_all and send_recv use the same efficiencies (0.8 of NVLink, 0.9 of IB).
   if (name == "a100-80g")
     return gpu_node(name,
                     "8 x A100 SXM4 80 GB per node (NVLink 3 / NVSwitch), 8 x HDR 200 Gbit/s "
                     "InfiniBand per node; datasheet peaks x stated efficiencies",
                     80, 19.5e12, 312e12, 2039e9, 0.6,
                     uniform("nvlink3", 2e-6, 0.8 * 300e9, kGpuOverlapShare),
-                    uniform("8x ib-hdr", 5e-6, 0.9 * 200e9, kGpuOverlapShare));
+                    with_per_rank_nic(uniform("8x ib-hdr", 5e-6, 0.9 * 200e9, kGpuOverlapShare),
+                                      5e-6, 0.9 * 25e9));
   if (name == "h100-80g")
     return gpu_node(name,
                     "8 x H100 SXM5 80 GB per node (NVLink 4 / NVSwitch), 8 x NDR 400 Gbit/s "
                     "InfiniBand per node; datasheet peaks x stated efficiencies",
                     80, 67e12, 989e12, 3350e9, 0.5,
                     uniform("nvlink4", 2e-6, 0.8 * 450e9, kGpuOverlapShare),
-                    uniform("8x ib-ndr", 5e-6, 0.9 * 400e9, kGpuOverlapShare));
+                    with_per_rank_nic(uniform("8x ib-ndr", 5e-6, 0.9 * 400e9, kGpuOverlapShare),
+                                      5e-6, 0.9 * 50e9));
   if (name == "h200-141g")  // H200 SXM: H100's compute, HBM3e 4.8 TB/s, 141 GB
     return gpu_node(name,
                     "8 x H200 SXM 141 GB per node (NVLink 4 / NVSwitch), 8 x NDR 400 Gbit/s "
                     "InfiniBand per node; datasheet peaks x stated efficiencies",
                     141, 67e12, 989e12, 4800e9, 0.5,
                     uniform("nvlink4", 2e-6, 0.8 * 450e9, kGpuOverlapShare),
-                    uniform("8x ib-ndr", 5e-6, 0.9 * 400e9, kGpuOverlapShare));
+                    with_per_rank_nic(uniform("8x ib-ndr", 5e-6, 0.9 * 400e9, kGpuOverlapShare),
+                                      5e-6, 0.9 * 50e9));
   if (name == "l4-24g")
     return gpu_node(name,
                     "8 x L4 24 GB per node on PCIe 4.0 x16 (no NVLink), 100 Gbit/s Ethernet; "
                     "datasheet peaks x stated efficiencies",
                     24, 30.3e12, 121e12, 300e9, 0.5,
                     uniform("pcie4", 5e-6, 0.6 * 32e9, kGpuOverlapShare),
-                    link_transport("100gbit", kGpuOverlapShare));
+                    [] {
+                      TransportFigures t = link_transport("100gbit", kGpuOverlapShare);
+                      t.all_to_all.bus_bytes_per_s /= 8;  // 8 ranks' traffic, one NIC
+                      return t;  // a lone pair has the NIC to itself: send_recv keeps it
+                    }());
   std::string known;
   for (const auto& n : builtin_profile_names()) known += (known.empty() ? "" : ", ") + n;
   throw Error(fmt::format("unknown profile '{}' (expected a profile JSON file from `shardlm "

@@ -22,9 +22,15 @@ struct CollectiveRate {
 };
 
 // A way ranks exchange data: shared memory, TCP at some link rate, NVLink, InfiniBand.
+// Messages per call, for the fit and the model: all_to_all(_v) one per other rank,
+// send_recv (and a lone send or recv) one.
 struct TransportFigures {
   std::string name;
   CollectiveRate all_gather, reduce_scatter, all_reduce;
+  // all_to_all and all_to_all_v; send, recv and send_recv. A profile file written
+  // before these existed gets its all_gather figures for both (same links, same kind
+  // of traffic: every byte leaves its rank once), which `calibrate` then replaces.
+  CollectiveRate all_to_all, send_recv;
   // Speed of computation, as a fraction of its speed alone, while a collective is in
   // flight (1: free overlap, e.g. a NIC's DMA; ~0.5: a busy-polling communication
   // thread sharing the core with the compute thread).

@@ -5,6 +5,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -510,6 +511,91 @@ Work NcclCommunicator::start_barrier(const Collective& c) {
     nccl_check(ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm),
                              static_cast<cudaStream_t>(stream)),
                "ncclAllReduce (barrier)", static_cast<ncclComm_t>(comm));
+  });
+}
+
+Work NcclCommunicator::start_all_to_all(ConstTypedPtr send, TypedPtr recv,
+                                        const AllToAllCounts& counts, const Collective& c) {
+  if (c.bytes == 0 && std::all_of(counts.recv.begin(), counts.recv.end(),
+                                  [](size_t n) { return n == 0; }))
+    return Work();
+  if (!on_device(c, {send.data, recv.data})) {
+    if (c.info.kind == CollectiveKind::all_to_all)
+      return host_->all_to_all(send, recv, counts.send[0], c.info.label);
+    return host_->all_to_all_v(send, counts.send, recv, counts.recv, c.info.label);
+  }
+  const size_t element = dtype_bytes(send.dtype);
+  const int n = size();
+  const int me = rank();
+  return issue(c, [=](void* comm_ptr, void* stream_ptr) {
+    auto comm = static_cast<ncclComm_t>(comm_ptr);
+    auto stream = static_cast<cudaStream_t>(stream_ptr);
+    const auto* from = static_cast<const char*>(send.data);
+    auto* to = static_cast<char*>(recv.data);
+    size_t send_offset = 0, recv_offset = 0;
+    size_t own_send = 0, own_recv = 0;
+    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclResult_t first_error = ncclSuccess;
+    for (int peer = 0; peer < n; ++peer) {
+      const size_t send_bytes = counts.send[peer] * element;
+      const size_t recv_bytes = counts.recv[peer] * element;
+      if (peer == me) {
+        own_send = send_offset;
+        own_recv = recv_offset;
+      } else if (first_error == ncclSuccess) {
+        // Bytes (ncclUint8): NCCL's counts are size_t, so no chunking is needed.
+        first_error = ncclSend(from + send_offset, send_bytes, ncclUint8, peer, comm, stream);
+        if (first_error == ncclSuccess)
+          first_error = ncclRecv(to + recv_offset, recv_bytes, ncclUint8, peer, comm, stream);
+      }
+      send_offset += send_bytes;
+      recv_offset += recv_bytes;
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    nccl_check(first_error != ncclSuccess ? first_error : ended, "ncclSend/ncclRecv (all_to_all)",
+               comm);
+    const size_t own_bytes = counts.send[me] * element;
+    if (own_bytes > 0)
+      cuda_check(cudaMemcpyAsync(to + own_recv, from + own_send, own_bytes, cudaMemcpyDeviceToDevice,
+                                 stream),
+                 "cudaMemcpyAsync (own block)");
+  });
+}
+
+Work NcclCommunicator::start_point_to_point(const PointToPoint& p, const Collective& c) {
+  const bool sends = p.to >= 0;
+  const bool receives = p.from >= 0;
+  if (!on_device(c, {sends ? p.send.data : nullptr, receives ? p.recv.data : nullptr})) {
+    switch (c.info.kind) {
+      case CollectiveKind::send:
+        return host_->send(p.send, p.send_count, p.to, c.info.label);
+      case CollectiveKind::recv:
+        return host_->recv(p.recv, p.recv_count, p.from, c.info.label);
+      default:
+        return host_->send_recv(p.send, p.send_count, p.to, p.recv, p.recv_count, p.from,
+                                c.info.label);
+    }
+  }
+  const size_t send_bytes = sends ? p.send_count * dtype_bytes(p.send.dtype) : 0;
+  const size_t recv_bytes = receives ? p.recv_count * dtype_bytes(p.recv.dtype) : 0;
+  const int me = rank();
+  return issue(c, [=](void* comm_ptr, void* stream_ptr) {
+    auto comm = static_cast<ncclComm_t>(comm_ptr);
+    auto stream = static_cast<cudaStream_t>(stream_ptr);
+    if (p.to == me) {  // a ring of one (the base class allows nothing else to itself)
+      if (send_bytes > 0)
+        cuda_check(cudaMemcpyAsync(p.recv.data, p.send.data, send_bytes, cudaMemcpyDeviceToDevice,
+                                   stream),
+                   "cudaMemcpyAsync (send_recv to itself)");
+      return;
+    }
+    nccl_check(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclResult_t first_error = ncclSuccess;
+    if (sends) first_error = ncclSend(p.send.data, send_bytes, ncclUint8, p.to, comm, stream);
+    if (receives && first_error == ncclSuccess)
+      first_error = ncclRecv(p.recv.data, recv_bytes, ncclUint8, p.from, comm, stream);
+    const ncclResult_t ended = ncclGroupEnd();
+    nccl_check(first_error != ncclSuccess ? first_error : ended, "ncclSend/ncclRecv", comm);
   });
 }
 

@@ -33,6 +33,14 @@
 // reduce_scatter with WireType::bf16 always takes the ordered path: bf16 travels,
 // the reduction stays fp32 (an NCCL bf16 reduction would round at every step).
 //
+// All-to-all and point-to-point: ncclSend/ncclRecv, grouped (ncclGroupStart/End) so
+// that every peer's transfer of an all_to_all(_v), and both halves of a send_recv, are
+// in flight together. A lone send or recv occupies the communication stream until its
+// peer posts the other side (NCCL's rule), so later collectives of this process wait
+// behind it; a ring must use send_recv. NCCL matches messages per pair in order, like
+// the CPU communicators; it cannot see counts that disagree (a receive larger than
+// the message never completes, and the deadline names it).
+//
 // Not covered: CommOptions::check_sequence and overlap apply to the host collectives
 // only. Start-up (ncclCommInitRank) and split (ncclCommSplit) block the host without
 // a deadline; a rank that fails before reaching them aborts the job over MPI.
@@ -105,6 +113,11 @@ class NcclCommunicator final : public Communicator {
                         const Collective& c) override;
   Work start_broadcast(void* data, size_t bytes, int root, const Collective& c) override;
   Work start_barrier(const Collective& c) override;
+  // Grouped ncclSend/ncclRecv per peer (the own block, and a send_recv to itself, by
+  // cudaMemcpyAsync on the communication stream).
+  Work start_all_to_all(ConstTypedPtr send, TypedPtr recv, const AllToAllCounts& counts,
+                        const Collective& c) override;
+  Work start_point_to_point(const PointToPoint& p, const Collective& c) override;
   std::string who() const override;
 
  private:

@@ -1,6 +1,7 @@
-// Collectives on emulated device buffers (emulated_backend.hpp): the emulated
-// device's stand-in for NCCL. Each collective untags its device pointers and is carried
-// by a host communicator (MPI, in-process or single-process), with the same labels;
+// Collectives on emulated device buffers (backend/emulated/emulated_backend.hpp): the
+// emulated device's stand-in for NCCL. Each operation untags its device pointers and
+// is carried by a host communicator (MPI, in-process or single-process) under the same
+// label, so it is validated, numbered, counted and given a deadline there as well;
 // host memory (the blocking helpers' values) passes through as it is.
 #pragma once
 
@@ -8,14 +9,15 @@
 
 #include "shardlm/comm/communicator.hpp"
 
-namespace shardlm::emulated {
+namespace shardlm {
 
-class DeviceCommunicator final : public Communicator {
+class EmulatedDeviceCommunicator final : public Communicator {
  public:
   // `host` carries the collectives and must outlive this; `owned`, if set, is `host`
   // itself, owned by this (a split's sub-communicator).
-  explicit DeviceCommunicator(Communicator& host, std::unique_ptr<Communicator> owned = nullptr);
-  ~DeviceCommunicator() override;
+  explicit EmulatedDeviceCommunicator(Communicator& host,
+                                      std::unique_ptr<Communicator> owned = nullptr);
+  ~EmulatedDeviceCommunicator() override;
 
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
   [[noreturn]] void abort_job(const std::string& message) override;
@@ -29,10 +31,13 @@ class DeviceCommunicator final : public Communicator {
                         const Collective& c) override;
   Work start_broadcast(void* data, size_t bytes, int root, const Collective& c) override;
   Work start_barrier(const Collective& c) override;
+  Work start_all_to_all(ConstTypedPtr send, TypedPtr recv, const AllToAllCounts& counts,
+                        const Collective& c) override;
+  Work start_point_to_point(const PointToPoint& p, const Collective& c) override;
 
  private:
   Communicator& host_;
   std::unique_ptr<Communicator> owned_;
 };
 
-}  // namespace shardlm::emulated
+}  // namespace shardlm
