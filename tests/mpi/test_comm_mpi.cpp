@@ -438,7 +438,7 @@ TEST(MpiExchange, RingOfSendRecvAndAPipelineOfSendsAndReceives) {
   EXPECT_GT(c[CollectiveKind::barrier].seconds + c[CollectiveKind::send].seconds, 0.0);
 }
 
-TEST(MpiExchange, AlgorithmsChunkMessagesAndNameAPeerThatSentOtherThanExpected) {
+TEST(MpiExchange, AlgorithmsChunkMessagesAndNameAPeerThatSentLessThanExpected) {
   // Straight on a communicator of its own (MPI_THREAD_MULTIPLE: legal beside the
   // communication thread, which never touches this one).
   const int n = world->size();
@@ -462,24 +462,17 @@ TEST(MpiExchange, AlgorithmsChunkMessagesAndNameAPeerThatSentOtherThanExpected) 
   for (int p = 0; p < n; ++p)
     for (size_t i = 0; i < recv_bytes[p]; ++i, ++at)
       ASSERT_EQ(recv[at], static_cast<char>(p * 16 + r + i));
-  // Rank 0 sends rank 1 five bytes where eight are expected, then eight where five are.
+  // Rank 0 sends rank 1 five bytes where eight are expected: rank 1 names it.
   if (r < 2 && n >= 2) {
     char buffer[8] = {};
-    for (const auto& [sent, expected] : {std::pair{5, 8}, std::pair{8, 5}}) {
-      try {
-        mpi::send_recv(comm, buffer, r == 0 ? sent : 0, r == 0 ? 1 : -1, buffer,
-                       r == 1 ? expected : 0, r == 1 ? 0 : -1);
-        EXPECT_EQ(r, 0) << "rank 1 should have failed";
-      } catch (const Error& e) {
-        EXPECT_EQ(r, 1);
-        const std::string message = e.what();
-        if (sent < expected)
-          EXPECT_EQ(message, "rank 0 sent 5 bytes where 8 were expected (the two sides' counts "
-                             "disagree)");
-        else
-          EXPECT_NE(message.find("rank 0 sent more than the 5 bytes expected?"), std::string::npos)
-              << message;
-      }
+    try {
+      mpi::send_recv(comm, buffer, r == 0 ? 5 : 0, r == 0 ? 1 : -1, buffer, r == 1 ? 8 : 0,
+                     r == 1 ? 0 : -1);
+      EXPECT_EQ(r, 0) << "rank 1 should have failed";
+    } catch (const Error& e) {
+      EXPECT_EQ(r, 1);
+      EXPECT_EQ(std::string(e.what()),
+                "rank 0 sent 5 bytes where 8 were expected (the two sides' counts disagree)");
     }
   }
   MPI_Barrier(comm);

@@ -57,9 +57,11 @@ void broadcast(MPI_Comm comm, void* data, size_t bytes, int root);
 // All-to-all by direct exchange: block p of `send` (send_bytes[p], blocks packed in
 // rank order) goes to rank p, block p of `recv` (recv_bytes[p]) comes from rank p; the
 // own block is copied. Every peer gets at least one message (an empty one for an empty
-// block) and messages are at most chunk_bytes, so a peer that sends other than what
-// this rank expects is an error naming it ("rank 2 sent 12 bytes where 16 were
-// expected", or MPI's truncation error) instead of a message left for a later call.
+// block) and messages are at most chunk_bytes, so a peer that sends less than this
+// rank expects is an error naming it ("rank 2 sent 12 bytes where 16 were expected")
+// instead of a message left for a later call. One that sends more is caught only by
+// the sequence check (or the deadline): Open MPI's truncated receive did not return
+// in our test.
 // Receives are posted first, then sends to the nearest ranks upwards (as in
 // reduce_scatter_rank_order).
 void all_to_all_v(MPI_Comm comm, const void* send, const size_t* send_bytes, void* recv,
