@@ -3,7 +3,8 @@
 # `plan --strategy auto` for the same budget), says why on its first line, records the
 # chosen options in config.json and trains exactly as the explicitly chosen strategy
 # (same weights digest) at N=1 and N=2; a budget nothing fits is a one-line error
-# naming the smallest change; a resumed auto run ends on the straight run's digest.
+# naming the smallest change; a resumed auto run ends on the straight run's digest; a
+# LoRA run with step times picks ddp.
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 # No calibrated profile: the choice is plan's rule without step times (fewest bytes
@@ -77,6 +78,31 @@ run_mpi 2 "$SHARDLM" train "${RUN[@]}" --out "$WORK/split" --strategy auto --sav
   --memory-per-rank "$budget" > "$WORK/resume.log" 2>&1 || { cat "$WORK/resume.log"; fail "resume failed"; }
 grep -q "resumed from" "$WORK/resume.log" || fail "did not resume"
 [ "$(digest_of "$WORK/split")" = "$(digest_of "$WORK/tight")" ] || fail "resumed auto run differs"
+
+# LoRA with step times (a GPU node's figures, as a calibrated profile would give them):
+# the adapters' gradients and AdamW state are a few KiB, so sharding buys nothing and
+# ddp is predicted fastest; the auto run trains exactly as --strategy ddp.
+cat > "$WORK/gpu-profile.json" <<'JSON'
+{"name": "gpu-like", "memory_per_rank_gib": 80, "ranks_per_node": 8,
+ "compute": [{"ranks_per_node": 8, "threads_per_rank": 1, "rates": {"fp32": {
+   "gemm_gflop_per_s": 13650, "attention_gflop_per_s": 11700, "elementwise_gb_per_s": 1427,
+   "loss_gb_per_s": 1427, "state_gb_per_s": 1631}}}],
+ "intra_node": {"name": "nvlink3", "all_gather": {"latency_us": 2, "bus_gb_per_s": 240},
+   "reduce_scatter": {"latency_us": 2, "bus_gb_per_s": 240},
+   "all_reduce": {"latency_us": 2, "bus_gb_per_s": 240}, "compute_share_during_comm": 0.9},
+ "inter_node": {"name": "ib", "all_gather": {"latency_us": 5, "bus_gb_per_s": 180},
+   "reduce_scatter": {"latency_us": 5, "bus_gb_per_s": 180},
+   "all_reduce": {"latency_us": 5, "bus_gb_per_s": 180}, "compute_share_during_comm": 0.9}}
+JSON
+LORA_RUN=(--model llama-tiny --seq-len 32 --micro-batch 4 --threads 1 --lora-rank 4 --lora-targets all-linear
+          --data "$WORK/data" --steps 2 --global-batch 8)
+SHARDLM_PROFILE="$WORK/gpu-profile.json" run_mpi 2 "$SHARDLM" train "${LORA_RUN[@]}" --strategy auto \
+  --out "$WORK/lora-auto" > "$WORK/lora-auto.log" 2>&1 || { cat "$WORK/lora-auto.log"; fail "LoRA auto run failed"; }
+grep -q "^strategy auto -> ddp: fits with .* to spare, predicted .* per step" "$WORK/lora-auto.log" \
+  || fail "LoRA auto run did not choose ddp by step time: $(head -n 1 "$WORK/lora-auto.log")"
+run_mpi 2 "$SHARDLM" train "${LORA_RUN[@]}" --strategy ddp --out "$WORK/lora-ddp" > /dev/null 2>&1 \
+  || fail "LoRA ddp run failed"
+[ "$(digest_of "$WORK/lora-auto")" = "$(digest_of "$WORK/lora-ddp")" ] || fail "LoRA auto and ddp runs differ"
 
 # Nothing fits: one line naming the smallest change, non-zero exit, nothing written.
 # (A budget 1 byte below the smallest candidate, zero1 with activation checkpointing.)

@@ -149,3 +149,133 @@ TEST(Recommend, ASlowLinkMakesDdpWorthItsMemoryAndSaysSo) {
   EXPECT_EQ(c[*tight.chosen].label, "zero3") << tight.explanation;
   EXPECT_TRUE(contains(tight.explanation, "zero2 would take")) << tight.explanation;
 }
+
+namespace {
+
+// A candidate with only what step 3 reads: memory, bytes on the wire, a step time.
+Candidate timed(const std::string& label, double step_s, double wire_bytes) {
+  Candidate c;
+  c.label = label;
+  c.request.strategy.kind = parse_strategy_kind(label);
+  c.plan.params = 1 << 20;
+  c.plan.wire_bytes_per_step = wire_bytes;
+  c.plan.tokens_per_step = 1000;
+  c.time = StepTimePrediction{};
+  c.time->step_s = step_s;
+  c.time->tokens_per_s = 1000 / step_s;
+  return c;
+}
+
+}  // namespace
+
+TEST(Recommend, NeverPicksACandidateThatAnotherCandidateThatFitsBeats) {
+  // zero1 predicted 1.5% faster than ddp at the same bytes: the faster wins, however
+  // simple ddp is (the rule this replaces kept ddp within 2%), and the line's
+  // runner-up is not faster than the choice.
+  const std::vector<Candidate> close = {timed("ddp", 1.00, 100), timed("zero1", 0.985, 100),
+                                        timed("zero3", 0.99, 150)};
+  const auto rec = recommend(close, 1e12, {}, nullptr, {});
+  ASSERT_TRUE(rec.chosen);
+  EXPECT_EQ(close[*rec.chosen].label, "zero1") << rec.explanation;
+  EXPECT_TRUE(contains(rec.explanation, "next zero3 at 990 ms")) << rec.explanation;
+  // Predicted equally fast (within 1%): fewer bytes, then the simpler (earlier)
+  // candidate, and the line says the other is as fast.
+  const std::vector<Candidate> tied = {timed("ddp", 1.0, 100), timed("zero1", 0.992, 100),
+                                       timed("zero3", 1.0, 90)};
+  EXPECT_EQ(tied[*recommend(tied, 1e12, {}, nullptr, {}).chosen].label, "zero3");
+  const std::vector<Candidate> same_bytes = {timed("ddp", 1.0, 100), timed("zero1", 0.992, 100)};
+  const auto simpler = recommend(same_bytes, 1e12, {}, nullptr, {});
+  EXPECT_EQ(same_bytes[*simpler.chosen].label, "ddp");
+  EXPECT_TRUE(contains(simpler.explanation, "as fast as zero1 (992.00 ms against 1000.00: within 1.0%"))
+      << simpler.explanation;
+  // Just outside the resolution the faster wins.
+  const std::vector<Candidate> apart = {timed("ddp", 1.0, 100), timed("zero1", 0.989, 100)};
+  EXPECT_EQ(apart[*recommend(apart, 1e12, {}, nullptr, {}).chosen].label, "zero1");
+  // A faster candidate that does not fit does not count.
+  std::vector<Candidate> big = {timed("ddp", 1.0, 100), timed("zero1", 0.5, 100)};
+  big[1].plan.params = 1 << 30;
+  EXPECT_EQ(big[*recommend(big, 1 << 25, {}, nullptr, {}).chosen].label, "ddp");
+}
+
+TEST(Recommend, TheChoiceIsTheFastestThatFitsOnEveryPlannedCase) {
+  // The real candidate sets of the cases above and of adapters: no eligible candidate
+  // is predicted faster than the one chosen by more than the model's resolution
+  // (1%), and the line never names a faster runner-up as "next".
+  struct Case {
+    std::string model;
+    int n;
+    DType precision;
+    int lora_rank;
+    const char* profile;
+    ClusterShape cluster;
+  };
+  const Case cases[] = {
+      {"gpt2", 16, DType::bf16, 0, "h100-80g", {2, "1gbit"}},
+      {"gpt2-medium", 2, DType::fp32, 0, "h100-80g", {2, "1gbit"}},
+      {"qwen2.5-0.5b", 4, DType::bf16, 8, "a100-80g", {}},
+      {"qwen3-8b", 4, DType::bf16, 8, "a100-80g", {}},
+      {"qwen3-8b", 4, DType::bf16, 0, "a100-80g", {}},
+  };
+  for (const Case& k : cases) {
+    auto base = request(k.model, k.n, k.precision);
+    base.config.lora.rank = k.lora_rank;
+    if (k.lora_rank > 0) base.config.lora.targets = {"q_proj", "v_proj"};
+    const HardwareProfile profile = builtin_profile(k.profile);
+    const auto c = plan_candidates(base, &profile, k.cluster, true);
+    const auto rec = recommend(c, profile.memory_per_rank_bytes, base, &profile, k.cluster);
+    ASSERT_TRUE(rec.chosen) << k.model << ": " << rec.explanation;
+    for (const auto& x : c) {
+      if (static_cast<double>(x.plan.total()) > profile.memory_per_rank_bytes) continue;
+      EXPECT_GE(x.time->step_s * 1.01, c[*rec.chosen].time->step_s)
+          << k.model << ": " << x.label << " beats " << c[*rec.chosen].label;
+    }
+    const std::string next = ", next ";
+    const size_t at = rec.explanation.find(next);
+    if (at != std::string::npos) {
+      const std::string runner_up = rec.explanation.substr(at + next.size(),
+                                                           rec.explanation.find(" at ", at) - at - next.size());
+      EXPECT_GE(find(c, runner_up).time->step_s, c[*rec.chosen].time->step_s) << rec.explanation;
+    }
+  }
+}
+
+TEST(Recommend, ALoraRunWithAFewHundredMiBOfStatePicksDdp) {
+  // LoRA r = 8 on every linear layer, bf16, on A100s: the adapters' gradients and
+  // AdamW state are tens (qwen2.5-0.5b) to hundreds (qwen3-8b) of MiB next to a frozen
+  // base of GiBs, so sharding saves nothing worth a byte, and ddp is chosen: predicted
+  // fastest (qwen3-8b: its gradient buckets overlap backward, zero1/zero2 wait for
+  // their parameter all-gathers), or as fast within the model's 1% and simpler
+  // (qwen2.5-0.5b: zero2 hides the one late bucket of its few MiB of gradients).
+  struct Case {
+    std::string model;
+    int n, micro_batch, seq_len;
+    double min_state_mib, max_state_mib;
+  };
+  const Case cases[] = {{"qwen2.5-0.5b", 2, 1, 1024, 10, 300},
+                        {"qwen2.5-0.5b", 4, 1, 1024, 10, 300},
+                        {"qwen3-8b", 4, 1, 4096, 100, 1024},
+                        {"qwen3-8b", 4, 1, 32768, 100, 1024}};
+  const HardwareProfile a100 = builtin_profile("a100-80g");
+  for (const Case& k : cases) {
+    const std::string name = k.model + " n=" + std::to_string(k.n) + " T=" + std::to_string(k.seq_len);
+    auto base = request(k.model, k.n, DType::bf16);
+    base.micro_batch = k.micro_batch;
+    base.seq_len = k.seq_len;
+    base.config.lora.rank = 8;
+    base.config.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                "gate_proj", "up_proj", "down_proj"};
+    const auto c = plan_candidates(base, &a100, {}, true);
+    const Candidate& ddp = find(c, "ddp");
+    const double state_mib = static_cast<double>(ddp.plan.grads + ddp.plan.optimizer) / (1 << 20);
+    EXPECT_GT(state_mib, k.min_state_mib) << name;
+    EXPECT_LT(state_mib, k.max_state_mib) << name;
+    const auto rec = recommend(c, a100.memory_per_rank_bytes, base, &a100, {});
+    ASSERT_TRUE(rec.chosen) << name << ": " << rec.explanation;
+    // (At 32K tokens the activations need checkpointing: "ddp + ckpt".)
+    EXPECT_EQ(c[*rec.chosen].request.strategy.kind, StrategyKind::ddp) << name << ": " << rec.explanation;
+    // And without a profile (fewest bytes, then the simplest): ddp as well.
+    const auto untimed = plan_candidates(base, nullptr, {}, true);
+    EXPECT_EQ(untimed[*recommend(untimed, a100.memory_per_rank_bytes, base, nullptr, {}).chosen].label,
+              "ddp") << name;
+  }
+}

@@ -333,3 +333,212 @@ TEST(StepProgram, UnitWorkOfTheLlamaFamiliesAddsUpToTheirFlops) {
     EXPECT_EQ(plan.step.work.front().forward.gemm_flops, 0) << preset;
   }
 }
+
+// ---- adapters: frozen units cost no weight gradients and no state (hand-computed) ----
+
+namespace {
+
+// A llama of one layer small enough to count by hand: C = 8, two query heads and one
+// key/value head of 4 (Q = 8, KV = 4), MLP width I = 16, vocabulary 64 (a multiple of
+// the padding, tied head). Matrices of the layer: q|k|v (8 + 4 + 4) x 8 = 128, o 8 x 8
+// = 64, gate|up 2 x 16 x 8 = 256, down 8 x 16 = 128: 576 elements; the head 64 x 8 =
+// 512. Vectors: the two norms of the layer (8 + 8), the final norm (8).
+// With --lora-rank 2 on q_proj and v_proj: A_q|A_v [4, 8] = 32, B_q [8, 2] = 16,
+// B_v [4, 2] = 8: 56 adapter elements. Micro-batch 2 x 16 = 32 tokens on one rank.
+RunPlanRequest hand_llama(bool lora) {
+  RunPlanRequest r;
+  r.config = model_preset("llama-tiny");
+  r.config.n_layer = 1;
+  r.config.n_embd = 8;
+  r.config.n_head = 2;
+  r.config.n_kv_head = 1;
+  r.config.head_dim_override = 4;
+  r.config.intermediate_size = 16;
+  r.config.vocab_size = 64;
+  r.config.tie_embeddings = true;
+  r.config.rope_scaling = RopeScaling{};
+  if (lora) {
+    r.config.lora.rank = 2;
+    r.config.lora.targets = {"q_proj", "v_proj"};
+  }
+  r.min_unit_params = 0;  // no merging: one flat unit per model unit
+  r.micro_batch = 2;
+  r.seq_len = 16;
+  return r;
+}
+
+constexpr double kTokens = 32;
+constexpr double kLayerMatrix = 576, kHead = 512, kAdapters = 56;
+// Causal attention of the kernels: scores and values 2 x 2 x T x Q per token forward,
+// halved by causality; backward twice that. One layer, T = 16, Q = 8.
+constexpr double kAttentionPerToken = 6.0 * 16 * 8;
+
+ComputeWork step_state(const RunPlan& plan) {
+  ComputeWork w;
+  for (const StepOp& op : build_step_program(plan.step, 1).ops)
+    if (op.kind == StepOp::Kind::compute) {
+      w.state_bytes += op.work.state_bytes;
+      w.optimizer_bytes += op.work.optimizer_bytes;
+    }
+  return w;
+}
+
+}  // namespace
+
+TEST(UnitWork, FullFineTuningOnAHandCountedLlama) {
+  const RunPlan plan = plan_run(hand_llama(false));
+  ASSERT_EQ(plan.step.work.size(), 3u);  // embeddings, layer 0, final
+  const UnitWork& embed = plan.step.work[0];
+  const UnitWork& layer = plan.step.work[1];
+  const UnitWork& final = plan.step.work[2];
+  EXPECT_EQ(embed.forward.gemm_flops, 0);
+  EXPECT_DOUBLE_EQ(embed.forward.elementwise_bytes, 8 * 8 * kTokens);  // one row of C per token
+  EXPECT_DOUBLE_EQ(embed.backward.elementwise_bytes, 2 * 8 * 8 * kTokens);
+  EXPECT_DOUBLE_EQ(layer.forward.gemm_flops, 2 * kLayerMatrix * kTokens);
+  EXPECT_DOUBLE_EQ(layer.backward.gemm_flops, 4 * kLayerMatrix * kTokens);  // dX + dW
+  EXPECT_DOUBLE_EQ(layer.forward.attention_flops, kAttentionPerToken * kTokens / 3);
+  EXPECT_DOUBLE_EQ(layer.backward.attention_flops, 2 * kAttentionPerToken * kTokens / 3);
+  // 8 bytes per token for each norm element and each matrix element / C.
+  EXPECT_DOUBLE_EQ(layer.forward.elementwise_bytes, 8 * (16 + kLayerMatrix / 8) * kTokens);
+  EXPECT_DOUBLE_EQ(final.forward.gemm_flops, 2 * kHead * kTokens);  // the tied head
+  EXPECT_DOUBLE_EQ(final.backward.gemm_flops, 4 * kHead * kTokens);
+  EXPECT_DOUBLE_EQ(final.forward.loss_bytes, 8 * 64 * kTokens);
+  // State on one rank, ddp, fp32: every unit trains. Flat units (parameters start at
+  // multiples of 16 elements): embeddings 512; the layer's input norm [0, 8), q|k|v
+  // [16, 144), o [144, 208), post-attention norm [208, 216), gate|up [224, 480), down
+  // [480, 608): 608; the final norm 8, padded to 16: 1136 elements. Zeroing and the
+  // norm read or write 4 bytes each, AdamW 28.
+  const ComputeWork state = step_state(plan);
+  EXPECT_DOUBLE_EQ(state.state_bytes, (4 + 4) * 1136.0);
+  EXPECT_DOUBLE_EQ(state.optimizer_bytes, 28 * 1136.0);
+}
+
+TEST(UnitWork, LoraFrozenUnitsHaveNoWeightGradientsAndNoState) {
+  const RunPlan plan = plan_run(hand_llama(true));
+  ASSERT_EQ(plan.step.work.size(), 4u);  // embeddings, adapters 0, layer 0, final
+  const UnitWork& embed = plan.step.work[0];
+  const UnitWork& adapters = plan.step.work[1];
+  const UnitWork& layer = plan.step.work[2];
+  const UnitWork& final = plan.step.work[3];
+  // The adapter unit holds parameters; its layer multiplies them.
+  EXPECT_TRUE(adapters.forward.empty());
+  EXPECT_TRUE(adapters.backward.empty());
+  // Frozen base: 2 forward + 2 for dX; adapters 2 + 2 (dX) + 2 (dW).
+  EXPECT_DOUBLE_EQ(layer.forward.gemm_flops, 2 * (kLayerMatrix + kAdapters) * kTokens);
+  EXPECT_DOUBLE_EQ(layer.backward.gemm_flops, (2 * kLayerMatrix + 4 * kAdapters) * kTokens);
+  EXPECT_DOUBLE_EQ(final.backward.gemm_flops, 2 * kHead * kTokens);  // frozen head: dX only
+  // Attention is the kernels' own, as in full fine-tuning, all on the layer.
+  EXPECT_DOUBLE_EQ(layer.forward.attention_flops, kAttentionPerToken * kTokens / 3);
+  EXPECT_DOUBLE_EQ(layer.backward.attention_flops, 2 * kAttentionPerToken * kTokens / 3);
+  // The frozen embedding's backward writes nothing.
+  EXPECT_DOUBLE_EQ(embed.forward.elementwise_bytes, 8 * 8 * kTokens);
+  EXPECT_EQ(embed.backward.elementwise_bytes, 0);
+  EXPECT_DOUBLE_EQ(layer.forward.elementwise_bytes,
+                   8 * (16 + (kLayerMatrix + kAdapters) / 8) * kTokens);
+  // The model's FLOPs per token for LoRA (4 per frozen, 6 per adapter element, plus
+  // attention) are exactly what the units add up to.
+  double flops = 0;
+  for (const auto& w : plan.step.work)
+    flops += w.forward.gemm_flops + w.forward.attention_flops + w.backward.gemm_flops +
+             w.backward.attention_flops;
+  EXPECT_DOUBLE_EQ(flops, (4 * (kLayerMatrix + kHead) + 6 * kAdapters + kAttentionPerToken) * kTokens);
+  EXPECT_DOUBLE_EQ(flops, plan.flops_per_step);
+  // State: only the adapter unit (56 elements, padded to 64) has gradients and AdamW.
+  const ComputeWork state = step_state(plan);
+  EXPECT_DOUBLE_EQ(state.state_bytes, (4 + 4) * 64.0);
+  EXPECT_DOUBLE_EQ(state.optimizer_bytes, 28 * 64.0);
+}
+
+TEST(UnitWork, LoraStateOnFourRanksForEveryStrategy) {
+  // 4 ranks: units padded to multiples of 64; the adapter unit is 64 elements, a
+  // slice of 16. ddp zeroes the whole unit and updates it all; zero1 zeroes it all
+  // and updates a slice; zero2/zero3 zero the owned slice, and also zero the gradient
+  // buffer of the unit (64) when backward first writes it and accumulate the reduced
+  // slice (12 bytes per element: read both, write one). The norm reads the slice.
+  struct Case {
+    StrategyKind kind;
+    double state, optimizer;
+  };
+  const Case cases[] = {
+      {StrategyKind::ddp, 4 * 64 + 4 * 16, 28 * 64},
+      {StrategyKind::zero1, 4 * 64 + 4 * 16, 28 * 16},
+      {StrategyKind::zero2, 4 * 16 + 4 * 64 + 12 * 16 + 4 * 16, 28 * 16},
+  };
+  for (const Case& c : cases) {
+    RunPlanRequest r = hand_llama(true);
+    r.world_size = 4;
+    r.strategy.kind = c.kind;
+    const ComputeWork state = step_state(plan_run(r));
+    EXPECT_DOUBLE_EQ(state.state_bytes, c.state) << to_string(c.kind);
+    EXPECT_DOUBLE_EQ(state.optimizer_bytes, c.optimizer) << to_string(c.kind);
+  }
+}
+
+TEST(UnitWork, QloraDequantizesEachLayerOnceForwardAndOnceBackward) {
+  // NF4 storage, in 4-byte words, of n values: ceil(n / 64) absmax words, then two
+  // codes per byte: q 64 values -> 1 + 8 = 9 words, k and v 32 -> 1 + 4 = 5 each, o 64
+  // -> 9, gate, up and down 128 -> 2 + 16 = 18 each: 82 words read, and the 576
+  // values written in fp32 (4 bytes; bf16 runs write 2).
+  RunPlanRequest r = hand_llama(true);
+  const RunPlan lora = plan_run(r);
+  r.config.quantize_base = BaseQuant::nf4;
+  const RunPlan qlora = plan_run(r);
+  const double dequantize = 4 * 82 + 4 * kLayerMatrix;
+  EXPECT_DOUBLE_EQ(qlora.step.work[2].forward.elementwise_bytes,
+                   lora.step.work[2].forward.elementwise_bytes + dequantize);
+  EXPECT_DOUBLE_EQ(qlora.step.work[2].backward.elementwise_bytes,
+                   lora.step.work[2].backward.elementwise_bytes + dequantize);
+  EXPECT_DOUBLE_EQ(qlora.step.work[2].forward.gemm_flops, lora.step.work[2].forward.gemm_flops);
+  r.model.precision = r.strategy.param_dtype = DType::bf16;
+  const RunPlan bf16 = plan_run(r);
+  r.config.quantize_base = BaseQuant::none;
+  const RunPlan bf16_lora = plan_run(r);
+  EXPECT_DOUBLE_EQ(bf16.step.work[2].forward.elementwise_bytes,
+                   bf16_lora.step.work[2].forward.elementwise_bytes + 4 * 82 + 2 * kLayerMatrix);
+  // Checkpointing recomputes the layer's forward, not its dequantization (one
+  // conversion serves the recompute and the backward).
+  r.config.quantize_base = BaseQuant::nf4;
+  r.model.activation_checkpointing = true;
+  const RunPlan ckpt = plan_run(r);
+  EXPECT_DOUBLE_EQ(ckpt.step.work[2].backward.elementwise_bytes,
+                   bf16.step.work[2].backward.elementwise_bytes +
+                       bf16_lora.step.work[2].forward.elementwise_bytes);
+}
+
+TEST(UnitWork, AttentionIsTheKernelsOwnAtEveryLengthWithOrWithoutAdapters) {
+  // qwen3-8b: 36 layers, 32 query heads of 128: 6 x T x 4096 FLOPs per token and layer.
+  for (int seq_len : {512, 4096, 32768})
+    for (int rank : {0, 8}) {
+      RunPlanRequest r;
+      r.config = model_preset("qwen3-8b");
+      r.config.lora.rank = rank;
+      if (rank > 0) r.config.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+      r.micro_batch = 1;
+      r.seq_len = seq_len;
+      const RunPlan plan = plan_run(r);
+      double attention = 0;
+      for (const auto& w : plan.step.work) attention += w.forward.attention_flops + w.backward.attention_flops;
+      EXPECT_NEAR(attention, 36 * 6.0 * seq_len * 4096 * seq_len, 1e-6 * attention)
+          << "T=" << seq_len << " rank " << rank;
+    }
+}
+
+TEST(TimeModel, LoraStateTimeIsTheAdaptersOnly) {
+  // The same hand-counted model, timed at a state rate of 1 byte/s (everything else
+  // free): full fine-tuning 36 x 1136 bytes, LoRA 36 x 64.
+  HardwareProfile p;
+  p.name = "state";
+  ComputeFigures c;
+  c.by_precision["fp32"] = {1e30, 1e30, 1e30, 1e30, 1};
+  p.compute.push_back(c);
+  const CollectiveRate r{0, 1e30};
+  p.intra_node = {"test", r, r, r, 1.0};
+  p.inter_node = p.intra_node;
+  const auto full = predict_step_time(plan_run(hand_llama(false)), p, {});
+  const auto lora = predict_step_time(plan_run(hand_llama(true)), p, {});
+  EXPECT_NEAR(full.state_s, 36 * 1136.0, 1e-6);
+  EXPECT_NEAR(full.optimizer_s, 28 * 1136.0, 1e-6);
+  EXPECT_NEAR(lora.state_s, 36 * 64.0, 1e-6);
+  EXPECT_NEAR(lora.optimizer_s, 28 * 64.0, 1e-6);
+}

@@ -36,7 +36,7 @@ nlohmann::json time_json(const StepTimePrediction& t) {
           {"compute_split_ms",
            {{"gemm", t.gemm_s * 1e3}, {"attention", t.attention_s * 1e3},
             {"elementwise", t.elementwise_s * 1e3}, {"loss", t.loss_s * 1e3},
-            {"state", t.state_s * 1e3}}},
+            {"state", t.state_s * 1e3}, {"optimizer", t.optimizer_s * 1e3}}},
           {"comm_ms", t.comm_s * 1e3},
           {"exposed_comm_ms", t.exposed_s * 1e3},
           {"overlap_cost_ms", t.overlap_cost_s * 1e3},

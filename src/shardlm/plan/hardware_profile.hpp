@@ -44,7 +44,7 @@ struct ComputeRates {
   double attention_flops_per_s = 0;
   double elementwise_bytes_per_s = 0;  // norms, biases, activations, residuals, embeddings
   double loss_bytes_per_s = 0;         // softmax / cross-entropy over the vocabulary
-  double state_bytes_per_s = 0;        // optimizer, gradient zeroing and norms, rounding
+  double state_bytes_per_s = 0;        // AdamW, gradient zeroing and norms, rounding
 };
 
 struct ComputeFigures {

@@ -40,23 +40,31 @@ std::vector<Choice> strategy_choices(int world_size) {
 
 bool fits(const Candidate& c, double budget) { return static_cast<double>(c.plan.total()) <= budget; }
 
-// Step 3 among `eligible` (non-empty): the index into candidates.
+// Step times closer than this (relative) are predicted equally fast: the model does
+// not resolve smaller differences (its overlap and per-message figures are estimates,
+// it counts no kernel launches, and measured steps vary by more). Small LoRA runs'
+// ddp, zero1 and zero2 differ by less: their adapters' state is a few MiB, so the
+// three differ only in when a few small collectives run (docs/planning.md).
+constexpr double kEquallyFast = 0.01;
+bool equally_fast(double a, double b) { return std::abs(a - b) <= kEquallyFast * std::max(a, b); }
+
+// Step 3 among `eligible` (non-empty): the index into candidates. With times the
+// fastest predicted wins: no candidate that fits is predicted faster than the one
+// chosen by more than kEquallyFast. Among equally fast ones (and without times,
+// among all) the fewest bytes on the wire win, then the simpler strategy (candidates
+// come in order: ddp, zero1, zero2, zero3, ..., checkpointing last).
 size_t pick(const std::vector<Candidate>& c, const std::vector<size_t>& eligible) {
   const bool timed = c[eligible.front()].time.has_value();
-  size_t best = eligible.front();
+  double fastest = std::numeric_limits<double>::infinity();
+  if (timed)
+    for (size_t i : eligible) fastest = std::min(fastest, c[i].time->step_s);
+  size_t chosen = eligible.front();
+  bool found = false;
   for (size_t i : eligible) {
-    const bool better = timed ? c[i].time->step_s < c[best].time->step_s
-                              : c[i].plan.wire_bytes_per_step < c[best].plan.wire_bytes_per_step;
-    if (better) best = i;
-  }
-  if (!timed) return best;
-  // Within 2% of the fastest: fewer bytes on the wire, then the simpler strategy
-  // (candidates come in order: ddp, zero1, zero2, zero3, ..., checkpointing last).
-  size_t chosen = best;
-  for (size_t i : eligible) {
-    if (c[i].time->step_s > c[best].time->step_s * 1.02) continue;
+    if (timed && !equally_fast(c[i].time->step_s, fastest)) continue;
     const auto key = [&](size_t j) { return std::make_pair(c[j].plan.wire_bytes_per_step, j); };
-    if (key(i) < key(chosen)) chosen = i;
+    if (!found || key(i) < key(chosen)) chosen = i;
+    found = true;
   }
   return chosen;
 }
@@ -107,8 +115,15 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
       runner_up = i;
   s += fmt::format("{}predicted {} per step ({:.0f} tokens/s)", bounded ? ", " : "",
                    ms(x.time->step_s), x.time->tokens_per_s);
-  if (runner_up != chosen)
-    s += fmt::format(", next {} at {}", c[runner_up].label, ms(c[runner_up].time->step_s));
+  if (runner_up != chosen) {
+    const double other = c[runner_up].time->step_s;
+    if (other < x.time->step_s)  // a tie, never a faster runner-up (pick)
+      s += fmt::format(", as fast as {} ({:.2f} ms against {:.2f}: within {:.1f}%, the model's "
+                       "resolution)",
+                       c[runner_up].label, other * 1e3, x.time->step_s * 1e3, kEquallyFast * 100);
+    else
+      s += fmt::format(", next {} at {}", c[runner_up].label, ms(other));
+  }
   if (fewest) s += ", and moves the fewest bytes";
   return s + more_memory();
 }

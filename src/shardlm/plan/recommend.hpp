@@ -6,10 +6,11 @@
 //     forward to backward, hybrid for each shard group size that divides the ranks;
 //     each as asked and, unless asked already, with activation checkpointing.
 //  2. Those whose planned bytes per rank fit the budget are eligible.
-//  3. With a step-time model, the fastest eligible candidate wins; a candidate within
-//     2% of it that sends fewer bytes (then: the simpler one, in the order above) is
-//     preferred, since the prediction is not that precise. Without one, the fewest
-//     bytes on the wire win, then the simpler (the rule of thumb: replicate what fits,
+//  3. With a step-time model, the fastest eligible candidate wins: no candidate that
+//     fits is predicted faster than the one chosen. Step times within 1% of each
+//     other are equally fast (the model does not resolve less); among those, and
+//     without a step-time model among all eligible, the fewest bytes on the wire win,
+//     then the simpler (in the order above; the rule of thumb: replicate what fits,
 //     shard only what must be).
 //  4. Nothing fits: the smallest change that makes something fit is named, trying
 //     in order activation checkpointing, bf16, halving the micro-batch (more

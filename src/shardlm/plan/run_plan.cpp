@@ -101,8 +101,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   for (const auto& m : layout.model_units) step.flat_unit_of.push_back(m.unit);
   step.flat_needs = FlatUnitStrategy::flat_needs(layout, needs);
   step.work = model_unit_work(r.config, family.model_units(r.config), needs,
-                              flops_per_token, r.micro_batch, r.seq_len,
-                              r.model.activation_checkpointing);
+                              flops_per_token, r.micro_batch, r.seq_len, r.model);
   step.shared_unit = buffers.shared_unit;
   step.param_pool = buffers.param_pool;
   step.grad_pool = buffers.grad_pool;

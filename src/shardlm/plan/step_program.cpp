@@ -67,21 +67,16 @@ class ProgramBuilder {
 
   void step() {
     blocking_all_reduce(CommGroup::world, "target count");
-    double zeroed = 0;
-    for (size_t u = 0; u < U_; ++u) zeroed += 4.0 * (shard_grads_ ? shard(u) : numel(u));
-    compute(state(zeroed), "zero gradients");
+    compute(state(zeroed_gradient_bytes()), "zero gradients");
     for (int k = 0; k < s_.accumulation; ++k) {
       for (int m = 0; m < M_; ++m) forward(m);
       for (int m = M_ - 1; m >= 0; --m) backward(m, k);
     }
     finish_gradients();
     blocking_all_reduce(CommGroup::world, "loss sum");
-    double owned = 0;
-    for (size_t u = 0; u < U_; ++u) owned += s_.strategy.kind == StrategyKind::ddp ? numel(u) : shard(u);
-    compute(state(4 * owned), "gradient norm");
+    compute(state(gradient_norm_bytes()), "gradient norm");
     blocking_all_reduce(CommGroup::shard, "grad norm");
-    const bool ddp_copy = s_.strategy.kind == StrategyKind::ddp && s_.compute_copy;
-    compute(state(adamw_state_bytes(owned, ddp_copy)), "adamw");
+    compute(adamw(), "adamw");
     after_step();
     program_.ops.push_back({StepOp::Kind::step_end, {}, -1, ""});
   }
@@ -97,6 +92,35 @@ class ProgramBuilder {
   static ComputeWork state(double bytes) {
     ComputeWork w;
     w.state_bytes = bytes;
+    return w;
+  }
+
+  // The per-step state work (FlatUnit's): only trainable units have gradients and
+  // optimizer state, so a frozen unit (LoRA's base) adds nothing to any of it.
+  // begin_step zeroes each trainable unit's reduced gradient (the owned slice when
+  // gradients are sharded, else the whole unit).
+  double zeroed_gradient_bytes() const {
+    double elements = 0;
+    for (size_t u = 0; u < U_; ++u)
+      if (trains(u)) elements += shard_grads_ ? shard(u) : numel(u);
+    return 4 * elements;
+  }
+  // The norm sums the squares of each trainable unit's reduced slice (every strategy
+  // reads 1/partition of the unit; the shard group all-reduces the sum).
+  double gradient_norm_bytes() const {
+    double elements = 0;
+    for (size_t u = 0; u < U_; ++u)
+      if (trains(u)) elements += shard(u);
+    return 4 * elements;
+  }
+  // AdamW over the owned trainable elements: the whole unit under ddp, a slice else.
+  ComputeWork adamw() const {
+    double owned = 0;
+    for (size_t u = 0; u < U_; ++u)
+      if (trains(u)) owned += s_.strategy.kind == StrategyKind::ddp ? numel(u) : shard(u);
+    const bool ddp_copy = s_.strategy.kind == StrategyKind::ddp && s_.compute_copy;
+    ComputeWork w;
+    w.optimizer_bytes = adamw_state_bytes(owned, ddp_copy);
     return w;
   }
   int group_size(CommGroup g) const {

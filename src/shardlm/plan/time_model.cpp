@@ -26,7 +26,7 @@ GroupPlacement place_group(CommGroup group, int world_size, int partition, int r
 double compute_seconds(const ComputeWork& w, const ComputeRates& r) {
   return w.gemm_flops / r.gemm_flops_per_s + w.attention_flops / r.attention_flops_per_s +
          w.elementwise_bytes / r.elementwise_bytes_per_s + w.loss_bytes / r.loss_bytes_per_s +
-         w.state_bytes / r.state_bytes_per_s;
+         (w.state_bytes + w.optimizer_bytes) / r.state_bytes_per_s;
 }
 
 double collective_seconds(double bus_bytes, double messages, const CollectiveRate& rate,
@@ -93,7 +93,8 @@ StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile&
       out.attention_s += op.work.attention_flops / rates.attention_flops_per_s;
       out.elementwise_s += op.work.elementwise_bytes / rates.elementwise_bytes_per_s;
       out.loss_s += op.work.loss_bytes / rates.loss_bytes_per_s;
-      out.state_s += op.work.state_bytes / rates.state_bytes_per_s;
+      out.optimizer_s += op.work.optimizer_bytes / rates.state_bytes_per_s;
+      out.state_s += (op.work.state_bytes + op.work.optimizer_bytes) / rates.state_bytes_per_s;
     } else if (op.kind == StepOp::Kind::issue) {
       const size_t c = static_cast<size_t>(op.collective);
       CollectiveTotals& k = out.comm[static_cast<size_t>(program.collectives[c].kind)];

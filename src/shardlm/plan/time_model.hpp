@@ -44,8 +44,11 @@ struct CollectiveTotals {
 };
 
 struct StepTimePrediction {
-  // Compute per step at full speed, by kind of work.
+  // Compute per step at full speed, by kind of work. state_s: every byte of gradients,
+  // parameters and optimizer state the step zeroes, sums, rounds, accumulates and
+  // updates; optimizer_s: AdamW's part of it (the phase profile's "optimizer").
   double gemm_s = 0, attention_s = 0, elementwise_s = 0, loss_s = 0, state_s = 0;
+  double optimizer_s = 0;
   double compute_s = 0;
   std::array<CollectiveTotals, kNumCollectiveKinds> comm{};  // by CollectiveKind
   double comm_s = 0;          // collectives' own duration

@@ -12,30 +12,45 @@ ComputeWork& ComputeWork::operator+=(const ComputeWork& o) {
   elementwise_bytes += o.elementwise_bytes;
   loss_bytes += o.loss_bytes;
   state_bytes += o.state_bytes;
+  optimizer_bytes += o.optimizer_bytes;
   return *this;
 }
 
 ComputeWork ComputeWork::operator*(double f) const {
-  return {gemm_flops * f, attention_flops * f, elementwise_bytes * f, loss_bytes * f,
-          state_bytes * f};
+  return {gemm_flops * f,  attention_flops * f, elementwise_bytes * f,
+          loss_bytes * f,  state_bytes * f,     optimizer_bytes * f};
 }
 
 bool ComputeWork::empty() const {
   return gemm_flops == 0 && attention_flops == 0 && elementwise_bytes == 0 && loss_bytes == 0 &&
-         state_bytes == 0;
+         state_bytes == 0 && optimizer_bytes == 0;
 }
 
 namespace {
 
 bool is_matrix(const ParamInfo& p) { return p.shape.size() == 2; }
 
-// Elements of a unit's vocabulary matrices (token embedding or LM head: the ones
-// with padded vocabulary rows, ParamInfo::valid_rows).
-double vocab_matrix_elements(const UnitLayout& unit) {
-  double n = 0;
-  for (const auto& p : unit.params)
-    if (is_matrix(p) && p.valid_rows >= 0) n += static_cast<double>(p.logical_numel());
-  return n;
+// The model unit that multiplies model unit v's matrices: the last one reading it.
+std::vector<size_t> matrix_owners(const std::vector<std::vector<int>>& unit_needs) {
+  std::vector<size_t> owner(unit_needs.size());
+  for (size_t v = 0; v < owner.size(); ++v) owner[v] = v;
+  for (size_t m = 0; m < unit_needs.size(); ++m)
+    for (int v : unit_needs[m]) owner[static_cast<size_t>(v)] = std::max(owner[static_cast<size_t>(v)], m);
+  return owner;
+}
+
+// Bytes of dequantizing a unit's NF4 weights once: the stored words read, the values
+// written in the weight type the model multiplies by (fp16 runs: fp32, then rounded
+// in place, llama_model's layer_weights).
+double dequantize_bytes(const UnitLayout& unit, DType precision) {
+  double bytes = 0;
+  for (const auto& p : unit.params) {
+    if (!p.quantized()) continue;
+    const double values = static_cast<double>(p.logical_numel());
+    const double written = precision == DType::fp16 ? 4 + 8 : static_cast<double>(dtype_bytes(precision));
+    bytes += 4.0 * static_cast<double>(p.numel) + written * values;
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -44,46 +59,78 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
                                       const std::vector<UnitLayout>& model_units,
                                       const std::vector<std::vector<int>>& unit_needs,
                                       double flops_per_token, int micro_batch, int seq_len,
-                                      bool activation_checkpointing) {
+                                      const ModelOptions& options) {
   const size_t M = model_units.size();
   SHARDLM_CHECK(M >= 3 && unit_needs.size() == M,
                 "internal: {} model units with {} need lists", M, unit_needs.size());
   const double tokens = static_cast<double>(micro_batch) * seq_len;
   const double C = config.n_embd;
   const double V = config.padded_vocab_size();
-  std::vector<UnitWork> work(M);
-  double gemm_per_token = 0;  // forward
-  for (size_t m = 0; m < M; ++m) {
-    const UnitLayout& unit = model_units[m];
-    double matrix = 0, vectors = 0;
-    for (const auto& p : unit.params) (is_matrix(p) ? matrix : vectors) += static_cast<double>(p.logical_numel());
-    UnitWork& w = work[m];
-    if (m == 0) {  // lookups: each embedding matrix contributes one row per token
-      double tables = 0;
-      for (const auto& p : unit.params) tables += is_matrix(p) ? 1 : 0;
-      w.forward.elementwise_bytes = 8 * (tables * C + vectors) * tokens;
-    } else {
-      double gemm = 2 * matrix;
-      if (m + 1 == M)  // the head may read a vocabulary matrix of another unit (tied)
-        for (int v : unit_needs[m])
-          if (static_cast<size_t>(v) != m)
-            gemm += 2 * vocab_matrix_elements(model_units[static_cast<size_t>(v)]);
-      gemm_per_token += gemm;
-      w.forward.gemm_flops = gemm * tokens;
-      w.forward.elementwise_bytes = 8 * (matrix / C + vectors) * tokens;
-      if (m + 1 == M) w.forward.loss_bytes = 8 * V * tokens;
+  const std::vector<size_t> owner = matrix_owners(unit_needs);
+  // Per token (dequantization: per micro-batch), on the unit doing the work.
+  std::vector<double> gemm_forward(M, 0), gemm_backward(M, 0), elementwise(M, 0), dequantize(M, 0);
+  for (size_t v = 0; v < M; ++v) {
+    const UnitLayout& unit = model_units[v];
+    const double backward_per_forward = unit.trainable ? 2.0 : 1.0;  // dX (+ dW)
+    for (const auto& p : unit.params) {
+      const double n = static_cast<double>(p.logical_numel());
+      if (v == 0) {
+        // Embedding tables are looked up (one row per token); a vocabulary table a
+        // later unit reads is the tied LM head's matrix, multiplied there.
+        if (!is_matrix(p)) {
+          elementwise[0] += 8 * n;
+          continue;
+        }
+        elementwise[0] += 8 * C;
+        if (owner[0] != 0 && p.valid_rows >= 0) {
+          gemm_forward[owner[0]] += 2 * n;
+          gemm_backward[owner[0]] += 2 * n * backward_per_forward;
+        }
+        continue;
+      }
+      if (is_matrix(p)) {
+        gemm_forward[owner[v]] += 2 * n;
+        gemm_backward[owner[v]] += 2 * n * backward_per_forward;
+        elementwise[owner[v]] += 8 * n / C;
+      } else {
+        elementwise[owner[v]] += 8 * n;
+      }
     }
-    w.backward.gemm_flops = 2 * w.forward.gemm_flops;
-    w.backward.elementwise_bytes = 2 * w.forward.elementwise_bytes;
+    dequantize[owner[v]] += dequantize_bytes(unit, options.precision);
   }
-  // Whatever the family counts beyond the GEMMs is attention, in the blocks.
-  const size_t blocks = M - 2;
-  const double attention_per_token = std::max(0.0, flops_per_token - 3 * gemm_per_token);
+
+  std::vector<UnitWork> work(M);
+  double gemm_per_token = 0;  // forward and backward
+  size_t blocks = 0;
+  for (size_t m = 0; m < M; ++m) {
+    UnitWork& w = work[m];
+    w.forward.gemm_flops = gemm_forward[m] * tokens;
+    w.backward.gemm_flops = gemm_backward[m] * tokens;
+    w.forward.elementwise_bytes = elementwise[m] * tokens;
+    // A frozen embedding's backward writes no gradient rows.
+    const bool writes_nothing = m == 0 && !model_units[0].trainable;
+    w.backward.elementwise_bytes = writes_nothing ? 0 : 2 * w.forward.elementwise_bytes;
+    if (m + 1 == M) w.forward.loss_bytes = 8 * V * tokens;
+    gemm_per_token += gemm_forward[m] + gemm_backward[m];
+    if (m > 0 && m + 1 < M && gemm_forward[m] > 0) ++blocks;
+  }
+  SHARDLM_CHECK(blocks > 0, "internal: {} model units and none of them a block", M);
+  // What the family counts beyond the GEMMs is attention. Negative would mean the
+  // family and this count disagree on the GEMMs: a bug, never clamped away.
+  const double attention_per_token = flops_per_token - gemm_per_token;
+  SHARDLM_CHECK(attention_per_token >= -1e-9 * flops_per_token,
+                "internal: {} counts {} FLOPs per token, fewer than its GEMMs' {}", config.family,
+                flops_per_token, gemm_per_token);
   for (size_t m = 1; m + 1 < M; ++m) {
-    const double a = attention_per_token * tokens / static_cast<double>(blocks);
+    if (gemm_forward[m] == 0) continue;  // not a block (LoRA's adapter units)
+    const double a = std::max(0.0, attention_per_token) * tokens / static_cast<double>(blocks);
     work[m].forward.attention_flops = a / 3;
     work[m].backward.attention_flops = 2 * a / 3;
-    if (activation_checkpointing) work[m].backward += work[m].forward;
+    if (options.activation_checkpointing) work[m].backward += work[m].forward;
+  }
+  for (size_t m = 0; m < M; ++m) {
+    work[m].forward.elementwise_bytes += dequantize[m];
+    work[m].backward.elementwise_bytes += dequantize[m];
   }
   return work;
 }

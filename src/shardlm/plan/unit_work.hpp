@@ -4,27 +4,41 @@
 //
 // Conventions (the rates of a HardwareProfile are measured in the same ones, so
 // constant factors cancel; `shardlm calibrate` measures them on the real kernels):
-//  - gemm_flops: 2 x (weight elements) per token forward, 4 x backward, for every
-//    matrix a unit multiplies by (a block's 2-D weights; the LM head, including a
-//    tied embedding read by the last unit: the matrices with vocabulary rows). Model
-//    unit 0 only looks embeddings up.
-//  - attention_flops: the family's FLOPs per token minus the GEMM FLOPs above (what
-//    is left is causal attention's matmuls), spread evenly over the blocks, a third
-//    forward and two thirds backward.
+//  - A matrix is multiplied by the last model unit that reads it (unit_needs): its
+//    own unit, the final unit for a tied embedding, the layer for LoRA's adapter
+//    units (which compute nothing themselves); model unit 0 only looks embeddings up.
+//    That unit also does the rest of the matrix's work (elementwise bytes below).
+//  - gemm_flops: 2 x (matrix elements) per token forward; backward 2 more for the
+//    input gradient (dX) and, only when the matrix trains, 2 more for its weight
+//    gradient (dW). A frozen matrix (LoRA's base) costs 2 + 2, a trained one 2 + 4.
+//  - attention_flops: the family's FLOPs per token minus the GEMM FLOPs above, which
+//    leaves exactly causal attention's matmuls (the families count 6 per trained and
+//    4 per frozen matrix element), spread evenly over the units that multiply
+//    matrices between the first and the last (the blocks), a third forward and two
+//    thirds backward.
 //  - elementwise_bytes: a proxy for what norms, biases, activations, residuals and
 //    embedding lookups stream: 8 bytes (read + write of an fp32 value) per token for
 //    each 1-D parameter element and each (2-D weight elements / n_embd) of the unit
-//    (the width of its layers); backward twice forward.
+//    (the width of its layers); backward twice forward, except a frozen embedding
+//    table, whose backward writes nothing. QLoRA adds the dequantization of each
+//    layer's NF4 weights, once in forward and once in backward (one conversion
+//    serves the recompute and the backward): the stored words read plus the values
+//    written in the weight type (fp32, or bf16; fp16 runs dequantize to fp32 and round
+//    in place, 8 bytes more per value).
 //  - loss_bytes: 8 bytes per token and padded vocabulary entry (the softmax reads the
 //    logits and writes their gradient), in the last unit's forward.
-//  - state_bytes (per step, from the strategy's schedule, plan/step_program.hpp):
-//    bytes of parameters, gradients and optimizer state read plus written.
-// Activation checkpointing adds each block's forward to its backward (recomputation).
+//  - state_bytes, optimizer_bytes (per step, from the strategy's schedule,
+//    plan/step_program.hpp): bytes of gradients and parameters zeroed, summed,
+//    rounded and accumulated, and, apart, those AdamW reads and writes (the phase
+//    profile's "optimizer"); both at the profile's state rate. Frozen units have none.
+// Activation checkpointing adds each block's forward GEMMs, attention and
+// elementwise work to its backward (recomputation).
 #pragma once
 
 #include <vector>
 
 #include "shardlm/model/config.hpp"
+#include "shardlm/model/model.hpp"
 #include "shardlm/model/param_layout.hpp"
 
 namespace shardlm {
@@ -35,6 +49,7 @@ struct ComputeWork {
   double elementwise_bytes = 0;
   double loss_bytes = 0;
   double state_bytes = 0;
+  double optimizer_bytes = 0;
 
   ComputeWork& operator+=(const ComputeWork& o);
   ComputeWork operator*(double factor) const;
@@ -45,13 +60,14 @@ struct UnitWork {
   ComputeWork forward, backward;  // one micro-batch
 };
 
-// model_units: the family's model units (ModelFamily::model_units);
-// unit_needs: per model unit, the model units it reads (a tied head reads unit 0);
+// model_units: the family's model units (ModelFamily::model_units), whose `trainable`
+// says whether their matrices get weight gradients; unit_needs: per model unit, the
+// model units it reads (a tied head reads unit 0, a LoRA layer its adapters);
 // flops_per_token: the family's training FLOPs per token at seq_len.
 std::vector<UnitWork> model_unit_work(const ModelConfig& config,
                                       const std::vector<UnitLayout>& model_units,
                                       const std::vector<std::vector<int>>& unit_needs,
                                       double flops_per_token, int micro_batch, int seq_len,
-                                      bool activation_checkpointing);
+                                      const ModelOptions& options);
 
 }  // namespace shardlm
