@@ -16,7 +16,9 @@ std::string gib(double bytes) {
 namespace {
 
 std::string ms(double seconds) {
-  return seconds >= 10 ? fmt::format("{:.1f} s", seconds) : fmt::format("{:.0f} ms", seconds * 1e3);
+  if (seconds >= 10) return fmt::format("{:.1f} s", seconds);
+  if (seconds < 0.1) return fmt::format("{:.1f} ms", seconds * 1e3);
+  return fmt::format("{:.0f} ms", seconds * 1e3);
 }
 
 struct Choice {
