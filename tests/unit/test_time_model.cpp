@@ -163,7 +163,7 @@ HardwareProfile unit_profile(double share) {
   p.compute.push_back(c);
   p.ranks_per_node = 2;
   const CollectiveRate r{0, 4e6};
-  p.intra_node = {"test", r, r, r, share};
+  p.intra_node = {"test", r, r, r, r, r, share};
   p.inter_node = p.intra_node;
   return p;
 }
@@ -222,7 +222,7 @@ TEST(TimeModel, ASlowerLinkBetweenNodesSlowsOnlyWhatCrossesIt) {
   // under bwd 0), bucket {0} [8,12].
   HardwareProfile p = unit_profile(1.0);
   const CollectiveRate slow{0, 1e6};
-  p.inter_node = {"slow", slow, slow, slow, 1.0};
+  p.inter_node = {"slow", slow, slow, slow, slow, slow, 1.0};
   const auto t = predict_step_time(plan_of(two_unit_shape(StrategyKind::ddp)), p, {2, ""});
   EXPECT_NEAR(t.step_s, 12.0 + 3 * 8 / 1e6, 1e-12);
   EXPECT_NEAR(t.exposed_s, 6.0 + 3 * 8 / 1e6, 1e-12);
@@ -533,7 +533,7 @@ TEST(TimeModel, LoraStateTimeIsTheAdaptersOnly) {
   c.by_precision["fp32"] = {1e30, 1e30, 1e30, 1e30, 1};
   p.compute.push_back(c);
   const CollectiveRate r{0, 1e30};
-  p.intra_node = {"test", r, r, r, 1.0};
+  p.intra_node = {"test", r, r, r, r, r, 1.0};
   p.inter_node = p.intra_node;
   const auto full = predict_step_time(plan_run(hand_llama(false)), p, {});
   const auto lora = predict_step_time(plan_run(hand_llama(true)), p, {});
