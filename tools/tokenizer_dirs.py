@@ -8,6 +8,8 @@ data with PyPI `tokenizers` (no network; there are no real Llama/Qwen files here
           added tokens, ByteLevel post-processor, ignore_merges=true (as the converter
           sets it: with merges derived from ranks, ignore_merges=false gives ids that
           differ from tiktoken's on about one text in six of the fixture's)
+  qwen3   qwen2 plus Qwen3's four added tokens (<tool_response>, </tool_response>,
+          <think>, </think>: ids 151665-151668, not special) and Qwen3's template
   llama3  Llama-3-style on the same vocabulary: Llama 3's regex, no normalizer,
           <|begin_of_text|> added as BOS by a TemplateProcessing post-processor,
           Llama 3's 256 special tokens from id 151643, ignore_merges=true, [a, b] merges
@@ -39,6 +41,19 @@ QWEN25_ADDED = [(151643 + i, text, special) for i, (text, special) in enumerate(
     ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
     ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
     ("<|repo_name|>", False), ("<|file_sep|>", False)])]
+
+
+# Qwen3's added tokens after Qwen2.5's (its tokenizer_config.json added_tokens_decoder).
+QWEN3_EXTRA_ADDED = [(151665, "<tool_response>", False), (151666, "</tool_response>", False),
+                     (151667, "<think>", False), (151668, "</think>", False)]
+
+CHAT_TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates")
+
+
+def published_template(name):
+    """A published chat template of tools/chat_templates (SOURCES.md says where each came from)."""
+    with open(os.path.join(CHAT_TEMPLATE_DIR, name), encoding="utf-8", newline="") as f:
+        return f.read()
 
 
 def llama3_special_names():
@@ -197,6 +212,15 @@ def build_qwen2(data, vocab, merges):
     return tok, config, {"source": "qwen.tiktoken", "merges_format": "pairs"}
 
 
+def build_qwen3(data, vocab, merges):
+    tok, config, fill = build_qwen2(data, vocab, merges)
+    for i, text, special in QWEN3_EXTRA_ADDED:
+        tok.add_tokens([AddedToken(text, special=special, normalized=False)])
+        assert tok.token_to_id(text) == i, (text, tok.token_to_id(text), i)
+    config = dict(config, chat_template=published_template("qwen3.jinja"))
+    return tok, config, fill
+
+
 def build_llama3(data, vocab, merges):
     tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -228,6 +252,8 @@ def build_all(data):
     out["qwen2"] = (tok, config, fill, qwen_vocab, qwen_merges)
     tok, config, fill = build_llama3(data, qwen_vocab, qwen_merges)
     out["llama3"] = (tok, config, fill, qwen_vocab, qwen_merges)
+    tok, config, fill = build_qwen3(data, qwen_vocab, qwen_merges)
+    out["qwen3"] = (tok, config, fill, qwen_vocab, qwen_merges)
     return out
 
 

@@ -69,6 +69,16 @@ TEST_F(ChatDataset, ReadsTheThreeForms) {
   EXPECT_EQ(turns(examples[4]), (decltype(turns(examples[4])){{user, "only input"}, {assistant, "O2"}}));
 }
 
+TEST_F(ChatDataset, AssistantTurnsMayCarryReasoning) {
+  const auto examples = read(
+      R"({"messages": [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A", "reasoning_content": "R"}, )"
+      R"({"role": "user", "content": "U2"}, {"role": "assistant", "content": "A2", "reasoning_content": null}]})");
+  ASSERT_EQ(examples.size(), 1u);
+  EXPECT_EQ(examples[0].messages[1].reasoning_content, std::optional<std::string>("R"));
+  EXPECT_FALSE(examples[0].messages[3].reasoning_content.has_value());  // null: none, as transformers drops None keys
+  EXPECT_FALSE(examples[0].messages[0].reasoning_content.has_value());
+}
+
 TEST(ChatDatasetFiles, ReadsTheSharedSftData) {
   const std::string dir = std::string(SHARDLM_SHARED_DATA_DIR) + "/sft/";
   EXPECT_EQ(read_chat_dataset(dir + "gsm8k_train.jsonl").size(), 7473u);
@@ -91,6 +101,10 @@ TEST_F(ChatDataset, BadInputIsOneLineNamingFileAndLine) {
                {"line 1 message 0", "\"content\" is 5"});
   expect_error(R"({"messages": [{"role": "assistant", "content": "a", "tool_calls": []}]})",
                {"line 1 message 0", "\"tool_calls\" is not supported"});
+  expect_error(R"({"messages": [{"role": "user", "content": "q", "reasoning_content": "r"}, {"role": "assistant", "content": "a"}]})",
+               {"line 1 message 0", "\"reasoning_content\" on a user message"});
+  expect_error(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": 3}]})",
+               {"line 1 message 1", "\"reasoning_content\" is 3"});
   expect_error(R"({"query": "q", "response": "r", "history": [["only one"]]})", {"history entry"});
   expect_error("[1, 2]", {"line 1", "expected a JSON object"});
   fs::remove(path_);

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "shardlm/cli/chat_template_flags.hpp"
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/data/prepare.hpp"
@@ -15,6 +16,8 @@ struct PrepareFlags {
   PrepareOptions text;
   bool sft = false;
   std::string chat_template;
+  std::string enable_thinking;
+  std::string template_date;
   std::vector<std::string> val_inputs;
   int64_t max_len = 0;
   bool no_truncate = false;
@@ -24,6 +27,8 @@ void prepare_sft(const PrepareFlags& flags, CLI::App& cmd) {
   SftPrepareOptions options;
   options.tokenizer = flags.text.tokenizer;
   options.chat_template = flags.chat_template;
+  options.enable_thinking = parse_enable_thinking(flags.enable_thinking);
+  options.template_date = flags.template_date;
   options.inputs = flags.text.inputs;
   options.val_inputs = flags.val_inputs;
   options.out_dir = flags.text.out_dir;
@@ -57,8 +62,7 @@ void register_prepare(CLI::App& app) {
   cmd->add_flag("--sft", flags->sft,
                 "Chat/instruction datasets (JSONL: messages, query/prompt + response, or alpaca) rendered with a "
                 "chat template into train.sft/val.sft with loss masks");
-  cmd->add_option("--template", flags->chat_template,
-                  "With --sft: chatml, llama3 or plain (default: the tokenizer's own)");
+  add_chat_template_flags(*cmd, flags->chat_template, flags->enable_thinking, flags->template_date);
   cmd->add_option("--val-input", flags->val_inputs, "With --sft: JSONL datasets for val.sft");
   cmd->add_option("--max-len", flags->max_len, "With --sft: examples longer than this many tokens are cut to it");
   cmd->add_flag("--no-truncate", flags->no_truncate, "With --sft: an example longer than --max-len is an error");
@@ -76,7 +80,7 @@ void register_prepare(CLI::App& app) {
       prepare_sft(*flags, *cmd);
       return;
     }
-    for (const char* flag : {"--template", "--val-input", "--max-len", "--no-truncate"})
+    for (const char* flag : {"--template", "--enable-thinking", "--template-date", "--val-input", "--max-len", "--no-truncate"})
       SHARDLM_CHECK(cmd->count(flag) == 0, "prepare: {} applies to chat datasets only (add --sft)", flag);
     PrepareSummary s = prepare_dataset(flags->text);
     fmt::print("prepared {}: {} train + {} val tokens (vocab {}, tokenizer {}) in {:.1f} s\n",

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "shardlm/ckpt/hf_import.hpp"
+#include "shardlm/cli/chat_template_flags.hpp"
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/sha256.hpp"
@@ -30,6 +31,8 @@ struct SftFlags {
   std::vector<std::string> datasets, val_datasets;
   std::string tokenizer;
   std::string chat_template;
+  std::string enable_thinking;  // "", "true" or "false"
+  std::string template_date;
   double val_fraction = 0.0;
   int64_t max_len = 1024;
   bool no_truncate = false;
@@ -50,8 +53,8 @@ void check_prepared_matches(const std::string& dir, const SftPrepareOptions& wan
   };
   const std::string tokenizer = make_tokenizer(want.tokenizer)->spec();  // as prepare records it
   if (meta.tokenizer != tokenizer) differs("tokenizer", meta.tokenizer, tokenizer);
-  if (!want.chat_template.empty() && meta.chat_template != want.chat_template)
-    differs("template", meta.chat_template, want.chat_template);
+  const std::string chat_template = sft_chat_template_id(want);
+  if (meta.chat_template != chat_template) differs("template", meta.chat_template, chat_template);
   const std::string max_len = meta.max_len ? std::to_string(*meta.max_len) : "none";
   if (max_len != std::to_string(want.max_len)) differs("--max-len", max_len, std::to_string(want.max_len));
   std::vector<std::string> files = want.inputs;
@@ -88,8 +91,7 @@ void register_sft(CLI::App& app) {
   cmd->add_option("--out", opts->out_dir, "Run directory (data/, metrics, checkpoints)")->required();
   cmd->add_option("--tokenizer", flags->tokenizer,
                   "Tokenizer spec (as prepare's); default: the --model directory's tokenizer.json");
-  cmd->add_option("--template", flags->chat_template,
-                  "Chat template: chatml, llama3 or plain (default: the tokenizer's own)");
+  add_chat_template_flags(*cmd, flags->chat_template, flags->enable_thinking, flags->template_date);
   cmd->add_option("--max-len", flags->max_len,
                   "Tokens per row: longer examples are truncated (counted in the summary) and "
                   "--packing fills rows up to it")
@@ -127,6 +129,8 @@ void register_sft(CLI::App& app) {
     SftPrepareOptions prepare;
     prepare.tokenizer = flags->tokenizer;
     prepare.chat_template = flags->chat_template;
+    prepare.enable_thinking = parse_enable_thinking(flags->enable_thinking);
+    prepare.template_date = flags->template_date;
     prepare.inputs = flags->datasets;
     prepare.val_inputs = flags->val_datasets;
     prepare.out_dir = opts->data_dir;

@@ -44,14 +44,21 @@ void read_messages(const json& messages, const std::string& where, Conversation&
     SHARDLM_CHECK(message.is_object() && message.contains("role") && message.contains("content"),
                   "{}: {} (expected {{\"role\": ..., \"content\": ...}})", at, short_dump(message));
     for (const auto& [key, value] : message.items())
-      SHARDLM_CHECK(key == "role" || key == "content", "{}: key \"{}\" is not supported (expected only \"role\" "
-                    "and \"content\")", at, key);
-    out.messages.push_back({parse_role(message["role"], at), string_field(message, "content", at)});
+      SHARDLM_CHECK(key == "role" || key == "content" || key == "reasoning_content",
+                    "{}: key \"{}\" is not supported (expected \"role\", \"content\" and, for assistant turns, "
+                    "\"reasoning_content\")", at, key);
+    ChatMessage parsed{parse_role(message["role"], at), string_field(message, "content", at), std::nullopt};
+    if (has(message, "reasoning_content")) {
+      SHARDLM_CHECK(parsed.role == ChatRole::assistant, "{}: \"reasoning_content\" on a {} message (expected it on "
+                    "assistant turns only)", at, chat_role_name(parsed.role));
+      parsed.reasoning_content = string_field(message, "reasoning_content", at);
+    }
+    out.messages.push_back(std::move(parsed));
   }
 }
 
 void read_query_response(const json& line, const char* query_key, const std::string& where, Conversation& out) {
-  if (has(line, "system")) out.messages.push_back({ChatRole::system, string_field(line, "system", where)});
+  if (has(line, "system")) out.messages.push_back({ChatRole::system, string_field(line, "system", where), std::nullopt});
   if (has(line, "history")) {
     const json& history = line["history"];
     SHARDLM_CHECK(history.is_array(), "{}: \"history\" is {} (expected [[query, response], ...])", where,
@@ -59,21 +66,21 @@ void read_query_response(const json& line, const char* query_key, const std::str
     for (const json& turn : history) {
       SHARDLM_CHECK(turn.is_array() && turn.size() == 2 && turn[0].is_string() && turn[1].is_string(),
                     "{}: history entry {} (expected [query, response], two strings)", where, short_dump(turn));
-      out.messages.push_back({ChatRole::user, turn[0].get<std::string>()});
-      out.messages.push_back({ChatRole::assistant, turn[1].get<std::string>()});
+      out.messages.push_back({ChatRole::user, turn[0].get<std::string>(), std::nullopt});
+      out.messages.push_back({ChatRole::assistant, turn[1].get<std::string>(), std::nullopt});
     }
   }
-  out.messages.push_back({ChatRole::user, string_field(line, query_key, where)});
-  out.messages.push_back({ChatRole::assistant, string_field(line, "response", where)});
+  out.messages.push_back({ChatRole::user, string_field(line, query_key, where), std::nullopt});
+  out.messages.push_back({ChatRole::assistant, string_field(line, "response", where), std::nullopt});
 }
 
 void read_alpaca(const json& line, const std::string& where, Conversation& out) {
-  if (has(line, "system")) out.messages.push_back({ChatRole::system, string_field(line, "system", where)});
+  if (has(line, "system")) out.messages.push_back({ChatRole::system, string_field(line, "system", where), std::nullopt});
   const std::string& instruction = string_field(line, "instruction", where);
   const std::string input = has(line, "input") ? string_field(line, "input", where) : std::string();
   std::string query = instruction.empty() ? input : input.empty() ? instruction : instruction + "\n" + input;
-  out.messages.push_back({ChatRole::user, std::move(query)});
-  out.messages.push_back({ChatRole::assistant, string_field(line, "output", where)});
+  out.messages.push_back({ChatRole::user, std::move(query), std::nullopt});
+  out.messages.push_back({ChatRole::assistant, string_field(line, "output", where), std::nullopt});
 }
 
 }  // namespace

@@ -6,10 +6,13 @@
 // tried in that order (a line with "messages" is a messages line whatever else it
 // holds). Alpaca's user turn is the instruction, then "\n" and the input when both
 // are non-empty (ms-swift's convention). Other keys are ignored (GSM8K and
-// self-instruct lines carry extra fields); keys of a message other than role and
-// content are refused, since they would change the rendering (tool_calls, ...).
+// self-instruct lines carry extra fields). A message holds "role" and "content",
+// and an assistant message may hold "reasoning_content" (a string or null: the
+// thinking Qwen3's template renders into its <think> block); other keys are
+// refused, since they would change the rendering (tool_calls, ...).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +27,7 @@ std::string_view chat_role_name(ChatRole role);
 struct ChatMessage {
   ChatRole role;
   std::string content;
+  std::optional<std::string> reasoning_content;  // assistant turns only
 };
 
 struct Conversation {

@@ -18,13 +18,39 @@
 namespace shardlm {
 namespace {
 
+ChatTemplateOptions chat_template_options(const SftPrepareOptions& options) {
+  ChatTemplateOptions out;
+  out.enable_thinking = options.enable_thinking;
+  out.date = options.template_date;
+  return out;
+}
+
+// A meta.json chat_template: a built-in's name or "sha256:" and 64 hex digits,
+// then ",enable_thinking=true|false" when it was set.
+bool valid_chat_template_id(const std::string& id) {
+  std::string base = id;
+  for (const char* suffix : {",enable_thinking=true", ",enable_thinking=false"}) {
+    const std::string tail(suffix);
+    if (base.size() > tail.size() && base.compare(base.size() - tail.size(), tail.size(), tail) == 0)
+      base.resize(base.size() - tail.size());
+  }
+  if (base.rfind("sha256:", 0) == 0)
+    return base.size() == 7 + 64 && base.find_first_not_of("0123456789abcdef", 7) == std::string::npos;
+  try {
+    parse_chat_template(base);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 struct SplitBuilder {
   SftExamples examples;
   SftSplitCounts counts;
 };
 
 // Tokenizes one file's conversations into `split`; truncation and dropping counted in meta.
-void add_file(const std::string& path, const Tokenizer& tokenizer, ChatTemplate chat_template,
+void add_file(const std::string& path, const Tokenizer& tokenizer, const ChatFormat& chat_template,
               const SftPrepareOptions& options, SplitBuilder& split, SftDatasetMeta& meta, const std::string& split_name) {
   const std::vector<Conversation> conversations = read_chat_dataset(path);
   SftSourceInfo source;
@@ -97,6 +123,7 @@ nlohmann::json meta_to_json(const SftDatasetMeta& meta) {
       {"vocab_size", meta.vocab_size},
       {"end_of_text", optional(meta.end_of_text)},
       {"chat_template", meta.chat_template},
+      {"chat_template_origin", meta.chat_template_origin},
       {"token_dtype", token_bytes_for_vocab(meta.vocab_size) == 2 ? "uint16" : "uint32"},
       {"train_file", "train.sft"},
       {"val_file", "val.sft"},
@@ -132,15 +159,16 @@ SftPrepareSummary prepare_sft_dataset(const SftPrepareOptions& options) {
                 "limit)", options.max_len);
   SHARDLM_CHECK(options.truncate || options.max_len > 0, "prepare --sft: --no-truncate needs --max-len");
   const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options.tokenizer);
-  const ChatTemplate chat_template =
-      options.chat_template.empty() ? default_chat_template(*tokenizer) : parse_chat_template(options.chat_template);
+  const ChatFormat chat_template = resolve_chat_format(options.chat_template, *tokenizer,
+                                                      chat_template_options(options));
 
   SftDatasetMeta meta;
   meta.format_version = kSftDatasetFormatVersion;
   meta.tokenizer = tokenizer->spec();
   meta.vocab_size = tokenizer->vocab_size();
   meta.end_of_text = tokenizer->end_of_text();
-  meta.chat_template = std::string(chat_template_name(chat_template));
+  meta.chat_template = chat_template.id();
+  meta.chat_template_origin = chat_template.origin();
   if (options.max_len > 0) meta.max_len = options.max_len;
   SplitBuilder train, val;
   for (const std::string& input : options.inputs)
@@ -170,6 +198,11 @@ SftPrepareSummary prepare_sft_dataset(const SftPrepareOptions& options) {
   return summary;
 }
 
+std::string sft_chat_template_id(const SftPrepareOptions& options) {
+  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options.tokenizer);
+  return resolve_chat_format(options.chat_template, *tokenizer, chat_template_options(options)).id();
+}
+
 bool is_sft_dataset(const std::string& dir) {
   if (!std::filesystem::exists(dataset_meta_path(dir))) return false;
   return DatasetMetaJson(dir).kind() == "sft";
@@ -185,7 +218,8 @@ SftDatasetMeta read_sft_dataset_meta(const std::string& dir) {
   meta.vocab_size = json.vocab_size();
   meta.end_of_text = json.end_of_text();
   meta.chat_template = json.string("chat_template");
-  parse_chat_template(meta.chat_template);
+  SHARDLM_CHECK(valid_chat_template_id(meta.chat_template), "{}: chat_template '{}' (expected chatml, llama3, plain, "
+                "qwen3 or sha256:HEX, optionally with ,enable_thinking=true|false)", json.path(), meta.chat_template);
   meta.train = {json.count("train_examples"), json.count("train_tokens"), json.count("train_target_tokens")};
   meta.val = {json.count("val_examples"), json.count("val_tokens"), json.count("val_target_tokens")};
   if (const std::optional<double> max_len = json.optional_number("max_len")) meta.max_len = static_cast<int64_t>(*max_len);

@@ -13,7 +13,10 @@ namespace shardlm {
 
 struct SftPrepareOptions {
   std::string tokenizer;                // a make_tokenizer() spec
-  std::string chat_template;            // chatml, llama3, plain; empty: the tokenizer's own
+  std::string chat_template;            // resolve_chat_format's choice: empty (the tokenizer directory's
+                                        // own, else a built-in), chatml, llama3, plain, qwen3, FILE.jinja
+  std::optional<bool> enable_thinking;  // passed to the template when set (Qwen3)
+  std::string template_date;            // strftime_now's day, YYYY-MM-DD; empty: today (UTC)
   std::vector<std::string> inputs;      // JSONL files, in order
   std::vector<std::string> val_inputs;  // JSONL files for val.sft; empty: the last val_fraction of the examples
   std::string out_dir;
@@ -42,7 +45,8 @@ struct SftDatasetMeta {
   std::string tokenizer;  // spec that recreates the tokenizer
   int64_t vocab_size = 0;
   std::optional<int32_t> end_of_text;
-  std::string chat_template;
+  std::string chat_template;  // ChatFormat::id(): a built-in's name or "sha256:HEX" of the template
+  std::string chat_template_origin;  // where it came from (written, not read back)
   std::optional<int64_t> max_len;
   SftSplitCounts train;
   SftSplitCounts val;
@@ -73,6 +77,10 @@ std::string sft_val_path(const std::string& dir);    // DIR/val.sft
 // template the tokenizer cannot render, a bad val fraction, an example longer than
 // max_len without truncation, no example left for train.
 SftPrepareSummary prepare_sft_dataset(const SftPrepareOptions& options);
+
+// The ChatFormat::id() prepare_sft_dataset would record for these options
+// (what --resume compares with the dataset's meta.json).
+std::string sft_chat_template_id(const SftPrepareOptions& options);
 
 // Reads and validates DIR/meta.json of an SFT dataset; Error naming the file and
 // the field, or saying the directory holds a text dataset.

@@ -84,9 +84,8 @@ class Parser {
 
   // Statements until a block tag whose keyword is in `ends` (consumed up to
   // the keyword; `ended_by` says which). Top level: `ends` empty, until the end.
-  Body parse_body(std::initializer_list<const char*> ends, std::string& ended_by) {
+  Body parse_body(std::initializer_list<const char*> ends, std::string& ended_by, int opened_at = 0) {
     Body body;
-    const int opened_at = peek().line;
     while (true) {
       const Token& t = peek();
       if (t.kind == K::end) {
@@ -137,7 +136,7 @@ class Parser {
       ExprPtr condition = parse_expression();
       while (true) {
         expect_block_end();
-        Body body = parse_body({"elif", "else", "endif"}, ended_by);
+        Body body = parse_body({"elif", "else", "endif"}, ended_by, node->line);
         node->branches.emplace_back(std::move(condition), std::move(body));
         if (ended_by == "elif") {
           condition = parse_expression();
@@ -145,7 +144,7 @@ class Parser {
         }
         if (ended_by == "else") {
           expect_block_end();
-          node->branches.emplace_back(nullptr, parse_body({"endif"}, ended_by));
+          node->branches.emplace_back(nullptr, parse_body({"endif"}, ended_by, node->line));
         }
         break;
       }
@@ -158,10 +157,10 @@ class Parser {
       if (accept_name("if")) node->condition = parse_expression();
       if (is_name("recursive")) fail(peek().line, "recursive for loops are not supported");
       expect_block_end();
-      node->body = parse_body({"else", "endfor"}, ended_by);
+      node->body = parse_body({"else", "endfor"}, ended_by, node->line);
       if (ended_by == "else") {
         expect_block_end();
-        node->else_body = parse_body({"endfor"}, ended_by);
+        node->else_body = parse_body({"endfor"}, ended_by, node->line);
       }
     } else if (k == "set") {
       node->targets.push_back(expect_identifier("a variable name"));
@@ -179,21 +178,21 @@ class Parser {
         if (is_op("|")) fail(peek().line, "filters on a block set are not supported");
         node->kind = Node::Kind::set_block;
         expect_block_end();
-        node->body = parse_body({"endset"}, ended_by);
+        node->body = parse_body({"endset"}, ended_by, node->line);
       }
     } else if (k == "macro") {
       node->kind = Node::Kind::macro;
       node->name = expect_identifier("a macro name");
       node->params = parse_params();
       expect_block_end();
-      node->body = parse_body({"endmacro"}, ended_by);
+      node->body = parse_body({"endmacro"}, ended_by, node->line);
     } else if (k == "call") {
       node->kind = Node::Kind::call_block;
       if (is_op("(")) node->params = parse_params();
       node->expr = parse_expression();
       if (node->expr->kind != Expr::Kind::call) fail(node->line, "{% call %} needs a macro call");
       expect_block_end();
-      node->body = parse_body({"endcall"}, ended_by);
+      node->body = parse_body({"endcall"}, ended_by, node->line);
     } else if (k == "filter") {
       node->kind = Node::Kind::filter_block;
       // The filter chain applied to a placeholder literal holding the body's text.
@@ -201,13 +200,13 @@ class Parser {
       placeholder->name = kFilterBlockInput;
       node->expr = parse_filters(std::move(placeholder), /*first_pipe_done=*/true);
       expect_block_end();
-      node->body = parse_body({"endfilter"}, ended_by);
+      node->body = parse_body({"endfilter"}, ended_by, node->line);
     } else if (k == "break" || k == "continue") {
       node->kind = k == "break" ? Node::Kind::loop_break : Node::Kind::loop_continue;
     } else if (k == "generation") {
       node->kind = Node::Kind::generation;
       expect_block_end();
-      node->body = parse_body({"endgeneration"}, ended_by);
+      node->body = parse_body({"endgeneration"}, ended_by, node->line);
     } else {
       fail(keyword.line, fmt::format("the {{% {} %}} statement is not supported by shardlm's template interpreter", k));
     }
