@@ -55,6 +55,24 @@ merged="$("$SHARDLM" eval --checkpoint "$WORK/from_merged" --data "$WORK/data" -
 python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 1e-5*abs(b) else 1)" \
   "$ours" "$merged" || fail "merged model loss $merged differs from the QLoRA run's $ours"
 echo "merged export: loss $merged, the QLoRA run's $ours"
+# QLoRA from a Hugging Face directory (whose config.json knows nothing of quantization):
+# `train --init-from DIR` and `sft --model DIR` both start, and a directory that does
+# not describe the run's model is refused before sft prepares anything.
+# (The NF4 words themselves: test_qlora_hf_import, against bitsandbytes' algorithm.)
+"$SHARDLM" train --model qwen3-tiny "${COMMON[@]}" --vocab-size 50257 --steps 0 --out "$WORK/base" > /dev/null
+"$SHARDLM" export --checkpoint "$WORK/base" --out "$WORK/hf_base" > /dev/null
+"$SHARDLM" train "${COMMON[@]}" --init-from "$WORK/hf_base" --lora-rank 4 --quantize-base nf4 \
+  --precision bf16 --steps 2 --out "$WORK/q_hf" > "$WORK/q_hf.log" 2>&1 || { cat "$WORK/q_hf.log"; fail "train --init-from DIR --quantize-base nf4"; }
+head -n 16 "$SHARED_DATA/sft/gsm8k_train.jsonl" > "$WORK/gsm.jsonl"
+SFT=(--tokenizer "gpt2:$SHARED_DATA/gpt2" --dataset "$WORK/gsm.jsonl" --max-len 128 --threads 1
+     --micro-batch 2 --eval-batches 0 --lora-rank 8 --quantize-base nf4)
+"$SHARDLM" sft --model "$WORK/hf_base" "${SFT[@]}" --steps 2 --out "$WORK/sft_q" > "$WORK/sft_q.log" 2>&1 \
+  || { cat "$WORK/sft_q.log"; fail "sft --model DIR --quantize-base nf4"; }
+[ "$(metric "$WORK/sft_q" step)" = 2 ] || fail "sft --model DIR --quantize-base nf4 did not train 2 steps"
+echo "QLoRA from a Hugging Face directory: train --init-from and sft --model run"
+expect_error "describes another model: n_layer" "$SHARDLM" sft --model "$WORK/hf_base" "${SFT[@]}" \
+  --n-layer 2 --steps 2 --out "$WORK/sft_bad"
+[ ! -e "$WORK/sft_bad/data" ] || fail "sft prepared data for a model it then refused"
 # Bad input.
 expect_error "quantize-base nf4 needs LoRA" "$SHARDLM" train --model llama-tiny "${COMMON[@]}" \
   --quantize-base nf4 --steps 1 --out "$WORK/x1"

@@ -12,6 +12,7 @@
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
 #include "shardlm/core/sha256.hpp"
+#include "shardlm/parallel/owned_params.hpp"
 
 namespace fs = std::filesystem;
 
@@ -115,16 +116,31 @@ void CheckpointReader::load_into(const ParamLayout& layout, Strategy& strategy) 
   }
   for (int u = 0; u < layout.num_units(); ++u) {
     OwnedSlice s = strategy.owned(u);
-    float* states[kCheckpointStates] = {s.master, s.adam_m, s.adam_v};
-    for (auto* state : states)  // a frozen unit has no optimizer state to load
+    zero_owned_params(s);
+    float* moments[] = {s.adam_m, s.adam_v};
+    for (auto* state : moments)  // a frozen unit has no optimizer state to load
       if (state != nullptr) std::memset(state, 0, static_cast<size_t>(s.size()) * sizeof(float));
+    std::vector<float> staging;
     for (const auto& p : layout.units[static_cast<size_t>(u)].params) {
       const int64_t lo = std::max(s.begin, p.offset);
       const int64_t hi = std::min(s.end, p.offset + p.numel);
       if (lo >= hi) continue;
-      for (int k = 0; k < kCheckpointStates; ++k)
-        if (states[k] != nullptr)
-          read(p.name, static_cast<StateKind>(k), lo - p.offset, hi - lo, states[k] + (lo - s.begin));
+      if (s.master != nullptr) {
+        read(p.name, StateKind::master, lo - p.offset, hi - lo, s.master + (lo - s.begin));
+      } else {
+        // A frozen unit stored in the compute type: rounded (to nearest even) piece by
+        // piece, as its compute copy would have been.
+        constexpr int64_t kPiece = int64_t{1} << 20;
+        for (int64_t a = lo; a < hi; a += kPiece) {
+          const int64_t b = std::min(hi, a + kPiece);
+          staging.resize(static_cast<size_t>(b - a));
+          read(p.name, StateKind::master, a - p.offset, b - a, staging.data());
+          write_owned_params(s, a, b - a, staging.data());
+        }
+      }
+      for (int k = 1; k < kCheckpointStates; ++k)
+        if (moments[k - 1] != nullptr)
+          read(p.name, static_cast<StateKind>(k), lo - p.offset, hi - lo, moments[k - 1] + (lo - s.begin));
     }
   }
   strategy.after_load();

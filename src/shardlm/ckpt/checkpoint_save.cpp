@@ -12,6 +12,7 @@
 #include "shardlm/core/fault_injection.hpp"
 #include "shardlm/core/file_util.hpp"
 #include "shardlm/core/sha256.hpp"
+#include "shardlm/parallel/owned_params.hpp"
 
 namespace fs = std::filesystem;
 
@@ -95,7 +96,14 @@ void write_shard(const fs::path& tmp, const ParamLayout& layout, Strategy& strat
   for (int u = 0; u < layout.num_units(); ++u) {
     OwnedSlice s = strategy.owned(u);
     const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
-    for (const float* state : {s.master, s.adam_m, s.adam_v}) {
+    // The parameters as fp32 values (a frozen unit stored in the compute type widened
+    // exactly: the checkpoint holds the values the run computes with).
+    for_each_owned_params(s, [&](int64_t, int64_t n, const float* values) {
+      const size_t piece = static_cast<size_t>(n) * sizeof(float);
+      file.write_all(values, piece);
+      hasher.update(values, piece);
+    });
+    for (const float* state : {s.adam_m, s.adam_v}) {
       if (state != nullptr) {
         file.write_all(state, bytes);
         hasher.update(state, bytes);

@@ -15,6 +15,7 @@
 #include "shardlm/core/file_util.hpp"
 #include "shardlm/core/finite.hpp"
 #include "shardlm/model/family.hpp"
+#include "shardlm/parallel/owned_params.hpp"
 
 namespace fs = std::filesystem;
 
@@ -98,8 +99,9 @@ void check_same_model(const ModelConfig& run, const ModelConfig& stored, const f
       {"vocab_size", "--vocab-size"}, {"max_seq_len", "--context-len"}, {"family", "--model"}};
   const nlohmann::json a = run.to_json(), b = stored.to_json();
   for (auto it = a.begin(); it != a.end(); ++it) {
-    // Init does not matter to imported weights; adapters are the run's, not the base's.
-    if (it.key() == "init_std" || it.key() == "lora") continue;
+    // Init does not matter to imported weights; adapters and the base's quantization
+    // (QLoRA quantizes the weights on load) are the run's, not the base's.
+    if (it.key() == "init_std" || it.key() == "lora" || it.key() == "quantize_base") continue;
     const nlohmann::json other = b.value(it.key(), nlohmann::json());
     if (other == it.value()) continue;
     const auto flag = flags.find(it.key());
@@ -133,22 +135,28 @@ ModelConfig read_hf_model_config(const std::string& path) {
   }
 }
 
-void check_hf_model_matches(const std::string& path, const ModelConfig& config) {
-  SHARDLM_CHECK(fs::exists(path), "--init-from: '{}' not found (expected a .safetensors file or a "
-                "directory holding model.safetensors)", path);
-  const fs::path base = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-  if (fs::exists(base / "config.json"))
-    check_same_model(config, read_hf_model_config(base.string()), base / "config.json");
+namespace {
+
+// The stored tensors the model reads, checked against the layout from the files'
+// headers alone: every stored tensor is one the model has, every tensor the model
+// imports is there once, with its Hugging Face shape and a dtype the import reads.
+struct MatchedWeights {
+  WeightFiles files;
+  std::map<std::string, std::string> stored_name;  // shardlm name -> stored name
+};
+
+// A LoRA run takes its base from the files; its adapters (the trainable units) are the
+// caller's to initialise.
+bool imported(const ModelConfig& config, const UnitLayout& unit) {
+  return !(config.lora.enabled() && unit.trainable);
 }
 
-void import_hugging_face(const std::string& path, const ModelConfig& config,
-                         const ParamLayout& layout, Strategy& strategy) {
+MatchedWeights match_weights(const std::string& path, const ModelConfig& config,
+                             const ParamLayout& layout) {
   const ModelFamily& family = model_family(config.family);
-  check_hf_model_matches(path, config);
-  WeightFiles files = open_weights(path);
-
-  // shardlm name -> stored name; every stored tensor must be one the model has.
-  std::map<std::string, std::string> stored_name;
+  MatchedWeights m{open_weights(path), {}};
+  WeightFiles& files = m.files;
+  std::map<std::string, std::string>& stored_name = m.stored_name;
   for (const auto& [name, reader] : files.by_tensor) {
     const std::string canonical = family.hf_name(name);
     if (canonical.empty()) continue;  // not a weight (old GPT-2 mask buffers)
@@ -161,14 +169,46 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
                   files.description, canonical, stored_name[canonical], name);
     stored_name[canonical] = name;
   }
-  // A LoRA run takes its base from the files; its adapters (the trainable units) are
-  // the caller's to initialise.
-  auto imported = [&](const UnitLayout& unit) { return !(config.lora.enabled() && unit.trainable); };
-  for (const auto& unit : layout.units)
-    if (imported(unit))
-      for (const auto& p : unit.params)
-        SHARDLM_CHECK(stored_name.count(p.name), "'{}' has no tensor '{}', which the model needs",
-                      files.description, p.name);
+  for (const auto& unit : layout.units) {
+    if (!imported(config, unit)) continue;
+    for (const auto& p : unit.params) {
+      SHARDLM_CHECK(stored_name.count(p.name), "'{}' has no tensor '{}', which the model needs",
+                    files.description, p.name);
+      const std::string& stored = stored_name.at(p.name);
+      const safetensors::Reader& reader = *files.by_tensor.at(stored);
+      const auto& entry = reader.entry(stored);
+      const auto want = hf_shape(p);
+      SHARDLM_CHECK(entry.shape == want, "'{}' tensor '{}' has shape [{}], expected [{}]",
+                    reader.path(), stored, fmt::join(entry.shape, ", "), fmt::join(want, ", "));
+      using safetensors::DType;
+      SHARDLM_CHECK(entry.dtype == DType::F32 || entry.dtype == DType::BF16 ||
+                        entry.dtype == DType::F16 || entry.dtype == DType::F64,
+                    "'{}' tensor '{}' has dtype {}, expected F32, BF16, F16 or F64", reader.path(),
+                    stored, safetensors::dtype_name(entry.dtype));
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+void check_hf_model_matches(const std::string& path, const ModelConfig& config) {
+  SHARDLM_CHECK(fs::exists(path), "--init-from: '{}' not found (expected a .safetensors file or a "
+                "directory holding model.safetensors)", path);
+  const fs::path base = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  if (fs::exists(base / "config.json"))
+    check_same_model(config, read_hf_model_config(base.string()), base / "config.json");
+  // Names, shapes and dtypes do not depend on the world size.
+  match_weights(path, config, ParamLayout::build(config, 1));
+}
+
+void import_hugging_face(const std::string& path, const ModelConfig& config,
+                         const ParamLayout& layout, Strategy& strategy) {
+  const ModelFamily& family = model_family(config.family);
+  check_hf_model_matches(path, config);
+  MatchedWeights matched = match_weights(path, config, layout);
+  WeightFiles& files = matched.files;
+  const std::map<std::string, std::string>& stored_name = matched.stored_name;
   // A tied model reads its head from the embedding: a stored head that differs from it
   // belongs to another (untied) model and would be dropped silently.
   if (config.tie_embeddings) {
@@ -184,25 +224,17 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
 
   for (int u = 0; u < layout.num_units(); ++u) {
     OwnedSlice s = strategy.owned(u);
-    const bool load = imported(layout.units[static_cast<size_t>(u)]);
-    for (float* state : {load ? s.master : nullptr, s.adam_m, s.adam_v})
+    const bool load = imported(config, layout.units[static_cast<size_t>(u)]);
+    if (load) zero_owned_params(s);
+    for (float* state : {s.adam_m, s.adam_v})
       if (state != nullptr) std::memset(state, 0, static_cast<size_t>(s.size()) * sizeof(float));
     if (!load) continue;
     for (const auto& p : layout.units[static_cast<size_t>(u)].params) {
       const std::string& stored = stored_name.at(p.name);
       safetensors::Reader& reader = *files.by_tensor.at(stored);
-      const auto& entry = reader.entry(stored);
-      const auto want = hf_shape(p);
-      SHARDLM_CHECK(entry.shape == want, "'{}' tensor '{}' has shape [{}], expected [{}]",
-                    reader.path(), stored, fmt::join(entry.shape, ", "), fmt::join(want, ", "));
-      using safetensors::DType;
-      SHARDLM_CHECK(entry.dtype == DType::F32 || entry.dtype == DType::BF16 ||
-                        entry.dtype == DType::F16 || entry.dtype == DType::F64,
-                    "'{}' tensor '{}' has dtype {}, expected F32, BF16, F16 or F64", reader.path(),
-                    stored, safetensors::dtype_name(entry.dtype));
       const int64_t lo = std::max(s.begin, p.offset);
       // A QLoRA base weight is quantized on load; its elements are the NF4 words.
-      const int64_t numel = p.quantized() ? p.numel : safetensors::shape_numel(want);
+      const int64_t numel = p.quantized() ? p.numel : safetensors::shape_numel(hf_shape(p));
       const int64_t hi = std::min(s.end, p.offset + numel);
       if (lo >= hi) continue;
       std::vector<float> values = reader.read(stored).to_f32();
@@ -214,8 +246,7 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
         cpu::nf4_quantize(values.data(), static_cast<int64_t>(values.size()), words.data());
         values = std::move(words);
       }
-      std::memcpy(s.master + (lo - s.begin), values.data() + (lo - p.offset),
-                  static_cast<size_t>(hi - lo) * sizeof(float));
+      write_owned_params(s, lo, hi - lo, values.data() + (lo - p.offset));
     }
   }
   strategy.after_load();

@@ -20,6 +20,7 @@
 #include "shardlm/data/prepare.hpp"
 #include "shardlm/data/sft_prepare.hpp"
 #include "shardlm/data/tokenizer.hpp"
+#include "shardlm/train/train_options.hpp"
 #include "shardlm/train/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -125,6 +126,10 @@ void register_sft(CLI::App& app) {
     // ms-swift's defaults: 1e-4 for adapters, 1e-5 for every weight.
     if (cmd->count("--lr") == 0) opts->lr = opts->lora_rank > 0 ? 1e-4f : 1e-5f;
     opts->data_dir = (fs::path(opts->out_dir) / "data").string();
+    // The model and the weights it imports are checked before the data is prepared
+    // (the model's own vocabulary: the data's is checked against it once prepared).
+    if (!opts->init_from.empty())
+      check_hf_model_matches(opts->init_from, resolve_model_config(*opts, std::nullopt));
 
     SftPrepareOptions prepare;
     prepare.tokenizer = flags->tokenizer;

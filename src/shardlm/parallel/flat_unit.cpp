@@ -27,22 +27,28 @@ FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPla
       shard_params_(plan.shard_params),
       shard_grads_(plan.shard_grads),
       whole_unit_owned_(!plan.shard_optimizer),
-      compute_copy_(plan.compute_copy && !layout_.raw),
-      param_type_(layout_.raw ? DType::fp32 : plan.param_type) {
+      stored_in_compute_type_(!layout_.trainable && !layout_.raw &&
+                              plan.frozen_type != DType::fp32),
+      compute_copy_(plan.compute_copy && !layout_.raw && !stored_in_compute_type_),
+      param_type_(layout_.raw                  ? DType::fp32
+                  : stored_in_compute_type_ ? plan.frozen_type
+                                            : plan.param_type) {
   SHARDLM_CHECK(!layout_.raw || !layout_.trainable, "internal: raw unit {} is trainable",
                 layout_.name);
   // Allocated in this order so that the tracker sees what it always saw (the plan's
   // arithmetic is checked against it byte for byte).
   const MemCategory param_category = trainable() ? MemCategory::params : MemCategory::frozen;
+  // A frozen unit of a bf16/fp16 run is stored once, in the type the model reads.
+  const DType stored = stored_in_compute_type_ ? param_type_ : DType::fp32;
   if (shard_params_) {
-    owned_params_ = elements(param_category, DType::fp32, slice_numel_, tracker, backend);
+    owned_params_ = elements(param_category, stored, slice_numel_, tracker, backend);
   } else {
-    full_params_ = elements(param_category, DType::fp32, numel_, tracker, backend);
+    full_params_ = elements(param_category, stored, numel_, tracker, backend);
     if (compute_copy_) {
       compute_params_ = elements(param_category, param_type_, numel_, tracker, backend);
       params_ = TypedPtr(compute_params_.data(), param_type_);
     } else {
-      params_ = full_params_.as<float>();
+      params_ = TypedPtr(full_params_.data(), stored);
     }
   }
   if (shared_ && shard_params_)
@@ -64,19 +70,24 @@ FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPla
 }
 
 const float* FlatUnit::replicated_params() const {
-  return shard_params_ ? nullptr : full_params_.as<float>();
+  return shard_params_ || stored_in_compute_type_ ? nullptr : full_params_.as<float>();
 }
 
 OwnedSlice FlatUnit::owned() {
   const int64_t begin = whole_unit_owned_ ? 0 : slice_begin_;
   const int64_t end = whole_unit_owned_ ? numel_ : slice_begin_ + slice_numel_;
+  if (stored_in_compute_type_) {  // frozen, no fp32 master
+    const TypedPtr stored = shard_params_ ? TypedPtr(owned_params_.data(), param_type_)
+                                          : TypedPtr(full_params_.data(), param_type_).at(begin);
+    return {begin, end, nullptr, nullptr, nullptr, nullptr, {}, stored};
+  }
   float* master = shard_params_ ? owned_params_.as<float>() : full_params_.as<float>() + begin;
   // A frozen unit: its parameters only (loaded, checkpointed, never updated).
-  if (!trainable()) return {begin, end, master, nullptr, nullptr, nullptr, {}};
+  if (!trainable()) return {begin, end, master, nullptr, nullptr, nullptr, {}, {}};
   float* grad = shard_grads_ ? owned_grads_.as<float>() : full_grads_.as<float>() + begin;
   // Only an optimizer that updates the whole unit can keep the compute copy current.
   const TypedPtr compute_copy = whole_unit_owned_ && compute_copy_ ? params_ : TypedPtr();
-  return {begin, end, master, grad, adam_m_.as<float>(), adam_v_.as<float>(), compute_copy};
+  return {begin, end, master, grad, adam_m_.as<float>(), adam_v_.as<float>(), compute_copy, {}};
 }
 
 // ---- zero3/hybrid: gathering --------------------------------------------------------
@@ -94,7 +105,10 @@ void FlatUnit::start_gather(BufferPool& pool, Communicator& shard) {
   const TypedPtr gathered(buffer, param_type_);
   const std::string label = "all_gather params unit " + name();
   const float* owned = owned_params_.as<float>();
-  if (gathered.dtype == DType::fp32) {  // raw units' words travel as they are
+  if (stored_in_compute_type_) {  // already in the type gathered: the bytes travel
+    const size_t bytes = static_cast<size_t>(slice_numel_) * dtype_bytes(param_type_);
+    gather_ = shard.all_gather_bytes(owned_params_.data(), buffer, bytes, label);
+  } else if (gathered.dtype == DType::fp32) {  // raw units' words travel as they are
     gather_ = shard.all_gather(owned, gathered.f32(), static_cast<size_t>(slice_numel_), label);
   } else {
     // This rank's block is rounded in place in the gather buffer, then gathered.
@@ -125,9 +139,16 @@ void FlatUnit::release_gather(BufferPool& pool) {
 // ---- zero1/zero2: replicated parameters ---------------------------------------------
 
 void FlatUnit::start_param_sync(Communicator& shard) {
+  const std::string label = "all_gather params unit " + name();
+  if (stored_in_compute_type_) {  // a frozen unit after a load: its stored bytes
+    const TypedPtr full(full_params_.data(), param_type_);
+    param_sync_ = shard.all_gather_bytes(
+        full.at(slice_begin_).data, full.data,
+        static_cast<size_t>(slice_numel_) * dtype_bytes(param_type_), label);
+    return;
+  }
   float* full = full_params_.as<float>();
-  param_sync_ = shard.all_gather(full + slice_begin_, full, static_cast<size_t>(slice_numel_),
-                                 "all_gather params unit " + name());
+  param_sync_ = shard.all_gather(full + slice_begin_, full, static_cast<size_t>(slice_numel_), label);
 }
 
 void FlatUnit::finish_param_sync() { param_sync_.wait(); }

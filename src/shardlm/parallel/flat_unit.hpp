@@ -9,7 +9,9 @@
 //
 // Which buffers a unit keeps follows StrategyBufferPlan (the table in
 // flat_unit_strategy.hpp); the rank owns elements [slice_begin, slice_begin +
-// slice_numel) of the unit, its slice of the partition.
+// slice_numel) of the unit, its slice of the partition. A frozen unit of a bf16/fp16
+// run keeps its parameters once, in the compute type (no fp32 master, no compute
+// copy): owned() hands them out as OwnedSlice::frozen.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +44,8 @@ class FlatUnit {
   // no gradient buffer is held or the unit is frozen).
   TypedPtr params() const { return params_; }
   float* grads() const { return grads_; }
-  // The full fp32 master when parameters are replicated (ddp, zero1, zero2), else null.
+  // The full fp32 master when parameters are replicated (ddp, zero1, zero2), else null
+  // (also for a frozen unit stored in the compute type).
   const float* replicated_params() const;
   // What the optimizer and checkpoints see (Strategy::owned): the owned slice, or the
   // whole unit where the optimizer state is replicated (ddp).
@@ -108,6 +111,8 @@ class FlatUnit {
   const bool shared_;
   const bool shard_params_, shard_grads_;
   const bool whole_unit_owned_;  // ddp: the optimizer updates the whole unit
+  // Frozen (not raw) in a bf16/fp16 run: stored once in param_type_, no fp32 master.
+  const bool stored_in_compute_type_;
   const bool compute_copy_;      // replicated params also kept in param_type_
   const DType param_type_;       // what the model reads; raw units: stored fp32 words
 

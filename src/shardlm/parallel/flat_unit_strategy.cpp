@@ -34,6 +34,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   plan.shard_optimizer = options.kind != StrategyKind::ddp;
   plan.param_type = model_param_type(options);
   plan.compute_copy = !plan.shard_params && plan.param_type != DType::fp32;
+  plan.frozen_type = options.param_dtype;
   plan.optimizer_on_host = options.optimizer_on_host;
   const size_t U = static_cast<size_t>(layout.num_units());
   plan.shared_unit.assign(U, false);
@@ -51,10 +52,15 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
     const bool trains = layout.units[u].trainable;
     const bool raw = layout.units[u].raw;
     const int64_t ub = raw ? 4 : pb;  // bytes per element as the model reads it
-    // A frozen unit keeps its parameters only (MemCategory::frozen).
-    int64_t& param_bytes = trains ? plan.params_bytes : plan.frozen_bytes;
-    param_bytes += 4 * (plan.shard_params ? S : P);
-    if (plan.compute_copy && !raw) param_bytes += pb * P;
+    if (!trains) {
+      // A frozen unit keeps its parameters only (MemCategory::frozen), stored once:
+      // raw words, or values in frozen_type.
+      const int64_t fb = raw ? 4 : static_cast<int64_t>(dtype_bytes(plan.frozen_type));
+      plan.frozen_bytes += fb * (plan.shard_params ? S : P);
+    } else {
+      plan.params_bytes += 4 * (plan.shard_params ? S : P);
+      if (plan.compute_copy) plan.params_bytes += pb * P;
+    }
     if (trains) {
       plan.grads_bytes += 4 * (plan.shard_grads ? S : P);
       plan.optimizer_bytes += 8 * (plan.shard_optimizer ? S : P);

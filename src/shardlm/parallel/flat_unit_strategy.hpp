@@ -8,6 +8,10 @@
 //   zero3    | owned slice (+gather)| owned slice (+2 transient) | owned slice
 //   hybrid   | zero3 in shard groups; owned slices all-reduced across replica groups
 //
+// Frozen units (a LoRA run's base) have no gradient or optimizer state. In a bf16 or
+// fp16 run their parameters are stored once, in the compute type (rounded to nearest
+// even on load, the value a compute copy of an fp32 master would hold): whole units
+// for ddp/zero1/zero2, owned slices for zero3/hybrid, gathered as they are stored.
 // Raw units (a QLoRA run's NF4 base layers) are bytes in fp32 words: every strategy
 // hands them to the model as stored, zero3 gathers them as words, none rounds them.
 // zero3/hybrid gather parameters in StrategyOptions::param_dtype (the compute type:

@@ -70,8 +70,12 @@ class HostOwnedState final : public Strategy {
 
  private:
   struct HostSlice {
+    // master: the parameters as the device stores them (stored_type: fp32, or the
+    // compute type of a frozen unit, OwnedSlice::frozen).
     TrackedBuffer master, m, v, grad;  // grad: offloaded only
+    DType stored_type = DType::fp32;
   };
+  static void* stored_params(const OwnedSlice& s);  // master, or frozen's storage
   Strategy& device_;
   Backend& backend_;
   const Role role_;

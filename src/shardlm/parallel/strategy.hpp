@@ -17,6 +17,11 @@ namespace shardlm {
 // parameters the model reads (ddp in a bf16 run): the optimizer writes it along with
 // master (after_step then trusts it); anything else that changes master calls
 // after_load, which rebuilds it.
+//
+// A frozen unit of a bf16 or fp16 run (not raw) has no fp32 master: its parameters
+// are stored once, in the compute type (`frozen`, the same elements), and master is
+// null. Code that loads or saves parameters goes through parallel/owned_params.hpp,
+// which serves both.
 struct OwnedSlice {
   int64_t begin = 0;
   int64_t end = 0;
@@ -25,6 +30,7 @@ struct OwnedSlice {
   float* adam_m = nullptr;
   float* adam_v = nullptr;
   TypedPtr compute_copy;
+  TypedPtr frozen;  // compute-type storage of a frozen unit (then master is null)
   int64_t size() const { return end - begin; }
 };
 

@@ -14,6 +14,9 @@ struct StrategyBufferPlan {
   bool shard_params = false, shard_grads = false, shard_optimizer = false;
   DType param_type = DType::fp32;   // of what the model reads (gathered or copied)
   bool compute_copy = false;        // replicated params also kept in param_type (bf16)
+  // What frozen units (not raw) are stored in: the run's compute type (bf16, fp16), once,
+  // with no fp32 master and no compute copy; fp32 in an fp32 run.
+  DType frozen_type = DType::fp32;
   bool optimizer_on_host = false;   // --offload optimizer: no AdamW state allocated here
                                     // (optimizer_bytes still counts what it would be)
   std::vector<bool> shared_unit;    // flat units another model unit reads (tied head)
@@ -23,7 +26,7 @@ struct StrategyBufferPlan {
   int param_pool = 0;               // zero3/hybrid gather buffers of that size
   int grad_pool = 0;                // zero2/zero3 transient gradient buffers of that size
   int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
-  int64_t frozen_bytes = 0;  // frozen units' parameters (masters and compute copies)
+  int64_t frozen_bytes = 0;  // frozen units' parameters, in frozen_type (raw: words)
   // Raw units (quantized, UnitLayout::raw) are handed out, gathered and kept as stored:
   // fp32 words, no compute copy.
   // zero3/hybrid: all-gathers of each flat unit per training micro-batch (a unit that

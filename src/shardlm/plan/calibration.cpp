@@ -16,6 +16,7 @@
 #include "shardlm/model/family.hpp"
 #include "shardlm/optim/optimizer.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/parallel/owned_params.hpp"
 #include "shardlm/plan/run_plan.hpp"
 #include "shardlm/train/model_runner.hpp"
 
@@ -51,8 +52,7 @@ ComputeCalibration measure_compute(const ModelConfig& config, int micro_batch, i
   FlatUnitStrategy strategy(layout, model->unit_needs(), comm, options);
   ModelRunner runner(*model, strategy);
   for (int u = 0; u < layout.num_units(); ++u) {
-    OwnedSlice s = strategy.owned(u);
-    model->init_range(u, 1337, s.begin, s.end, s.master);
+    init_owned_params(*model, u, 1337, strategy.owned(u));
   }
   strategy.after_load();
   AdamWOptimizer optimizer(layout, strategy, AdamWConfig{});

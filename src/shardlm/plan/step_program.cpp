@@ -231,7 +231,8 @@ class ProgramBuilder {
     const size_t u = static_cast<size_t>(v);
     if (param_sync_[u] >= 0) wait(param_sync_[u]);
     param_sync_[u] = -1;
-    if (!s_.compute_copy || raw(u) || !stale_[u]) return;
+    // Frozen units are stored in the compute type: nothing to round.
+    if (!s_.compute_copy || raw(u) || !trains(u) || !stale_[u]) return;
     compute(state(numel(u) * (4 + param_bytes())), "round parameters");
     stale_[u] = false;
   }
@@ -240,7 +241,9 @@ class ProgramBuilder {
   void start_gather(int v) {
     const size_t u = static_cast<size_t>(v);
     if (!s_.shared_unit[u]) --free_params_;
-    if (unit_param_bytes(u) != 4) compute(state(shard(u) * (4 + param_bytes())), "round shard");
+    // A frozen unit's shard is already stored in the type gathered.
+    if (unit_param_bytes(u) != 4 && trains(u))
+      compute(state(shard(u) * (4 + param_bytes())), "round shard");
     gather_[u] = issue(CollectiveKind::all_gather, CommGroup::shard, numel(u) * unit_param_bytes(u),
                        unit_param_bytes(u), "all_gather params");
     ready_[u] = false;

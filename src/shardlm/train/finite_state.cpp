@@ -4,6 +4,7 @@
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/finite.hpp"
+#include "shardlm/parallel/owned_params.hpp"
 
 namespace shardlm {
 
@@ -17,9 +18,14 @@ void check_state_finite(const ParamLayout& layout, Strategy& strategy, Communica
     // A raw unit's words are quantized bytes (and frozen: never updated).
     if (layout.units[static_cast<size_t>(u)].raw) continue;
     const OwnedSlice s = strategy.owned(u);
-    const float* states[] = {s.master, s.adam_m, s.adam_v};
-    for (uint64_t k = 0; k < 3 && found == 0; ++k)
-      if (states[k] != nullptr && !all_finite(states[k], s.size())) found = 1 + static_cast<uint64_t>(u) * 3 + k;
+    bool weights_finite = true;
+    for_each_owned_params(s, [&](int64_t, int64_t n, const float* values) {
+      weights_finite = weights_finite && all_finite(values, n);
+    });
+    if (!weights_finite) found = 1 + static_cast<uint64_t>(u) * 3;
+    const float* moments[] = {s.adam_m, s.adam_v};
+    for (uint64_t k = 1; k < 3 && found == 0; ++k)
+      if (moments[k - 1] != nullptr && !all_finite(moments[k - 1], s.size())) found = 1 + static_cast<uint64_t>(u) * 3 + k;
   }
   const std::vector<uint64_t> all = comm.all_gather_u64(found, "finite state check");
   for (size_t r = 0; r < all.size(); ++r) {

@@ -30,6 +30,7 @@
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/optim/optimizer.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/parallel/owned_params.hpp"
 #include "shardlm/train/auto_strategy.hpp"
 #include "shardlm/train/batch_source.hpp"
 #include "shardlm/train/metrics.hpp"
@@ -446,18 +447,15 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
     // LoRA adapters start from their init (A random, B zero); the base is imported.
     for (int u = 0; u < layout_->num_units(); ++u)
       if (layout_->units[static_cast<size_t>(u)].trainable && config_.lora.enabled()) {
-        OwnedSlice s = owned_state().owned(u);
-        model_->init_range(u, o_.seed, s.begin, s.end, s.master);
+        init_owned_params(*model_, u, o_.seed, owned_state().owned(u));
       }
     import_hugging_face(o_.init_from, config_, *layout_, owned_state());
     print(fmt::format("initialised from {}\n", o_.init_from));
     return 0;
   }
   // Init is a function of (seed, tensor name): each rank fills its owned slices.
-  for (int u = 0; u < layout_->num_units(); ++u) {
-    OwnedSlice s = owned_state().owned(u);
-    model_->init_range(u, o_.seed, s.begin, s.end, s.master);
-  }
+  for (int u = 0; u < layout_->num_units(); ++u)
+    init_owned_params(*model_, u, o_.seed, owned_state().owned(u));
   owned_state().after_load();
   return 0;
 }
