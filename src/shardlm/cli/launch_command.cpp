@@ -1,10 +1,13 @@
-// `shardlm launch -n N [--max-restarts R] -- train ...`: runs mpirun with the flags
-// this machine needs and, for training jobs, restarts a failed job from its newest
-// valid checkpoint (or from step 0 when it died before its first one). The job never
-// outlives launch: signals to launch end it, and so does launch's death.
+// `shardlm launch -n N [--max-restarts R] [--grace-s G] -- train|sft ...`: runs mpirun
+// with the flags this machine needs and, for training jobs, restarts a failed job from
+// its newest valid checkpoint (or from step 0 when it died before its first one). The
+// job never outlives launch: SIGTERM/SIGINT/SIGHUP to launch ask it to stop at a
+// checkpoint and end it if it has not within G seconds (comm/job_supervisor.hpp), and
+// launch's death ends it too.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,6 +18,7 @@
 #include "shardlm/comm/job_supervisor.hpp"
 #include "shardlm/comm/launch.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/train/stop_signals.hpp"
 
 namespace shardlm::cli {
 
@@ -23,6 +27,7 @@ namespace {
 struct LaunchArgs {
   int processes = 1;
   int max_restarts = 0;
+  double grace_s = 60.0;
   std::string hosts;
   std::vector<std::string> command;
 };
@@ -69,8 +74,11 @@ int launch(const LaunchArgs& args) {
                 "launch needs a shardlm command after '--', e.g. shardlm launch -n 2 -- train ...");
   SHARDLM_CHECK(args.processes >= 1, "-n must be at least 1, got {}", args.processes);
   SHARDLM_CHECK(args.max_restarts >= 0, "--max-restarts must be >= 0, got {}", args.max_restarts);
+  SHARDLM_CHECK(std::isfinite(args.grace_s) && args.grace_s >= 0 && args.grace_s <= 86400,
+                "--grace-s must be a number of seconds in [0, 86400], got {}", args.grace_s);
   std::vector<std::string> job = args.command;
-  const bool training = job.front() == "train";
+  // The subcommands that train a run directory (and can continue it from a checkpoint).
+  const bool training = job.front() == "train" || job.front() == "sft";
   const std::string run_dir = training ? flag_value(job, "--out") : "";
   bool resumes = has_flag(job, "--resume") || has_flag(job, "--resume-if-exists");
   // A restart continues from what the run directory holds. That is this job's own
@@ -83,15 +91,39 @@ int launch(const LaunchArgs& args) {
     program_args.insert(program_args.end(), job.begin(), job.end());
     std::vector<std::string> argv = mpirun_command(args.processes, program_args);
     if (!args.hosts.empty()) argv.insert(argv.begin() + 1, {"-H", args.hosts});
+    // A SIGTERM that reaches mpirun itself (a batch system signals every process of the
+    // job; launch's death) makes it SIGTERM the ranks and SIGKILL them Open MPI's default
+    // 1 s later: give them the grace period to finish their step and checkpoint instead.
+    argv.insert(argv.begin() + 1,
+                {"--mca", "odls_base_sigkill_timeout",
+                 std::to_string(std::max(1, static_cast<int>(std::ceil(args.grace_s))))});
     say(fmt::format("{}", fmt::join(argv, " ")));
-    const JobExit exit =
-        run_supervised(argv, {{"SHARDLM_RESTART_COUNT", std::to_string(restart)}});
+    const JobExit exit = run_supervised(
+        argv, {{"SHARDLM_RESTART_COUNT", std::to_string(restart)}}, args.grace_s);
     if (exit.stop_signal != 0) {
-      say(fmt::format("stopped by signal {}; the job was ended (status {})", exit.stop_signal,
+      if (exit.status == kExitStoppedAtCheckpoint && !exit.ended) {
+        say(fmt::format("stopped by signal {} ({}): the job wrote a checkpoint and exited with "
+                        "status {}; continue with --resume",
+                        exit.stop_signal, signal_name(exit.stop_signal), exit.status));
+        return kExitStoppedAtCheckpoint;
+      }
+      say(fmt::format("stopped by signal {} ({}); the job was ended{} (status {})",
+                      exit.stop_signal, signal_name(exit.stop_signal),
+                      exit.ended ? fmt::format(" (it had not stopped within --grace-s {} or a "
+                                               "second signal came)", args.grace_s)
+                                 : "",
                       exit.status));
       return 128 + exit.stop_signal;
     }
     if (exit.status == 0) return 0;
+    if (exit.status == kExitStoppedAtCheckpoint) {
+      // A signal reached the ranks without passing through launch (srun, a batch system
+      // or a user signalling them): they were asked to stop, not restarted.
+      say(fmt::format("the job stopped at a checkpoint (status {}: a signal reached its ranks); "
+                      "not restarting; continue with --resume",
+                      exit.status));
+      return exit.status;
+    }
     auto give_up = [&](const std::string& why) {
       say(fmt::format("job exited with status {}{}", exit.status, why));
       return exit.status;
@@ -120,11 +152,17 @@ int launch(const LaunchArgs& args) {
 void register_launch(CLI::App& app) {
   auto args = std::make_shared<LaunchArgs>();
   auto* cmd = app.add_subcommand(
-      "launch", "Run a shardlm command on N processes with mpirun (restarting failed training)");
+      "launch", "Run a shardlm command on N processes with mpirun (restarting failed training, "
+      "stopping it at a checkpoint on SIGTERM)");
   cmd->add_option("-n,--processes", args->processes, "Number of processes (ranks)")->required();
   cmd->add_option("--max-restarts", args->max_restarts,
-                  "Restart a failed training job up to R times, from its newest valid "
+                  "Restart a failed training job (train, sft) up to R times, from its newest valid "
                   "checkpoint (from step 0 if it had none yet)")
+      ->capture_default_str();
+  cmd->add_option("--grace-s", args->grace_s,
+                  "On SIGTERM/SIGINT/SIGHUP: seconds the job may take to finish its step and "
+                  "write a checkpoint (it is asked with SIGUSR1) before it is ended; a second "
+                  "signal ends it at once")
       ->capture_default_str();
   cmd->add_option("--hosts", args->hosts, "Hosts for mpirun -H (e.g. a,b)");
   cmd->add_option("command", args->command, "The shardlm command to run, after '--'")->required();

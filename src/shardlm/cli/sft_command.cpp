@@ -1,8 +1,9 @@
 // `shardlm sft`: supervised fine-tuning on chat data in one command, as ms-swift's
 // `swift sft` reads: --model (a Hugging Face directory, whose weights and tokenizer
 // are used, or a preset), --dataset JSONL, --out RUN. Underneath it is `prepare --sft`
-// into RUN/data (on rank 0, once; a later --resume checks it was made from the same
-// files the same way) and then `train` on it, so every train flag (strategy,
+// into RUN/data (on rank 0, once, under the run directory's lock, committed whole by a
+// rename; a later --resume checks it was made from the same files the same way) and
+// then `train` on it, so every train flag (strategy,
 // precision, LoRA/QLoRA, checkpoints, ...) applies unchanged.
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "shardlm/data/prepare.hpp"
 #include "shardlm/data/sft_prepare.hpp"
 #include "shardlm/data/tokenizer.hpp"
+#include "shardlm/train/run_directory.hpp"
 #include "shardlm/train/train_options.hpp"
 #include "shardlm/train/trainer.hpp"
 
@@ -150,7 +152,12 @@ void register_sft(CLI::App& app) {
       }
       SHARDLM_CHECK(!fs::exists(dataset_meta_path(prepare.out_dir)),
                     "{} holds a text dataset, not chat data: use a new --out", prepare.out_dir);
-      const SftPrepareSummary s = prepare_sft_dataset(prepare);
+      SftPrepareSummary s;
+      write_run_data(prepare.out_dir, [&](const std::string& temporary_dir) {  // whole or not at all
+        SftPrepareOptions into = prepare;
+        into.out_dir = temporary_dir;
+        s = prepare_sft_dataset(into);
+      });
       fmt::print("prepared {}: {} train examples ({} tokens, {} targets) + {} val examples, template {}, "
                  "{} truncated to --max-len {}, {} dropped (no target left)\n",
                  prepare.out_dir, s.meta.train.examples, s.meta.train.tokens, s.meta.train.target_tokens,
@@ -159,6 +166,7 @@ void register_sft(CLI::App& app) {
       std::fflush(stdout);
     });
     print_summary(summary);
+    exit_if_stopped(summary);
   });
 }
 

@@ -23,6 +23,7 @@ void register_train(CLI::App& app) {
       std::printf("\n--- sample ---\n%s\n--------------\n\n", summary.sample.c_str());
     }
     print_summary(summary);
+    exit_if_stopped(summary);
   });
 }
 
@@ -130,6 +131,10 @@ void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   cmd->add_option("--eval-batches", opts->eval_batches, "Micro-batches per validation")
       ->capture_default_str();
   cmd->add_option("--save-every", opts->save_every, "Checkpoint every N steps (0: at the end)")
+      ->capture_default_str();
+  cmd->add_option("--save-every-minutes", opts->save_every_minutes,
+                  "Also a checkpoint when this many minutes passed since the last one (rank 0's "
+                  "clock; 0: off). SIGTERM/SIGINT save and stop at the next step whatever this is")
       ->capture_default_str();
   cmd->add_option("--keep", opts->keep, "Checkpoints to keep (0: all)")->capture_default_str();
   cmd->add_flag("--resume", opts->resume,

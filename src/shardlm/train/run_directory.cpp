@@ -1,7 +1,12 @@
 #include "shardlm/train/run_directory.hpp"
 
+#include <filesystem>
+
 #include "shardlm/comm/on_all_ranks.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/file_util.hpp"
+
+namespace fs = std::filesystem;
 
 namespace shardlm {
 
@@ -14,6 +19,26 @@ std::unique_ptr<RunDirectoryLock> lock_run_directory(const std::string& run_dir,
     remove_interrupted_saves(run_dir);  // the lock says no other job is saving
   });
   return lock;
+}
+
+void write_run_data(const std::string& data_dir,
+                    const std::function<void(const std::string& temporary_dir)>& write) {
+  const fs::path target = fs::path(data_dir).lexically_normal();
+  SHARDLM_CHECK(!fs::exists(target), "'{}' exists already (expected it absent before preparing it)",
+                data_dir);
+  const fs::path temporary = target.string() + ".preparing";
+  std::error_code ec;
+  fs::remove_all(temporary, ec);
+  SHARDLM_CHECK(!ec, "cannot remove '{}' (left by an interrupted preparation): {}",
+                temporary.string(), ec.message());
+  try {
+    write(temporary.string());
+    fs::rename(temporary, target);
+  } catch (const std::exception&) {
+    fs::remove_all(temporary, ec);
+    throw;
+  }
+  fsync_directory(target.parent_path().string());
 }
 
 std::unique_ptr<CheckpointReader> checkpoint_to_resume(const TrainOptions& o,

@@ -2,6 +2,7 @@
 // which checkpoint in it to continue from (--resume, --resume-if-exists, neither).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,14 @@ namespace shardlm {
 // when it cannot (the holder's pid and host on rank 0). nullptr on the other ranks.
 std::unique_ptr<RunDirectoryLock> lock_run_directory(const std::string& run_dir,
                                                      Communicator& comm);
+
+// Writes a run's data directory (RUN/data) whole or not at all, under the run
+// directory's lock: `write` fills a fresh temporary directory beside it
+// (DATA_DIR.preparing; one a killed job left is removed first), which is renamed to
+// DATA_DIR when `write` returns. On an Error the temporary is removed and DATA_DIR is
+// not touched. Error when DATA_DIR already exists.
+void write_run_data(const std::string& data_dir,
+                    const std::function<void(const std::string& temporary_dir)>& write);
 
 // The checkpoint a run continues from, by the recovery rule (checkpoint.hpp):
 //  neither flag: none; Error if the directory already holds checkpoints (another run);

@@ -1,9 +1,11 @@
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include <fmt/format.h>
 
+#include "shardlm/train/stop_signals.hpp"
 #include "shardlm/train/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -35,6 +37,14 @@ void print_summary(const TrainSummary& s) {
   if (!s.last_checkpoint.empty()) row("checkpoint", fs::path(s.last_checkpoint).filename().string());
   std::fputs(table.c_str(), stdout);
   std::fflush(stdout);
+}
+
+void exit_if_stopped(const TrainSummary& s) {
+  if (s.stopped.empty()) return;
+  std::fflush(stdout);
+  if (s.is_root) std::fprintf(stderr, "%s\n", s.stopped.c_str());
+  std::fflush(stderr);
+  std::exit(kExitStoppedAtCheckpoint);
 }
 
 }  // namespace shardlm

@@ -148,6 +148,7 @@ void TrainOptions::validate() const {
   check_at_least("--eval-every", eval_every, int64_t{0});
   check_at_least("--eval-batches", eval_batches, 0);
   check_at_least("--save-every", save_every, int64_t{0});
+  check_finite("--save-every-minutes", save_every_minutes, save_every_minutes >= 0, ">= 0 (0: off)");
   check_at_least("--keep", keep, 0);
   SHARDLM_CHECK(!(resume && resume_if_exists),
                 "--resume (must resume) and --resume-if-exists (resume when there is a "

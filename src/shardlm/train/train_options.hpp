@@ -47,6 +47,9 @@ struct TrainOptions {
   int64_t eval_every = 0;  // 0: evaluate at the end only
   int eval_batches = 8;
   int64_t save_every = 0;  // 0: save at the end only
+  // Also a checkpoint when this many minutes have passed since the last one (rank 0's
+  // clock, agreed by every rank at a step boundary); 0: off.
+  double save_every_minutes = 30.0;
   int keep = 0;            // checkpoints kept; 0: all
   bool resume = false;            // must continue from a checkpoint of out_dir
   bool resume_if_exists = false;  // continue if out_dir has a committed checkpoint, else start

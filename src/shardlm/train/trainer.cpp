@@ -2,11 +2,13 @@
 
 #include <omp.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "shardlm/backend/cpu/gemm.hpp"
@@ -38,9 +40,11 @@
 #include "shardlm/train/progress.hpp"
 #include "shardlm/train/finite_state.hpp"
 #include "shardlm/train/run_checks.hpp"
+#include "shardlm/train/run_control.hpp"
 #include "shardlm/train/run_directory.hpp"
 #include "shardlm/train/sampling.hpp"
 #include "shardlm/train/step_record.hpp"
+#include "shardlm/train/stop_signals.hpp"
 #include "shardlm/train/thread_budget.hpp"
 
 namespace fs = std::filesystem;
@@ -65,7 +69,11 @@ uint64_t replicated_params_digest(const ParamLayout& layout, const FlatUnitStrat
 
 class Trainer {
  public:
-  Trainer(const TrainOptions& o, Communicator& comm) : o_(o), comm_(comm) {}
+  // `locked`: the caller took the run directory's lock already (sft, before it prepares
+  // the data; the same on every rank); `lock` is its handle (nullptr on ranks but 0).
+  Trainer(const TrainOptions& o, Communicator& comm, bool locked = false,
+          std::unique_ptr<RunDirectoryLock> lock = nullptr)
+      : o_(o), comm_(comm), locked_(locked), lock_(std::move(lock)) {}
   TrainSummary run();
 
  private:
@@ -78,9 +86,13 @@ class Trainer {
   void open_metrics(int64_t start_step);
   void print_run_description() const;
 
-  StepOutcome train_step(int64_t step);
-  // Fills this rank's micro-batches of `step`; returns the global target count.
-  int64_t load_step_batches(int64_t step);
+  StepOutcome train_step(int64_t step, int64_t target_count, const Stopwatch& clock);
+  // Fills this rank's micro-batches of `step`; returns the global target count and
+  // what the ranks agreed on (stop, save now) in the same all-reduce.
+  UnpackedTargetCount load_step_batches(int64_t step);
+  // Before `step` when the ranks agreed to: a checkpoint of the steps done so far
+  // (unless one was written at that step already), and the stop line.
+  void save_between_steps(int64_t done, const RunControl& control, TrainSummary& summary);
   MicroBatch micro_batch(int k) const;
   void check_replicas(int64_t done);
   double evaluate();
@@ -104,6 +116,7 @@ class Trainer {
   const int world_ = comm_.size();
   const int rank_ = comm_.rank();
   ThreadBudget threads_;
+  bool locked_ = false;  // lock_run_directory() done (by the caller or set_up)
   std::unique_ptr<RunDirectoryLock> lock_;  // rank 0: held for the job's life
 
   DatasetMeta meta_;
@@ -146,11 +159,15 @@ class Trainer {
   std::string init_from_;
   int64_t tokens_seen_ = 0;
   nlohmann::json last_save_;  // timing of the last checkpoint save, for the metrics
+  int64_t start_step_ = 0;        // the first step this invocation runs
+  int64_t last_saved_step_ = -1;  // step of the newest checkpoint in the run directory
+  Stopwatch since_save_;  // rank 0's clock for --save-every-minutes
   Stopwatch wall_;  // since the trainer started (restart-to-first-step, save and load times)
 };
 
 TrainSummary Trainer::run() {
   const int64_t start_step = set_up();
+  start_step_ = start_step;
   TrainSummary summary;
   summary.first_step = start_step;
   summary.num_parameters = config_.num_parameters();
@@ -162,11 +179,20 @@ TrainSummary Trainer::run() {
   double last_loss = std::nan("");
   comm_.take_counters();
   strategy_->take_group_counters();
+  since_save_.restart();
 
   for (int64_t step = start_step; step < o_.steps; ++step) {
     take_phase_totals();  // drop what ran between steps (eval, checkpoint save)
     fault_at_step(rank_, step + 1);
-    const StepOutcome outcome = train_step(step);
+    Stopwatch step_clock;
+    const UnpackedTargetCount agreed = load_step_batches(step);
+    if (agreed.control.stop || agreed.control.save_now) {
+      save_between_steps(step, agreed.control, summary);
+      take_phase_totals();
+      step_clock.restart();
+    }
+    if (agreed.control.stop) break;
+    const StepOutcome outcome = train_step(step, agreed.target_count, step_clock);
     const int64_t done = outcome.step;
     tokens_seen_ += outcome.tokens;
     summary.tokens += outcome.tokens;
@@ -208,11 +234,11 @@ TrainSummary Trainer::run() {
     summary.last_checkpoint = checkpoint_dir(start_step);
   }
   const double train_s = train_clock.seconds();
-  summary.steps = o_.steps;
+  summary.steps = summary.stopped.empty() ? o_.steps : last_saved_step_;
   summary.final_train_loss = last_loss;
   summary.tokens_per_s = train_s > 0 ? static_cast<double>(summary.tokens) / train_s : 0.0;
 
-  if (o_.sample_tokens > 0) {
+  if (o_.sample_tokens > 0 && summary.stopped.empty()) {
     const auto tokenizer = make_tokenizer(meta_.tokenizer);
     std::vector<int32_t> prompt = tokenizer->encode(o_.sample_prompt);
     if (prompt.empty()) prompt.push_back(tokenizer->end_of_text().value_or(0));
@@ -226,10 +252,33 @@ TrainSummary Trainer::run() {
   return summary;
 }
 
+void Trainer::save_between_steps(int64_t done, const RunControl& control, TrainSummary& summary) {
+  const bool written = last_saved_step_ == done;
+  if (control.stop) {
+    // Test-only: hold the stop open, so a test can send the second signal meanwhile.
+    if (const char* delay = std::getenv("SHARDLM_TEST_STOP_DELAY_S"))
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(delay)));
+  }
+  if (!written) {
+    save(done, o_.out_dir);
+    summary.last_checkpoint = checkpoint_dir(done);
+  }
+  since_save_.restart();
+  if (!control.stop) return;
+  const int signal = stop_signal_received();
+  summary.stopped = fmt::format(
+      "stopped by {} at step {}: checkpoint {} {}; continue with --resume",
+      signal != 0 ? signal_name(signal) : "a signal to another rank", done,
+      fs::path(checkpoint_dir(done)).filename().string(),
+      written ? "(written before the signal) is the newest" : "written");
+}
+
 // One optimizer step: the whole step contract of docs/architecture.md, every strategy alike.
-StepOutcome Trainer::train_step(int64_t step) {
-  Stopwatch clock;
-  const int64_t target_count = load_step_batches(step);
+StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwatch& clock) {
+  SHARDLM_CHECK(target_count > 0,
+                "step {} has no target tokens: every target of its rows is masked (with chat "
+                "data, a --seq-len shorter than the prompts cuts off every answer)",
+                step + 1);
   // fp16: the loss (so every gradient) is multiplied by the loss scale, and the
   // optimizer divides it out again through the gradient multiplier.
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
@@ -277,19 +326,21 @@ StepOutcome Trainer::train_step(int64_t step) {
   return {step + 1, loss, lr, grad_norm, clock.seconds(), tokens, apply, loss_scale};
 }
 
-int64_t Trainer::load_step_batches(int64_t step) {
+UnpackedTargetCount Trainer::load_step_batches(int64_t step) {
   const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
   for (int k = 0; k < accumulation_; ++k)
     data_->fill_train(batches_->first_sample(step, rank_, k), o_.micro_batch,
                       rows(micro_tokens * static_cast<size_t>(k)));
-  int64_t counts[1] = {0};
-  for (int32_t t : targets_) counts[0] += (t != kIgnoreIndex);
+  int64_t targets = 0;
+  for (int32_t t : targets_) targets += (t != kIgnoreIndex);
+  RunControl local;
+  local.stop = stop_signal_received() != 0;
+  // (Not before the first step of this invocation: nothing new to save yet.)
+  local.save_now = is_root_ && step > start_step_ && o_.save_every_minutes > 0 &&
+                   since_save_.seconds() >= o_.save_every_minutes * 60.0;
+  int64_t counts[1] = {pack_target_count(targets, local, world_)};
   comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "target count");
-  SHARDLM_CHECK(counts[0] > 0,
-                "step {} has no target tokens: every target of its rows is masked (with chat "
-                "data, a --seq-len shorter than the prompts cuts off every answer)",
-                step + 1);
-  return counts[0];
+  return unpack_target_count(counts[0]);
 }
 
 MicroBatch Trainer::micro_batch(int k) const {
@@ -313,7 +364,9 @@ int64_t Trainer::set_up() {
   threads_ = plan_threads(comm_, o_.threads);
   omp_set_num_threads(threads_.threads);
   read_inputs();
-  lock_ = lock_run_directory(o_.out_dir, comm_);  // before anything in it is read or written
+  // Before anything in it is read or written.
+  if (!locked_) lock_ = lock_run_directory(o_.out_dir, comm_);
+  locked_ = true;
   std::unique_ptr<CheckpointReader> resume_from = find_checkpoint_to_resume();
   build_model_and_strategy();
   const int64_t start_step = load_initial_state(std::move(resume_from));
@@ -423,6 +476,7 @@ void Trainer::build_model_and_strategy() {
 int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_from) {
   resumed_ = resume_from != nullptr;
   if (resume_from) {
+    last_saved_step_ = resume_from->info().step;
     Stopwatch load_clock;
     resume_from->load_into(*layout_, owned_state());
     const double load_s = load_clock.seconds();
@@ -548,6 +602,7 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
   if (loss_scaler_) info.train["loss_scaler"] = loss_scaler_->to_json();
   Stopwatch clock;
   const std::string dir = save_checkpoint(run_dir, *layout_, owned_state(), info, o_.keep, comm_);
+  if (run_dir == o_.out_dir) last_saved_step_ = step;
   if (is_root_) {
     uintmax_t bytes = 0;
     for (const auto& entry : fs::directory_iterator(dir)) bytes += entry.file_size();
@@ -561,14 +616,20 @@ TrainSummary run_training(const TrainOptions& options, const std::function<void(
   CommOptions comm_options;
   comm_options.timeout_seconds = options.comm_timeout;
   auto comm = make_world_communicator(comm_options);
+  install_stop_signal_handlers(comm->rank() == 0);
   TrainSummary summary;
   try {
     if (prepare_data) {
+      // The run directory is this job's before anything under it is written: a second
+      // job on it is refused here and changes nothing.
+      std::unique_ptr<RunDirectoryLock> lock = lock_run_directory(options.out_dir, *comm);
       if (comm->rank() == 0) prepare_data();
       int64_t ready[1] = {1};  // the other ranks wait here (under --comm-timeout) for rank 0
       comm->all_reduce_blocking(std::span<int64_t>(ready, 1), ReduceOp::sum, "dataset prepared");
+      summary = Trainer(resolve_auto_strategy(options, *comm), *comm, true, std::move(lock)).run();
+    } else {
+      summary = Trainer(resolve_auto_strategy(options, *comm), *comm).run();
     }
-    summary = Trainer(resolve_auto_strategy(options, *comm), *comm).run();
   } catch (const std::exception& e) {
     // One rank's error brings the whole job down (no peer left waiting).
     if (comm->size() > 1) comm->abort_job(std::string("error: ") + e.what());

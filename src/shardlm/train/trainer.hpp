@@ -28,16 +28,26 @@ struct TrainSummary {
   int64_t num_parameters = 0;
   std::string last_checkpoint;
   bool is_root = true;  // rank 0 prints; other ranks stay quiet
+  // Stopped by a signal (stop_signals.hpp) at a checkpoint: the line that says so,
+  // "stopped by SIGTERM at step 12: checkpoint step_00000012 written; continue with
+  // --resume". Empty when the run went to its end.
+  std::string stopped;
 };
 
 // Runs `shardlm train`. Throws Error for bad input (before touching RUN_DIR where
 // possible) and for a NaN/inf loss (the last checkpoint is left as it was).
 // prepare_data, when given, runs on rank 0 before any rank reads the data (`sft`
-// renders its chat dataset there); an Error in it ends every rank's job.
+// renders its chat dataset there), after the run directory's lock is taken; an Error
+// in it ends every rank's job. SIGTERM, SIGINT or SIGUSR1 stops the run at the next
+// step boundary with a checkpoint (summary.stopped; stop_signals.hpp).
 TrainSummary run_training(const TrainOptions& options,
                           const std::function<void()>& prepare_data = {});
 
 // Prints the end-of-run summary table.
 void print_summary(const TrainSummary& summary);
+
+// When the run was stopped by a signal: rank 0 prints summary.stopped on stderr and
+// the process exits with kExitStoppedAtCheckpoint. Returns otherwise.
+void exit_if_stopped(const TrainSummary& summary);
 
 }  // namespace shardlm

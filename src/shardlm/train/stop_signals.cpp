@@ -1,0 +1,78 @@
+#include "shardlm/train/stop_signals.hpp"
+
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+
+namespace shardlm {
+
+namespace {
+
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
+
+std::atomic<int> g_first_signal{0};
+std::atomic<long long> g_first_signal_ns{0};
+std::atomic<bool> g_announce{false};
+
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free,
+              "signal handlers may only touch lock-free atomics");
+
+long long monotonic_ns() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  return static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec;
+}
+
+void say(const char* text) {
+  if (g_announce.load()) (void)!::write(STDERR_FILENO, text, ::strlen(text));
+}
+
+// Only async-signal-safe calls: atomics, clock_gettime, write, signal, raise.
+extern "C" void on_stop_signal(int signal) {
+  const long long now = monotonic_ns();
+  int expected = 0;
+  if (g_first_signal.compare_exchange_strong(expected, signal)) {
+    g_first_signal_ns.store(now);
+    say(signal == SIGUSR1 ? "received SIGUSR1: stopping after this step with a checkpoint "
+                            "(a second signal stops at once)\n"
+        : signal == SIGINT ? "received SIGINT: stopping after this step with a checkpoint "
+                             "(a second signal stops at once)\n"
+                           : "received SIGTERM: stopping after this step with a checkpoint "
+                             "(a second signal stops at once)\n");
+    return;
+  }
+  if (now - g_first_signal_ns.load() < static_cast<long long>(kDuplicateWindowSeconds * 1e9))
+    return;  // the same request, delivered again by another path
+  say("second signal: stopping at once, without a checkpoint (the last one written is kept)\n");
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
+
+}  // namespace
+
+void install_stop_signal_handlers(bool announce) {
+  g_announce.store(announce);
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  for (int s : kStopSignals) sigaddset(&action.sa_mask, s);  // one handler at a time
+  action.sa_flags = SA_RESTART;
+  for (int s : kStopSignals) ::sigaction(s, &action, nullptr);
+}
+
+int stop_signal_received() { return g_first_signal.load(); }
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGHUP: return "SIGHUP";
+    default: return "signal " + std::to_string(signal);
+  }
+}
+
+}  // namespace shardlm
