@@ -76,7 +76,7 @@ wait_for_steps "$WORK/slow" 3 "$launcher" || { cat "$WORK/slow.log"; fail "job d
 kill -TERM "$launcher"
 rc=0; wait "$launcher" || rc=$?
 [ "$rc" -eq 143 ] || { cat "$WORK/slow.log"; fail "job past its grace period: status $rc, expected 143"; }
-grep -q "^launch: stopped by signal 15 (SIGTERM); the job was ended (it had not stopped within --grace-s 1" "$WORK/slow.log" \
+grep -q "launch: stopped by signal 15 (SIGTERM); the job was ended (it had not stopped within --grace-s 1" "$WORK/slow.log" \
   || { cat "$WORK/slow.log"; fail "no launch line"; }
 "$SHARDLM" inspect "$WORK/slow" > /dev/null || fail "no valid checkpoint left after the job was ended"
 echo "1 passed, 0 failed"

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
+#include <cmath>  // std::isfinite
 #include <cstdio>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -91,12 +91,6 @@ int launch(const LaunchArgs& args) {
     program_args.insert(program_args.end(), job.begin(), job.end());
     std::vector<std::string> argv = mpirun_command(args.processes, program_args);
     if (!args.hosts.empty()) argv.insert(argv.begin() + 1, {"-H", args.hosts});
-    // A SIGTERM that reaches mpirun itself (a batch system signals every process of the
-    // job; launch's death) makes it SIGTERM the ranks and SIGKILL them Open MPI's default
-    // 1 s later: give them the grace period to finish their step and checkpoint instead.
-    argv.insert(argv.begin() + 1,
-                {"--mca", "odls_base_sigkill_timeout",
-                 std::to_string(std::max(1, static_cast<int>(std::ceil(args.grace_s))))});
     say(fmt::format("{}", fmt::join(argv, " ")));
     const JobExit exit = run_supervised(
         argv, {{"SHARDLM_RESTART_COUNT", std::to_string(restart)}}, args.grace_s);

@@ -1,11 +1,14 @@
 #include "shardlm/train/stop_signals.hpp"
 
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <mutex>
+#include <thread>
 
 namespace shardlm {
 
@@ -53,15 +56,28 @@ extern "C" void on_stop_signal(int signal) {
 
 }  // namespace
 
-void install_stop_signal_handlers(bool announce) {
-  g_announce.store(announce);
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  for (int s : kStopSignals) sigaddset(&action.sa_mask, s);  // one handler at a time
-  action.sa_flags = SA_RESTART;
-  for (int s : kStopSignals) ::sigaction(s, &action, nullptr);
+void install_stop_signal_handlers() {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    for (int s : kStopSignals) sigaddset(&stop_signals, s);
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    action.sa_mask = stop_signals;  // one handler at a time
+    action.sa_flags = SA_RESTART;
+    for (int s : kStopSignals) ::sigaction(s, &action, nullptr);
+    // The receiving thread keeps the signals unblocked (it starts before the block
+    // below) and only waits; threads started before this call (OpenBLAS's pool at
+    // load time) may receive them too, while idle.
+    std::thread([] {
+      for (;;) ::pause();
+    }).detach();
+    ::pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  });
 }
+
+void announce_stop_signals(bool announce) { g_announce.store(announce); }
 
 int stop_signal_received() { return g_first_signal.load(); }
 

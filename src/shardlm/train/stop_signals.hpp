@@ -17,9 +17,16 @@ namespace shardlm {
 inline constexpr int kExitStoppedAtCheckpoint = 75;
 inline constexpr double kDuplicateWindowSeconds = 2.0;
 
-// Installs the handlers for the life of the process (idempotent). `announce`: print
-// one line on stderr when a signal arrives (rank 0; the other ranks stay quiet).
-void install_stop_signal_handlers(bool announce);
+// Installs the handlers for the life of the process (idempotent), and makes them run
+// on a thread of their own: the signals are blocked in the calling thread, so in every
+// thread it starts afterwards (call it first, before MPI, OpenMP or the GEMM library
+// start theirs). A signal then never interrupts compute: with the handler running on
+// the thread inside oneDNN's GEMM, a SIGTERM in the middle of an sft step corrupted the
+// heap every time (tests/cli/sft_run_directory.sh; cause inside the library not found).
+void install_stop_signal_handlers();
+
+// Whether a signal's arrival is printed (one line on stderr): rank 0 only.
+void announce_stop_signals(bool announce);
 
 // The signal of the first stop request, 0 when none arrived.
 int stop_signal_received();

@@ -613,10 +613,11 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
 }  // namespace
 
 TrainSummary run_training(const TrainOptions& options, const std::function<void()>& prepare_data) {
+  install_stop_signal_handlers();  // before MPI and OpenMP start threads
   CommOptions comm_options;
   comm_options.timeout_seconds = options.comm_timeout;
   auto comm = make_world_communicator(comm_options);
-  install_stop_signal_handlers(comm->rank() == 0);
+  announce_stop_signals(comm->rank() == 0);
   TrainSummary summary;
   try {
     if (prepare_data) {
