@@ -16,7 +16,7 @@ for _ in $(seq 1 100); do [ -s "$WORK/busy/metrics.jsonl" ] && break; sleep 0.1;
 [ -s "$WORK/busy/metrics.jsonl" ] || { kill "$first"; fail "first job did not start"; }
 expect_error "run directory '$WORK/busy' is in use by another job (pid $first on host " \
   "$SHARDLM" train "${RUN[@]}" --steps 100000 --out "$WORK/busy" --resume-if-exists
-kill "$first"; wait "$first" || true
+kill -KILL "$first"; wait "$first" || true  # (SIGTERM would make it save a checkpoint)
 [ ! -e "$WORK/busy/checkpoints" ] || fail "the refused job wrote checkpoints"
 # The lock went with its holder (however it ended): the directory is usable again.
 "$SHARDLM" train "${RUN[@]}" --steps 2 --out "$WORK/busy" --resume-if-exists > /dev/null \
