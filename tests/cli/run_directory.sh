@@ -36,24 +36,38 @@ expect_error "--resume: run directory '$WORK/restart' holds no committed checkpo
 "$SHARDLM" train "${RUN[@]}" --steps 8 --save-every 4 --out "$WORK/restart" --resume-if-exists \
   > "$WORK/restart.log" 2>&1 || { cat "$WORK/restart.log"; fail "restart from step 0"; }
 # (The temporary is gone as soon as the new job holds the lock; a job that fails before
-# its first save shows it: here its Hugging Face weights lack a tensor, which is found
-# only when they are read, after the lock.)
+# its first save shows it: here its Hugging Face weights hold a NaN, which is found only
+# when the values are read, after the lock. A missing tensor is found from the file's
+# header before the lock, and then nothing under --out is touched.)
 SHARDLM_FAULT=ckpt_before_rename:exit "$SHARDLM" train "${RUN[@]}" --steps 8 --save-every 4 \
   --out "$WORK/early_end" > /dev/null 2>&1 || true
 [ -d "$WORK/early_end/checkpoints/.tmp-step_00000004" ] || fail "no temporary left by the killed save"
 "$SHARDLM" train "${RUN[@]}" --steps 0 --out "$WORK/weights" > /dev/null
 "$SHARDLM" export --checkpoint "$WORK/weights" --out "$WORK/hf_broken" > /dev/null
-python3 - "$WORK/hf_broken/model.safetensors" <<'PY'
+cp -r "$WORK/hf_broken" "$WORK/hf_missing"
+python3 - "$WORK/hf_broken/model.safetensors" "$WORK/hf_missing/model.safetensors" <<'PY'
 import json, struct, sys
-data = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", data[:8])[0]
-header = json.loads(data[8:8 + n])
+def parts(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    return data, n, json.loads(data[8:8 + n])
+# A NaN as the first value of the final norm's bias.
+data, n, header = parts(sys.argv[1])
+entry = header["transformer.ln_f.bias"]
+assert entry["dtype"] == "F32", entry
+at = 8 + n + entry["data_offsets"][0]
+open(sys.argv[1], "wb").write(data[:at] + struct.pack("<f", float("nan")) + data[at + 4:])
+# The same tensor left out of the header.
+data, n, header = parts(sys.argv[2])
 del header["transformer.ln_f.bias"]
 text = json.dumps(header).encode()
 text += b" " * ((8 - len(text) % 8) % 8)
-open(sys.argv[1], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
 PY
 expect_error "has no tensor 'transformer.ln_f.bias'" "$SHARDLM" train "${RUN[@]}" --steps 8 \
+  --out "$WORK/early_end" --resume-if-exists --init-from "$WORK/hf_missing"
+[ -d "$WORK/early_end/checkpoints/.tmp-step_00000004" ] || fail "a job refused before the lock touched --out"
+expect_error "tensor 'transformer.ln_f.bias' holds non-finite values" "$SHARDLM" train "${RUN[@]}" --steps 8 \
   --out "$WORK/early_end" --resume-if-exists --init-from "$WORK/hf_broken"
 ls -a "$WORK/early_end/checkpoints" | grep -q "tmp" && fail "temporary left after the lock was taken"
 if grep -q "resumed from" "$WORK/restart.log"; then fail "resumed from nothing"; fi
