@@ -12,6 +12,7 @@
 
 #include "hf_tokenizer_fixture.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/sha256.hpp"
 #include "shardlm/data/chat_template.hpp"
 #include "shardlm/data/prepare.hpp"
 #include "shardlm/data/sft_example_file.hpp"
@@ -61,6 +62,14 @@ class SftPrepareTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// What meta.json records for a tokenizer directory's own template: "sha256:" of the
+// template text in its tokenizer_config.json (the directory renders with it).
+std::string own_template_id(const std::string& tokenizer_dir) {
+  std::ifstream in(fs::path(tokenizer_dir) / "tokenizer_config.json");
+  const std::string text = nlohmann::json::parse(in).at("chat_template").get<std::string>();
+  return "sha256:" + sha256_hex(text.data(), text.size());
+}
+
 const char* kThreeExamples =
     R"({"messages": [{"role": "user", "content": "one"}, {"role": "assistant", "content": "first answer"}]})" "\n"
     R"({"prompt": "two", "response": "second answer", "system": "Be brief."})" "\n"
@@ -89,7 +98,8 @@ TEST_F(SftPrepareTest, WritesExamplesMasksAndMeta) {
   }
   const nlohmann::json meta = nlohmann::json::parse(read_whole_file(summary.meta_path));
   EXPECT_EQ(meta["kind"], "sft");
-  EXPECT_EQ(meta["chat_template"], "chatml");
+  // The qwen2 directory's own template (Qwen2.5's, which the chatml built-in equals).
+  EXPECT_EQ(meta["chat_template"], own_template_id(o.tokenizer));
   EXPECT_EQ(meta["tokenizer"], tokenizer->spec());
   EXPECT_EQ(meta["train_examples"], 2);
   EXPECT_EQ(meta["val_examples"], 1);
@@ -115,16 +125,19 @@ TEST_F(SftPrepareTest, WritesExamplesMasksAndMeta) {
 TEST_F(SftPrepareTest, TemplateFromTheTokenizerOrTheFlag) {
   SftPrepareOptions o = options({write("a.jsonl", kThreeExamples)});
   o.tokenizer = hf_tokenizer_dir("llama3");
-  EXPECT_EQ(prepare_sft_dataset(o).meta.chat_template, "llama3");
+  EXPECT_EQ(prepare_sft_dataset(o).meta.chat_template, own_template_id(o.tokenizer));
   o.out_dir = (dir_ / "plain").string();
   o.chat_template = "plain";
   const SftPrepareSummary plain = prepare_sft_dataset(o);
   EXPECT_EQ(plain.meta.chat_template, "plain");
   const auto tokenizer = make_tokenizer(o.tokenizer);
   const SftExampleFile file(plain.train_path);
-  // plain ends the assistant turn with the end-of-text token, a target.
-  const int64_t last = file.example_begin(1) - 3;  // ... answer <|end_of_text|> "\n\n"
-  EXPECT_EQ(file.token(last + 1), *tokenizer->end_of_text());
+  // plain ends the assistant turn with the tokenizer's eos_token (Llama 3 Instruct's
+  // tokenizer_config.json names <|eot_id|>, as apply_chat_template would render it), a target.
+  std::ifstream config(fs::path(o.tokenizer) / "tokenizer_config.json");
+  const std::string eos = nlohmann::json::parse(config).at("eos_token").get<std::string>();
+  const int64_t last = file.example_begin(1) - 3;  // ... answer <eos> "\n\n"
+  EXPECT_EQ(file.token(last + 1), *tokenizer->special_token_id(eos));
   EXPECT_TRUE(file.is_target(last + 1));
 }
 
