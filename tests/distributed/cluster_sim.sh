@@ -51,6 +51,16 @@ a="$(digest_of "$WORK/sim")"; b="$(digest_of "$WORK/shm")"
 rx="$(ip netns exec "$NAME-h1" cat /sys/class/net/sim0/statistics/rx_bytes)"
 [ "$rx" -gt 100000 ] || fail "host 1 received only $rx bytes"
 
+# bench --cluster, with the user's cluster up, brings up one of its own and leaves the
+# user's alone, even where cluster-sim's default name is the user's (it used to fail on
+# "already up" and then take the user's cluster down).
+SHARDLM_CLUSTER_SIM_NAME="$NAME" timeout 600 "$SHARDLM" bench --model gpt2-tiny --n-layer 2 --n-embd 32 --n-head 2 --seq-len 32 --micro-batch 4 -n 2 --data "$WORK/data" --steps 2 --threads 1 --strategies ddp \
+  --cluster 2x1gbit --delay 0ms --out "$WORK/bench" > "$WORK/bench.log" 2>&1 \
+  || { tail -n 30 "$WORK/bench.log"; fail "bench --cluster with the user's cluster up failed"; }
+[ "$(namespaces | wc -l)" -eq 3 ] || fail "bench --cluster touched the user's cluster: $(namespaces)"
+"$SIM" status --name "$NAME" > /dev/null || fail "the user's cluster is not up after bench"
+[ -z "$(ip netns list | awk '{print $1}' | grep '^shardlm-bench-' || true)" ] || fail "bench left its cluster up"
+
 "$SIM" down --name "$NAME" || fail "down failed"
 [ -z "$(namespaces)" ] || fail "down left namespaces: $(namespaces)"
 [ "$(root_state)" = "$before" ] || fail "the root namespace's links, qdiscs, addresses or routes changed"

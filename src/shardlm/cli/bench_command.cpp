@@ -10,6 +10,7 @@
 #include <memory>
 #include <regex>
 #include <sstream>
+#include <unistd.h>
 
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/cli/plan_flags.hpp"
@@ -120,26 +121,30 @@ std::string find_cluster_sim(const std::string& flag) {
   return "scripts/cluster-sim";
 }
 
-// Brings the simulated cluster up for the bench and always down again.
+// Brings up a simulated cluster of the bench's own (named after this process, so a cluster
+// the user brought up with scripts/cluster-sim is neither used nor touched) and takes down
+// only what it brought up. A failed `up` removes what it made itself (cluster-sim's trap).
 class SimulatedCluster {
  public:
   SimulatedCluster(std::string script, int hosts, const std::string& rate, const std::string& delay,
                    const std::string& log)
-      : script_(std::move(script)), log_(log) {
-    const CommandResult r =
-        run_command({script_, "up", "--hosts", std::to_string(hosts), "--rate", rate, "--delay", delay},
-                    120, log_);
-    if (r.status != 0) {
-      down();
-      throw Error(fmt::format("cluster-sim up failed with status {} (see {})", r.status, log_));
-    }
+      : script_(std::move(script)), name_(fmt::format("shardlm-bench-{}", ::getpid())), log_(log) {
+    const CommandResult r = run_command({script_, "up", "--hosts", std::to_string(hosts), "--rate", rate,
+                                         "--delay", delay, "--name", name_},
+                                        120, log_);
+    if (r.status != 0)
+      throw Error(fmt::format("cluster-sim up --name {} failed with status {} (see {})", name_, r.status, log_));
   }
-  ~SimulatedCluster() { down(); }
-  const std::string& script() const { return script_; }
+  ~SimulatedCluster() { run_command({script_, "down", "--name", name_}, 120, log_); }
+  SimulatedCluster(const SimulatedCluster&) = delete;
+  SimulatedCluster& operator=(const SimulatedCluster&) = delete;
+  // The launcher prefix that runs a command as `ranks` ranks over this cluster's hosts.
+  std::vector<std::string> run_prefix(int ranks) const {
+    return {script_, "run", "-n", std::to_string(ranks), "--name", name_, "--"};
+  }
 
  private:
-  void down() { run_command({script_, "down"}, 120, log_); }
-  std::string script_, log_;
+  std::string script_, name_, log_;
 };
 
 void run_bench(const BenchFlags& f) {
@@ -223,7 +228,7 @@ void run_bench(const BenchFlags& f) {
     train.insert(train.end(), p.variant.flags.begin(), p.variant.flags.end());
     std::vector<std::string> argv;
     if (cluster) {
-      argv = {cluster->script(), "run", "-n", std::to_string(f.ranks), "--"};
+      argv = cluster->run_prefix(f.ranks);
       argv.insert(argv.end(), train.begin(), train.end());
     } else {
       argv = f.ranks > 1 ? mpirun_command(f.ranks, train) : train;
