@@ -30,6 +30,7 @@ struct LaunchArgs {
   double grace_s = 60.0;
   std::string hosts;
   std::vector<std::string> command;
+  std::vector<std::string> subcommands;  // what the job may run: shardlm's own subcommands
 };
 
 std::string flag_value(const std::vector<std::string>& args, const std::string& flag) {
@@ -51,8 +52,18 @@ std::string this_binary() {
   return n > 0 ? std::string(path, static_cast<size_t>(n)) : "/proc/self/exe";
 }
 
+// Whether a person watches launch's stdout: the job's ranks are told (SHARDLM_STDOUT_TTY),
+// since under mpirun they cannot tell for themselves (train/progress.hpp).
+bool launch_stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
+
+// A job that ends abnormally can leave a redrawn progress line open on the terminal:
+// launch's next message then starts on a line of its own.
+bool job_line_may_be_open = false;
+
 void say(const std::string& line) {
   std::fflush(stdout);
+  if (job_line_may_be_open) std::fputs("\n", stderr);
+  job_line_may_be_open = false;
   std::fprintf(stderr, "launch: %s\n", line.c_str());
 }
 
@@ -72,6 +83,11 @@ std::optional<std::pair<int64_t, std::string>> restart_point(const std::string& 
 int launch(const LaunchArgs& args) {
   SHARDLM_CHECK(!args.command.empty(),
                 "launch needs a shardlm command after '--', e.g. shardlm launch -n 2 -- train ...");
+  // Refused here, before mpirun starts N copies that would each refuse it.
+  SHARDLM_CHECK(std::find(args.subcommands.begin(), args.subcommands.end(), args.command.front()) !=
+                    args.subcommands.end(),
+                "launch: '{}' is not a shardlm subcommand (expected one of: {})", args.command.front(),
+                fmt::join(args.subcommands, ", "));
   SHARDLM_CHECK(args.processes >= 1, "-n must be at least 1, got {}", args.processes);
   SHARDLM_CHECK(args.max_restarts >= 0, "--max-restarts must be >= 0, got {}", args.max_restarts);
   SHARDLM_CHECK(std::isfinite(args.grace_s) && args.grace_s >= 0 && args.grace_s <= 86400,
@@ -92,8 +108,11 @@ int launch(const LaunchArgs& args) {
     std::vector<std::string> argv = mpirun_command(args.processes, program_args);
     if (!args.hosts.empty()) argv.insert(argv.begin() + 1, {"-H", args.hosts});
     say(fmt::format("{}", fmt::join(argv, " ")));
-    const JobExit exit = run_supervised(
-        argv, {{"SHARDLM_RESTART_COUNT", std::to_string(restart)}}, args.grace_s);
+    const JobExit exit = run_supervised(argv,
+                                        {{"SHARDLM_RESTART_COUNT", std::to_string(restart)},
+                                         {"SHARDLM_STDOUT_TTY", launch_stdout_is_terminal() ? "1" : "0"}},
+                                        args.grace_s);
+    job_line_may_be_open = launch_stdout_is_terminal() && exit.status != 0;
     if (exit.stop_signal != 0) {
       if (exit.status == kExitStoppedAtCheckpoint && !exit.ended) {
         say(fmt::format("stopped by signal {} ({}): the job wrote a checkpoint and exited with "
@@ -160,7 +179,10 @@ void register_launch(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--hosts", args->hosts, "Hosts for mpirun -H (e.g. a,b)");
   cmd->add_option("command", args->command, "The shardlm command to run, after '--'")->required();
-  cmd->callback([args]() {
+  cmd->callback([args, &app]() {
+    args->subcommands.clear();
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (sub->get_name() != "launch") args->subcommands.push_back(sub->get_name());
     const int status = launch(*args);
     if (status != 0) std::exit(status);
   });

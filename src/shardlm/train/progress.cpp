@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 
 namespace shardlm {
 
@@ -16,9 +18,16 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
+bool stdout_is_watched() {
+  if (const char* v = std::getenv("SHARDLM_STDOUT_TTY"); v != nullptr && *v != '\0')
+    return std::string_view(v) == "1";
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return false;
+  return ::isatty(STDOUT_FILENO) == 1;
+}
+
 ProgressLine::ProgressLine(int64_t total_steps, int64_t log_every)
     : total_steps_(total_steps), log_every_(log_every < 1 ? 1 : log_every),
-      is_tty_(::isatty(STDOUT_FILENO) == 1) {}
+      is_tty_(stdout_is_watched()) {}
 
 void ProgressLine::update(int64_t step, double loss, double lr, double tokens_per_s,
                           double eta_s) {

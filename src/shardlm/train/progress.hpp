@@ -22,6 +22,13 @@ class ProgressLine {
   bool line_open_ = false;
 };
 
+// Whether a person watches this process's stdout, so a line may be redrawn in place.
+// SHARDLM_STDOUT_TTY=1|0 decides when set (`launch` sets it from its own stdout). Else,
+// under mpirun (OMPI_COMM_WORLD_SIZE set) the answer is no: Open MPI gives ranks a
+// pseudo-terminal whatever mpirun's own stdout is, so isatty() says yes even when the
+// log goes to a file. Else isatty(stdout).
+bool stdout_is_watched();
+
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "12s"
 
 }  // namespace shardlm
