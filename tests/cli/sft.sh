@@ -69,6 +69,13 @@ expect_error "unknown chat template 'zephyr'" "$SHARDLM" sft "${SFT[@]}" --templ
 printf '%s\n' '{"messages": [{"role": "user", "content": "x"}]}' > "$WORK/noanswer.jsonl"
 expect_error "no assistant turn" "$SHARDLM" sft "${SFT[@]}" --dataset "$WORK/noanswer.jsonl" --steps 1 --out "$WORK/x4"
 expect_error "lora-targets: 'wq' is not a linear layer" "$SHARDLM" sft "${SFT[@]}" --lora-rank 4 --lora-targets wq --steps 1 --out "$WORK/x5"
+# Inputs refused before anything under --out is written.
+expect_error "model 'Qwen/Qwen2.5-0.5B-Instruct': not a local model directory or a preset (shardlm does not download models" \
+  "$SHARDLM" sft --model Qwen/Qwen2.5-0.5B-Instruct --dataset "$WORK/gsm.jsonl" --out "$WORK/x7"
+expect_error "--max-len 100000 is longer than the model's context" "$SHARDLM" sft "${SFT[@]}" --max-len 100000 --out "$WORK/x8"
+expect_error "has 50257 tokens, more than the model's vocabulary (1000 from --vocab-size)" \
+  "$SHARDLM" sft "${SFT[@]}" --vocab-size 1000 --out "$WORK/x9"
+for x in x7 x8 x9; do [ ! -e "$WORK/$x" ] || fail "a refused sft wrote $WORK/$x"; done
 make_byte_data
 expect_error "--packing applies to chat datasets" "$SHARDLM" train "${TINY[@]}" --packing --steps 1 --data "$WORK/data" --out "$WORK/x6"
 echo "1 passed, 0 failed"

@@ -21,6 +21,7 @@
 #include "shardlm/data/prepare.hpp"
 #include "shardlm/data/sft_prepare.hpp"
 #include "shardlm/data/tokenizer.hpp"
+#include "shardlm/model/config.hpp"
 #include "shardlm/train/run_directory.hpp"
 #include "shardlm/train/train_options.hpp"
 #include "shardlm/train/trainer.hpp"
@@ -116,12 +117,37 @@ void register_sft(CLI::App& app) {
     // checkpoint) and its tokenizer.
     if (model_dir && has_hf_weights(opts->model) && opts->init_from.empty() && !opts->resume)
       opts->init_from = opts->model;
+    if (!model_dir) {  // a preset, or named as what it is not (e.g. a hub id) before anything else
+      TrainOptions preset_only;
+      preset_only.model = opts->model;
+      preset_only.seq_len = 1;
+      resolve_model_config(preset_only, std::nullopt);
+    }
     if (flags->tokenizer.empty()) {
       SHARDLM_CHECK(model_dir && fs::is_regular_file(fs::path(opts->model) / "tokenizer.json"),
                     "sft: --model '{}' brings no tokenizer.json; name one with --tokenizer (hf:DIR, "
                     "tiktoken:qwen:FILE, gpt2:DIR)",
                     opts->model);
       flags->tokenizer = "hf:" + fs::absolute(opts->model).string();
+    }
+    // Every input is checked before anything under --out is written: the model (a local
+    // directory or a preset), --max-len against its context, the tokenizer against its
+    // vocabulary (the prepared data's is checked again once it exists).
+    TrainOptions shape_only = *opts;
+    shape_only.seq_len = 1;
+    const ModelConfig model = resolve_model_config(shape_only, std::nullopt);
+    SHARDLM_CHECK(flags->max_len <= model.max_seq_len,
+                  "--max-len {} is longer than the model's context ({} positions; --context-len sets it)",
+                  flags->max_len, model.max_seq_len);
+    const bool vocabulary_follows_data =
+        !is_hf_model_path(model_source(*opts)) && preset_vocabulary_follows_data(model_source(*opts));
+    if (!vocabulary_follows_data || opts->vocab_size) {
+      const int tokenizer_vocab = make_tokenizer(flags->tokenizer)->vocab_size();
+      SHARDLM_CHECK(tokenizer_vocab <= model.vocab_size,
+                    "the tokenizer '{}' has {} tokens, more than the model's vocabulary ({}{}): use the "
+                    "model's own tokenizer",
+                    flags->tokenizer, tokenizer_vocab, model.vocab_size,
+                    opts->vocab_size ? " from --vocab-size" : "");
     }
     opts->seq_len = static_cast<int>(flags->max_len);
     if (cmd->count("--steps") == 0 && opts->epochs == 0) opts->epochs = 1;

@@ -2,7 +2,10 @@
 
 #include "shardlm/core/device.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <filesystem>
 #include <utility>
 
@@ -15,6 +18,8 @@
 #include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
+
+namespace fs = std::filesystem;
 
 std::string model_source(const TrainOptions& o) {
   if (!o.model.empty()) return o.model;
@@ -55,6 +60,19 @@ LoraConfig lora_config(const TrainOptions& o, const std::string& family) {
 ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_vocab_size) {
   const std::string source = model_source(o);
   const bool from_hf = is_hf_model_path(source);
+  // A path or a hub id ("Qwen/Qwen2.5-0.5B-Instruct") that is no model directory here is
+  // named as such; any other unknown name is an unknown preset (model_preset says so).
+  if (!from_hf && (source.find('/') != std::string::npos || fs::exists(source))) {
+    const auto presets = model_preset_names();
+    if (std::find(presets.begin(), presets.end(), source) == presets.end()) {
+      const std::string what =
+          fs::is_directory(source) ? "a directory without config.json, not a Hugging Face model directory"
+                                   : "not a local model directory or a preset";
+      throw Error(fmt::format("model '{}': {} (shardlm does not download models: download it first, "
+                              "e.g. `huggingface-cli download {} --local-dir DIR`; presets: {})",
+                              source, what, source, fmt::join(presets, ", ")));
+    }
+  }
   ModelConfig config = from_hf ? read_hf_model_config(source) : model_preset(source);
   if (o.n_layer) config.n_layer = *o.n_layer;
   if (o.n_head) config.n_head = *o.n_head;
