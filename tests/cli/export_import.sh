@@ -21,6 +21,34 @@ rc=0
   > /dev/null 2> "$WORK/full.err" || rc=$?
 [ "$rc" -ne 0 ] && grep -q "^error: .*model.safetensors" "$WORK/full.err" || { cat "$WORK/full.err"; fail "disk-full export"; }
 [ ! -e "$WORK/full" ] || fail "a failed export left $(find "$WORK/full")"
+[ ! -e "$WORK/hf/.export.lock" ] || fail "a finished export left its lock file"
+# A temporary left by an export that was killed is removed by the next export into OUT.
+sh -c 'exit 0' & dead=$!; wait "$dead"
+mkdir -p "$WORK/hf2/.export-tmp-$dead" && touch "$WORK/hf2/.export-tmp-$dead/model.safetensors"
+"$SHARDLM" export --checkpoint "$WORK/run" --out "$WORK/hf2" 2> "$WORK/hf2.err" > /dev/null || fail "export into hf2"
+[ ! -e "$WORK/hf2/.export-tmp-$dead" ] && grep -q "removed '.*\.export-tmp-$dead' (left by an export that did not finish)" "$WORK/hf2.err" \
+  || fail "a dead export's temporary was not removed: $(cat "$WORK/hf2.err")"
+cmp -s "$WORK/hf/model.safetensors" "$WORK/hf2/model.safetensors" || fail "two exports of one checkpoint differ"
+# One export at a time into OUT: a held lock is refused by name; of two concurrent exports one
+# writes and the other is refused (busy, or its files exist), never both.
+mkdir -p "$WORK/busy"
+flock "$WORK/busy/.export.lock" sleep 30 & holder=$!
+for _ in $(seq 1 50); do [ -e "$WORK/busy/.export.lock" ] && break; sleep 0.1; done
+expect_error "'$WORK/busy' is in use by another export" "$SHARDLM" export --checkpoint "$WORK/run" --out "$WORK/busy"
+kill "$holder"; wait "$holder" 2> /dev/null || true
+for i in 1 2 3 4 5; do
+  "$SHARDLM" export --checkpoint "$WORK/run" --out "$WORK/race$i" > /dev/null 2>&1 & first=$!
+  "$SHARDLM" export --checkpoint "$WORK/run" --out "$WORK/race$i" > /dev/null 2>&1 & second=$!
+  ok=0; wait "$first" && ok=$((ok + 1)); wait "$second" && ok=$((ok + 1))
+  [ "$ok" -eq 1 ] || fail "$ok of two concurrent exports into one --out succeeded (expected 1)"
+  cmp -s "$WORK/hf/model.safetensors" "$WORK/race$i/model.safetensors" || fail "concurrent exports mixed their files"
+done
+checkpoint_dir="$(dirname "$(find "$WORK/run" -name manifest.json | sort | tail -n 1)")"
+expect_error "is inside the checkpoint being exported" "$SHARDLM" export --checkpoint "$WORK/run" --out "$checkpoint_dir/hf"
+[ ! -e "$checkpoint_dir/hf" ] || fail "a refused export wrote into the checkpoint"
+expect_error "--max-shard-size 1000 bytes is smaller than tensor" "$SHARDLM" export --checkpoint "$WORK/run" \
+  --max-shard-size 0.000001 --out "$WORK/tiny_shards"
+[ ! -e "$WORK/tiny_shards" ] || fail "a refused export created its --out"
 
 want="$(digest_of "$WORK/run")"
 "$SHARDLM" train "${TINY[@]}" --steps 0 --data "$WORK/data" --out "$WORK/from_dir" --init-from "$WORK/hf" > /dev/null

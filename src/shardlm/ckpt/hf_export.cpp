@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -15,6 +17,7 @@
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
+#include "shardlm/core/run_directory_lock.hpp"
 #include "shardlm/core/finite.hpp"
 #include "shardlm/data/tokenizer.hpp"
 #include "shardlm/model/family.hpp"
@@ -297,24 +300,48 @@ void export_hugging_face(const CheckpointReader& checkpoint, const HfExportOptio
                                                         : "adapter-only",
                 checkpoint.dir());
   SHARDLM_CHECK(options.max_shard_bytes > 0, "--max-shard-size must be positive");
-  if (fs::exists(out)) {
-    SHARDLM_CHECK(fs::is_directory(out), "--out '{}' exists and is not a directory", out.string());
-    for (const auto& entry : fs::directory_iterator(out)) {
-      const std::string name = entry.path().filename().string();
-      const bool ours = name == "config.json" || name == "generation_config.json" ||
-                        name == "adapter_config.json" || name == "adapter_model.safetensors" ||
-                        (name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos);
-      SHARDLM_CHECK(!ours, "'{}' already exists (export never overwrites; choose another --out)",
-                    entry.path().string());
+  // The export must not write into the checkpoint it reads (it would change a committed one).
+  const fs::path checkpoint_dir = fs::weakly_canonical(checkpoint.dir());
+  const fs::path out_resolved = fs::weakly_canonical(fs::absolute(out));
+  const bool inside = std::mismatch(checkpoint_dir.begin(), checkpoint_dir.end(), out_resolved.begin(),
+                                    out_resolved.end())
+                          .first == checkpoint_dir.end();
+  SHARDLM_CHECK(!inside,
+                "--out '{}' is inside the checkpoint being exported ('{}'): choose a directory outside it",
+                out.string(), checkpoint.dir());
+  const bool adapter_only = checkpoint.info().model.lora.enabled() &&
+                            (options.lora == LoraExport::automatic || options.lora == LoraExport::adapter_only);
+  if (!adapter_only) {  // a shard holds whole tensors: each must fit in one
+    std::string largest;
+    int64_t largest_bytes = 0;
+    for (const auto& [name, shape] : checkpoint.tensors()) {
+      int64_t bytes = dtype_bytes(options.dtype);
+      for (const int64_t d : shape) bytes *= d;
+      if (bytes > largest_bytes) largest_bytes = bytes, largest = name;
     }
+    SHARDLM_CHECK(largest_bytes <= options.max_shard_bytes,
+                  "--max-shard-size {} bytes is smaller than tensor '{}' ({} bytes in {}): a shard holds "
+                  "whole tensors; give at least {:.3f} (GB)",
+                  options.max_shard_bytes, largest, largest_bytes, dtype_name(options.dtype),
+                  static_cast<double>(largest_bytes) / 1e9);
   }
-  const std::vector<std::string> created = create_directories_reporting(out.string());
-  try {
-    write_export(checkpoint, options, out);
-  } catch (...) {
-    remove_created_directories(created);  // a failed export leaves no directory it made
-    throw;
+  if (fs::exists(out))
+    SHARDLM_CHECK(fs::is_directory(out), "--out '{}' exists and is not a directory", out.string());
+  // One export at a time into OUT; what is there is checked under the lock, so a second
+  // export into the same OUT either waits for nothing (refused as busy) or finds the
+  // first one's files (refused as existing).
+  const auto lock = RunDirectoryLock::acquire_for(out.string(), ".export.lock", "export");
+  for (const std::string& stale : remove_temporaries_of_dead_processes(out.string()))
+    std::fprintf(stderr, "export: removed '%s' (left by an export that did not finish)\n", stale.c_str());
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name == "config.json" || name == "generation_config.json" ||
+                      name == "adapter_config.json" || name == "adapter_model.safetensors" ||
+                      (name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos);
+    SHARDLM_CHECK(!ours, "'{}' already exists (export never overwrites; choose another --out)",
+                  entry.path().string());
   }
+  write_export(checkpoint, options, out);  // on failure the lock removes the directories it made
 }
 
 }  // namespace shardlm

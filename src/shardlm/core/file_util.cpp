@@ -1,13 +1,16 @@
-#include <algorithm>
 #include "shardlm/core/file_util.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "shardlm/core/error.hpp"
@@ -170,6 +173,37 @@ void remove_created_directories(const std::vector<std::string>& created) {
   std::error_code ec;
   for (auto it = created.rbegin(); it != created.rend(); ++it)
     if (!std::filesystem::remove(*it, ec)) return;  // not empty (or gone): stop here
+}
+
+namespace {
+
+// The PID a temporary's name ends in (".tmp.PID" or "-tmp-PID"), if it has one.
+std::optional<pid_t> temporary_owner(const std::string& name) {
+  for (const std::string_view mark : {".tmp.", "-tmp-"}) {
+    const size_t at = name.rfind(mark);
+    if (at == std::string::npos || at + mark.size() >= name.size()) continue;
+    const std::string digits = name.substr(at + mark.size());
+    if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    return static_cast<pid_t>(std::stol(digits));
+  }
+  return std::nullopt;
+}
+
+bool process_runs(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+}  // namespace
+
+std::vector<std::string> remove_temporaries_of_dead_processes(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const auto owner = temporary_owner(entry.path().filename().string());
+    if (!owner || *owner == ::getpid() || process_runs(*owner)) continue;
+    std::error_code remove_ec;
+    std::filesystem::remove_all(entry.path(), remove_ec);
+    if (!remove_ec) removed.push_back(entry.path().string());
+  }
+  return removed;
 }
 
 void write_file_atomic(const std::string& path, std::string_view content) {

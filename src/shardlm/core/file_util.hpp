@@ -77,6 +77,12 @@ void remove_created_directories(const std::vector<std::string>& created);
 
 // Writes `content` to path through an AtomicFileWriter.
 void write_file_atomic(const std::string& path, std::string_view content);
+// Removes the temporaries that processes of this host which no longer run left in DIR
+// (not below it): AtomicFileWriter's NAME.tmp.PID files and NAME-tmp-PID directories
+// (export's). Call it only under the lock that keeps live writers of DIR out. Returns
+// the paths removed.
+std::vector<std::string> remove_temporaries_of_dead_processes(const std::string& dir);
+
 // The whole file; Error naming the path (and what it should be, if given) if unreadable.
 std::string read_text_file(const std::string& path, std::string_view expected = {});
 

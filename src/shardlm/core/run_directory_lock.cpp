@@ -39,14 +39,22 @@ std::string read_holder(int fd) {
 
 std::unique_ptr<RunDirectoryLock> RunDirectoryLock::acquire(const std::string& run_dir) {
   SHARDLM_CHECK(!run_dir.empty(), "--out is required (the run directory)");
+  return acquire_for(run_dir, kFileName, "");
+}
+
+std::unique_ptr<RunDirectoryLock> RunDirectoryLock::acquire_for(const std::string& run_dir,
+                                                                const std::string& file_name,
+                                                                const std::string& job) {
   std::unique_ptr<RunDirectoryLock> lock(new RunDirectoryLock());
+  lock->file_name_ = file_name;
+  lock->remove_file_on_release_ = !job.empty();
   lock->dir_ = fs::absolute(run_dir).lexically_normal();
   try {
     lock->created_ = create_directories_reporting(run_dir);
   } catch (const Error& e) {
     throw Error(fmt::format("run directory: {}", e.what()));
   }
-  const std::string path = (lock->dir_ / kFileName).string();
+  const std::string path = (lock->dir_ / file_name).string();
   lock->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock->fd_ < 0) {
     const std::string reason = std::strerror(errno);
@@ -58,6 +66,10 @@ std::unique_ptr<RunDirectoryLock> RunDirectoryLock::acquire(const std::string& r
     const std::string reason = busy ? read_holder(lock->fd_) : std::strerror(errno);
     ::close(lock->fd_);
     lock->fd_ = -1;
+    SHARDLM_CHECK(!busy || !lock->remove_file_on_release_,
+                  "'{}' is in use by another {} ({}; lock file {}); wait for it to end or choose "
+                  "another --out",
+                  run_dir, job, reason, path);
     SHARDLM_CHECK(!busy,
                   "run directory '{}' is in use by another job ({}; lock file {}); wait for it "
                   "to end or choose another --out",
@@ -75,13 +87,14 @@ std::unique_ptr<RunDirectoryLock> RunDirectoryLock::acquire(const std::string& r
 
 RunDirectoryLock::~RunDirectoryLock() {
   if (fd_ < 0) return;
+  std::error_code ec;
+  if (remove_file_on_release_) fs::remove(dir_ / file_name_, ec);  // while still holding it
   if (!created_.empty()) {
-    std::error_code ec;
     bool only_lock = true;
     for (const auto& entry : fs::directory_iterator(dir_, ec))
-      only_lock = only_lock && entry.path().filename() == kFileName;
+      only_lock = only_lock && entry.path().filename() == file_name_;
     if (!ec && only_lock) {
-      fs::remove(dir_ / kFileName, ec);
+      fs::remove(dir_ / file_name_, ec);
       remove_created_directories(created_);
     }
   }

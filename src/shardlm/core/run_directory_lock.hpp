@@ -19,6 +19,12 @@ class RunDirectoryLock {
   // the holder ("pid 1234 on host h since ...") when another job holds it; then
   // nothing this call created is left behind.
   static std::unique_ptr<RunDirectoryLock> acquire(const std::string& run_dir);
+  // The same lock for another kind of job on a directory (an export into OUT): its own
+  // lock file name, the job named in the error, and the lock file removed on release
+  // (so a finished export leaves only what it wrote; a job that finds no lock file
+  // creates a new one, and checks the directory's contents under it).
+  static std::unique_ptr<RunDirectoryLock> acquire_for(const std::string& dir, const std::string& file_name,
+                                                       const std::string& job);
   // Releases the lock. If acquire() created the directory and it holds nothing but
   // the lock file (the job failed before writing anything), removes what it created.
   ~RunDirectoryLock();
@@ -29,6 +35,8 @@ class RunDirectoryLock {
   RunDirectoryLock() = default;
   int fd_ = -1;
   std::filesystem::path dir_;
+  std::string file_name_ = kFileName;
+  bool remove_file_on_release_ = false;
   std::vector<std::string> created_;  // directories acquire() made, outermost first
 };
 
