@@ -303,7 +303,21 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--timeout", f->timeout, "Seconds each run may take")->capture_default_str();
   add_profile_flags(*cmd, f->profile);
   add_run_shape_flags(*cmd, f->run);
-  cmd->callback([f]() { run_bench(*f); });
+  // Each run's strategy comes from --strategies or its --variant: the shape's strategy
+  // flags would be silently overridden, so bench refuses them.
+  const std::vector<std::string> strategy_flags = {"--strategy", "--shard-group-size", "--reshard-after-forward"};
+  for (const std::string& flag : strategy_flags)
+    cmd->get_option(flag)
+        ->description("Not for bench: --strategies (or a --variant 'LABEL=--strategy ...') names each run's")
+        ->default_str("");
+  cmd->callback([f, cmd, strategy_flags]() {
+    for (const std::string& flag : strategy_flags)
+      SHARDLM_CHECK(cmd->count(flag) == 0,
+                    "bench: {} is not for bench (each run's strategy comes from --strategies, e.g. "
+                    "--strategies ddp,zero3, or --variant 'LABEL={} ...')",
+                    flag, flag);
+    run_bench(*f);
+  });
 }
 
 }  // namespace shardlm::cli

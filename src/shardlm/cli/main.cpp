@@ -9,6 +9,7 @@
 
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/family.hpp"
 
 namespace shardlm::cli {
 
@@ -17,10 +18,30 @@ void apply_threads_flag(const std::optional<int>& threads) {
   if (threads) omp_set_num_threads(*threads);
 }
 
+namespace {
+
+// "GPT-2, Llama, Qwen2, Qwen3": the families model/family.hpp registers, as their
+// model cards spell them.
+std::string trained_families_text() {
+  std::string names;
+  for (const std::string& family : model_family_names()) {
+    const std::string name = family == "gpt2"    ? "GPT-2"
+                             : family == "llama" ? "Llama"
+                             : family == "qwen2" ? "Qwen2"
+                             : family == "qwen3" ? "Qwen3"
+                                                 : family;
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return names;
+}
+
+}  // namespace
+
 }  // namespace shardlm::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"shardlm: train GPT-2-family language models on one or many processes"};
+  CLI::App app{"shardlm: train and fine-tune decoder-only language models (" +
+               shardlm::cli::trained_families_text() + ") on one or many processes"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   // What was built, for a machine the binary was carried to (scripts/gpu_check.sh).

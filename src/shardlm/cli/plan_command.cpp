@@ -2,6 +2,7 @@
 // profile, step time for each candidate strategy, and the one to use.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,7 +21,6 @@
 namespace shardlm::cli {
 namespace {
 
-std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / (1 << 20)); }
 std::string msf(double seconds) { return fmt::format("{:.1f}", seconds * 1e3); }
 
 nlohmann::json time_json(const StepTimePrediction& t) {
@@ -81,21 +81,21 @@ std::string label(const Candidate& c, const RunPlanRequest& r, bool automatic) {
 
 void print_memory_table(const std::vector<Candidate>& candidates, double budget, bool bounded,
                         const RunPlanRequest& r, bool automatic) {
-  // --offload optimizer: the optimizer state's host bytes get their own column.
+  // --offload optimizer: the optimizer state's host bytes get their own column. Sizes
+  // are in GiB from 1 GiB up (gib()), in MiB below.
   const bool offload = r.offload_optimizer;
-  std::printf("| candidate | params MiB | frozen MiB | grads MiB | optimizer MiB | activations MiB "
-              "| comm MiB | total MiB per rank | MiB on wire per step |%s%s\n",
-              offload ? " host optimizer MiB |" : "", bounded ? " fits |" : "");
+  std::printf("| candidate | params | frozen | grads | optimizer | activations | comm | total per rank "
+              "| on wire per step |%s%s\n",
+              offload ? " host optimizer |" : "", bounded ? " fits |" : "");
   std::printf("|---|---|---|---|---|---|---|---|---|%s%s\n", offload ? "---|" : "",
               bounded ? "---|" : "");
   for (const Candidate& c : candidates) {
     const RunPlan& p = c.plan;
-    const std::string host = offload ? " " + mib(p.host_optimizer) + " |" : "";
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.1f |%s%s\n", label(c, r, automatic).c_str(),
-                mib(p.params).c_str(), mib(p.frozen).c_str(), mib(p.grads).c_str(),
-                mib(p.optimizer).c_str(), mib(p.activations).c_str(), mib(p.comm).c_str(),
-                mib(p.total()).c_str(),
-                p.wire_bytes_per_step / (1 << 20), host.c_str(),
+    const std::string host = offload ? " " + gib(p.host_optimizer) + " |" : "";
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |%s%s\n", label(c, r, automatic).c_str(),
+                gib(p.params).c_str(), gib(p.frozen).c_str(), gib(p.grads).c_str(),
+                gib(p.optimizer).c_str(), gib(p.activations).c_str(), gib(p.comm).c_str(),
+                gib(p.total()).c_str(), gib(p.wire_bytes_per_step).c_str(), host.c_str(),
                 bounded ? (p.total() <= budget ? " yes |" : " no |") : "");
   }
   if (!r.model.device.is_host())
@@ -129,7 +129,7 @@ void print_collectives(const Candidate& c) {
     if (t.calls == 0) continue;
     std::printf("| %s | %lld | %s | %.0f | %s | %s |\n",
                 std::string(to_string(static_cast<CollectiveKind>(k))).c_str(),
-                static_cast<long long>(t.calls), mib(t.bus_bytes).c_str(), t.messages,
+                static_cast<long long>(t.calls), fmt::format("{:.1f}", t.bus_bytes / (1 << 20)).c_str(), t.messages,
                 msf(t.seconds).c_str(), msf(t.exposed_s).c_str());
   }
 }
@@ -140,6 +140,7 @@ struct PlanFlags {
   std::optional<double> memory_per_rank_gib;
   ProfileOptions profile;
   bool json = false;
+  bool device_given = false;  // --device on the command line (else: the profile's kind)
 };
 
 void run_plan(const PlanFlags& f) {
@@ -147,7 +148,13 @@ void run_plan(const PlanFlags& f) {
   SHARDLM_CHECK(!f.memory_per_rank_gib || *f.memory_per_rank_gib > 0,
                 "--memory-per-rank must be a positive number of GiB, got {}",
                 f.memory_per_rank_gib.value_or(0));
-  const PlanInputs in = resolve_plan_inputs(f.run, f.ranks, f.profile);
+  TrainOptions run = f.run;
+  // The built-in profiles are GPU nodes: their runs compute on cuda unless told.
+  const std::vector<std::string> gpu_profiles = builtin_profile_names();
+  if (!f.device_given &&
+      std::find(gpu_profiles.begin(), gpu_profiles.end(), f.profile.profile) != gpu_profiles.end())
+    run.device = "cuda";
+  const PlanInputs in = resolve_plan_inputs(run, f.ranks, f.profile);
   const HardwareProfile* profile = in.profile ? &*in.profile : nullptr;
   double budget = std::numeric_limits<double>::infinity();
   if (f.memory_per_rank_gib) budget = *f.memory_per_rank_gib * double(1ll << 30);
@@ -179,12 +186,12 @@ void run_plan(const PlanFlags& f) {
     return;
   }
   const RunPlan& any = candidates.front().plan;
-  std::printf("%s: %.1fM parameters (Psi, padded), %d rank(s) on %d node(s), micro-batch %d x %d "
-              "tokens, %d accumulation step(s), %s%s\n",
-              model_source(f.run).c_str(), static_cast<double>(any.parameters) / 1e6, f.ranks,
-              in.cluster.nodes, f.run.micro_batch, f.run.seq_len, any.accumulation,
-              f.run.precision.c_str(),
-              f.run.reduce_dtype == "bf16" ? ", gradients reduced in bf16" : "");
+  std::printf("%s: %.1fM parameters (Psi, padded), %d rank(s) on %d node(s), device %s, micro-batch "
+              "%d x %d tokens, %d accumulation step(s), %s%s\n",
+              model_source(run).c_str(), static_cast<double>(any.parameters) / 1e6, f.ranks,
+              in.cluster.nodes, run.device.c_str(), run.micro_batch, run.seq_len, any.accumulation,
+              run.precision.c_str(),
+              run.reduce_dtype == "bf16" ? ", gradients reduced in bf16" : "");
   std::printf("model FLOPs per rank and step: %.1f GFLOP\n\n", any.flops_per_step / 1e9);
   print_memory_table(candidates, budget, bounded, in.request, automatic);
   std::printf("\nBytes are what the run allocates per rank (to the byte; plus a few KiB for "
@@ -233,7 +240,15 @@ void register_plan(CLI::App& app) {
                 "Print the plan of --strategy as JSON (bytes; with a profile, times), or with "
                 "--strategy auto the recommendation");
   add_run_shape_flags(*cmd, flags->run);
-  cmd->callback([flags]() { run_plan(*flags); });
+  cmd->get_option("--device")
+      ->description("Where each rank computes: cpu, cuda or emulated (default: cuda with a built-in "
+                    "GPU profile (--profile " + fmt::format("{}", fmt::join(builtin_profile_names(), ", ")) +
+                    "), else cpu)")
+      ->default_str("");
+  cmd->callback([flags, cmd]() {
+    flags->device_given = cmd->count("--device") > 0;
+    run_plan(*flags);
+  });
 }
 
 }  // namespace shardlm::cli

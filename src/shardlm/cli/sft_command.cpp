@@ -7,11 +7,13 @@
 // precision, LoRA/QLoRA, checkpoints, ...) applies unchanged.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "shardlm/ckpt/hf_import.hpp"
 #include "shardlm/cli/chat_template_flags.hpp"
@@ -45,6 +47,16 @@ struct SftFlags {
 bool has_hf_weights(const std::string& dir) {
   return fs::is_regular_file(fs::path(dir) / "model.safetensors") ||
          fs::is_regular_file(fs::path(dir) / "model.safetensors.index.json");
+}
+
+// config.json's dtype ("torch_dtype"; "dtype" in newer transformers); "" when absent.
+std::string hf_torch_dtype(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "config.json");
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) return "";
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (config.contains(key) && config[key].is_string()) return config[key].get<std::string>();
+  return "";
 }
 
 // A directory written earlier for this run must hold what this command would write.
@@ -108,6 +120,16 @@ void register_sft(CLI::App& app) {
   cmd->get_option("--lr")
       ->description("Peak learning rate (default: 1e-4 with --lora-rank, else 1e-5)")
       ->default_str("");
+  cmd->get_option("--steps")
+      ->description("Optimizer steps (default: one epoch, as --epochs 1; the start line says how many)")
+      ->default_str("");
+  cmd->get_option("--packing")
+      ->description("Pack whole examples into each --max-len row (attention and positions restart per "
+                    "example) instead of one padded example per row");
+  cmd->get_option("--precision")
+      ->description("Compute type: fp32, bf16 or fp16 (default: bf16 when the --model directory's "
+                    "config.json says torch_dtype bfloat16, as ms-swift trains, else fp32)")
+      ->default_str("");
   cmd->callback([opts, flags, cmd]() {
     SHARDLM_CHECK(cmd->count("--seq-len") == 0, "sft: the row length is --max-len (no --seq-len)");
     SHARDLM_CHECK(flags->max_len >= 2, "--max-len must be >= 2, got {}", flags->max_len);
@@ -148,6 +170,10 @@ void register_sft(CLI::App& app) {
                     "model's own tokenizer",
                     flags->tokenizer, tokenizer_vocab, model.vocab_size,
                     opts->vocab_size ? " from --vocab-size" : "");
+    }
+    if (cmd->count("--precision") == 0 && model_dir && hf_torch_dtype(opts->model) == "bfloat16") {
+      opts->precision = "bf16";
+      opts->precision_reason = "the model's torch_dtype, bfloat16; --precision fp32 to change";
     }
     opts->seq_len = static_cast<int>(flags->max_len);
     if (cmd->count("--steps") == 0 && opts->epochs == 0) opts->epochs = 1;

@@ -42,13 +42,22 @@ void ModelConfig::validate() const {
   }
 }
 
-int64_t ModelConfig::num_parameters() const {
+namespace {
+
+int64_t count_parameters(const ModelConfig& config, bool trainable_only) {
   int64_t total = 0;
-  for (const auto& unit : model_family(family).model_units(*this))
-    for (const auto& p : unit.params)
-      total += p.valid_rows < 0 ? p.logical_numel() : p.valid_rows * (p.logical_numel() / p.shape[0]);
+  for (const auto& unit : model_family(config.family).model_units(config))
+    if (unit.trainable || !trainable_only)
+      for (const auto& p : unit.params)
+        total += p.valid_rows < 0 ? p.logical_numel() : p.valid_rows * (p.logical_numel() / p.shape[0]);
   return total;
 }
+
+}  // namespace
+
+int64_t ModelConfig::num_parameters() const { return count_parameters(*this, false); }
+
+int64_t ModelConfig::num_trainable_parameters() const { return count_parameters(*this, true); }
 
 double ModelConfig::train_flops_per_token(int seq_len) const {
   return model_family(family).train_flops_per_token(*this, seq_len);

@@ -75,6 +75,8 @@ struct ModelConfig {
   // Parameter count without vocabulary padding (what Hugging Face reports), from the
   // family's tensors.
   int64_t num_parameters() const;
+  // The part of num_parameters() that trains (a LoRA run: the adapters; else all).
+  int64_t num_trainable_parameters() const;
   // Model FLOPs per token for a training step (6N + attention), for MFU and GFLOP/s.
   double train_flops_per_token(int seq_len) const;
 

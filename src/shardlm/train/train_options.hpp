@@ -73,6 +73,7 @@ struct TrainOptions {
   // Numerics and memory (model/gpt2_model.hpp, ModelOptions). Master weights, AdamW
   // state and gradients stay fp32 whatever the precision.
   std::string precision = "fp32";         // compute type: fp32, bf16 or fp16
+  std::string precision_reason;           // where a default precision came from (sft: the model's)
   std::string reduce_dtype = "fp32";      // type gradients are reduced in: fp32 or bf16
   bool activation_checkpointing = false;  // keep unit inputs only; recompute in backward
   double loss_scale = 65536.0;            // fp16: initial dynamic loss scale

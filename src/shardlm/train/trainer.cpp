@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -67,6 +68,14 @@ uint64_t replicated_params_digest(const ParamLayout& layout, const FlatUnitStrat
   return std::stoull(hasher.hex_digest().substr(0, 16), nullptr, 16);
 }
 
+// The middle value (the mean of the two middle ones for an even count); 0 for none.
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t half = values.size() / 2;
+  return values.size() % 2 == 1 ? values[half] : 0.5 * (values[half - 1] + values[half]);
+}
+
 class Trainer {
  public:
   // `locked`: the caller took the run directory's lock already (sft, before it prepares
@@ -80,6 +89,8 @@ class Trainer {
   // Start-up, in the order that touches nothing until the inputs check out.
   int64_t set_up();  // returns the first step to run
   void read_inputs();
+  // The batch of every step: micro-batches per rank and step, and --epochs as steps.
+  void set_global_batch(int global_batch);
   std::unique_ptr<CheckpointReader> find_checkpoint_to_resume();
   void build_model_and_strategy();
   int64_t load_initial_state(std::unique_ptr<CheckpointReader> resume_from);
@@ -171,6 +182,8 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   summary.first_step = start_step;
   summary.num_parameters = config_.num_parameters();
+  summary.num_trainable_parameters = config_.num_trainable_parameters();
+  std::vector<double> step_tokens_per_s;
   const int64_t log_every = o_.log_every > 0 ? o_.log_every : std::max<int64_t>(1, o_.steps / 20);
   std::unique_ptr<ProgressLine> progress;
   if (is_root_) progress = std::make_unique<ProgressLine>(o_.steps, log_every);
@@ -195,6 +208,7 @@ TrainSummary Trainer::run() {
     const StepOutcome outcome = train_step(step, agreed.target_count, step_clock);
     const int64_t done = outcome.step;
     tokens_seen_ += outcome.tokens;
+    step_tokens_per_s.push_back(static_cast<double>(outcome.tokens) / outcome.seconds);
     summary.tokens += outcome.tokens;
     if (step == start_step) summary.first_loss = outcome.loss;
     last_loss = outcome.loss;
@@ -223,6 +237,11 @@ TrainSummary Trainer::run() {
       if (last_save_.is_object()) record.update(last_save_);
     }
     if (metrics_) metrics_->write(record);
+    if (progress && step == start_step && done < o_.steps)
+      progress->message(fmt::format("step {} took {:.2f} s: about {} for the {} steps left", done,
+                                    outcome.seconds,
+                                    format_duration(outcome.seconds * static_cast<double>(o_.steps - done)),
+                                    o_.steps - done));
     if (progress)
       progress->update(done, outcome.loss, outcome.lr,
                        static_cast<double>(outcome.tokens) / outcome.seconds,
@@ -236,7 +255,8 @@ TrainSummary Trainer::run() {
   const double train_s = train_clock.seconds();
   summary.steps = summary.stopped.empty() ? o_.steps : last_saved_step_;
   summary.final_train_loss = last_loss;
-  summary.tokens_per_s = train_s > 0 ? static_cast<double>(summary.tokens) / train_s : 0.0;
+  summary.tokens_per_s_incl_eval_save = train_s > 0 ? static_cast<double>(summary.tokens) / train_s : 0.0;
+  summary.tokens_per_s = median(step_tokens_per_s);
 
   if (o_.sample_tokens > 0 && summary.stopped.empty()) {
     const auto tokenizer = make_tokenizer(meta_.tokenizer);
@@ -405,22 +425,7 @@ void Trainer::read_inputs() {
                         o_.device.find(':') != std::string::npos);
   backend_ = &backend_for(device_);  // a clear error now when the device is absent
   strategy_options_.optimizer_on_host = o_.offload == "optimizer";
-  global_batch_ = o_.global_batch > 0 ? o_.global_batch : o_.micro_batch * world_;
-  SHARDLM_CHECK(global_batch_ >= world_,
-                "world size {} is larger than the global batch of {} sequences (every rank "
-                "needs at least one sequence per step)",
-                world_, global_batch_);
-  batches_.emplace(global_batch_, world_, o_.micro_batch);
-  accumulation_ = batches_->accumulation_steps();
-  if (o_.epochs > 0) {
-    // Enough steps to see every row of the epochs once (the last step may run into
-    // the next epoch's first rows: steps hold whole global batches).
-    const int64_t rows = data_->train_rows_in_epochs(o_.epochs);
-    o_.steps = (rows + global_batch_ - 1) / global_batch_;
-  }
-  TrainOptions resolved = o_;
-  resolved.global_batch = global_batch_;
-  trajectory_ = resolved.trajectory_json();
+  set_global_batch(o_.global_batch > 0 ? o_.global_batch : o_.micro_batch * world_);
 
   make_tokenizer(meta_.tokenizer);  // the data's tokenizer must be loadable
 
@@ -439,10 +444,49 @@ void Trainer::read_inputs() {
   check_ranks_agree(comm_, agreement);
 }
 
+void Trainer::set_global_batch(int global_batch) {
+  global_batch_ = global_batch;
+  SHARDLM_CHECK(global_batch_ >= world_,
+                "world size {} is larger than the global batch of {} sequences (every rank "
+                "needs at least one sequence per step)",
+                world_, global_batch_);
+  batches_.emplace(global_batch_, world_, o_.micro_batch);
+  accumulation_ = batches_->accumulation_steps();
+  if (o_.epochs > 0) {
+    // Enough steps to see every row of the epochs once (the last step may run into
+    // the next epoch's first rows: steps hold whole global batches).
+    const int64_t rows = data_->train_rows_in_epochs(o_.epochs);
+    o_.steps = (rows + global_batch_ - 1) / global_batch_;
+  }
+  TrainOptions resolved = o_;
+  resolved.global_batch = global_batch_;
+  trajectory_ = resolved.trajectory_json();
+}
+
 std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
   auto resume_from = checkpoint_to_resume(
       o_, [&](const std::string& warning) { print("warning: " + warning + "\n"); });
-  if (resume_from) check_resume_compatible(*resume_from, config_, trajectory_, meta_.tokenizer);
+  if (!resume_from) return resume_from;
+  // Without --global-batch a resumed run keeps the run's own (the default, micro-batch x
+  // world size, changes with the world size); the micro-batch shrinks to a divisor of
+  // the rows each rank gets when it no longer splits them (accumulation takes the rest).
+  const int recorded = resume_from->info().train.at("options").value("global_batch", 0);
+  if (o_.global_batch == 0 && recorded > 0 && recorded != global_batch_) {
+    SHARDLM_CHECK(recorded % world_ == 0,
+                  "the run's global batch of {} sequences (from its checkpoint) does not split over {} "
+                  "ranks: resume on a world size that divides it, or pass --global-batch",
+                  recorded, world_);
+    const int per_rank = recorded / world_;
+    int micro = std::min(o_.micro_batch, per_rank);
+    while (per_rank % micro != 0) --micro;
+    print(fmt::format("global batch {} from the run's checkpoint (--global-batch not given){}\n", recorded,
+                      micro != o_.micro_batch
+                          ? fmt::format("; micro-batch {} -> {} so that {} ranks split it", o_.micro_batch, micro, world_)
+                          : ""));
+    o_.micro_batch = micro;
+    set_global_batch(recorded);
+  }
+  check_resume_compatible(*resume_from, config_, trajectory_, meta_.tokenizer);
   return resume_from;
 }
 
@@ -539,7 +583,11 @@ void Trainer::print_run_description() const {
       "model {}: {} layers, {} heads, {} wide, vocab {} (padded {}), {:.2f}M parameters\n",
       model_source(o_), config_.n_layer, config_.n_head, config_.n_embd, config_.vocab_size,
       config_.padded_vocab_size(), static_cast<double>(config_.num_parameters()) / 1e6));
+  print(trainable_params_line(config_.num_trainable_parameters(), config_.num_parameters()) + "\n");
   print(fmt::format("data {}: {} ({})\n", o_.data_dir, data_->describe(), meta_.tokenizer));
+  print(o_.epochs > 0 ? fmt::format("steps {} ({} epoch(s) over {} rows, {} rows per step)\n", o_.steps,
+                                    o_.epochs, data_->train_rows_in_epochs(1), global_batch_)
+                      : fmt::format("steps {}\n", o_.steps));
   print(fmt::format("batch {} x {} tokens (micro-batch {}, {} accumulation steps); strategy {} "
                     "on {} rank(s) x {} threads; {}\n",
                     global_batch_, o_.seq_len, o_.micro_batch, accumulation_, strategy_->name(),
@@ -551,7 +599,8 @@ void Trainer::print_run_description() const {
                                                  : "")));
   print(threads_.oversubscription_warning());
   if (model_->options().precision != DType::fp32 || o_.activation_checkpointing)
-    print(fmt::format("precision {} (fp32 master weights and gradients){}\n", o_.precision,
+    print(fmt::format("precision {}{} (fp32 master weights and gradients){}\n", o_.precision,
+                      o_.precision_reason.empty() ? "" : " (" + o_.precision_reason + ")",
                       o_.activation_checkpointing ? "; activation checkpointing" : ""));
 }
 

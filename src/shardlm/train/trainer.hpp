@@ -21,11 +21,15 @@ struct TrainSummary {
   double first_loss = std::numeric_limits<double>::quiet_NaN();  // no step run: NaN
   double final_train_loss = 0.0;
   double final_val_loss = 0.0;
+  // The median step's tokens/s (steady state), and tokens over the whole loop's
+  // time, evaluations and checkpoint saves included.
   double tokens_per_s = 0.0;
+  double tokens_per_s_incl_eval_save = 0.0;
   double wall_s = 0.0;
   std::string sample;  // generated text, when asked for
   nlohmann::json memory;  // MemoryTracker::to_json() at the end
   int64_t num_parameters = 0;
+  int64_t num_trainable_parameters = 0;  // a LoRA run: the adapters'
   std::string last_checkpoint;
   bool is_root = true;  // rank 0 prints; other ranks stay quiet
   // Stopped by a signal (stop_signals.hpp) at a checkpoint: the line that says so,
@@ -42,6 +46,10 @@ struct TrainSummary {
 // step boundary with a checkpoint (summary.stopped; stop_signals.hpp).
 TrainSummary run_training(const TrainOptions& options,
                           const std::function<void()>& prepare_data = {});
+
+// "trainable params: 1,081,344 || all params: 125,520,384 || trainable%: 0.8615", as
+// PEFT's print_trainable_parameters() says it.
+std::string trainable_params_line(int64_t trainable, int64_t all);
 
 // Prints the end-of-run summary table.
 void print_summary(const TrainSummary& summary);
