@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "shardlm/cli/commands.hpp"
+#include "shardlm/cli/config_file.hpp"
 #include "shardlm/cli/plan_flags.hpp"
 #include "shardlm/comm/launch.hpp"
 #include "shardlm/core/error.hpp"
@@ -310,6 +311,7 @@ void register_bench(CLI::App& app) {
     cmd->get_option(flag)
         ->description("Not for bench: --strategies (or a --variant 'LABEL=--strategy ...') names each run's")
         ->default_str("");
+  add_config_flag(*cmd);
   cmd->callback([f, cmd, strategy_flags]() {
     for (const std::string& flag : strategy_flags)
       SHARDLM_CHECK(cmd->count(flag) == 0,

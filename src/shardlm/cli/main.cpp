@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "shardlm/cli/commands.hpp"
+#include "shardlm/cli/config_file.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/family.hpp"
 
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   CLI::App app{"shardlm: train and fine-tune decoder-only language models (" +
                shardlm::cli::trained_families_text() + ") on one or many processes"};
   app.require_subcommand(1);
+  shardlm::cli::enable_config_files(app);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   // What was built, for a machine the binary was carried to (scripts/gpu_check.sh).
   app.set_version_flag("--version", "shardlm (CPU kernels -march=" SHARDLM_BUILD_MARCH ", "

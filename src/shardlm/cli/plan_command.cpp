@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardlm/cli/commands.hpp"
+#include "shardlm/cli/config_file.hpp"
 #include "shardlm/cli/plan_flags.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/plan/recommend.hpp"
@@ -245,6 +246,7 @@ void register_plan(CLI::App& app) {
                     "GPU profile (--profile " + fmt::format("{}", fmt::join(builtin_profile_names(), ", ")) +
                     "), else cpu)")
       ->default_str("");
+  add_config_flag(*cmd);
   cmd->callback([flags, cmd]() {
     flags->device_given = cmd->count("--device") > 0;
     run_plan(*flags);

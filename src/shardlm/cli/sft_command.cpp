@@ -18,6 +18,7 @@
 #include "shardlm/ckpt/hf_import.hpp"
 #include "shardlm/cli/chat_template_flags.hpp"
 #include "shardlm/cli/commands.hpp"
+#include "shardlm/cli/config_file.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/sha256.hpp"
 #include "shardlm/data/prepare.hpp"
@@ -130,7 +131,10 @@ void register_sft(CLI::App& app) {
       ->description("Compute type: fp32, bf16 or fp16 (default: bf16 when the --model directory's "
                     "config.json says torch_dtype bfloat16, as ms-swift trains, else fp32)")
       ->default_str("");
+  add_config_flag(*cmd);
   cmd->callback([opts, flags, cmd]() {
+    opts->command = "sft";
+    opts->command_flags = command_flags(*cmd);
     SHARDLM_CHECK(cmd->count("--seq-len") == 0, "sft: the row length is --max-len (no --seq-len)");
     SHARDLM_CHECK(flags->max_len >= 2, "--max-len must be >= 2, got {}", flags->max_len);
     SHARDLM_CHECK(!opts->model.empty(), "sft: --model is required (a Hugging Face model directory or a preset)");

@@ -2,6 +2,7 @@
 #include <memory>
 
 #include "shardlm/cli/commands.hpp"
+#include "shardlm/cli/config_file.hpp"
 #include "shardlm/model/config.hpp"
 #include "shardlm/train/trainer.hpp"
 
@@ -16,7 +17,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--out", opts->out_dir, "Run directory (metrics, checkpoints)")->required();
   add_run_shape_flags(*cmd, *opts);
   add_run_flags(*cmd, *opts);
-  cmd->callback([opts]() {
+  add_config_flag(*cmd);
+  cmd->callback([opts, cmd]() {
+    opts->command = "train";
+    opts->command_flags = command_flags(*cmd);
     opts->validate();
     TrainSummary summary = run_training(*opts);
     if (!summary.sample.empty()) {

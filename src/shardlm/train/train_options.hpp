@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "shardlm/model/config.hpp"
+#include "shardlm/train/command_record.hpp"
 
 namespace shardlm {
 
@@ -87,6 +89,11 @@ struct TrainOptions {
 
   std::optional<int> threads;  // default: the cores this host's ranks may use, shared out
   int64_t log_every = 0;  // plain progress lines when not a terminal; 0: ~20 lines per run
+
+  // The subcommand and its flags as run (cli/config_file.hpp): written to RUN/config.toml
+  // (a file --config reads back) and config.json's "flags". Empty: not recorded.
+  std::string command;
+  std::vector<CommandFlag> command_flags;
 
   int sample_tokens = 0;  // > 0: print a sample of this many tokens at the end
   std::string sample_prompt = "\n";

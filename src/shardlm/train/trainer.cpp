@@ -573,6 +573,12 @@ void Trainer::open_metrics(int64_t start_step) {
                                {"shard_group_size", o_.shard_group_size},
                                {"world_size", world_}};
   if (!o_.strategy_reason.empty()) run_config["strategy_auto"] = o_.strategy_reason;
+  if (!o_.command.empty()) {
+    run_config["command"] = o_.command;
+    run_config["flags"] = command_flags_json(o_.command_flags);
+    write_file_atomic((fs::path(o_.out_dir) / "config.toml").string(),
+                      command_flags_toml(o_.command, o_.command_flags));
+  }
   write_file_atomic((fs::path(o_.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
   truncate_metrics_after((fs::path(o_.out_dir) / "metrics.jsonl").string(), start_step);
   metrics_ = std::make_unique<MetricsWriter>((fs::path(o_.out_dir) / "metrics.jsonl").string());
