@@ -13,6 +13,8 @@ namespace shardlm::cli {
 // and `plan`; and the rest of `train`'s (schedule, checkpoints, threads, ...).
 void add_run_shape_flags(CLI::App& cmd, TrainOptions& opts);
 void add_run_flags(CLI::App& cmd, TrainOptions& opts);
+// A bare --tensorboard (given without DIR) means RUN/tb.
+void resolve_tensorboard_flag(const CLI::App& cmd, TrainOptions& opts);
 
 // --threads of the single-process commands (eval, sample): Error unless >= 1; sets
 // OpenMP's thread count when given.

@@ -133,6 +133,7 @@ void register_sft(CLI::App& app) {
       ->default_str("");
   add_config_flag(*cmd);
   cmd->callback([opts, flags, cmd]() {
+    resolve_tensorboard_flag(*cmd, *opts);
     opts->command = "sft";
     opts->command_flags = command_flags(*cmd);
     SHARDLM_CHECK(cmd->count("--seq-len") == 0, "sft: the row length is --max-len (no --seq-len)");

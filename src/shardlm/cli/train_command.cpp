@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "shardlm/cli/commands.hpp"
@@ -19,6 +20,7 @@ void register_train(CLI::App& app) {
   add_run_flags(*cmd, *opts);
   add_config_flag(*cmd);
   cmd->callback([opts, cmd]() {
+    resolve_tensorboard_flag(*cmd, *opts);
     opts->command = "train";
     opts->command_flags = command_flags(*cmd);
     opts->validate();
@@ -169,10 +171,20 @@ void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "use, shared out among them)");
   cmd->add_option("--log-every", opts->log_every,
                   "Progress line every N steps when stdout is not a terminal");
+  cmd->add_option("--tensorboard", opts->tensorboard_dir,
+                  "Also write TensorBoard event files of the step scalars (loss, val loss, lr, grad "
+                  "norm, tokens/s, step ms, exposed comm, peak memory by category) into DIR; without a "
+                  "value RUN/tb (rank 0; metrics.jsonl is written as always)")
+      ->expected(0, 1);
   cmd->add_option("--sample-tokens", opts->sample_tokens,
                   "Print a generated sample of N tokens at the end")
       ->capture_default_str();
   cmd->add_option("--sample-prompt", opts->sample_prompt, "Prompt of the final sample");
+}
+
+void resolve_tensorboard_flag(const CLI::App& cmd, TrainOptions& opts) {
+  if (cmd.count("--tensorboard") > 0 && opts.tensorboard_dir.empty())
+    opts.tensorboard_dir = (std::filesystem::path(opts.out_dir) / "tb").string();
 }
 
 }  // namespace shardlm::cli

@@ -95,6 +95,10 @@ struct TrainOptions {
   std::string command;
   std::vector<CommandFlag> command_flags;
 
+  // --tensorboard: where rank 0 writes TensorBoard event files (train/tensorboard_writer);
+  // empty: none. The CLI turns a bare --tensorboard into RUN/tb.
+  std::string tensorboard_dir;
+
   int sample_tokens = 0;  // > 0: print a sample of this many tokens at the end
   std::string sample_prompt = "\n";
   float sample_temperature = 0.8f;

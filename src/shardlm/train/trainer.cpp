@@ -46,6 +46,7 @@
 #include "shardlm/train/sampling.hpp"
 #include "shardlm/train/step_record.hpp"
 #include "shardlm/train/stop_signals.hpp"
+#include "shardlm/train/tensorboard_writer.hpp"
 #include "shardlm/train/thread_budget.hpp"
 
 namespace fs = std::filesystem;
@@ -156,6 +157,7 @@ class Trainer {
   std::optional<LrSchedule> schedule_;
   std::optional<LossScaler> loss_scaler_;  // fp16 only
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with --tensorboard
   // This rank's rows for every micro-batch of a step, allocated once (positions and
   // key_begin only for data with example boundaries).
   std::vector<int32_t> tokens_, targets_, positions_, key_begin_;
@@ -237,6 +239,7 @@ TrainSummary Trainer::run() {
       if (last_save_.is_object()) record.update(last_save_);
     }
     if (metrics_) metrics_->write(record);
+    if (tensorboard_) tensorboard_->write(record);
     if (progress && step == start_step && done < o_.steps)
       progress->message(fmt::format("step {} took {:.2f} s: about {} for the {} steps left", done,
                                     outcome.seconds,
@@ -582,6 +585,7 @@ void Trainer::open_metrics(int64_t start_step) {
   write_file_atomic((fs::path(o_.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
   truncate_metrics_after((fs::path(o_.out_dir) / "metrics.jsonl").string(), start_step);
   metrics_ = std::make_unique<MetricsWriter>((fs::path(o_.out_dir) / "metrics.jsonl").string());
+  if (!o_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(o_.tensorboard_dir);
 }
 
 void Trainer::print_run_description() const {
