@@ -113,6 +113,12 @@ expect_error "does not exist" "$SHARDLM" inspect "$WORK/nothing"
 # plan: the same checks as train, before anything is computed.
 expect_error "unknown model preset 'gpt5'" "$SHARDLM" plan --model gpt5
 expect_error "-n must be at least 1, got 0" "$SHARDLM" plan -n 0
+# A shape whose byte counts would overflow is refused at once (it used to run 87 s and overflow).
+expect_error "model shape too large: about .* parameters (100000 layers, 1048576 wide)" \
+  timeout 10 "$SHARDLM" plan --n-embd 1048576 --n-head 8 --n-layer 100000
+expect_error "--lora-rank must be >= 0 (0: no adapters), got -4" "$SHARDLM" plan --lora-rank -4
+expect_error "--lora-rank must be >= 0 (0: no adapters), got -4" "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/neg_rank" --steps 1 --lora-rank -4
+[ ! -e "$WORK/neg_rank" ] || fail "a refused --lora-rank wrote its --out"
 expect_error "memory-per-rank must be a positive number of GiB" "$SHARDLM" plan --memory-per-rank -2
 expect_error "reduce-dtype must be fp32 or bf16, got 'fp16'" "$SHARDLM" plan --reduce-dtype fp16
 expect_error "precision" "$SHARDLM" plan --precision fp8
@@ -129,4 +135,17 @@ grep -q "warning: 1 rank(s) on this host x $((cores + 1)) threads = $((cores + 1
 "$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/fits" --steps 1 --threads "$cores" \
   > "$WORK/fits.log" 2>&1 || fail "run with --threads $cores failed"
 if grep -q "warning: .* threads on" "$WORK/fits.log"; then fail "oversubscription warning without oversubscription"; fi
+# A job killed while writing a metrics line leaves it cut: report leaves it out and says so,
+# and a resume says the record is lost rather than dropping it silently.
+"$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/cut" --steps 4 --save-every 2 > /dev/null 2>&1 || fail "run to cut"
+python3 - "$WORK/cut/metrics.jsonl" <<'PY'
+import sys
+p = sys.argv[1]; lines = open(p).read().splitlines(keepends=True)
+open(p, "w").write("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])   # step 3's line, cut mid-way
+PY
+"$SHARDLM" report "$WORK/cut" > /dev/null 2> "$WORK/cut_report.err" || { cat "$WORK/cut_report.err"; fail "report refused a run whose last line is cut"; }
+grep -q "warning: .*metrics.jsonl' line 3 is cut" "$WORK/cut_report.err" || fail "report did not say the line is cut: $(cat "$WORK/cut_report.err")"
+"$SHARDLM" train "${TINY[@]}" --data "$D" --out "$WORK/cut" --steps 4 --save-every 2 --resume > "$WORK/cut_resume.log" 2>&1 \
+  || { cat "$WORK/cut_resume.log"; fail "resume of a run whose metrics are cut"; }
+grep -q "warning: metrics.jsonl: dropped 1 cut or unreadable line" "$WORK/cut_resume.log" || fail "resume dropped a cut line silently"
 echo "1 passed, 0 failed"

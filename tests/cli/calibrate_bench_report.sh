@@ -56,6 +56,10 @@ assert not c.stack, c.stack
 assert "<script" not in text
 PY
 done
+# A 2-rank run's report draws both ranks' memory (RUN/memory_by_rank.json).
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["ranks"]; sys.exit(0 if len(r) == 2 and all(x["peak"]["params"] > 0 for x in r) else 1)' \
+  "$WORK/bench/runs/zero3/memory_by_rank.json" || fail "memory_by_rank.json does not hold 2 ranks' peaks"
+grep -q "<title>rank 1 params: " "$WORK/bench/runs/zero3/report.html" || fail "the 2-rank run's report shows rank 0 only"
 expect_error "--data is required" "$SHARDLM" bench --model gpt2-tiny
 expect_error "expected HOSTSxRATE" "$SHARDLM" bench --data "$WORK/data" --cluster two
 expect_error "hybrid needs its group size" "$SHARDLM" bench --data "$WORK/data" --strategies hybrid

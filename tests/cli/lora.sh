@@ -14,6 +14,9 @@ COMMON=(--seq-len 32 --micro-batch 4 --threads 1 --eval-batches 0 --data "$WORK/
 LORA=(--init-from "$WORK/base" --lora-rank 4 --lora-alpha 8 --lr 1e-2)
 "$SHARDLM" train "${COMMON[@]}" "${LORA[@]}" --steps 4 --save-every 2 --out "$WORK/lora" > "$WORK/lora.log"
 grep -q "frozen" "$WORK/lora.log" || fail "the summary shows no frozen memory"
+# The run's report draws the frozen base's memory (the category that matters for LoRA).
+"$SHARDLM" report "$WORK/lora" > /dev/null || fail "report of a LoRA run"
+grep -q "<title>rank 0 frozen: " "$WORK/lora/report.html" || fail "the LoRA run's report draws no frozen memory"
 "$SHARDLM" train "${COMMON[@]}" --lora-rank 4 --lora-alpha 8 --lr 1e-2 --model "$WORK/base" --steps 6 --out "$WORK/lora" --resume > /dev/null \
   || fail "resuming a LoRA run"
 "$SHARDLM" export --checkpoint "$WORK/lora" --out "$WORK/adapter" > /dev/null

@@ -255,7 +255,7 @@ void run_bench(const BenchFlags& f) {
                        t.comm_s * 1e3, t.exposed_s * 1e3, t.overlap_cost_s * 1e3};
     }
     row.planned_wire_bytes = p.plan.wire_bytes_per_step;
-    row.planned_bytes = {{"params", p.plan.params},       {"grads", p.plan.grads},
+    row.planned_bytes = {{"params", p.plan.params},       {"frozen", p.plan.frozen}, {"grads", p.plan.grads},
                          {"optimizer", p.plan.optimizer}, {"activations", p.plan.activations},
                          {"comm", p.plan.comm}};
     result.rows.push_back(std::move(row));

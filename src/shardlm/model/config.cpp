@@ -31,6 +31,17 @@ void ModelConfig::validate() const {
   SHARDLM_CHECK(max_seq_len > 0, "max_seq_len must be positive, got {}", max_seq_len);
   SHARDLM_CHECK(init_std > 0.0f, "init_std must be positive, got {}", init_std);
   SHARDLM_CHECK(lora.rank >= 0, "--lora-rank must be >= 0, got {}", lora.rank);
+  // Every byte count downstream (layouts, plan, checkpoints) is a 64-bit integer: a shape
+  // whose parameters could overflow them is refused here, at once, in floating point.
+  const double attention = static_cast<double>(n_embd) * head_dim() * (n_head + 2.0 * kv_heads()) +
+                           static_cast<double>(head_dim()) * n_head * n_embd;
+  const double mlp = 3.0 * static_cast<double>(n_embd) * mlp_width();
+  const double parameters = static_cast<double>(n_layer) * (attention + mlp) +
+                            (2.0 * padded_vocab_size() + max_seq_len) * static_cast<double>(n_embd);
+  SHARDLM_CHECK(parameters <= kMaxParameters,
+                "model shape too large: about {:.3g} parameters ({} layers, {} wide), more than the "
+                "{:.0e} whose byte counts shardlm can hold",
+                parameters, n_layer, n_embd, kMaxParameters);
   SHARDLM_CHECK(quantize_base == BaseQuant::none || lora.enabled(),
                 "--quantize-base {} needs LoRA (--lora-rank > 0): only a frozen base is quantized",
                 base_quant_name(quantize_base));

@@ -70,7 +70,10 @@ struct ModelConfig {
   int mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
 
   // Throws Error naming the field if the family is unknown or a value is out of range
-  // for it.
+  // for it, or when the shape has more than kMaxParameters (about 1,000x the largest
+  // models trained today, and small enough that every byte count fits in int64 with
+  // room for optimizer state and activations).
+  static constexpr double kMaxParameters = 1e15;
   void validate() const;
   // Parameter count without vocabulary padding (what Hugging Face reports), from the
   // family's tensors.

@@ -92,11 +92,7 @@ std::string bench_table(const BenchResult& b) {
   for (const auto& r : b.rows) {
     const auto& m = r.measured;
     const auto& p = r.predicted;
-    double peak = 0, planned = 0;
-    for (const char* c : {"params", "grads", "optimizer", "activations", "comm"}) {
-      peak += m.peak_bytes.count(c) ? m.peak_bytes.at(c) : 0;
-      planned += r.planned_bytes.count(c) ? r.planned_bytes.at(c) : 0;
-    }
+    const double peak = counted_memory_bytes(m.peak_bytes), planned = counted_memory_bytes(r.planned_bytes);
     const auto pred = [&](double v, const char* f) { return p.available ? fmt::format(fmt::runtime(f), v) : std::string("-"); };
     t += fmt::format("| {} | {:.0f} | {} | {} | {:.0f} | {} | {} | {:.0f} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |\n",
                      r.label, m.tokens_per_s, pred(p.tokens_per_s, "{:.0f}"),

@@ -25,8 +25,11 @@ const std::vector<std::string> kPhases = {"gemm", "attention", "norms_elementwis
                                           "optimizer", "communication", "other"};
 const std::vector<std::string> kPhaseColors = {"#0072B2", "#56B4E9", "#009E73", "#F0E442",
                                                "#CC79A7", "#D55E00", "#BBBBBB"};
-const std::vector<std::string> kMemory = {"params", "grads", "optimizer", "activations", "comm",
-                                          "other"};
+const std::vector<std::string> kMemory = [] {
+  std::vector<std::string> categories = kCountedMemoryCategories;
+  categories.push_back("other");
+  return categories;
+}();
 
 std::string page(const std::string& title, const std::string& body) {
   return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>" +
@@ -191,11 +194,8 @@ std::string bench_report_html(const BenchResult& bench, const std::vector<RunMet
   for (const auto& r : bench.rows) {
     const auto& m = r.measured;
     const auto& p = r.predicted;
-    double peak = 0, planned = 0;  // per rank, the categories both sides count
-    for (const char* c : {"params", "grads", "optimizer", "activations", "comm"}) {
-      peak += m.peak_bytes.count(c) ? m.peak_bytes.at(c) : 0;
-      planned += r.planned_bytes.count(c) ? r.planned_bytes.at(c) : 0;
-    }
+    // Per rank, the categories both sides count.
+    const double peak = counted_memory_bytes(m.peak_bytes), planned = counted_memory_bytes(r.planned_bytes);
     const auto pr = [&](double v) { return p.available ? fmt::format("{:.0f}", v) : std::string("-"); };
     const auto ratio = [&](double a, double b) {
       return p.available && b > 0 ? fmt::format("{:.2f}", a / b) : std::string("-");

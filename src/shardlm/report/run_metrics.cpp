@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
 
 #include "shardlm/core/error.hpp"
@@ -57,6 +58,14 @@ RunMetrics load_run(const std::string& dir) {
     try {
       run.records.push_back(nlohmann::json::parse(line));
     } catch (const nlohmann::json::exception& e) {
+      // The last line of a job killed while writing it is cut: the report is of the
+      // records before it (and says so). A bad line anywhere else is damage.
+      const bool cut_last_line = in.eof();
+      if (cut_last_line) {
+        std::fprintf(stderr, "warning: '%s' line %d is cut (the job ended while writing it): left out\n",
+                     metrics.string().c_str(), number);
+        break;
+      }
       throw Error(fmt::format("'{}' line {} is not valid JSON: {}", metrics.string(), number, e.what()));
     }
   }
@@ -102,6 +111,13 @@ SteadyState steady_state(const RunMetrics& run) {
     for (auto it = last.at("mem").at("peak").begin(); it != last.at("mem").at("peak").end(); ++it)
       s.peak_bytes[it.key()] = it.value().get<double>();
   return s;
+}
+
+double counted_memory_bytes(const std::map<std::string, double>& by_category) {
+  double sum = 0;
+  for (const auto& c : kCountedMemoryCategories)
+    if (const auto it = by_category.find(c); it != by_category.end()) sum += it->second;
+  return sum;
 }
 
 }  // namespace shardlm::report

@@ -37,4 +37,10 @@ struct SteadyState {
 };
 SteadyState steady_state(const RunMetrics& run);
 
+// The memory categories that measured peaks and plans both count, in stacking order
+// ("frozen": a LoRA/QLoRA base), and their sum in a by-category map.
+inline const std::vector<std::string> kCountedMemoryCategories = {"params", "frozen", "grads", "optimizer",
+                                                                  "activations", "comm"};
+double counted_memory_bytes(const std::map<std::string, double>& by_category);
+
 }  // namespace shardlm::report

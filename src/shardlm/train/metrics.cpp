@@ -28,12 +28,13 @@ nlohmann::json phase_ms_json(const PhaseTotals& phases, double step_seconds,
   return out;
 }
 
-void truncate_metrics_after(const std::string& path, int64_t step) {
+int truncate_metrics_after(const std::string& path, int64_t step) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return;
+  if (!std::filesystem::exists(path, ec)) return 0;
   const std::string text = read_text_file(path);
   std::string kept;
   bool dropped = false;
+  int unreadable = 0;
   size_t begin = 0;
   while (begin < text.size()) {
     size_t end = text.find('\n', begin);
@@ -49,8 +50,10 @@ void truncate_metrics_after(const std::string& path, int64_t step) {
       kept += line + "\n";
     else
       dropped = dropped || !line.empty();
+    if (!line.empty() && (!complete || !record.is_object())) ++unreadable;
   }
   if (dropped) write_file_atomic(path, kept);
+  return unreadable;
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {

@@ -21,8 +21,9 @@ nlohmann::json phase_ms_json(const PhaseTotals& phases, double step_seconds,
 // Keeps one record per step across restarts: rewrites PATH (atomically) without the
 // records of steps after `step` (a run resumed from step `step` writes them again) and
 // without lines that do not parse (a crash mid-line). Nothing happens when PATH does
-// not exist or holds no such record.
-void truncate_metrics_after(const std::string& path, int64_t step);
+// not exist or holds no such record. Returns how many unreadable lines it dropped (the
+// caller says so: a cut line's record is lost).
+int truncate_metrics_after(const std::string& path, int64_t step);
 
 class MetricsWriter {
  public:

@@ -78,6 +78,7 @@ ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_
   if (o.n_head) config.n_head = *o.n_head;
   if (o.n_embd) config.n_embd = *o.n_embd;
   if (o.context_len) config.max_seq_len = *o.context_len;
+  SHARDLM_CHECK(o.lora_rank >= 0, "--lora-rank must be >= 0 (0: no adapters), got {}", o.lora_rank);
   if (o.lora_rank > 0) config.lora = lora_config(o, config.family);
   config.quantize_base = parse_base_quant(o.quantize_base);
   // GPT-2 and the tiny test presets take the data's vocabulary; a real model's shape

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <array>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -104,6 +105,7 @@ class Trainer {
   UnpackedTargetCount load_step_batches(int64_t step);
   // Before `step` when the ranks agreed to: a checkpoint of the steps done so far
   // (unless one was written at that step already), and the stop line.
+  void write_memory_by_rank();
   void save_between_steps(int64_t done, const RunControl& control, TrainSummary& summary);
   MicroBatch micro_batch(int k) const;
   void check_replicas(int64_t done);
@@ -271,8 +273,30 @@ TrainSummary Trainer::run() {
   }
   strategy_->synchronize();
   summary.memory = MemoryTracker::for_device(device_).to_json();
+  write_memory_by_rank();
   summary.wall_s = wall_.seconds();
   return summary;
+}
+
+// RUN/memory_by_rank.json: every rank's peak bytes by category on its device (the
+// summary and metrics.jsonl carry rank 0's), for the run's report.
+void Trainer::write_memory_by_rank() {
+  constexpr int kCategories = MemoryTracker::kNumCategories;
+  const MemoryTracker& tracker = MemoryTracker::for_device(device_);
+  std::array<uint64_t, kCategories> mine{};
+  for (int c = 0; c < kCategories; ++c) mine[c] = tracker.peak(static_cast<MemCategory>(c));
+  std::vector<uint64_t> all(static_cast<size_t>(kCategories) * world_);
+  comm_.all_gather_bytes(mine.data(), all.data(), sizeof(mine), "peak memory by rank").wait();
+  if (!is_root_) return;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < world_; ++r) {
+    nlohmann::json peak = nlohmann::json::object();
+    for (int c = 0; c < kCategories; ++c)
+      peak[std::string(to_string(static_cast<MemCategory>(c)))] = all[static_cast<size_t>(r) * kCategories + c];
+    ranks.push_back({{"rank", r}, {"peak", peak}});
+  }
+  write_file_atomic((fs::path(o_.out_dir) / "memory_by_rank.json").string(),
+                    nlohmann::json{{"device", to_string(device_)}, {"ranks", ranks}}.dump(1) + "\n");
 }
 
 void Trainer::save_between_steps(int64_t done, const RunControl& control, TrainSummary& summary) {
@@ -583,7 +607,10 @@ void Trainer::open_metrics(int64_t start_step) {
                       command_flags_toml(o_.command, o_.command_flags));
   }
   write_file_atomic((fs::path(o_.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
-  truncate_metrics_after((fs::path(o_.out_dir) / "metrics.jsonl").string(), start_step);
+  if (const int cut = truncate_metrics_after((fs::path(o_.out_dir) / "metrics.jsonl").string(), start_step))
+    print(fmt::format("warning: metrics.jsonl: dropped {} cut or unreadable line(s) left by an interrupted "
+                      "job (their records are lost)\n",
+                      cut));
   metrics_ = std::make_unique<MetricsWriter>((fs::path(o_.out_dir) / "metrics.jsonl").string());
   if (!o_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(o_.tensorboard_dir);
 }
