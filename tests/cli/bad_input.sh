@@ -26,6 +26,14 @@ expect_error "has a vocabulary of 128, smaller than the data's (256" "$SHARDLM" 
 expect_error "nope.txt" "$SHARDLM" prepare --tokenizer byte --input "$WORK/nope.txt" --out "$WORK/d2"
 : > "$WORK/empty.txt"
 expect_error "empty" "$SHARDLM" prepare --tokenizer byte --input "$WORK/empty.txt" --out "$WORK/d2"
+# Binary input is tokenized, with a warning naming the first invalid byte's offset.
+printf 'plain text \xff\xfe and \xc3 more\n' > "$WORK/binary.txt"
+"$SHARDLM" prepare --tokenizer "gpt2:$SHARED_DATA/gpt2" --input "$WORK/binary.txt" --out "$WORK/binary" --val-fraction 0 \
+  > /dev/null 2> "$WORK/binary.err" || { cat "$WORK/binary.err"; fail "prepare of non-UTF-8 input failed"; }
+grep -q "warning: .*binary.txt is not valid UTF-8 text (first invalid byte at offset 11, 3 invalid in all)" "$WORK/binary.err" \
+  || fail "no UTF-8 warning for binary input: $(cat "$WORK/binary.err")"
+"$SHARDLM" prepare --tokenizer byte --input "$WORK/small.txt" --out "$WORK/text_ok" > /dev/null 2> "$WORK/text_ok.err"
+! grep -q "UTF-8" "$WORK/text_ok.err" || fail "a UTF-8 warning for valid text"
 expect_error "vocab.json" "$SHARDLM" prepare --tokenizer "gpt2:$WORK/no_tokenizer" --input "$WORK/small.txt" --out "$WORK/d2"
 
 # Token id >= vocab: a token file whose header claims vocab 256 but holds 300.

@@ -1,6 +1,7 @@
 #include "shardlm/data/prepare.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
@@ -13,6 +14,7 @@
 #include "shardlm/data/dataset_meta_json.hpp"
 #include "shardlm/data/token_file.hpp"
 #include "shardlm/data/tokenizer.hpp"
+#include "shardlm/data/utf8.hpp"
 
 namespace shardlm {
 namespace {
@@ -81,6 +83,12 @@ PrepareSummary prepare_dataset(const PrepareOptions& options) {
   for (size_t i = 0; i < options.inputs.size(); ++i) {
     const std::string& input = options.inputs[i];
     const std::string text = read_input(input);
+    // Binary input tokenizes without an error (every tokenizer takes bytes): say so.
+    if (const auto bad = utf8::find_invalid(text))
+      std::fprintf(stderr,
+                   "warning: %s is not valid UTF-8 text (first invalid byte at offset %zu, %zu invalid "
+                   "in all): is it the text you meant to prepare?\n",
+                   input.c_str(), bad->first_offset, bad->count);
     // Special-token text in the data stays text; a tokenizer.json post-processor's
     // BOS/EOS (Llama 3: <|begin_of_text|>) frame each file, as Hugging Face's encode does.
     std::vector<int32_t> ids = frame.prefix;

@@ -53,4 +53,19 @@ void append(std::string& out, char32_t cp) {
   }
 }
 
+std::optional<InvalidUtf8> find_invalid(std::string_view text) {
+  std::optional<InvalidUtf8> found;
+  for (size_t pos = 0; pos < text.size();) {
+    if (static_cast<unsigned char>(text[pos]) < 0x80) {  // ASCII, the common case
+      ++pos;
+      continue;
+    }
+    if (decode(text, pos)) continue;
+    if (!found) found = InvalidUtf8{pos, 0};
+    ++found->count;
+    ++pos;
+  }
+  return found;
+}
+
 }  // namespace shardlm::utf8
