@@ -157,6 +157,10 @@ void run_bench(const BenchFlags& f) {
   for (const auto& s : f.strategies) variants.push_back(strategy_variant(s));
   for (const auto& v : f.variants) variants.push_back(custom_variant(v));
   SHARDLM_CHECK(!variants.empty(), "nothing to run: give --strategies and/or --variant");
+  // The runs take their strategy (and so their mesh) from each variant.
+  SHARDLM_CHECK(f.run.mesh.empty(),
+                "bench: --mesh belongs in a --variant, beside the strategy it lays out (e.g. "
+                "--variant 'hybrid 2=--strategy hybrid --mesh replicate=2,shard=2')");
 
   ProfileOptions profile_options = f.profile;
   int hosts = 0;

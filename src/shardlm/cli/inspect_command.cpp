@@ -9,6 +9,7 @@
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/parallel/mesh_shape.hpp"
 
 namespace shardlm::cli {
 
@@ -110,7 +111,11 @@ void register_inspect(CLI::App& app) {
     fmt::print("model: {}\n", info.model.to_json().dump());
     fmt::print("tokenizer: {}\n", info.tokenizer);
     fmt::print("step: {}\ntokens_seen: {}\n", info.step, info.tokens_seen);
-    fmt::print("written by: strategy {} at world size {}\n", info.strategy, info.world_size);
+    // The mesh is recorded for information (older checkpoints have none): a
+    // checkpoint loads under any mesh.
+    const std::string mesh =
+        info.train.contains("mesh") ? " (mesh " + MeshShape::from_json(info.train.at("mesh")).to_string() + ")" : "";
+    fmt::print("written by: strategy {} at world size {}{}\n", info.strategy, info.world_size, mesh);
     int64_t total = 0;
     for (const auto& [name, shape] : ckpt.tensors()) {
       int64_t numel = 1;

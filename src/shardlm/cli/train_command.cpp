@@ -82,6 +82,9 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
       ->capture_default_str();
   cmd->add_option("--shard-group-size", opts->shard_group_size,
                   "hybrid: ranks per shard group (parameters sharded inside, replicated across)");
+  cmd->add_option("--mesh", opts->mesh,
+                  "Layout of the ranks, outermost first, e.g. replicate=2,shard=4 (hybrid: "
+                  "--shard-group-size 4 at 8 ranks); ddp and zero* run on shard=N");
   cmd->add_option("--min-unit-params", opts->min_unit_params,
                   "Model units with fewer parameters are merged with a neighbour into one flat "
                   "unit (fewer, larger messages)")

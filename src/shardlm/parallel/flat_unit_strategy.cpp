@@ -108,13 +108,38 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   return plan;
 }
 
+std::vector<MeshDims> FlatUnitStrategy::mesh_groups(const MeshShape& shape) {
+  std::vector<MeshDims> groups = {{MeshDim::shard}};
+  if (shape.size(MeshDim::replicate) > 1) groups.push_back({MeshDim::replicate});
+  return groups;
+}
+
+FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
+                                   std::vector<std::vector<int>> unit_needs, DeviceMesh& mesh,
+                                   const StrategyOptions& options, MemoryTracker& tracker,
+                                   Backend& backend)
+    : FlatUnitStrategy(layout, std::move(unit_needs), &mesh, nullptr, options, tracker, backend) {}
+
 FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
                                    std::vector<std::vector<int>> unit_needs, Communicator& world,
                                    const StrategyOptions& options, MemoryTracker& tracker,
                                    Backend& backend)
+    : FlatUnitStrategy(layout, std::move(unit_needs), nullptr,
+                       [&] {
+                         const MeshShape shape = strategy_mesh(options, world.size());
+                         return std::make_unique<DeviceMesh>(shape, world, mesh_groups(shape));
+                       }(),
+                       options, tracker, backend) {}
+
+FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
+                                   std::vector<std::vector<int>> unit_needs, DeviceMesh* mesh,
+                                   std::unique_ptr<DeviceMesh> owned_mesh,
+                                   const StrategyOptions& options, MemoryTracker& tracker,
+                                   Backend& backend)
     : layout_(layout),
-      world_(world),
-      shard_(&world),
+      owned_mesh_(std::move(owned_mesh)),
+      mesh_(mesh != nullptr ? *mesh : *owned_mesh_),
+      shard_(nullptr),
       replica_(nullptr),
       options_(options),
       num_units_(layout.num_units()),
@@ -134,13 +159,11 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   unit_needs_ = flat_needs(layout, unit_needs);
   SHARDLM_CHECK(options.prefetch >= 0, "--prefetch must be >= 0, got {}", options.prefetch);
   SHARDLM_CHECK(options.bucket_mb > 0, "--bucket-mb must be positive, got {}", options.bucket_mb);
-  if (options.kind == StrategyKind::hybrid) {
-    const int g = partition_size(options, world.size());
-    shard_group_ = world.split(world.rank() / g, world.rank(), "shard group");
-    replica_group_ = world.split(world.rank() % g, world.rank(), "replica group");
-    shard_ = shard_group_.get();
-    if (replica_group_->size() > 1) replica_ = replica_group_.get();
-  }
+  SHARDLM_CHECK(mesh_.shape() == strategy_mesh(options, world_size()),
+                "internal: strategy {} runs on mesh {}, was given {}", to_string(options.kind),
+                strategy_mesh(options, world_size()).to_string(), mesh_.shape().to_string());
+  shard_ = &mesh_.group({MeshDim::shard});
+  if (mesh_.shape().size(MeshDim::replicate) > 1) replica_ = &mesh_.group({MeshDim::replicate});
   SHARDLM_CHECK(layout.world_size == shard_->size(),
                 "internal: layout built for {} ranks, strategy partitions over {}",
                 layout.world_size, shard_->size());
@@ -446,16 +469,11 @@ void FlatUnitStrategy::synchronize() {
 }
 
 bool FlatUnitStrategy::writes_checkpoint() const {
-  if (options_.kind == StrategyKind::ddp) return world_.rank() == 0;
-  return replica_ == nullptr || replica_->rank() == 0;
+  if (options_.kind == StrategyKind::ddp) return mesh_.rank() == 0;
+  return mesh_.coordinate(MeshDim::replicate) == 0;  // the first replica writes
 }
 
-CommCounters FlatUnitStrategy::take_group_counters() {
-  CommCounters total;
-  if (shard_group_) total += shard_group_->take_counters();
-  if (replica_group_) total += replica_group_->take_counters();
-  return total;
-}
+CommCounters FlatUnitStrategy::take_group_counters() { return mesh_.take_group_counters(); }
 
 int FlatUnitStrategy::gathered_units() const {
   return static_cast<int>(std::count_if(units_.begin(), units_.end(),

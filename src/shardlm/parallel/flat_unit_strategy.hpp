@@ -45,6 +45,7 @@
 #include "shardlm/parallel/buffer_pool.hpp"
 #include "shardlm/parallel/flat_unit.hpp"
 #include "shardlm/parallel/grad_bucket.hpp"
+#include "shardlm/parallel/mesh.hpp"
 #include "shardlm/parallel/strategy.hpp"
 #include "shardlm/parallel/strategy_buffer_plan.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
@@ -75,12 +76,24 @@ class FlatUnitStrategy : public Strategy {
   static bool keeps_gathered(const std::vector<Step>& schedule, const FlatNeeds& needs,
                              size_t cursor, int v, bool keep_forward_units);
 
-  // layout must be built for partition_size(options, world.size()) ranks. unit_needs[m]
+  // The mesh groups the strategy talks over: shard (the partition), and replicate
+  // when there are replicas (hybrid). A DeviceMesh handed to the strategy must have
+  // them.
+  static std::vector<MeshDims> mesh_groups(const MeshShape& shape);
+
+  // layout must be built for the mesh's shard size (partition_size(options, world
+  // size)) and the mesh must be strategy_mesh(options, world size). unit_needs[m]
   // lists the model units whose parameters model unit m reads
-  // (Gpt2Model::units_needed_for). Hooks take model units; buffers, collectives and
+  // (Model::unit_needs()). Hooks take model units; buffers, collectives and
   // owned slices are per flat layout unit (one or more model units). Buffers are
-  // counted by `tracker`; the strategy's kernels (rounding, zeroing, the norm) run on
-  // `backend`, whose device must be the host until buffers are allocated on devices.
+  // counted by `tracker` and live where `backend` computes (the host, or a device
+  // whose collectives the mesh's communicators run); the strategy's kernels
+  // (rounding, zeroing, the norm) run on `backend`. The mesh must outlive the strategy.
+  FlatUnitStrategy(const ParamLayout& layout, std::vector<std::vector<int>> unit_needs,
+                   DeviceMesh& mesh, const StrategyOptions& options,
+                   MemoryTracker& tracker = MemoryTracker::global(),
+                   Backend& backend = cpu_backend());
+  // The same on the obvious mesh over `world` (strategy_mesh), which the strategy owns.
   FlatUnitStrategy(const ParamLayout& layout, std::vector<std::vector<int>> unit_needs,
                    Communicator& world, const StrategyOptions& options,
                    MemoryTracker& tracker = MemoryTracker::global(),
@@ -88,8 +101,9 @@ class FlatUnitStrategy : public Strategy {
   ~FlatUnitStrategy() override;
 
   std::string name() const override { return to_string(options_.kind); }
-  int world_size() const override { return world_.size(); }
-  int rank() const override { return world_.rank(); }
+  int world_size() const override { return mesh_.world().size(); }
+  int rank() const override { return mesh_.rank(); }
+  const MeshShape& mesh() const { return mesh_.shape(); }
   ParamPointers params() override;
   UnitPointers grads() override;
   // The full fp32 buffer of a flat unit when parameters are replicated (ddp, zero1,
@@ -109,8 +123,8 @@ class FlatUnitStrategy : public Strategy {
   void synchronize() override;
   bool writes_checkpoint() const override;
 
-  // Read and reset the counters of the strategy's own communicators (hybrid's shard
-  // and replica groups; empty otherwise), which the world's counters do not see.
+  // Read and reset the counters of the mesh's groups split from the world (hybrid's
+  // shard and replica groups; empty otherwise), which the world's counters do not see.
   CommCounters take_group_counters();
 
   // Units whose parameters are currently gathered (zero3/hybrid), for leak checks.
@@ -121,6 +135,9 @@ class FlatUnitStrategy : public Strategy {
   std::vector<std::vector<int>> buckets() const;
 
  private:
+  FlatUnitStrategy(const ParamLayout& layout, std::vector<std::vector<int>> unit_needs,
+                   DeviceMesh* mesh, std::unique_ptr<DeviceMesh> owned_mesh,
+                   const StrategyOptions& options, MemoryTracker& tracker, Backend& backend);
   static bool step_needs(const std::vector<Step>& schedule, const FlatNeeds& needs, size_t step,
                          int unit);
   FlatUnit& unit(int index) { return units_[static_cast<size_t>(index)]; }
@@ -146,10 +163,10 @@ class FlatUnitStrategy : public Strategy {
   std::vector<std::vector<int>> unit_needs_;  // per model unit: flat units it reads
   std::vector<int> unit_of_;                  // model unit -> flat unit
   std::vector<int> first_model_unit_;         // flat unit -> its first model unit
-  Communicator& world_;
-  std::unique_ptr<Communicator> shard_group_, replica_group_;
-  Communicator* shard_;    // partition communicator (world unless hybrid)
-  Communicator* replica_;  // hybrid only: same shard index across groups
+  std::unique_ptr<DeviceMesh> owned_mesh_;  // the convenience constructor's
+  DeviceMesh& mesh_;
+  Communicator* shard_;    // the partition: the mesh's shard group (the world unless hybrid)
+  Communicator* replica_;  // the replicate group when it has more than one rank, else null
   const StrategyOptions options_;
   const int num_units_;
   const int num_model_units_;

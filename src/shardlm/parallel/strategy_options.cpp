@@ -27,14 +27,14 @@ std::string to_string(StrategyKind kind) {
   return "?";
 }
 
+MeshShape strategy_mesh(const StrategyOptions& options, int world_size) {
+  if (options.kind == StrategyKind::hybrid)
+    return MeshShape::replicated_shards(world_size, options.shard_group_size);
+  return MeshShape::replicated_shards(world_size, world_size);
+}
+
 int partition_size(const StrategyOptions& options, int world_size) {
-  if (options.kind != StrategyKind::hybrid) return world_size;
-  const int g = options.shard_group_size;
-  SHARDLM_CHECK(g >= 1 && g <= world_size && world_size % g == 0,
-                "--shard-group-size {} must divide the world size {} (hybrid shards inside "
-                "groups of that many ranks)",
-                g, world_size);
-  return g;
+  return strategy_mesh(options, world_size).size(MeshDim::shard);
 }
 
 }  // namespace shardlm

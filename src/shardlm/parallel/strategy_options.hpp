@@ -4,6 +4,7 @@
 #include <string>
 
 #include "shardlm/core/dtype.hpp"
+#include "shardlm/parallel/mesh_shape.hpp"
 
 namespace shardlm {
 
@@ -38,8 +39,10 @@ struct StrategyOptions {
 StrategyKind parse_strategy_kind(const std::string& name);
 std::string to_string(StrategyKind kind);
 
-// Ranks a unit is partitioned over: the world for ddp/zero*, the shard group for
-// hybrid. Error if the world cannot be split that way.
+// The mesh a strategy runs on (mesh_shape.hpp): shard=N for ddp/zero*, replicate=N/G
+// x shard=G for hybrid. Error if the world cannot be laid out that way.
+MeshShape strategy_mesh(const StrategyOptions& options, int world_size);
+// Ranks a unit is partitioned over: the mesh's shard dimension.
 int partition_size(const StrategyOptions& options, int world_size);
 
 }  // namespace shardlm

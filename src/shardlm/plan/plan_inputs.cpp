@@ -18,7 +18,7 @@ RunPlanRequest plan_request(const TrainOptions& o, const ModelConfig& config, in
                 o.bucket_mb,
                 o.prefetch,
                 o.reshard_after_forward,
-                o.shard_group_size,
+                o.shard_group(),
                 precision,
                 parse_dtype(o.reduce_dtype, "--reduce-dtype")};
   r.model = {precision, o.activation_checkpointing, parse_device(o.device, "--device")};
@@ -51,7 +51,7 @@ PlanInputs resolve_plan_inputs(const TrainOptions& o, int world_size, const Prof
                                                               : read_dataset_meta(o.data_dir).vocab_size);
   in.config = resolve_model_config(o, data_vocab);
   in.request = plan_request(o, in.config, world_size);
-  if (o.strategy != "auto") partition_size(in.request.strategy, world_size);  // names the flag
+  if (o.strategy != "auto") o.mesh_shape(world_size);  // names the flag and the numbers
   in.profile = resolve_profile(p.profile);
   in.cluster = {p.nodes, p.link};
   return in;

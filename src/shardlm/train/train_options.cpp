@@ -131,10 +131,12 @@ void TrainOptions::validate_run_shape() const {
   check_at_least("--min-unit-params", min_unit_params, int64_t{0});
   // `plan --strategy auto` considers hybrid among others.
   const bool hybrid = strategy == "auto" || parse_strategy_kind(strategy) == StrategyKind::hybrid;
-  if (strategy != "auto" && hybrid) check_at_least("--shard-group-size", shard_group_size, 1);
+  if (strategy != "auto" && hybrid && mesh.empty())
+    check_at_least("--shard-group-size", shard_group_size, 1);
   SHARDLM_CHECK(hybrid || shard_group_size == 0,
                 "--shard-group-size applies to --strategy hybrid only (this run uses {})",
                 strategy);
+  if (!mesh.empty()) validate_mesh();
   parse_dtype(precision, "--precision");
   const Device run_device = parse_device(device, "--device");
   SHARDLM_CHECK(offload == "none" || offload == "optimizer",
@@ -144,6 +146,46 @@ void TrainOptions::validate_run_shape() const {
                 "memory; with --device cpu it is in host memory already (use --device cuda)");
   SHARDLM_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16",
                 "--reduce-dtype must be fp32 or bf16, got '{}'", reduce_dtype);
+}
+
+void TrainOptions::validate_mesh() const {
+  const MeshShape m = MeshShape::parse(mesh);
+  for (MeshDim d : {MeshDim::context, MeshDim::expert, MeshDim::tensor, MeshDim::pipeline})
+    SHARDLM_CHECK(m.size(d) == 1,
+                  "--mesh {}: {} parallelism is not there yet (the dimensions today: replicate, "
+                  "shard)",
+                  mesh, mesh_dim_name(d));
+  SHARDLM_CHECK(strategy != "auto",
+                "--mesh fixes the layout that --strategy auto chooses: give one of them");
+  const int replicas = m.size(MeshDim::replicate), shards = m.size(MeshDim::shard);
+  if (parse_strategy_kind(strategy) == StrategyKind::hybrid) {
+    SHARDLM_CHECK(shard_group_size == 0 || shard_group_size == shards,
+                  "--mesh {} has shard groups of {} ranks, --shard-group-size says {}", mesh,
+                  shards, shard_group_size);
+  } else {
+    SHARDLM_CHECK(replicas == 1,
+                  "--mesh {} replicates over {} groups of {} sharded ranks, which is --strategy "
+                  "hybrid (this run uses {}, whose mesh is shard=N)",
+                  mesh, replicas, shards, strategy);
+  }
+}
+
+int TrainOptions::shard_group() const {
+  if (!mesh.empty() && strategy != "auto" && parse_strategy_kind(strategy) == StrategyKind::hybrid)
+    return MeshShape::parse(mesh).size(MeshDim::shard);
+  return shard_group_size;
+}
+
+MeshShape TrainOptions::mesh_shape(int world_size) const {
+  if (mesh.empty()) {
+    StrategyOptions o;
+    o.kind = parse_strategy_kind(strategy);
+    o.shard_group_size = shard_group();
+    return strategy_mesh(o, world_size);
+  }
+  const MeshShape m = MeshShape::parse(mesh);
+  m.check_world(world_size);
+  return m;
 }
 
 void TrainOptions::validate() const {

@@ -9,6 +9,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "shardlm/model/config.hpp"
+#include "shardlm/parallel/mesh_shape.hpp"
 #include "shardlm/train/command_record.hpp"
 
 namespace shardlm {
@@ -67,6 +68,10 @@ struct TrainOptions {
   int prefetch = 1;
   bool reshard_after_forward = true;
   int shard_group_size = 0;
+  // --mesh: the layout of the ranks, outermost first ("replicate=2,shard=4", see
+  // parallel/mesh_shape.hpp); empty: the strategy's (shard=N, or for hybrid
+  // replicate=N/G x shard=G, for which --shard-group-size G is the shorthand).
+  std::string mesh;
   // Model units smaller than this are merged with a neighbour into one flat unit.
   int64_t min_unit_params = 65536;
   double comm_timeout = 300.0;  // seconds any wait on a collective may take
@@ -110,10 +115,20 @@ struct TrainOptions {
   void validate() const;
   void validate_run_shape() const;
 
+  // Hybrid's ranks per shard group: --shard-group-size, or --mesh's shard size.
+  int shard_group() const;
+  // The mesh the run's strategy runs on at `world_size` ranks (not for --strategy
+  // auto): --mesh, or the strategy's own. Error naming the numbers when the mesh does
+  // not lay out `world_size` ranks.
+  MeshShape mesh_shape(int world_size) const;
+
   // The options a resumed run must share with the run that wrote the checkpoint
   // (anything that changes the trajectory; --steps may grow, which only stretches
   // the cosine schedule, and is reported).
   nlohmann::json trajectory_json() const;
+
+ private:
+  void validate_mesh() const;  // --mesh's spelling, dimensions and agreement with --strategy
 };
 
 inline constexpr const char* kDefaultModelPreset = "gpt2-small-30m";

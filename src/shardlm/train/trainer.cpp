@@ -34,6 +34,7 @@
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/optim/optimizer.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/parallel/mesh.hpp"
 #include "shardlm/parallel/owned_params.hpp"
 #include "shardlm/train/auto_strategy.hpp"
 #include "shardlm/train/batch_source.hpp"
@@ -120,6 +121,7 @@ class Trainer {
   std::string checkpoint_dir(int64_t step) const {
     return (fs::path(o_.out_dir) / "checkpoints" / fmt::format("step_{:08d}", step)).string();
   }
+  int dp_rank() const { return mesh_shape_.data_parallel_rank(rank_); }
   void print(const std::string& text) const {
     if (is_root_) std::fputs(text.c_str(), stdout), std::fflush(stdout);
   }
@@ -150,6 +152,8 @@ class Trainer {
   Device device_{};
   Backend* backend_ = &cpu_backend();
   std::unique_ptr<Communicator> device_comm_;
+  MeshShape mesh_shape_;
+  std::unique_ptr<DeviceMesh> mesh_;  // over device_comm_ when there is one, else comm_
   std::unique_ptr<FlatUnitStrategy> strategy_;
   std::unique_ptr<HostOwnedState> host_state_;
   // What host code reads and writes owned state through.
@@ -376,7 +380,7 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
 UnpackedTargetCount Trainer::load_step_batches(int64_t step) {
   const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
   for (int k = 0; k < accumulation_; ++k)
-    data_->fill_train(batches_->first_sample(step, rank_, k), o_.micro_batch,
+    data_->fill_train(batches_->first_sample(step, dp_rank(), k), o_.micro_batch,
                       rows(micro_tokens * static_cast<size_t>(k)));
   int64_t targets = 0;
   for (int32_t t : targets_) targets += (t != kIgnoreIndex);
@@ -445,14 +449,16 @@ void Trainer::read_inputs() {
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
   if (!o_.init_from.empty()) check_hf_model_matches(o_.init_from, config_);
   strategy_options_ = {parse_strategy_kind(o_.strategy), o_.bucket_mb, o_.prefetch,
-                       o_.reshard_after_forward, o_.shard_group_size,
+                       o_.reshard_after_forward, o_.shard_group(),
                        parse_dtype(o_.precision, "--precision"),
                        parse_dtype(o_.reduce_dtype, "--reduce-dtype")};
   device_ = rank_device(parse_device(o_.device, "--device"), comm_,
                         o_.device.find(':') != std::string::npos);
   backend_ = &backend_for(device_);  // a clear error now when the device is absent
   strategy_options_.optimizer_on_host = o_.offload == "optimizer";
-  set_global_batch(o_.global_batch > 0 ? o_.global_batch : o_.micro_batch * world_);
+  mesh_shape_ = o_.mesh_shape(world_);
+  set_global_batch(o_.global_batch > 0 ? o_.global_batch
+                                       : o_.micro_batch * mesh_shape_.data_parallel_size());
 
   make_tokenizer(meta_.tokenizer);  // the data's tokenizer must be loadable
 
@@ -462,7 +468,8 @@ void Trainer::read_inputs() {
                               {"micro_batch", o_.micro_batch},
                               {"strategy", o_.strategy},
                               {"prefetch", o_.prefetch},
-                              {"shard_group_size", o_.shard_group_size},
+                              {"shard_group_size", o_.shard_group()},
+                              {"mesh", mesh_shape_.to_json()},
                               {"min_unit_params", o_.min_unit_params},
                               {"tokenizer", meta_.tokenizer},
                               {"dataset", data_->agreement()},
@@ -473,11 +480,14 @@ void Trainer::read_inputs() {
 
 void Trainer::set_global_batch(int global_batch) {
   global_batch_ = global_batch;
-  SHARDLM_CHECK(global_batch_ >= world_,
-                "world size {} is larger than the global batch of {} sequences (every rank "
-                "needs at least one sequence per step)",
-                world_, global_batch_);
-  batches_.emplace(global_batch_, world_, o_.micro_batch);
+  // The rows a rank reads: its data-parallel rank's (the whole world today; ranks of
+  // later mesh dimensions will read their group's rows).
+  const int dp_size = mesh_shape_.data_parallel_size();
+  SHARDLM_CHECK(global_batch_ >= dp_size,
+                "{} {} is larger than the global batch of {} sequences (every data-parallel "
+                "rank needs at least one sequence per step)",
+                dp_size == world_ ? "world size" : "data-parallel size", dp_size, global_batch_);
+  batches_.emplace(global_batch_, dp_size, o_.micro_batch);
   accumulation_ = batches_->accumulation_steps();
   if (o_.epochs > 0) {
     // Enough steps to see every row of the epochs once (the last step may run into
@@ -518,7 +528,7 @@ std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
 }
 
 void Trainer::build_model_and_strategy() {
-  const int partition = partition_size(strategy_options_, world_);
+  const int partition = mesh_shape_.size(MeshDim::shard);
   layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
   const ModelOptions model_options{parse_dtype(o_.precision, "--precision"),
                                    o_.activation_checkpointing, device_};
@@ -532,9 +542,11 @@ void Trainer::build_model_and_strategy() {
     loss_scaler_.emplace(scaler_config);
   }
   device_comm_ = make_device_communicator(device_, comm_);
-  strategy_ = std::make_unique<FlatUnitStrategy>(
-      *layout_, model_->unit_needs(), device_comm_ ? *device_comm_ : comm_, strategy_options_,
-      MemoryTracker::global(), *backend_);
+  mesh_ = std::make_unique<DeviceMesh>(mesh_shape_, device_comm_ ? *device_comm_ : comm_,
+                                       FlatUnitStrategy::mesh_groups(mesh_shape_));
+  strategy_ = std::make_unique<FlatUnitStrategy>(*layout_, model_->unit_needs(), *mesh_,
+                                                 strategy_options_, MemoryTracker::global(),
+                                                 *backend_);
   if (!device_.is_host())
     host_state_ = std::make_unique<HostOwnedState>(
         *layout_, *strategy_, *backend_,
@@ -597,7 +609,8 @@ void Trainer::open_metrics(int64_t start_step) {
                                {"activation_checkpointing", o_.activation_checkpointing},
                                {"strategy", strategy_->name()},
                                {"reshard_after_forward", o_.reshard_after_forward},
-                               {"shard_group_size", o_.shard_group_size},
+                               {"shard_group_size", o_.shard_group()},
+                               {"mesh", mesh_shape_.to_json()},
                                {"world_size", world_}};
   if (!o_.strategy_reason.empty()) run_config["strategy_auto"] = o_.strategy_reason;
   if (!o_.command.empty()) {
@@ -626,9 +639,9 @@ void Trainer::print_run_description() const {
                                     o_.epochs, data_->train_rows_in_epochs(1), global_batch_)
                       : fmt::format("steps {}\n", o_.steps));
   print(fmt::format("batch {} x {} tokens (micro-batch {}, {} accumulation steps); strategy {} "
-                    "on {} rank(s) x {} threads; {}\n",
+                    "(mesh {}) on {} rank(s) x {} threads; {}\n",
                     global_batch_, o_.seq_len, o_.micro_batch, accumulation_, strategy_->name(),
-                    world_, threads_.threads,
+                    mesh_shape_.to_string(), world_, threads_.threads,
                     device_.is_host() ? fmt::format("GEMM {}", cpu::gemm_library_name())
                                       : backend_->description() +
                                             (host_state_ && strategy_options_.optimizer_on_host
@@ -647,7 +660,8 @@ double Trainer::evaluate() {
   // each pass gives every rank micro_batch rows, rows past the end are fully ignored.
   const int64_t windows =
       std::min<int64_t>(static_cast<int64_t>(o_.eval_batches) * o_.micro_batch, data_->val_rows());
-  const int64_t rows_per_pass = static_cast<int64_t>(o_.micro_batch) * world_;
+  const int64_t rows_per_pass =
+      static_cast<int64_t>(o_.micro_batch) * mesh_shape_.data_parallel_size();
   const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
   std::vector<int32_t> tokens(micro_tokens), targets(micro_tokens), positions, key_begin;
   if (data_->has_positions()) positions.resize(micro_tokens), key_begin.resize(micro_tokens);
@@ -657,7 +671,7 @@ double Trainer::evaluate() {
   int64_t counts[1] = {0};
   for (int64_t first = 0; first < windows; first += rows_per_pass) {
     for (int i = 0; i < o_.micro_batch; ++i) {
-      const int64_t w = first + static_cast<int64_t>(rank_) * o_.micro_batch + i;
+      const int64_t w = first + static_cast<int64_t>(dp_rank()) * o_.micro_batch + i;
       if (w < windows)
         data_->fill_val(w, out, i);
       else
@@ -686,6 +700,7 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
   CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy_->name(), world_,
                       {{"options", options}}};
   if (loss_scaler_) info.train["loss_scaler"] = loss_scaler_->to_json();
+  info.train["mesh"] = mesh_shape_.to_json();  // for information: checkpoints reshard to any mesh
   Stopwatch clock;
   const std::string dir = save_checkpoint(run_dir, *layout_, owned_state(), info, o_.keep, comm_);
   if (run_dir == o_.out_dir) last_saved_step_ = step;

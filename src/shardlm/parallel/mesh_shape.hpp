@@ -1,0 +1,96 @@
+// The shape of the device mesh: the job's ranks laid out on named dimensions.
+//
+// Dimensions come in one fixed order, outermost first: replicate, shard, context,
+// expert, tensor, pipeline. A rank's coordinates are its index in row-major order
+// (the last dimension varies fastest), so ranks that differ only in an inner
+// dimension are neighbours: hybrid's shard groups are runs of consecutive ranks,
+// which `launch` places on one node. Today's strategies use two dimensions:
+//   ddp, zero1, zero2, zero3   shard=N (ddp too: its all-reduce is a reduce-scatter and an
+//                              all-gather over the same partition as zero's, which keeps the
+//                              strategies bitwise equal; what is replicated is the strategy's
+//                              business, not the mesh's)
+//   hybrid                     replicate=N/G x shard=G
+// The data-parallel ranks (which rows a rank reads) are replicate x shard; the
+// dimensions after them will read the same rows on every rank of their group.
+//
+// MeshShape is the layout arithmetic alone (no communicator: `plan`, the sampler and
+// tests use it); DeviceMesh (mesh.hpp) adds the sub-communicators over a world.
+#pragma once
+
+#include <array>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace shardlm {
+
+enum class MeshDim { replicate, shard, context, expert, tensor, pipeline };
+inline constexpr int kMeshDims = 6;
+const char* mesh_dim_name(MeshDim dim);
+
+// A set of dimensions: the group of ranks that differ only in these coordinates.
+class MeshDims {
+ public:
+  MeshDims(std::initializer_list<MeshDim> dims);
+  bool contains(MeshDim dim) const { return (bits_ >> static_cast<int>(dim)) & 1u; }
+  bool operator==(const MeshDims&) const = default;
+  // "shard", "replicate x shard".
+  std::string to_string() const;
+
+ private:
+  unsigned bits_ = 0;
+};
+
+class MeshShape {
+ public:
+  MeshShape() { sizes_.fill(1); }  // one rank
+  // "replicate=2,shard=4": names from the list above, outermost first, each at most
+  // once, sizes >= 1; dimensions left out have size 1. Error naming the spec and what
+  // was expected otherwise.
+  static MeshShape parse(const std::string& spec);
+  // replicate=world/group x shard=group. Error (naming --shard-group-size) when
+  // `group` does not divide the world.
+  static MeshShape replicated_shards(int world_size, int group);
+
+  int size(MeshDim dim) const { return sizes_[static_cast<size_t>(dim)]; }
+  void set_size(MeshDim dim, int size);
+  int world_size() const;  // the product of the sizes
+  int size(MeshDims dims) const;
+  // Error "--mesh replicate=2,shard=4 lays out 8 ranks (2 x 4), the job has 6" when
+  // the product is not the job's world size.
+  void check_world(int world_size) const;
+
+  // Row-major, outermost first; coordinates() has kMeshDims entries.
+  std::vector<int> coordinates(int rank) const;
+  int coordinate(int rank, MeshDim dim) const;
+  int rank_of(const std::vector<int>& coordinates) const;
+  // The ranks of `dims`' group that holds `rank`, ascending (which is also the order
+  // of their coordinates in those dimensions).
+  std::vector<int> group_ranks(int rank, MeshDims dims) const;
+  // `rank`'s place in that group, and which group it is (0 .. world / group size - 1,
+  // numbering the other dimensions' coordinates row-major): a split's key and color.
+  int rank_in_group(int rank, MeshDims dims) const;
+  int group_index(int rank, MeshDims dims) const;
+
+  // Data parallelism: ranks that read different rows (replicate x shard).
+  static MeshDims data_parallel() { return {MeshDim::replicate, MeshDim::shard}; }
+  int data_parallel_size() const { return size(data_parallel()); }
+  int data_parallel_rank(int rank) const { return rank_in_group(rank, data_parallel()); }
+
+  // "replicate=2,shard=4": replicate and shard always, the others when larger than 1;
+  // parse(to_string()) gives the shape back.
+  std::string to_string() const;
+  // {"replicate": 2, "shard": 4}, the same dimensions as to_string().
+  nlohmann::json to_json() const;
+  // The inverse of to_json() (dimensions left out have size 1); Error on an unknown
+  // name or a size below 1.
+  static MeshShape from_json(const nlohmann::json& j);
+  bool operator==(const MeshShape&) const = default;
+
+ private:
+  std::array<int, kMeshDims> sizes_{};
+};
+
+}  // namespace shardlm

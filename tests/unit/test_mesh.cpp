@@ -1,0 +1,233 @@
+// The device mesh: the layout arithmetic (coordinates, groups, data-parallel ranks)
+// against a naive enumeration of row-major coordinates, the --mesh spelling and its
+// errors, the meshes the strategies run on, and DeviceMesh's groups on the in-process
+// communicator (which ranks a group holds, what a collective over it sums, which
+// groups are split and which are the world).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "shardlm/comm/in_process_communicator.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/parallel/mesh.hpp"
+#include "shardlm/parallel/strategy_options.hpp"
+
+namespace shardlm {
+namespace {
+
+const MeshDim kDims[] = {MeshDim::replicate, MeshDim::shard,  MeshDim::context,
+                         MeshDim::expert,    MeshDim::tensor, MeshDim::pipeline};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Every (coordinates -> rank) pair of `shape`, enumerated by nested counting with the
+// last dimension fastest: the reference for MeshShape's arithmetic.
+std::vector<std::vector<int>> enumerate_coordinates(const MeshShape& shape) {
+  std::vector<std::vector<int>> all;
+  std::vector<int> c(kMeshDims, 0);
+  for (;;) {
+    all.push_back(c);
+    int d = kMeshDims - 1;
+    while (d >= 0 && ++c[static_cast<size_t>(d)] == shape.size(kDims[d])) c[static_cast<size_t>(d--)] = 0;
+    if (d < 0) return all;
+  }
+}
+
+MeshShape shape_of(std::initializer_list<std::pair<MeshDim, int>> sizes) {
+  MeshShape s;
+  for (auto [d, n] : sizes) s.set_size(d, n);
+  return s;
+}
+
+TEST(MeshShape, CoordinatesAreRowMajorOutermostFirst) {
+  for (const MeshShape& shape :
+       {MeshShape(), shape_of({{MeshDim::replicate, 2}, {MeshDim::shard, 4}}),
+        shape_of({{MeshDim::shard, 3}, {MeshDim::context, 2}}),
+        shape_of({{MeshDim::replicate, 2}, {MeshDim::shard, 3}, {MeshDim::tensor, 2},
+                  {MeshDim::pipeline, 2}})}) {
+    const auto all = enumerate_coordinates(shape);
+    ASSERT_EQ(static_cast<int>(all.size()), shape.world_size()) << shape.to_string();
+    for (int r = 0; r < shape.world_size(); ++r) {
+      EXPECT_EQ(shape.coordinates(r), all[static_cast<size_t>(r)]) << shape.to_string() << " rank " << r;
+      EXPECT_EQ(shape.rank_of(all[static_cast<size_t>(r)]), r);
+    }
+  }
+}
+
+TEST(MeshShape, HybridGroupsAreConsecutiveShardsAndStridedReplicas) {
+  const MeshShape hybrid = shape_of({{MeshDim::replicate, 2}, {MeshDim::shard, 4}});
+  EXPECT_EQ(hybrid.group_ranks(5, {MeshDim::shard}), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(hybrid.group_ranks(5, {MeshDim::replicate}), (std::vector<int>{1, 5}));
+  EXPECT_EQ(hybrid.group_ranks(5, MeshShape::data_parallel()),
+            (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(hybrid.coordinate(5, MeshDim::replicate), 1);
+  EXPECT_EQ(hybrid.coordinate(5, MeshDim::shard), 1);
+  // What the strategy's split used to be: color rank / G, and rank % G for replicas.
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(hybrid.group_index(r, {MeshDim::shard}), r / 4);
+    EXPECT_EQ(hybrid.rank_in_group(r, {MeshDim::shard}), r % 4);
+    EXPECT_EQ(hybrid.group_index(r, {MeshDim::replicate}), r % 4);
+    EXPECT_EQ(hybrid.rank_in_group(r, {MeshDim::replicate}), r / 4);
+  }
+}
+
+TEST(MeshShape, GroupRankAndIndexAgreeWithTheGroupsMembers) {
+  const MeshShape shape = shape_of({{MeshDim::replicate, 2}, {MeshDim::shard, 3},
+                                    {MeshDim::context, 2}, {MeshDim::tensor, 2}});
+  for (const MeshDims& dims :
+       {MeshDims{MeshDim::shard}, MeshDims{MeshDim::replicate}, MeshShape::data_parallel(),
+        MeshDims{MeshDim::shard, MeshDim::context}, MeshDims{MeshDim::tensor},
+        MeshDims{MeshDim::replicate, MeshDim::context, MeshDim::tensor}}) {
+    std::vector<int> members_of_group(static_cast<size_t>(shape.world_size()), 0);
+    for (int r = 0; r < shape.world_size(); ++r) {
+      const auto ranks = shape.group_ranks(r, dims);
+      ASSERT_EQ(static_cast<int>(ranks.size()), shape.size(dims)) << dims.to_string();
+      // The group is the ranks whose coordinates outside `dims` are r's.
+      for (int q = 0; q < shape.world_size(); ++q) {
+        bool same = true;
+        for (MeshDim d : kDims)
+          if (!dims.contains(d) && shape.coordinate(q, d) != shape.coordinate(r, d)) same = false;
+        EXPECT_EQ(same, std::find(ranks.begin(), ranks.end(), q) != ranks.end())
+            << dims.to_string() << " rank " << r << " peer " << q;
+      }
+      EXPECT_EQ(ranks[static_cast<size_t>(shape.rank_in_group(r, dims))], r) << dims.to_string();
+      for (int q : ranks) EXPECT_EQ(shape.group_index(q, dims), shape.group_index(r, dims));
+      ++members_of_group[static_cast<size_t>(shape.group_index(r, dims))];
+    }
+    // Group indices number the groups 0 .. world / group size - 1, each full.
+    const int groups = shape.world_size() / shape.size(dims);
+    for (int g = 0; g < shape.world_size(); ++g)
+      EXPECT_EQ(members_of_group[static_cast<size_t>(g)], g < groups ? shape.size(dims) : 0)
+          << dims.to_string() << " group " << g;
+  }
+}
+
+TEST(MeshShape, ContextRanksShareTheirDataParallelRank) {
+  const MeshShape shape = shape_of({{MeshDim::replicate, 2}, {MeshDim::shard, 2}, {MeshDim::context, 3}});
+  EXPECT_EQ(shape.data_parallel_size(), 4);
+  for (int r = 0; r < shape.world_size(); ++r) {
+    EXPECT_EQ(shape.data_parallel_rank(r), r / 3) << r;
+    for (int q : shape.group_ranks(r, {MeshDim::context}))
+      EXPECT_EQ(shape.data_parallel_rank(q), shape.data_parallel_rank(r));
+  }
+  // Today's meshes: the data-parallel rank is the world rank.
+  const MeshShape hybrid = shape_of({{MeshDim::replicate, 3}, {MeshDim::shard, 2}});
+  EXPECT_EQ(hybrid.data_parallel_size(), 6);
+  for (int r = 0; r < 6; ++r) EXPECT_EQ(hybrid.data_parallel_rank(r), r);
+}
+
+TEST(MeshShape, ParsesAndPrintsTheFlag) {
+  const MeshShape s = MeshShape::parse("replicate=2,shard=4");
+  EXPECT_EQ(s.size(MeshDim::replicate), 2);
+  EXPECT_EQ(s.size(MeshDim::shard), 4);
+  EXPECT_EQ(s.world_size(), 8);
+  EXPECT_EQ(s.to_string(), "replicate=2,shard=4");
+  EXPECT_EQ(s.to_json().dump(), R"({"replicate":2,"shard":4})");
+  EXPECT_EQ(MeshShape::parse("shard=4").to_string(), "replicate=1,shard=4");
+  const MeshShape cp = MeshShape::parse("shard=2,context=2,tensor=1");
+  EXPECT_EQ(cp.to_string(), "replicate=1,shard=2,context=2");
+  EXPECT_EQ(MeshShape::parse(cp.to_string()), cp);
+  EXPECT_EQ(cp.to_json().dump(), R"({"context":2,"replicate":1,"shard":2})");
+  EXPECT_EQ(MeshShape().to_string(), "replicate=1,shard=1");
+  EXPECT_EQ(MeshShape::from_json(cp.to_json()), cp);
+  EXPECT_EQ(MeshShape::from_json(nlohmann::json::parse(R"({"shard":3})")).to_string(),
+            "replicate=1,shard=3");
+  EXPECT_NE(error_of([] { MeshShape::from_json(nlohmann::json::parse(R"({"data":3})")); })
+                .find("unknown dimension 'data'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { MeshShape::from_json(nlohmann::json::parse(R"({"shard":0})")); })
+                .find("size of shard"),
+            std::string::npos);
+}
+
+TEST(MeshShape, RefusesBadSpellingsByName) {
+  const auto error = [](const std::string& spec) { return error_of([&] { MeshShape::parse(spec); }); };
+  EXPECT_NE(error("").find("--mesh is empty"), std::string::npos);
+  EXPECT_NE(error("replicate=2,,shard=2").find("'' is not NAME=SIZE"), std::string::npos);
+  EXPECT_NE(error("replicate2").find("'replicate2' is not NAME=SIZE"), std::string::npos);
+  EXPECT_NE(error("data=2").find("unknown dimension 'data'"), std::string::npos);
+  EXPECT_NE(error("shard=4,replicate=2").find("'replicate' comes out of order"), std::string::npos);
+  EXPECT_NE(error("shard=2,shard=2").find("'shard' comes twice"), std::string::npos);
+  EXPECT_NE(error("shard=0").find("size of shard must be a whole number >= 1, got '0'"),
+            std::string::npos);
+  EXPECT_NE(error("shard=2x").find("got '2x'"), std::string::npos);
+  EXPECT_NE(error("shard=").find("got ''"), std::string::npos);
+  EXPECT_NE(error("shard=-1").find("got '-1'"), std::string::npos);
+}
+
+TEST(MeshShape, ChecksTheWorldSizeInOneLine) {
+  EXPECT_EQ(error_of([] { MeshShape::parse("replicate=2,shard=4").check_world(8); }), "");
+  const std::string e = error_of([] { MeshShape::parse("replicate=2,shard=4").check_world(6); });
+  EXPECT_EQ(e, "--mesh replicate=2,shard=4 lays out 8 rank(s) (2 x 4), the job has 6");
+}
+
+TEST(MeshShape, StrategiesRunOnTheObviousMeshes) {
+  StrategyOptions o;
+  for (StrategyKind kind :
+       {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2, StrategyKind::zero3}) {
+    o.kind = kind;
+    EXPECT_EQ(strategy_mesh(o, 6).to_string(), "replicate=1,shard=6") << to_string(kind);
+    EXPECT_EQ(partition_size(o, 6), 6);
+  }
+  o.kind = StrategyKind::hybrid;
+  o.shard_group_size = 2;
+  EXPECT_EQ(strategy_mesh(o, 6).to_string(), "replicate=3,shard=2");
+  EXPECT_EQ(partition_size(o, 6), 2);
+  o.shard_group_size = 4;
+  EXPECT_NE(error_of([&] { strategy_mesh(o, 6); }).find("--shard-group-size 4 must divide the world size 6"),
+            std::string::npos);
+}
+
+void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(DeviceMesh, GroupsHoldTheirRanksAndSumOverThem) {
+  const MeshShape shape = MeshShape::parse("replicate=2,shard=3");
+  InProcessJob job(6);
+  std::vector<std::string> seen(6);
+  expect_no_errors(job.run([&](Communicator& world) {
+    DeviceMesh mesh(shape, world, {{MeshDim::shard}, {MeshDim::replicate}, MeshShape::data_parallel()});
+    Communicator& shard = mesh.group({MeshDim::shard});
+    Communicator& replica = mesh.group({MeshDim::replicate});
+    EXPECT_EQ(&mesh.group(MeshShape::data_parallel()), &world);  // spans the world: no split
+    // Sum of 10^world rank over each group: names which ranks took part.
+    float s = 1.0f, q = 1.0f;
+    for (int i = 0; i < world.rank(); ++i) s *= 10.0f, q *= 10.0f;
+    shard.all_reduce(&s, 1, ReduceOp::sum, "shard sum").wait();
+    replica.all_reduce(&q, 1, ReduceOp::sum, "replica sum").wait();
+    seen[static_cast<size_t>(world.rank())] =
+        fmt::format("{} {}/{} {} | {} {}/{} {}", shard.name(), shard.rank(), shard.size(), s,
+                    replica.name(), replica.rank(), replica.size(), q);
+    const CommCounters groups = mesh.take_group_counters();
+    EXPECT_EQ(groups[CollectiveKind::all_reduce].calls, 2u);
+    EXPECT_EQ(world.counters()[CollectiveKind::all_reduce].calls, 0u);
+  }));
+  EXPECT_EQ(seen[0], "shard group 0/3 111 | replica group 0/2 1001");
+  EXPECT_EQ(seen[4], "shard group 1/3 111000 | replica group 1/2 10010");
+  EXPECT_EQ(seen[2], "shard group 2/3 111 | replica group 0/2 100100");
+}
+
+TEST(DeviceMesh, AGroupNotAskedForIsAnErrorAndAWrongWorldIsRefused) {
+  InProcessJob job(2);
+  const auto errors = job.run([&](Communicator& world) {
+    DeviceMesh mesh(MeshShape::parse("shard=2"), world, {{MeshDim::shard}});
+    EXPECT_EQ(&mesh.group({MeshDim::shard}), &world);
+    EXPECT_EQ(mesh.take_group_counters()[CollectiveKind::all_reduce].calls, 0u);
+    EXPECT_NE(error_of([&] { mesh.group({MeshDim::replicate}); }).find("no replica group"),
+              std::string::npos);
+    DeviceMesh wrong(MeshShape::parse("shard=4"), world, {});
+  });
+  for (const auto& e : errors)
+    EXPECT_EQ(e, "--mesh replicate=1,shard=4 lays out 4 rank(s) (4), the job has 2");
+}
+
+}  // namespace
+}  // namespace shardlm
