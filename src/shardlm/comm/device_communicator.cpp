@@ -13,7 +13,7 @@
 
 namespace shardlm {
 
-Device rank_device(Device asked, const Communicator&, bool index_given) {
+Device rank_device(Device asked, bool index_given) {
   if (asked.kind != DeviceKind::cuda || index_given) return asked;
   int local_rank = 0;
   if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local_rank = std::atoi(env);

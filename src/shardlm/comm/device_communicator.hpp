@@ -13,7 +13,7 @@ namespace shardlm {
 // `cuda` without an index: the GPU of this rank's node-local rank (Open MPI's
 // OMPI_COMM_WORLD_LOCAL_RANK, else 0), modulo the GPUs visible; an explicit cuda:N is
 // kept. Other devices as they are.
-Device rank_device(Device asked, const Communicator& world, bool index_given);
+Device rank_device(Device asked, bool index_given);
 
 // nullptr for the host (use `world`); else a communicator over the same ranks for
 // buffers on `device`. Error naming the device when this build cannot talk over it.

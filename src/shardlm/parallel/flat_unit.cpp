@@ -123,7 +123,14 @@ void FlatUnit::start_gather(BufferPool& pool, Communicator& shard) {
 
 void FlatUnit::finish_gather() {
   if (gather_state_ != GatherState::in_flight) return;
-  gather_.wait();
+  // On a device the kernels that read the gathered unit wait for it on their stream
+  // and the host goes on queueing them; where kernels run on the calling thread (CPU,
+  // emulated: no stream) this is a host wait. release_gather still waits for the
+  // gather on the host before the buffer goes back to the pool.
+  if (void* stream = backend_.stream_handle())
+    gather_.wait_on_stream(stream);
+  else
+    gather_.wait();
   gather_state_ = GatherState::ready;
 }
 

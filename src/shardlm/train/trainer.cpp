@@ -184,6 +184,14 @@ class Trainer {
   Stopwatch wall_;  // since the trainer started (restart-to-first-step, save and load times)
 };
 
+// Without --log-every, about this many progress lines per run (one per step for
+// runs shorter than this).
+constexpr int64_t kProgressLinesPerRun = 20;
+// The ETA's step time is an exponential moving average; the newest step weighs this
+// much (about five steps of memory): one slow step (an eval, a save) moves the ETA
+// little, a lasting change of speed shows within a few steps.
+constexpr double kEtaNewestStepWeight = 0.2;
+
 TrainSummary Trainer::run() {
   const int64_t start_step = set_up();
   start_step_ = start_step;
@@ -192,7 +200,7 @@ TrainSummary Trainer::run() {
   summary.num_parameters = config_.num_parameters();
   summary.num_trainable_parameters = config_.num_trainable_parameters();
   std::vector<double> step_tokens_per_s;
-  const int64_t log_every = o_.log_every > 0 ? o_.log_every : std::max<int64_t>(1, o_.steps / 20);
+  const int64_t log_every = o_.log_every > 0 ? o_.log_every : std::max<int64_t>(1, o_.steps / kProgressLinesPerRun);
   std::unique_ptr<ProgressLine> progress;
   if (is_root_) progress = std::make_unique<ProgressLine>(o_.steps, log_every);
   Stopwatch train_clock;
@@ -220,7 +228,9 @@ TrainSummary Trainer::run() {
     summary.tokens += outcome.tokens;
     if (step == start_step) summary.first_loss = outcome.loss;
     last_loss = outcome.loss;
-    ema_step_s = (step == start_step) ? outcome.seconds : 0.8 * ema_step_s + 0.2 * outcome.seconds;
+    ema_step_s = (step == start_step) ? outcome.seconds
+                                      : (1.0 - kEtaNewestStepWeight) * ema_step_s +
+                                            kEtaNewestStepWeight * outcome.seconds;
 
     CommCounters comm_stats = comm_.take_counters();
     comm_stats += strategy_->take_group_counters();
@@ -426,8 +436,12 @@ int64_t Trainer::set_up() {
                 start_step, o_.steps);
   open_metrics(start_step);
   schedule_.emplace(LrSchedule{o_.lr, o_.min_lr.value_or(o_.lr / 10.0f), o_.warmup, o_.steps});
+  AdamWConfig adam;  // epsilon: AdamWConfig's (there is no flag for it)
+  adam.beta1 = o_.beta1;
+  adam.beta2 = o_.beta2;
+  adam.weight_decay = o_.weight_decay;
   optimizer_ = std::make_unique<AdamWOptimizer>(
-      *layout_, *strategy_, AdamWConfig{o_.beta1, o_.beta2, 1e-8f, o_.weight_decay}, *backend_,
+      *layout_, *strategy_, adam, *backend_,
       strategy_options_.optimizer_on_host ? host_state_.get() : nullptr);
   const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
   tokens_.assign(micro_tokens * static_cast<size_t>(accumulation_), 0);
@@ -452,7 +466,7 @@ void Trainer::read_inputs() {
                        o_.reshard_after_forward, o_.shard_group(),
                        parse_dtype(o_.precision, "--precision"),
                        parse_dtype(o_.reduce_dtype, "--reduce-dtype")};
-  device_ = rank_device(parse_device(o_.device, "--device"), comm_,
+  device_ = rank_device(parse_device(o_.device, "--device"),
                         o_.device.find(':') != std::string::npos);
   backend_ = &backend_for(device_);  // a clear error now when the device is absent
   strategy_options_.optimizer_on_host = o_.offload == "optimizer";
