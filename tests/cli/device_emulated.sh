@@ -34,9 +34,41 @@ for s in ddp zero3; do
   run_n2 "emulated_${s}_n2" --strategy "$s" --device emulated
   same cpu_ddp_n2 "emulated_${s}_n2"
 done
-run_n2 offload_zero3_n2 --strategy zero3 --device emulated --offload optimizer
-same cpu_ddp_n2 offload_zero3_n2
-echo "N=2: cpu ddp = emulated ddp = emulated zero3 = emulated zero3 + offload"
+echo "N=2: cpu ddp = emulated ddp = emulated zero3"
+
+# --offload optimizer: the device keeps the parameters in the compute type and two
+# transient gradient buffers; the reduced gradients accumulate on the host, where AdamW
+# runs. Every strategy offloaded gives the weights of the CPU run without offload: at
+# one micro-batch per step those of every strategy; with accumulation those of zero2
+# (offloaded, every strategy reduces every micro-batch, as zero2 does).
+for s in ddp zero1 zero2 zero3; do
+  run_n2 "offload_${s}_n2" --strategy "$s" --device emulated --offload optimizer
+  same cpu_ddp_n2 "offload_${s}_n2"
+done
+run_n2 offload_hybrid_n2 --strategy hybrid --shard-group-size 1 --device emulated --offload optimizer
+same cpu_ddp_n2 offload_hybrid_n2
+echo "N=2 fp32: cpu ddp = emulated ddp/zero1/zero2/zero3/hybrid + offload"
+run_n2 cpu_ddp_bf16_n2 --strategy ddp --precision bf16
+for s in ddp zero2 zero3; do
+  run_n2 "offload_${s}_bf16_n2" --strategy "$s" --precision bf16 --device emulated --offload optimizer
+  same cpu_ddp_bf16_n2 "offload_${s}_bf16_n2"
+done
+echo "N=2 bf16: cpu ddp = emulated ddp/zero2/zero3 + offload ($(digest_of "$WORK/cpu_ddp_bf16_n2"))"
+run_n2 cpu_zero2_accumulation_n2 --strategy zero2 --precision bf16 --global-batch 8
+for s in ddp zero1 zero3; do
+  run_n2 "offload_${s}_accumulation_n2" --strategy "$s" --precision bf16 --global-batch 8 \
+    --device emulated --offload optimizer
+  same cpu_zero2_accumulation_n2 "offload_${s}_accumulation_n2"
+done
+echo "N=2 bf16, 2 micro-batches: cpu zero2 = emulated ddp/zero1/zero3 + offload"
+run_n2 cpu_zero3_reduce_bf16_n2 --strategy zero3 --precision bf16 --reduce-dtype bf16
+run_n2 offload_ddp_reduce_bf16_n2 --strategy ddp --precision bf16 --reduce-dtype bf16 \
+  --device emulated --offload optimizer
+same cpu_zero3_reduce_bf16_n2 offload_ddp_reduce_bf16_n2
+run_n2 cpu_fp16_n2 --strategy ddp --precision fp16
+run_n2 offload_zero2_fp16_n2 --strategy zero2 --precision fp16 --device emulated --offload optimizer
+same cpu_fp16_n2 offload_zero2_fp16_n2
+echo "N=2: --reduce-dtype bf16 and fp16 offloaded = the CPU runs"
 
 # Checkpoints cross devices: 3 steps on the emulated device, 3 more on the CPU (and the
 # other way round) land where 6 steps in one go did.
@@ -51,22 +83,35 @@ same cpu_fp32 resumed_on_emulated
 echo "checkpoints move between the CPU and the device, both ways, bitwise"
 
 # Memory by device: the model, params and grads on the device; offloaded, no
-# optimizer state there and the host holds what plan says (16 bytes per element).
+# optimizer state there and the host holds what plan says, category by category.
 dev_opt="$(metric "$WORK/offload_fp32" device_mem.peak.optimizer)"
 [ "$dev_opt" = 0 ] || fail "offloaded run holds $dev_opt optimizer bytes on the device"
 [ "$(metric "$WORK/emulated_fp32" device_mem.peak.activations)" -gt 0 ] \
   || fail "the emulated run's activations are not on the device"
 [ "$(metric "$WORK/emulated_fp32" mem.peak.activations)" = 0 ] \
   || fail "the emulated run put activations in host memory"
-host_opt="$(metric "$WORK/offload_fp32" mem.peak.optimizer)"
 SHAPE=(--model gpt2-tiny --n-layer 2 --n-embd 32 --n-head 2 --seq-len 32 --micro-batch 4)
-planned="$("$SHARDLM" plan "${SHAPE[@]}" --data "$WORK/data" --device emulated --offload optimizer \
-  --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["host_optimizer"])')"
-[ "$host_opt" = "$planned" ] || fail "host optimizer bytes $host_opt, plan says $planned"
-planned_dev="$("$SHARDLM" plan "${SHAPE[@]}" --data "$WORK/data" --device emulated --offload optimizer \
-  --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["optimizer"])')"
-[ "$planned_dev" = 0 ] || fail "plan puts $planned_dev optimizer bytes on the device"
-echo "memory: device optimizer 0, host optimizer $host_opt bytes = plan"
+for run_dir in offload_fp32 offload_bf16 emulated_bf16; do
+  flags=(--device emulated --precision "${run_dir#*_}")
+  [[ "$run_dir" == offload_* ]] && flags+=(--offload optimizer)
+  "$SHARDLM" plan "${SHAPE[@]}" --data "$WORK/data" "${flags[@]}" --json > "$WORK/$run_dir.plan.json"
+  python3 - "$WORK/$run_dir.plan.json" "$WORK/$run_dir/metrics.jsonl" "$run_dir" <<'PY' || fail "$run_dir: memory is not as planned"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+record = [json.loads(l) for l in open(sys.argv[2])][-1]
+ok = True
+for category in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
+    if plan[category] != record["device_mem"]["peak"][category]:
+        print(f"device {category}: plan {plan[category]}, measured {record['device_mem']['peak'][category]}")
+        ok = False
+for category in ("params", "grads", "optimizer", "frozen", "comm"):
+    if plan["host"][category] != record["mem"]["peak"][category]:
+        print(f"host {category}: plan {plan['host'][category]}, measured {record['mem']['peak'][category]}")
+        ok = False
+print(f"{sys.argv[3]}: device and host memory by category = plan (host {plan['host']['total']} bytes)")
+sys.exit(0 if ok else 1)
+PY
+done
 
 # Bad input: one line each, nothing written.
 expect_error "--offload optimizer moves the optimizer state" \

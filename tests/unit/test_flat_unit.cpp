@@ -72,6 +72,44 @@ TEST(FlatUnit, UnitsAndPoolsAllocateWhatThePlanCounts) {
   }
 }
 
+// --offload optimizer: the units and pools allocate what the plan counts on the device
+// (parameters in the compute type, no master, no persistent gradient, no AdamW state),
+// and a HostOwnedState over them what it counts on the host, category by category.
+TEST(FlatUnit, OffloadedUnitsAndTheirHostStateAllocateWhatThePlanCounts) {
+  const ModelConfig config = tiny_config();
+  const auto needs = model_family("gpt2").unit_needs(config);
+  const ParamLayout layout = ParamLayout::build(config, 2);
+  for (StrategyKind kind : {StrategyKind::ddp, StrategyKind::zero1, StrategyKind::zero2,
+                            StrategyKind::zero3}) {
+    for (DType dtype : {DType::fp32, DType::bf16, DType::fp16}) {
+      StrategyOptions o = options(kind, dtype);
+      o.optimizer_on_host = true;
+      const StrategyBufferPlan plan = FlatUnitStrategy::plan_buffers(layout, needs, o);
+      const std::string what = to_string(kind) + " " + std::string(dtype_name(dtype));
+      MemoryTracker device;
+      std::vector<FlatUnit> units;
+      units.reserve(static_cast<size_t>(layout.num_units()));
+      for (int u = 0; u < layout.num_units(); ++u)
+        units.emplace_back(layout, u, plan, /*shard_rank=*/1, device, cpu_backend());
+      const BufferPool gather(plan.param_pool, MemCategory::params,
+                              static_cast<size_t>(plan.gather_buffer_bytes), device);
+      const BufferPool grads(plan.grad_pool, MemCategory::grads,
+                             static_cast<size_t>(plan.largest_trainable_private_unit) * 4, device);
+      EXPECT_EQ(device.current(MemCategory::params), static_cast<size_t>(plan.params_bytes)) << what;
+      EXPECT_EQ(device.current(MemCategory::grads), static_cast<size_t>(plan.grads_bytes)) << what;
+      EXPECT_EQ(device.current(MemCategory::optimizer), 0u) << what;
+      EXPECT_EQ(plan.optimizer_bytes, 0) << what;
+      // Every trainable unit is stored as the model reads it, in the compute type.
+      for (int u = 0; u < layout.num_units(); ++u) {
+        const OwnedSlice s = units[static_cast<size_t>(u)].owned();
+        EXPECT_EQ(s.master, nullptr) << what;
+        EXPECT_EQ(s.grad, nullptr) << what;
+        EXPECT_EQ(s.stored.dtype, dtype) << what;
+      }
+    }
+  }
+}
+
 // The optimizer's view: ddp updates whole units (and, in bf16, their compute copy);
 // the others the rank's slice, with the gradient where each strategy reduces it to.
 TEST(FlatUnit, OwnedSliceFollowsWhatTheStrategyShards) {

@@ -127,9 +127,9 @@ TEST(FrozenComputeType, StoredOnceInTheComputeTypeOnEveryStrategy) {
             const UnitLayout& unit = layout.units[static_cast<size_t>(u)];
             const OwnedSlice s = strategy.owned(u);
             const bool compact = !unit.trainable && !unit.raw && type != DType::fp32;
-            if ((s.master == nullptr) != compact || (compact && s.frozen.dtype != type))
+            if ((s.master == nullptr) != compact || (compact && s.stored.dtype != type))
               fail(fmt::format("unit {}: master {}, frozen storage {}", unit.name,
-                               s.master != nullptr, s.frozen.data != nullptr));
+                               s.master != nullptr, s.stored.data != nullptr));
             init_owned_params(*model, u, kSeed, s);
           }
           strategy.after_load();

@@ -5,8 +5,10 @@
 // real runs), so each case is the situation its name says.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 
+#include "shardlm/model/param_layout.hpp"
 #include "shardlm/plan/recommend.hpp"
 
 using namespace shardlm;
@@ -279,4 +281,81 @@ TEST(Recommend, ALoraRunWithAFewHundredMiBOfStatePicksDdp) {
     ASSERT_TRUE(by_bytes.chosen) << name;
     EXPECT_EQ(untimed[*by_bytes.chosen].request.strategy.kind, StrategyKind::ddp) << name;
   }
+}
+
+// The host side of a device run, by hand: 4 ranks on a node, each holding 263 GiB in
+// host memory, need 1052 GiB of the node's; 1024 GiB does not hold them, 1052 does.
+TEST(MemoryBudget, TheHostSideOfTheRanksOnANodeMustFitItsHostMemory) {
+  constexpr double GiB = double(1ll << 30);
+  RunPlan p;
+  p.params = static_cast<int64_t>(50 * GiB);  // the device side: 50 GiB
+  p.host.params = static_cast<int64_t>(65 * GiB);
+  p.host.grads = static_cast<int64_t>(68 * GiB);
+  p.host.optimizer = static_cast<int64_t>(130 * GiB);
+  ASSERT_EQ(p.host.total(), static_cast<int64_t>(263 * GiB));
+  MemoryBudget budget(80 * GiB);
+  EXPECT_TRUE(budget.fits(p));  // host memory unknown: not checked
+  budget.ranks_per_node = 4;
+  budget.host_per_node = 1024 * GiB;
+  EXPECT_EQ(budget.host_per_node_of(p), 1052 * GiB);
+  EXPECT_TRUE(budget.fits_device(p));
+  EXPECT_FALSE(budget.fits_host(p));
+  EXPECT_FALSE(budget.fits(p));
+  budget.host_per_node = 1052 * GiB;
+  EXPECT_TRUE(budget.fits(p));
+  budget.ranks_per_node = 5;  // a fifth rank on the node: 1315 GiB
+  EXPECT_FALSE(budget.fits(p));
+  budget.ranks_per_node = 4;
+  budget.per_rank = 49 * GiB;  // and the device side on its own
+  EXPECT_FALSE(budget.fits(p));
+}
+
+// An offloaded run: the host holds 16 bytes per owned trainable element (fp32 master,
+// m, v, the gradient's accumulation) plus a staging slice of the largest owned unit,
+// and the device the parameters in bf16 and two transient fp32 unit gradients. A node
+// whose host memory holds the smallest host side but one byte less than the next is
+// what decides; one byte less than the smallest, nothing fits, and the line names the
+// host.
+TEST(Recommend, AnOffloadedCandidateWhoseHostSideDoesNotFitIsNotChosen) {
+  auto base = request("gpt2", 4, DType::bf16);
+  base.model.device = Device{DeviceKind::cuda, 0};
+  base.strategy.optimizer_on_host = true;
+  const auto c = plan_candidates(base, nullptr, {}, false);
+  // By hand from the layout: ddp owns whole units, the others 1/4 of each.
+  const ParamLayout layout = ParamLayout::build(base.config, 4, base.min_unit_params);
+  int64_t whole = 0, largest = 0, largest_private = 0;
+  for (const auto& u : layout.units) {
+    whole += u.padded_numel;
+    largest = std::max(largest, u.padded_numel);
+  }
+  for (size_t u = 1; u < layout.units.size(); ++u)  // the embeddings (unit 0) are shared
+    largest_private = std::max(largest_private, layout.units[u].padded_numel);
+  const RunPlan& ddp = find(c, "ddp").plan;
+  const RunPlan& zero3 = find(c, "zero3").plan;
+  EXPECT_EQ(ddp.host.params, 4 * whole);
+  EXPECT_EQ(ddp.host.optimizer, 8 * whole);
+  EXPECT_EQ(ddp.host.grads, 4 * whole + 4 * largest);
+  EXPECT_EQ(zero3.host.params, whole);
+  EXPECT_EQ(zero3.host.optimizer, 2 * whole);
+  EXPECT_EQ(zero3.host.grads, whole + largest);
+  EXPECT_EQ(ddp.optimizer, 0);
+  // ddp's device side: every unit in bf16, two transient fp32 gradients of the largest
+  // private unit and the shared embeddings' dedicated fp32 gradient.
+  EXPECT_EQ(ddp.grads, 2 * 4 * largest_private + 4 * layout.units[0].padded_numel);
+  EXPECT_GE(ddp.params, 2 * whole);
+  EXPECT_LT(ddp.params, 2 * whole + (int64_t{64} << 20));  // plus the model's vector scratch
+
+  MemoryBudget budget(1e15);  // the device side fits; 2 ranks on a node
+  budget.ranks_per_node = 2;
+  budget.host_per_node = 2.0 * static_cast<double>(zero3.host.total());
+  auto rec = recommend(c, budget, base, nullptr, {});
+  ASSERT_TRUE(rec.chosen) << rec.explanation;
+  EXPECT_NE(c[*rec.chosen].request.strategy.kind, StrategyKind::ddp) << rec.explanation;
+  EXPECT_LE(c[*rec.chosen].plan.host.total(), zero3.host.total()) << rec.explanation;
+  EXPECT_TRUE(contains(rec.explanation, "host")) << rec.explanation;
+  budget.host_per_node -= 1;
+  rec = recommend(c, budget, base, nullptr, {});
+  EXPECT_FALSE(rec.chosen) << rec.explanation;
+  EXPECT_TRUE(contains(rec.explanation, "nothing fits in host memory")) << rec.explanation;
+  EXPECT_TRUE(contains(rec.explanation, "2 ranks x")) << rec.explanation;
 }

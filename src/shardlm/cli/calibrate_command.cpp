@@ -199,6 +199,7 @@ void run_parent(const CalibrateFlags& f) {
   profile.name = f.name;
   profile.ranks_per_node = f.ranks;
   profile.memory_per_rank_bytes = available_memory_bytes() / f.ranks;
+  profile.host_memory_per_node_bytes = available_memory_bytes();
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::localtime(&now));

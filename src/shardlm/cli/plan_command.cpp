@@ -61,7 +61,11 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
                       {"flops_per_step", p.flops_per_step},
                       {"tokens_per_step", p.tokens_per_step}};
   j["device"] = to_string(p.device);
-  if (p.host_optimizer > 0) j["host_optimizer"] = p.host_optimizer;
+  if (!p.device.is_host())
+    j["host"] = {{"params", p.host.params}, {"grads", p.host.grads},
+                 {"optimizer", p.host.optimizer}, {"frozen", p.host.frozen},
+                 {"comm", p.host.comm},
+                 {"total", p.host.total()}};
   if (time) j["time"] = time_json(*time);
   return j;
 }
@@ -80,30 +84,49 @@ std::string label(const Candidate& c, const RunPlanRequest& r, bool automatic) {
   return c.label + (!automatic && asked(c, r) ? " (asked)" : "");
 }
 
-void print_memory_table(const std::vector<Candidate>& candidates, double budget, bool bounded,
+void print_memory_table(const std::vector<Candidate>& candidates, const MemoryBudget& budget,
                         const RunPlanRequest& r, bool automatic) {
-  // --offload optimizer: the optimizer state's host bytes get their own column. Sizes
-  // are in GiB from 1 GiB up (gib()), in MiB below.
-  const bool offload = r.offload_optimizer;
+  // Sizes are in GiB from 1 GiB up (gib()), in MiB below.
+  const bool bounded = std::isfinite(budget.per_rank);
   std::printf("| candidate | params | frozen | grads | optimizer | activations | comm | total per rank "
-              "| on wire per step |%s%s\n",
-              offload ? " host optimizer |" : "", bounded ? " fits |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|%s%s\n", offload ? "---|" : "",
-              bounded ? "---|" : "");
+              "| on wire per step |%s\n",
+              bounded ? " fits |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|%s\n", bounded ? "---|" : "");
   for (const Candidate& c : candidates) {
     const RunPlan& p = c.plan;
-    const std::string host = offload ? " " + gib(p.host_optimizer) + " |" : "";
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |%s%s\n", label(c, r, automatic).c_str(),
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |%s\n", label(c, r, automatic).c_str(),
                 gib(p.params).c_str(), gib(p.frozen).c_str(), gib(p.grads).c_str(),
                 gib(p.optimizer).c_str(), gib(p.activations).c_str(), gib(p.comm).c_str(),
-                gib(p.total()).c_str(), gib(p.wire_bytes_per_step).c_str(), host.c_str(),
-                bounded ? (p.total() <= budget ? " yes |" : " no |") : "");
+                gib(p.total()).c_str(), gib(p.wire_bytes_per_step).c_str(),
+                bounded ? (budget.fits_device(p) ? " yes |" : " no |") : "");
   }
-  if (!r.model.device.is_host())
-    std::printf("\nMemory per rank is on the device (%s)%s.\n", to_string(r.model.device).c_str(),
-                offload ? "; host optimizer: fp32 master, AdamW m and v and gradient staging, in "
-                          "host memory (--offload optimizer)"
-                        : "");
+  if (r.model.device.is_host()) return;
+  std::printf("\nMemory per rank above is on the device (%s)%s. Host memory per rank (the "
+              "owned state HostOwnedState keeps there: %s):\n\n",
+              to_string(r.model.device).c_str(),
+              r.strategy.optimizer_on_host ? ", with the optimizer offloaded (--offload optimizer)" : "",
+              r.strategy.optimizer_on_host
+                  ? "fp32 master, the gradient's fp32 accumulation and a staging slice, AdamW m "
+                    "and v, frozen weights; and the host communicator's scratch"
+                  : "a mirror of the master, AdamW m and v and frozen weights, for checkpoints; "
+                    "and the host communicator's scratch");
+  const bool host_bounded = std::isfinite(budget.host_per_node);
+  std::printf("| candidate | host params | host grads | host optimizer | host frozen "
+              "| host comm | host total per rank | host per node (%d ranks) |%s\n",
+              budget.ranks_per_node,
+              host_bounded ? fmt::format(" fits {} per node |", gib(budget.host_per_node)).c_str() : "");
+  std::printf("|---|---|---|---|---|---|---|---|%s\n", host_bounded ? "---|" : "");
+  for (const Candidate& c : candidates) {
+    const RunPlan::Host& h = c.plan.host;
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |%s\n", label(c, r, automatic).c_str(),
+                gib(h.params).c_str(), gib(h.grads).c_str(), gib(h.optimizer).c_str(),
+                gib(h.frozen).c_str(), gib(h.comm).c_str(), gib(h.total()).c_str(),
+                gib(budget.host_per_node_of(c.plan)).c_str(),
+                host_bounded ? (budget.fits_host(c.plan) ? " yes |" : " no |") : "");
+  }
+  if (!host_bounded)
+    std::printf("\nHost memory per node not known (no profile with it, no --host-memory-per-node): "
+                "the host side is not checked.\n");
 }
 
 void print_time_table(const std::vector<Candidate>& candidates, const RunPlanRequest& r,
@@ -139,6 +162,7 @@ struct PlanFlags {
   TrainOptions run;
   int ranks = 1;
   std::optional<double> memory_per_rank_gib;
+  std::optional<double> host_memory_per_node_gib;
   ProfileOptions profile;
   bool json = false;
   bool device_given = false;  // --device on the command line (else: the profile's kind)
@@ -149,6 +173,9 @@ void run_plan(const PlanFlags& f) {
   SHARDLM_CHECK(!f.memory_per_rank_gib || *f.memory_per_rank_gib > 0,
                 "--memory-per-rank must be a positive number of GiB, got {}",
                 f.memory_per_rank_gib.value_or(0));
+  SHARDLM_CHECK(!f.host_memory_per_node_gib || *f.host_memory_per_node_gib > 0,
+                "--host-memory-per-node must be a positive number of GiB, got {}",
+                f.host_memory_per_node_gib.value_or(0));
   TrainOptions run = f.run;
   // The built-in profiles are GPU nodes: their runs compute on cuda unless told.
   const std::vector<std::string> gpu_profiles = builtin_profile_names();
@@ -157,10 +184,15 @@ void run_plan(const PlanFlags& f) {
     run.device = "cuda";
   const PlanInputs in = resolve_plan_inputs(run, f.ranks, f.profile);
   const HardwareProfile* profile = in.profile ? &*in.profile : nullptr;
-  double budget = std::numeric_limits<double>::infinity();
-  if (f.memory_per_rank_gib) budget = *f.memory_per_rank_gib * double(1ll << 30);
-  else if (profile) budget = profile->memory_per_rank_bytes;
-  const bool bounded = std::isfinite(budget);
+  MemoryBudget budget;
+  if (f.memory_per_rank_gib) budget.per_rank = *f.memory_per_rank_gib * double(1ll << 30);
+  else if (profile) budget.per_rank = profile->memory_per_rank_bytes;
+  if (f.host_memory_per_node_gib)
+    budget.host_per_node = *f.host_memory_per_node_gib * double(1ll << 30);
+  else if (profile && profile->host_memory_per_node_bytes > 0)
+    budget.host_per_node = profile->host_memory_per_node_bytes;
+  budget.ranks_per_node = f.ranks / in.cluster.nodes;
+  const bool bounded = std::isfinite(budget.per_rank) || std::isfinite(budget.host_per_node);
   const bool automatic = f.run.strategy == "auto";
 
   if (f.json && !automatic) {
@@ -194,7 +226,7 @@ void run_plan(const PlanFlags& f) {
               run.precision.c_str(),
               run.reduce_dtype == "bf16" ? ", gradients reduced in bf16" : "");
   std::printf("model FLOPs per rank and step: %.1f GFLOP\n\n", any.flops_per_step / 1e9);
-  print_memory_table(candidates, budget, bounded, in.request, automatic);
+  print_memory_table(candidates, budget, in.request, automatic);
   std::printf("\nBytes are what the run allocates per rank (to the byte; plus a few KiB for "
               "the data order). Traffic is bus bytes per rank and step.\n");
   if (profile) {
@@ -216,7 +248,7 @@ void run_plan(const PlanFlags& f) {
   if (!rec.explanation.empty()) {
     if (rec.chosen && profile) print_collectives(candidates[*rec.chosen]);
     std::printf("\nrecommended%s: %s%s%s\n",
-                bounded ? fmt::format(" for {} per rank", gib(budget)).c_str() : "",
+                std::isfinite(budget.per_rank) ? fmt::format(" for {} per rank", gib(budget.per_rank)).c_str() : "",
                 rec.chosen ? candidate_flags(candidates[*rec.chosen]).c_str() : "",
                 rec.chosen ? "\n  why: " : "", rec.explanation.c_str());
   }
@@ -236,6 +268,9 @@ void register_plan(CLI::App& app) {
                   "Prepared data directory, for its vocabulary (default: the preset's)");
   cmd->add_option("--memory-per-rank", flags->memory_per_rank_gib,
                   "GiB available per rank (default: the profile's memory per rank)");
+  cmd->add_option("--host-memory-per-node", flags->host_memory_per_node_gib,
+                  "GiB of host memory per node, which a device run's host side of every rank "
+                  "on the node shares (default: the profile's)");
   add_profile_flags(*cmd, flags->profile);
   cmd->add_flag("--json", flags->json,
                 "Print the plan of --strategy as JSON (bytes; with a profile, times), or with "

@@ -104,8 +104,9 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "host cannot read, for checking the device path without a GPU)")
       ->capture_default_str();
   cmd->add_option("--offload", opts->offload,
-                  "none, or optimizer: keep the owned fp32 master weights and AdamW state in "
-                  "host memory and run AdamW on the CPU (device runs; ZeRO-Offload)")
+                  "none, or optimizer: keep the owned fp32 master weights, the gradient's "
+                  "accumulation and AdamW state in host memory and run AdamW on the CPU; the "
+                  "device keeps the parameters in the compute type (device runs; ZeRO-Offload)")
       ->capture_default_str();
   cmd->add_flag("--activation-checkpointing", opts->activation_checkpointing,
                 "Keep only each block's input and recompute the block's forward in backward "

@@ -19,6 +19,7 @@ TrackedBuffer elements(MemCategory category, DType type, int64_t count, MemoryTr
 FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPlan& plan,
                    int shard_rank, MemoryTracker& tracker, Backend& backend)
     : layout_(layout.units[static_cast<size_t>(index)]),
+      index_(index),
       backend_(backend),
       numel_(layout_.padded_numel),
       slice_numel_(layout_.shard_numel(layout.world_size)),
@@ -27,19 +28,21 @@ FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPla
       shard_params_(plan.shard_params),
       shard_grads_(plan.shard_grads),
       whole_unit_owned_(!plan.shard_optimizer),
-      stored_in_compute_type_(!layout_.trainable && !layout_.raw &&
-                              plan.frozen_type != DType::fp32),
-      compute_copy_(plan.compute_copy && !layout_.raw && !stored_in_compute_type_),
-      param_type_(layout_.raw                  ? DType::fp32
-                  : stored_in_compute_type_ ? plan.frozen_type
-                                            : plan.param_type) {
+      no_master_(!layout_.raw && (layout_.trainable ? plan.optimizer_on_host
+                                                     : plan.frozen_type != DType::fp32)),
+      grads_on_host_(layout_.trainable && plan.optimizer_on_host),
+      transient_grads_(plan.transient_grads),
+      compute_copy_(plan.compute_copy && !layout_.raw && !no_master_),
+      param_type_(layout_.raw                          ? DType::fp32
+                  : no_master_ && !layout_.trainable ? plan.frozen_type
+                                                       : plan.param_type) {
   SHARDLM_CHECK(!layout_.raw || !layout_.trainable, "internal: raw unit {} is trainable",
                 layout_.name);
   // Allocated in this order so that the tracker sees what it always saw (the plan's
   // arithmetic is checked against it byte for byte).
   const MemCategory param_category = trainable() ? MemCategory::params : MemCategory::frozen;
-  // A frozen unit of a bf16/fp16 run is stored once, in the type the model reads.
-  const DType stored = stored_in_compute_type_ ? param_type_ : DType::fp32;
+  // Without a master here, stored once, in the type the model reads.
+  const DType stored = no_master_ ? param_type_ : DType::fp32;
   if (shard_params_) {
     owned_params_ = elements(param_category, stored, slice_numel_, tracker, backend);
   } else {
@@ -54,9 +57,9 @@ FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPla
   if (shared_ && shard_params_)
     dedicated_params_ = elements(MemCategory::params, param_type_, numel_, tracker, backend);
   if (!trainable()) return;  // no gradients, no optimizer state
-  if (shard_grads_) {
+  if (!grads_on_host_ && shard_grads_) {
     owned_grads_ = elements(MemCategory::grads, DType::fp32, slice_numel_, tracker, backend);
-  } else {
+  } else if (!grads_on_host_) {
     full_grads_ = elements(MemCategory::grads, DType::fp32, numel_, tracker, backend);
     grads_ = full_grads_.as<float>();
   }
@@ -65,18 +68,18 @@ FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPla
     adam_m_ = elements(MemCategory::optimizer, DType::fp32, optimizer_numel, tracker, backend);
     adam_v_ = elements(MemCategory::optimizer, DType::fp32, optimizer_numel, tracker, backend);
   }
-  if (shared_ && shard_grads_)
+  if (shared_ && transient_grads_)
     dedicated_grads_ = elements(MemCategory::grads, DType::fp32, numel_, tracker, backend);
 }
 
 const float* FlatUnit::replicated_params() const {
-  return shard_params_ || stored_in_compute_type_ ? nullptr : full_params_.as<float>();
+  return shard_params_ || no_master_ ? nullptr : full_params_.as<float>();
 }
 
 OwnedSlice FlatUnit::owned() {
   const int64_t begin = whole_unit_owned_ ? 0 : slice_begin_;
   const int64_t end = whole_unit_owned_ ? numel_ : slice_begin_ + slice_numel_;
-  if (stored_in_compute_type_) {  // frozen, no fp32 master
+  if (no_master_) {  // frozen, or trainable with the master (and the rest) on the host
     const TypedPtr stored = shard_params_ ? TypedPtr(owned_params_.data(), param_type_)
                                           : TypedPtr(full_params_.data(), param_type_).at(begin);
     return {begin, end, nullptr, nullptr, nullptr, nullptr, {}, stored};
@@ -105,7 +108,7 @@ void FlatUnit::start_gather(BufferPool& pool, Communicator& shard) {
   const TypedPtr gathered(buffer, param_type_);
   const std::string label = "all_gather params unit " + name();
   const float* owned = owned_params_.as<float>();
-  if (stored_in_compute_type_) {  // already in the type gathered: the bytes travel
+  if (no_master_) {  // already in the type gathered: the bytes travel
     const size_t bytes = static_cast<size_t>(slice_numel_) * dtype_bytes(param_type_);
     gather_ = shard.all_gather_bytes(owned_params_.data(), buffer, bytes, label);
   } else if (gathered.dtype == DType::fp32) {  // raw units' words travel as they are
@@ -147,7 +150,7 @@ void FlatUnit::release_gather(BufferPool& pool) {
 
 void FlatUnit::start_param_sync(Communicator& shard) {
   const std::string label = "all_gather params unit " + name();
-  if (stored_in_compute_type_) {  // a frozen unit after a load: its stored bytes
+  if (no_master_) {  // stored as the model reads it: the bytes travel
     const TypedPtr full(full_params_.data(), param_type_);
     param_sync_ = shard.all_gather_bytes(
         full.at(slice_begin_).data, full.data,
@@ -190,11 +193,19 @@ void FlatUnit::acquire_grads(BufferPool& pool) {
 void FlatUnit::start_reduce(Communicator& shard, WireType wire) {
   reduce_ = shard.reduce_scatter(grads_, grads_ + slice_begin_, static_cast<size_t>(slice_numel_),
                                  ReduceOp::sum, "reduce_scatter grads unit " + name(), wire);
+  // ddp's optimizer (on the host) updates the whole unit: every rank needs every
+  // reduced slice, as ddp's buckets all-gather them (the same collectives, so the same
+  // values).
+  if (grads_on_host_ && whole_unit_owned_)
+    gather_reduced_ = shard.all_gather(grads_ + slice_begin_, grads_,
+                                       static_cast<size_t>(slice_numel_),
+                                       "all_gather grads unit " + name());
   reduce_pending_ = true;
 }
 
 void FlatUnit::finish_reduce(Communicator* replica, BufferPool& pool) {
   reduce_.wait();
+  gather_reduced_.wait();
   reduce_pending_ = false;
   float* reduced = grads_ + slice_begin_;
   const int64_t n = slice_numel_;
@@ -202,8 +213,14 @@ void FlatUnit::finish_reduce(Communicator* replica, BufferPool& pool) {
     replica->all_reduce(reduced, static_cast<size_t>(n), ReduceOp::sum,
                         "all_reduce grads across replicas unit " + name())
         .wait();
-  // The owned gradient accumulates over micro-batches.
-  backend_.accumulate(owned_grads_.as<float>(), reduced, n);
+  // The owned gradient accumulates over micro-batches (on the host, with the optimizer).
+  if (grads_on_host_) {
+    SHARDLM_CHECK(host_gradients_ != nullptr, "internal: unit {} has no host gradients", name());
+    host_gradients_->accumulate(index_, whole_unit_owned_ ? grads_ : reduced,
+                                whole_unit_owned_ ? numel_ : n);
+  } else {
+    backend_.accumulate(owned_grads_.as<float>(), reduced, n);
+  }
   if (grad_slot_ != kNoSlot) pool.release(grad_slot_);
   grad_slot_ = kNoSlot;
   grads_ = nullptr;
@@ -237,6 +254,11 @@ float* FlatUnit::reduced_grad_slice() {
 
 double FlatUnit::reduced_grad_sum_of_squares() {
   SHARDLM_ASSERT(trainable());
+  if (grads_on_host_) {
+    SHARDLM_CHECK(host_gradients_ != nullptr, "internal: unit {} has no host gradients", name());
+    return host_gradients_->sum_of_squares(index_, whole_unit_owned_ ? slice_begin_ : 0,
+                                           slice_numel_);
+  }
   return backend_.sum_of_squares(reduced_grad_slice(), slice_numel_);
 }
 

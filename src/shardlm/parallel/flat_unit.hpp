@@ -11,7 +11,11 @@
 // flat_unit_strategy.hpp); the rank owns elements [slice_begin, slice_begin +
 // slice_numel) of the unit, its slice of the partition. A frozen unit of a bf16/fp16
 // run keeps its parameters once, in the compute type (no fp32 master, no compute
-// copy): owned() hands them out as OwnedSlice::frozen.
+// copy): owned() hands them out as OwnedSlice::stored. With the optimizer on the host
+// (--offload optimizer) a trainable unit does the same in the run's compute type, and
+// keeps no gradient of its own: the model writes into a transient full buffer, which
+// is reduced (ddp: and all-gathered, the rank owning the whole unit) and handed to the
+// HostGradients, where the step's gradient accumulates.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,7 @@
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/parallel/buffer_pool.hpp"
+#include "shardlm/parallel/host_gradients.hpp"
 #include "shardlm/parallel/strategy.hpp"
 #include "shardlm/parallel/strategy_buffer_plan.hpp"
 
@@ -77,13 +82,19 @@ class FlatUnit {
   // Takes a zeroed full gradient buffer (the dedicated one for a shared unit, else one
   // of `pool`, which must have a free one).
   void acquire_grads(BufferPool& pool);
-  // Reduce-scatters the full gradient in the wire type into its owned slice.
+  // Reduce-scatters the full gradient in the wire type into its owned slice (with the
+  // optimizer on the host and the whole unit owned, ddp, then all-gathers the reduced
+  // slices back into the full buffer).
   void start_reduce(Communicator& shard, WireType wire);
   bool reduce_pending() const { return reduce_pending_; }
   // Waits for the reduce-scatter, sums the slice across replica groups (hybrid:
   // `replica` non-null), adds it to the owned gradient (which accumulates over
-  // micro-batches) and gives the full buffer back; grads() becomes null.
+  // micro-batches; with the optimizer on the host, HostGradients::accumulate) and gives
+  // the full buffer back; grads() becomes null.
   void finish_reduce(Communicator* replica, BufferPool& pool);
+  // --offload optimizer: where finish_reduce sends the reduced gradient and the norm is
+  // taken (set before the first step).
+  void send_reduced_gradients_to(HostGradients* host) { host_gradients_ = host; }
 
   // --- ddp/zero1: full gradients reduced in buckets (GradBucket) ----------------------
   // Reduce-scatters the full gradient in place: the owned slice receives the sum.
@@ -104,6 +115,7 @@ class FlatUnit {
   float* reduced_grad_slice();
 
   const UnitLayout& layout_;
+  const int index_;  // in the layout
   Backend& backend_;
   const int64_t numel_;         // padded: the full unit
   const int64_t slice_numel_;   // this rank's slice
@@ -111,8 +123,12 @@ class FlatUnit {
   const bool shared_;
   const bool shard_params_, shard_grads_;
   const bool whole_unit_owned_;  // ddp: the optimizer updates the whole unit
-  // Frozen (not raw) in a bf16/fp16 run: stored once in param_type_, no fp32 master.
-  const bool stored_in_compute_type_;
+  // No fp32 master here: stored once in param_type_ (a frozen unit, not raw, of a
+  // bf16/fp16 run; a trainable unit with the optimizer on the host).
+  const bool no_master_;
+  // The optimizer on the host, the unit trainable: no gradient buffer of its own.
+  const bool grads_on_host_;
+  const bool transient_grads_;   // pooled/dedicated full gradient buffers
   const bool compute_copy_;      // replicated params also kept in param_type_
   const DType param_type_;       // what the model reads; raw units: stored fp32 words
 
@@ -131,8 +147,9 @@ class FlatUnit {
   Work param_sync_;
   bool compute_copy_stale_ = true;
 
-  Work reduce_;
+  Work reduce_, gather_reduced_;  // gather_reduced_: ddp with the optimizer on the host
   bool reduce_pending_ = false;
+  HostGradients* host_gradients_ = nullptr;
   int grad_slot_ = kNoSlot;  // pool slot while the full gradient lives in the pool
 };
 

@@ -17,9 +17,11 @@ bool shards_params(const StrategyOptions& options) {
 // The type params() hands the model: zero3/hybrid gather in the compute type; the
 // replicated strategies keep a bf16 copy of their fp32 parameters in a bf16 run
 // (rounded once per step instead of by the model at every use), and hand fp16 runs
-// fp32, which the model rounds to fp16 values itself (there is no fp16 GEMM).
+// fp32, which the model rounds to fp16 values itself (there is no fp16 GEMM). With the
+// optimizer on the host, the device stores the compute type only (the host rounds).
 DType model_param_type(const StrategyOptions& options) {
-  if (shards_params(options) || options.param_dtype == DType::bf16) return options.param_dtype;
+  if (shards_params(options) || options.param_dtype == DType::bf16 || options.optimizer_on_host)
+    return options.param_dtype;
   return DType::fp32;
 }
 
@@ -32,10 +34,12 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   plan.shard_params = shards_params(options);
   plan.shard_grads = options.kind == StrategyKind::zero2 || plan.shard_params;
   plan.shard_optimizer = options.kind != StrategyKind::ddp;
-  plan.param_type = model_param_type(options);
-  plan.compute_copy = !plan.shard_params && plan.param_type != DType::fp32;
-  plan.frozen_type = options.param_dtype;
   plan.optimizer_on_host = options.optimizer_on_host;
+  plan.transient_grads = plan.shard_grads || plan.optimizer_on_host;
+  plan.param_type = model_param_type(options);
+  plan.compute_copy =
+      !plan.shard_params && plan.param_type != DType::fp32 && !plan.optimizer_on_host;
+  plan.frozen_type = options.param_dtype;
   const size_t U = static_cast<size_t>(layout.num_units());
   plan.shared_unit.assign(U, false);
   for (size_t m = 0; m < unit_needs.size(); ++m)
@@ -46,28 +50,38 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   int private_units = 0;
   const int64_t pb = static_cast<int64_t>(dtype_bytes(plan.param_type));
   int private_trainable_units = 0;
+  int64_t largest_owned = 0;  // optimizer on the host: the staging slice's elements
   for (size_t u = 0; u < U; ++u) {
     const int64_t P = layout.units[u].padded_numel;
     const int64_t S = P / layout.world_size;
     const bool trains = layout.units[u].trainable;
     const bool raw = layout.units[u].raw;
     const int64_t ub = raw ? 4 : pb;  // bytes per element as the model reads it
+    const int64_t owned = plan.shard_optimizer ? S : P;  // OwnedSlice's elements
     if (!trains) {
       // A frozen unit keeps its parameters only (MemCategory::frozen), stored once:
       // raw words, or values in frozen_type.
       const int64_t fb = raw ? 4 : static_cast<int64_t>(dtype_bytes(plan.frozen_type));
       plan.frozen_bytes += fb * (plan.shard_params ? S : P);
+      plan.host_frozen_bytes += fb * owned;
+    } else if (plan.optimizer_on_host) {
+      // Stored once, in the type the model reads; everything else is the host's.
+      plan.params_bytes += pb * (plan.shard_params ? S : P);
+      plan.host_params_bytes += 4 * owned;
+      plan.host_optimizer_bytes += 8 * owned;
+      plan.host_grads_bytes += 4 * owned;
+      largest_owned = std::max(largest_owned, owned);
     } else {
       plan.params_bytes += 4 * (plan.shard_params ? S : P);
       if (plan.compute_copy) plan.params_bytes += pb * P;
-    }
-    if (trains) {
       plan.grads_bytes += 4 * (plan.shard_grads ? S : P);
-      plan.optimizer_bytes += 8 * (plan.shard_optimizer ? S : P);
+      plan.optimizer_bytes += 8 * owned;
+      plan.host_params_bytes += 4 * owned;      // the mirror of master
+      plan.host_optimizer_bytes += 8 * owned;  // and of m and v
     }
     if (plan.shared_unit[u]) {  // kept in dedicated full buffers
       if (plan.shard_params) plan.params_bytes += ub * P;
-      if (plan.shard_grads && trains) plan.grads_bytes += 4 * P;
+      if (plan.transient_grads && trains) plan.grads_bytes += 4 * P;
     } else {
       plan.largest_private_unit = std::max(plan.largest_private_unit, P);
       plan.gather_buffer_bytes = std::max(plan.gather_buffer_bytes, ub * P);
@@ -87,11 +101,12 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
                           : private_units;
     plan.params_bytes += plan.param_pool * plan.gather_buffer_bytes;
   }
-  if (plan.shard_grads) {
+  if (plan.transient_grads) {
     // The unit being differentiated and the previous one still being reduced.
     plan.grad_pool = std::min(private_trainable_units, 2);
     plan.grads_bytes += plan.grad_pool * 4 * plan.largest_trainable_private_unit;
   }
+  plan.host_grads_bytes += 4 * largest_owned;
   if (plan.shard_params) {
     // Walk one training micro-batch's schedule with the release rule.
     const FlatNeeds needs = flat_needs(layout, unit_needs);
@@ -145,7 +160,8 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       num_units_(layout.num_units()),
       num_model_units_(layout.num_model_units()),
       shard_params_(shards_params(options)),
-      shard_grads_(options.kind == StrategyKind::zero2 || shard_params_),
+      transient_grads_(options.kind == StrategyKind::zero2 || shard_params_ ||
+                       options.optimizer_on_host),
       reduce_wire_(options.reduce_dtype == DType::fp32 ? WireType::fp32 : WireType::bf16) {
   SHARDLM_CHECK(options.reduce_dtype == DType::fp32 || options.reduce_dtype == DType::bf16,
                 "--reduce-dtype must be fp32 or bf16, got {}", dtype_name(options.reduce_dtype));
@@ -184,7 +200,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   train_schedule_ = training_schedule(num_model_units_);
   for (int m = 0; m < num_model_units_; ++m) eval_schedule_.push_back({false, m});
 
-  if (!shard_grads_)
+  if (!transient_grads_)
     for (auto& units : plan_buckets(layout, options.bucket_mb))
       buckets_.emplace_back(std::move(units));
 }
@@ -263,6 +279,18 @@ void FlatUnitStrategy::begin_step(int num_micro_batches) {
                               [](const GradBucket& b) { return b.started(); }));
   num_micro_batches_ = num_micro_batches;
   for (auto& flat : units_) flat.zero_reduced_grads();
+  if (options_.optimizer_on_host) {
+    SHARDLM_CHECK(host_gradients_ != nullptr,
+                  "internal: the optimizer is on the host but no host gradients were given");
+    host_gradients_->zero();
+  }
+}
+
+void FlatUnitStrategy::accumulate_gradients_on(HostGradients& host) {
+  SHARDLM_CHECK(options_.optimizer_on_host,
+                "internal: host gradients given to a strategy whose optimizer is on the device");
+  host_gradients_ = &host;
+  for (auto& flat : units_) flat.send_reduced_gradients_to(&host);
 }
 
 // ---- zero3: parameter gathering --------------------------------------------------
@@ -366,7 +394,7 @@ void FlatUnitStrategy::before_forward(int model_unit, bool training) {
   // The last model unit computes the loss, and with it the LM head's gradient, during
   // its training forward: it writes the gradients of every unit it reads (its own,
   // and the embeddings' when the head is tied).
-  if (shard_grads_ && training && model_unit == num_model_units_ - 1)
+  if (transient_grads_ && training && model_unit == num_model_units_ - 1)
     for (int v : unit_needs) acquire_grads(v);
 }
 
@@ -384,7 +412,7 @@ void FlatUnitStrategy::before_backward(int model_unit) {
   } else {
     for (int v : unit_needs) refresh_replicated_params(v);
   }
-  if (shard_grads_)
+  if (transient_grads_)
     for (int v : unit_needs) acquire_grads(v);
 }
 
@@ -394,7 +422,7 @@ void FlatUnitStrategy::after_backward(int model_unit, int micro_batch) {
   // A flat unit's gradient is complete once backward reached its first model unit.
   const bool complete =
       first_model_unit_[static_cast<size_t>(index)] == model_unit && flat.trainable();
-  if (complete && shard_grads_) {
+  if (complete && transient_grads_) {
     flat.start_reduce(*shard_, reduce_wire_);
     pending_reduces_.push_back(index);
   } else if (complete && micro_batch == num_micro_batches_ - 1) {

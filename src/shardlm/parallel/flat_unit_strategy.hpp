@@ -8,6 +8,16 @@
 //   zero3    | owned slice (+gather)| owned slice (+2 transient) | owned slice
 //   hybrid   | zero3 in shard groups; owned slices all-reduced across replica groups
 //
+// --offload optimizer (a device run, StrategyOptions::optimizer_on_host): every
+// strategy keeps on the device only the parameters in the compute type (the column
+// above, without fp32 master or compute copy) and 2 transient full-unit gradient
+// buffers; the reduced owned slice of each unit (ddp: the whole unit, all-gathered) is
+// handed to HostGradients, which accumulates it in fp32 in host memory, where AdamW
+// runs (parallel/host_owned_state.hpp). Reduced unit by unit as backward completes it
+// and every micro-batch, as zero2 is: the same collectives on the same values, so an
+// offloaded run equals a run without offload of zero2 (and, without accumulation, of
+// every strategy) bitwise.
+//
 // Frozen units (a LoRA run's base) have no gradient or optimizer state. In a bf16 or
 // fp16 run their parameters are stored once, in the compute type (rounded to nearest
 // even on load, the value a compute copy of an fp32 master would hold): whole units
@@ -45,6 +55,7 @@
 #include "shardlm/parallel/buffer_pool.hpp"
 #include "shardlm/parallel/flat_unit.hpp"
 #include "shardlm/parallel/grad_bucket.hpp"
+#include "shardlm/parallel/host_gradients.hpp"
 #include "shardlm/parallel/mesh.hpp"
 #include "shardlm/parallel/strategy.hpp"
 #include "shardlm/parallel/strategy_buffer_plan.hpp"
@@ -110,6 +121,9 @@ class FlatUnitStrategy : public Strategy {
   // zero2), else nullptr: what --check-replicas compares.
   const float* replicated_params(int unit) const;
   OwnedSlice owned(int unit) override;
+  // --offload optimizer: where the reduced gradients go (the HostOwnedState holding the
+  // optimizer), before the first step.
+  void accumulate_gradients_on(HostGradients& host);
 
   void begin_step(int num_micro_batches) override;
   void before_forward(int model_unit, bool training) override;
@@ -170,7 +184,12 @@ class FlatUnitStrategy : public Strategy {
   const StrategyOptions options_;
   const int num_units_;
   const int num_model_units_;
-  const bool shard_params_, shard_grads_;
+  const bool shard_params_;
+  // Gradients in pooled (or a shared unit's dedicated) buffers, reduce-scattered unit
+  // by unit as backward completes them: zero2/zero3/hybrid, and every strategy with the
+  // optimizer on the host; else ddp/zero1's full buffers, reduced in buckets.
+  const bool transient_grads_;
+  HostGradients* host_gradients_ = nullptr;
   const WireType reduce_wire_;
 
   std::vector<FlatUnit> units_;                  // per flat unit

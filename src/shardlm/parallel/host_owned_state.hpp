@@ -7,12 +7,17 @@
 // Two roles (--offload optimizer or not):
 // - mirror: the device holds the truth; pull() copies it here before a save or a
 //   check, push() copies what was loaded or initialised here to the device.
-// - offloaded optimizer (ZeRO-Offload): the host holds the truth for master, m and
-//   v (the device keeps no AdamW state); step() brings each owned gradient slice to
-//   the host, runs the CPU backend's AdamW there and sends the updated master back to
-//   the device's owned parameters (and their compute copy), unit by unit. Host bytes:
-//   16 per owned trainable element (master, m, v, gradient staging), the "optimizer"
-//   category of the host's tracker (RunPlan::host_optimizer).
+// - offloaded optimizer (ZeRO-Offload): the host holds the truth for the master, m, v
+//   and the step's gradient of every trainable unit; the device keeps only the
+//   parameters in the compute type (parallel/flat_unit_strategy.hpp). As HostGradients
+//   it receives each reduced gradient slice from the device, copies it into a staging
+//   slice and accumulates it in fp32; step() runs the CPU backend's AdamW on the
+//   master, rounds it into the compute type (the staging slice) and copies that to the
+//   device's parameters, unit by unit.
+// Host bytes by the host tracker's category (StrategyBufferPlan::host_*, which `plan`
+// reports): params (master, 4 per owned trainable element), optimizer (m, v: 8),
+// frozen (frozen weights as the device stores them) and, offloaded, grads (the fp32
+// accumulation, 4, plus the staging slice of the largest owned trainable slice).
 #pragma once
 
 #include <span>
@@ -22,32 +27,41 @@
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/optim/adamw.hpp"
+#include "shardlm/parallel/host_gradients.hpp"
 #include "shardlm/parallel/strategy.hpp"
 
 namespace shardlm {
 
-class HostOwnedState final : public Strategy {
+class HostOwnedState final : public Strategy, public HostGradients {
  public:
   enum class Role { mirror, offloaded_optimizer };
   HostOwnedState(const ParamLayout& layout, Strategy& device_strategy, Backend& device,
                  Role role);
 
   Role role() const { return role_; }
-  // Device -> host (mirror: master, m, v; offloaded: nothing, the host is the truth).
+  // Device -> host (mirror: master, m, v; offloaded: the frozen weights only, the host
+  // is the truth for the rest).
   void pull();
-  // Host -> device: master (and, mirrored, m and v); then the device strategy's
-  // after_load() rebuilds what depends on master.
+  // Host -> device: the parameters (offloaded: rounded into the compute type the device
+  // stores) and, mirrored, m and v; then the device strategy's after_load() rebuilds
+  // what depends on them.
   void push();
   // Offloaded optimizer: one AdamW step of every trainable owned slice (see above).
   void step(std::span<const std::vector<ElementRange>> decay_ranges, float lr,
             float grad_multiplier, int64_t step, const AdamWConfig& config);
+
+  // HostGradients (offloaded optimizer).
+  void zero() override;
+  void accumulate(int unit, const float* reduced, int64_t n) override;
+  double sum_of_squares(int unit, int64_t offset, int64_t n) override;
 
   std::string name() const override { return device_.name(); }
   int world_size() const override { return device_.world_size(); }
   int rank() const override { return device_.rank(); }
   ParamPointers params() override { return device_.params(); }
   UnitPointers grads() override { return device_.grads(); }
-  // The host slices (grad: the device's, which host code never reads).
+  // The host slices (mirrored, grad is the device's, which host code never reads;
+  // offloaded, the host's accumulated gradient).
   OwnedSlice owned(int unit) override;
   void begin_step(int num_micro_batches) override { device_.begin_step(num_micro_batches); }
   void before_forward(int unit, bool training) override { device_.before_forward(unit, training); }
@@ -70,16 +84,23 @@ class HostOwnedState final : public Strategy {
 
  private:
   struct HostSlice {
-    // master: the parameters as the device stores them (stored_type: fp32, or the
-    // compute type of a frozen unit, OwnedSlice::frozen).
+    // master: the parameters, fp32 (trainable) or as the device stores them
+    // (stored_type: a frozen unit's compute type or raw words).
     TrackedBuffer master, m, v, grad;  // grad: offloaded only
     DType stored_type = DType::fp32;
+    bool offloaded = false;  // the host is the truth (a trainable unit, offloaded)
   };
-  static void* stored_params(const OwnedSlice& s);  // master, or frozen's storage
+  static void* device_params(const OwnedSlice& s);  // master, or the stored parameters
+  // Offloaded: the host master rounded into the device's type and copied there.
+  void send_params(const OwnedSlice& device_slice, const HostSlice& h);
+  HostSlice& slice(int unit);
   Strategy& device_;
   Backend& backend_;
   const Role role_;
   std::vector<HostSlice> slices_;
+  // Offloaded: one slice of the largest owned trainable unit (gradients coming in,
+  // rounded parameters going out).
+  TrackedBuffer staging_;
 };
 
 }  // namespace shardlm

@@ -17,7 +17,7 @@ constexpr int64_t kStagingValues = int64_t{1} << 20;
 
 void check_range(const OwnedSlice& s, int64_t first, int64_t n) {
   SHARDLM_ASSERT(n >= 0 && first >= s.begin && first + n <= s.end);
-  SHARDLM_ASSERT((s.master == nullptr) != (s.frozen.data == nullptr));
+  SHARDLM_ASSERT((s.master == nullptr) != (s.stored.data == nullptr));
 }
 
 }  // namespace
@@ -28,7 +28,7 @@ void read_owned_params(const OwnedSlice& s, int64_t first, int64_t n, float* out
     std::memcpy(out, s.master + (first - s.begin), static_cast<size_t>(n) * sizeof(float));
     return;
   }
-  cpu_backend().convert(TypedPtr(out), s.frozen.at(first - s.begin), n);
+  cpu_backend().convert(TypedPtr(out), s.stored.at(first - s.begin), n);
 }
 
 void write_owned_params(const OwnedSlice& s, int64_t first, int64_t n, const float* values) {
@@ -37,13 +37,13 @@ void write_owned_params(const OwnedSlice& s, int64_t first, int64_t n, const flo
     std::memcpy(s.master + (first - s.begin), values, static_cast<size_t>(n) * sizeof(float));
     return;
   }
-  cpu_backend().convert(s.frozen.at(first - s.begin), values, n);
+  cpu_backend().convert(s.stored.at(first - s.begin), values, n);
 }
 
 void zero_owned_params(const OwnedSlice& s) {
   // +0.0 is all zero bits in fp32, bf16 and fp16 alike.
-  void* data = s.master != nullptr ? static_cast<void*>(s.master) : s.frozen.data;
-  const DType type = s.master != nullptr ? DType::fp32 : s.frozen.dtype;
+  void* data = s.master != nullptr ? static_cast<void*>(s.master) : s.stored.data;
+  const DType type = s.master != nullptr ? DType::fp32 : s.stored.dtype;
   std::memset(data, 0, static_cast<size_t>(s.size()) * dtype_bytes(type));
 }
 

@@ -1,6 +1,6 @@
 // A rank's owned parameters as fp32 values, whichever way its strategy stores them:
 // fp32 masters (OwnedSlice::master), or, for the frozen units of a bf16/fp16 run, once
-// in the compute type (OwnedSlice::frozen). Initialisation, Hugging Face import,
+// in the compute type (OwnedSlice::stored). Initialisation, Hugging Face import,
 // checkpoints and the finite check read and write parameters through these, so a
 // frozen base held at 2 bytes per value needs no case of its own there.
 //

@@ -18,10 +18,12 @@ namespace shardlm {
 // master (after_step then trusts it); anything else that changes master calls
 // after_load, which rebuilds it.
 //
-// A frozen unit of a bf16 or fp16 run (not raw) has no fp32 master: its parameters
-// are stored once, in the compute type (`frozen`, the same elements), and master is
-// null. Code that loads or saves parameters goes through parallel/owned_params.hpp,
-// which serves both.
+// Where a strategy keeps no fp32 master, the parameters are stored once, in the type
+// the model reads (`stored`, the same elements), and master is null: a frozen unit of
+// a bf16 or fp16 run (not raw), and, on a device with --offload optimizer, every
+// trainable unit (the master is the host's, parallel/host_owned_state.hpp; grad, adam_m
+// and adam_v are null there too). Code that loads or saves parameters goes through
+// parallel/owned_params.hpp, which serves both.
 struct OwnedSlice {
   int64_t begin = 0;
   int64_t end = 0;
@@ -30,7 +32,7 @@ struct OwnedSlice {
   float* adam_m = nullptr;
   float* adam_v = nullptr;
   TypedPtr compute_copy;
-  TypedPtr frozen;  // compute-type storage of a frozen unit (then master is null)
+  TypedPtr stored;  // the parameters where there is no fp32 master (then master is null)
   int64_t size() const { return end - begin; }
 };
 

@@ -30,8 +30,9 @@ struct StrategyOptions {
   // (half the bytes; every rank's contribution is rounded to bf16 and the sum is
   // accumulated in fp32, in rank order).
   DType reduce_dtype = DType::fp32;
-  // --offload optimizer: no AdamW state on the device (parallel/host_owned_state.hpp
-  // keeps it in host memory and runs the update there).
+  // --offload optimizer: the device keeps only the parameters in param_dtype and
+  // transient gradients; the fp32 master, the gradient's accumulation and AdamW state
+  // are in host memory, where the update runs (parallel/host_owned_state.hpp).
   bool optimizer_on_host = false;
 };
 

@@ -148,13 +148,15 @@ ComputeRates gpu_rates(double peak_flops, double memory_bytes_per_s, double atte
 }
 
 HardwareProfile gpu_node(const std::string& name, const std::string& description,
-                         double memory_gib, double fp32_peak, double bf16_peak,
+                         double memory_gib, double host_memory_gib, double fp32_peak,
+                         double bf16_peak,
                          double memory_bytes_per_s, double attention_fraction,
                          TransportFigures intra, TransportFigures inter) {
   HardwareProfile p;
   p.name = name;
   p.description = description;
   p.memory_per_rank_bytes = memory_gib * double(1ll << 30);
+  p.host_memory_per_node_bytes = host_memory_gib * double(1ll << 30);
   p.ranks_per_node = 8;
   ComputeFigures c;
   c.ranks_per_node = 8;
@@ -185,6 +187,7 @@ nlohmann::json HardwareProfile::to_json() const {
           {"description", description},
           {"memory_per_rank_gib", memory_per_rank_bytes / double(1ll << 30)},
           {"ranks_per_node", ranks_per_node},
+          {"host_memory_per_node_gib", host_memory_per_node_bytes / double(1ll << 30)},
           {"compute", computes},
           {"intra_node", transport_to_json(intra_node)},
           {"inter_node", transport_to_json(inter_node)}};
@@ -200,6 +203,13 @@ HardwareProfile HardwareProfile::from_json(const nlohmann::json& j) {
                     j.at("ranks_per_node").get<int>() >= 1,
                 "profile: field ranks_per_node must be an integer >= 1");
   p.ranks_per_node = j.at("ranks_per_node").get<int>();
+  // Optional (profiles written before it have none; 0 also means unknown).
+  if (j.contains("host_memory_per_node_gib")) {
+    const auto& h = j.at("host_memory_per_node_gib");
+    SHARDLM_CHECK(h.is_number() && h.get<double>() >= 0,
+                  "profile: field host_memory_per_node_gib must be a number >= 0 (GiB; 0: unknown)");
+    p.host_memory_per_node_bytes = h.get<double>() * double(1ll << 30);
+  }
   SHARDLM_CHECK(j.contains("compute") && j.at("compute").is_array() && !j.at("compute").empty(),
                 "profile: field compute must be a non-empty array");
   for (size_t i = 0; i < j.at("compute").size(); ++i) {
@@ -230,11 +240,14 @@ HardwareProfile builtin_profile(const std::string& name) {
   // way; A100, H100 and H200 datasheets), HDR 200 Gbit/s = 25 GB/s and NDR 400 Gbit/s =
   // 50 GB/s per ConnectX-6 / -7 port, one per GPU (DGX A100 / DGX H100 user guides).
   // all_to_all and send_recv use the same efficiencies (0.8 of NVLink, 0.9 of IB).
+  // Host memory per node: DGX A100 1 TB (its datasheet's standard configuration, 16 x
+  // 64 GiB DIMMs; 2 TB optional), DGX H100 and DGX H200 2 TB (their datasheets: 32 x 64
+  // GiB), an 8 x L4 node 384 GB (Google Cloud's g2-standard-96, whose GB are GiB).
   if (name == "a100-80g")
     return gpu_node(name,
                     "8 x A100 SXM4 80 GB per node (NVLink 3 / NVSwitch), 8 x HDR 200 Gbit/s "
                     "InfiniBand per node; datasheet peaks x stated efficiencies",
-                    80, 19.5e12, 312e12, 2039e9, 0.6,
+                    80, 1024, 19.5e12, 312e12, 2039e9, 0.6,
                     uniform("nvlink3", 2e-6, 0.8 * 300e9, kGpuOverlapShare),
                     with_per_rank_nic(uniform("8x ib-hdr", 5e-6, 0.9 * 200e9, kGpuOverlapShare),
                                       5e-6, 0.9 * 25e9));
@@ -242,7 +255,7 @@ HardwareProfile builtin_profile(const std::string& name) {
     return gpu_node(name,
                     "8 x H100 SXM5 80 GB per node (NVLink 4 / NVSwitch), 8 x NDR 400 Gbit/s "
                     "InfiniBand per node; datasheet peaks x stated efficiencies",
-                    80, 67e12, 989e12, 3350e9, 0.5,
+                    80, 2048, 67e12, 989e12, 3350e9, 0.5,
                     uniform("nvlink4", 2e-6, 0.8 * 450e9, kGpuOverlapShare),
                     with_per_rank_nic(uniform("8x ib-ndr", 5e-6, 0.9 * 400e9, kGpuOverlapShare),
                                       5e-6, 0.9 * 50e9));
@@ -250,7 +263,7 @@ HardwareProfile builtin_profile(const std::string& name) {
     return gpu_node(name,
                     "8 x H200 SXM 141 GB per node (NVLink 4 / NVSwitch), 8 x NDR 400 Gbit/s "
                     "InfiniBand per node; datasheet peaks x stated efficiencies",
-                    141, 67e12, 989e12, 4800e9, 0.5,
+                    141, 2048, 67e12, 989e12, 4800e9, 0.5,
                     uniform("nvlink4", 2e-6, 0.8 * 450e9, kGpuOverlapShare),
                     with_per_rank_nic(uniform("8x ib-ndr", 5e-6, 0.9 * 400e9, kGpuOverlapShare),
                                       5e-6, 0.9 * 50e9));
@@ -258,7 +271,7 @@ HardwareProfile builtin_profile(const std::string& name) {
     return gpu_node(name,
                     "8 x L4 24 GB per node on PCIe 4.0 x16 (no NVLink), 100 Gbit/s Ethernet; "
                     "datasheet peaks x stated efficiencies",
-                    24, 30.3e12, 121e12, 300e9, 0.5,
+                    24, 384, 30.3e12, 121e12, 300e9, 0.5,
                     uniform("pcie4", 5e-6, 0.6 * 32e9, kGpuOverlapShare),
                     [] {
                       TransportFigures t = link_transport("100gbit", kGpuOverlapShare);

@@ -58,6 +58,10 @@ struct HardwareProfile {
   std::string description;  // what it is and where the figures come from
   double memory_per_rank_bytes = 0;  // device memory (GPU) or this host's RAM / ranks
   int ranks_per_node = 1;            // ranks a node holds (GPUs; cores for CPU runs)
+  // A node's host RAM, which a device run's host side (HostOwnedState: mirrors, or the
+  // offloaded optimizer) of all its ranks shares; 0: not known (a profile file from
+  // before the field), then not checked.
+  double host_memory_per_node_bytes = 0;
   std::vector<ComputeFigures> compute;  // at least one
   TransportFigures intra_node;          // ranks on one node
   TransportFigures inter_node;          // ranks on different nodes

@@ -22,7 +22,7 @@ RunPlanRequest plan_request(const TrainOptions& o, const ModelConfig& config, in
                 precision,
                 parse_dtype(o.reduce_dtype, "--reduce-dtype")};
   r.model = {precision, o.activation_checkpointing, parse_device(o.device, "--device")};
-  r.offload_optimizer = o.offload == "optimizer";
+  r.strategy.optimizer_on_host = o.offload == "optimizer";
   r.micro_batch = o.micro_batch;
   r.seq_len = o.seq_len;
   r.global_batch = o.global_batch;

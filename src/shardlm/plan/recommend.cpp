@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <limits>
+#include <optional>
 
 namespace shardlm {
 
@@ -40,7 +41,15 @@ std::vector<Choice> strategy_choices(int world_size) {
   return choices;
 }
 
-bool fits(const Candidate& c, double budget) { return static_cast<double>(c.plan.total()) <= budget; }
+bool fits(const Candidate& c, const MemoryBudget& budget) { return budget.fits(c.plan); }
+
+// ", host 1200.0 GiB of 2048.0 GiB per node": a device run's host side, where it is
+// bounded.
+std::string host_use(const RunPlan& p, const MemoryBudget& budget) {
+  if (p.host.total() == 0 || !std::isfinite(budget.host_per_node)) return "";
+  return fmt::format(", host {} of {} per node", gib(budget.host_per_node_of(p)),
+                     gib(budget.host_per_node));
+}
 
 // Step times closer than this (relative) are predicted equally fast: the model does
 // not resolve smaller differences (its overlap and per-message figures are estimates,
@@ -72,8 +81,9 @@ size_t pick(const std::vector<Candidate>& c, const std::vector<size_t>& eligible
 }
 
 std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t>& eligible,
-                       size_t chosen, double budget) {
+                       size_t chosen, const MemoryBudget& memory) {
   const Candidate& x = c[chosen];
+  const double budget = memory.per_rank;
   const bool bounded = std::isfinite(budget);
   // What more memory would buy: of the candidates that did not fit and are more than
   // 2% faster, the one needing the least.
@@ -81,21 +91,22 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
     if (!x.time) return "";
     size_t faster = chosen;
     for (size_t i = 0; i < c.size(); ++i)
-      if (!fits(c[i], budget) && c[i].time->step_s * 1.02 < x.time->step_s &&
+      if (!fits(c[i], memory) && c[i].time->step_s * 1.02 < x.time->step_s &&
           (faster == chosen || c[i].plan.total() < c[faster].plan.total()))
         faster = i;
     if (faster == chosen) return "";
     return fmt::format("; {} would take {} but needs {}", c[faster].label,
                        ms(c[faster].time->step_s), gib(c[faster].plan.total()));
   };
-  if (eligible.size() == 1 && bounded) {
-    std::string s = fmt::format("{}: the only candidate that fits ({} of {} per rank)", x.label,
-                                gib(x.plan.total()), gib(budget));
+  if (eligible.size() == 1 && (bounded || std::isfinite(memory.host_per_node))) {
+    std::string s = fmt::format("{}: the only candidate that fits ({} of {} per rank{})", x.label,
+                                gib(x.plan.total()), gib(budget), host_use(x.plan, memory));
     if (x.time) s += fmt::format("; predicted {} per step", ms(x.time->step_s));
     return s + more_memory();
   }
   std::string s = x.label + ": ";
-  if (bounded) s += fmt::format("fits with {} to spare", gib(budget - x.plan.total()));
+  if (bounded)
+    s += fmt::format("fits with {} to spare{}", gib(budget - x.plan.total()), host_use(x.plan, memory));
   bool fewest = true;
   for (size_t i : eligible) fewest = fewest && c[i].plan.wire_bytes_per_step >= x.plan.wire_bytes_per_step;
   if (!x.time) {
@@ -136,7 +147,7 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
 // those of each change (the advice then names the "+ ckpt" candidate that fits).
 std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried,
                             const HardwareProfile* profile, const ClusterShape& cluster,
-                            double budget) {
+                            const MemoryBudget& budget) {
   struct Change {
     std::string flags;
     RunPlanRequest request;
@@ -226,7 +237,7 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
   return out;
 }
 
-Recommendation recommend(const std::vector<Candidate>& candidates, double budget_bytes,
+Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryBudget& budget_bytes,
                          const RunPlanRequest& base, const HardwareProfile* profile,
                          const ClusterShape& cluster) {
   Recommendation out;
@@ -244,8 +255,25 @@ Recommendation recommend(const std::vector<Candidate>& candidates, double budget
     if (candidates[i].plan.total() < candidates[smallest].plan.total()) smallest = i;
     checkpointing_tried = checkpointing_tried || candidates[i].request.model.activation_checkpointing;
   }
+  // Candidates whose device side fits but whose host side does not: say so (the
+  // device-only changes of step 4 cannot help them).
+  std::optional<size_t> device_fits;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (budget_bytes.fits_device(candidates[i].plan) &&
+        (!device_fits || candidates[i].plan.host.total() < candidates[*device_fits].plan.host.total()))
+      device_fits = i;
+  if (device_fits) {
+    const RunPlan& p = candidates[*device_fits].plan;
+    out.explanation = fmt::format(
+        "nothing fits in host memory: {} fits in {} per rank on the device but needs {} of host "
+        "memory per node ({} ranks x {}), the node has {}",
+        candidates[*device_fits].label, gib(budget_bytes.per_rank),
+        gib(budget_bytes.host_per_node_of(p)), budget_bytes.ranks_per_node, gib(p.host.total()),
+        gib(budget_bytes.host_per_node));
+    return out;
+  }
   out.explanation = fmt::format(
-      "nothing fits in {} per rank (the smallest, {}, needs {}): {}", gib(budget_bytes),
+      "nothing fits in {} per rank (the smallest, {}, needs {}): {}", gib(budget_bytes.per_rank),
       candidates.empty() ? "-" : candidates[smallest].label,
       candidates.empty() ? "-" : gib(candidates[smallest].plan.total()),
       smallest_change(base, checkpointing_tried, profile, cluster, budget_bytes));

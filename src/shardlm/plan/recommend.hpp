@@ -5,7 +5,9 @@
 //  1. Candidates: ddp, zero1, zero2, zero3, zero3 keeping parameters gathered from
 //     forward to backward, hybrid for each shard group size that divides the ranks;
 //     each as asked and, unless asked already, with activation checkpointing.
-//  2. Those whose planned bytes per rank fit the budget are eligible.
+//  2. Those whose planned bytes per rank fit the budget are eligible (a device run's
+//     host side too: its host bytes per rank times the ranks on a node within the
+//     node's host memory, where that is known).
 //  3. With a step-time model, the fastest eligible candidate wins: no candidate that
 //     fits is predicted faster than the one chosen. Step times within 1% of each
 //     other are equally fast (the model does not resolve less); among those, and
@@ -17,6 +19,7 @@
 //     accumulation steps), and doubling the ranks.
 #pragma once
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,13 +41,29 @@ struct Candidate {
 std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
                                        const ClusterShape& cluster, bool vary_checkpointing);
 
+// What a candidate must fit in. Implicit from a device budget alone (host unbounded).
+struct MemoryBudget {
+  MemoryBudget(double device_per_rank = std::numeric_limits<double>::infinity())
+      : per_rank(device_per_rank) {}
+  double per_rank;  // bytes per rank on the run's device (the host's for --device cpu)
+  // A device run's host memory per node (infinite: unknown) and the ranks on a node.
+  double host_per_node = std::numeric_limits<double>::infinity();
+  int ranks_per_node = 1;
+  bool fits_device(const RunPlan& p) const { return static_cast<double>(p.total()) <= per_rank; }
+  double host_per_node_of(const RunPlan& p) const {
+    return static_cast<double>(p.host.total()) * ranks_per_node;
+  }
+  bool fits_host(const RunPlan& p) const { return host_per_node_of(p) <= host_per_node; }
+  bool fits(const RunPlan& p) const { return fits_device(p) && fits_host(p); }
+};
+
 struct Recommendation {
   std::optional<size_t> chosen;  // index into the candidates
   std::string explanation;       // one line: "<label>: <why>"
 };
 
-// Steps 2-4. budget_bytes per rank; base and profile/cluster only serve step 4.
-Recommendation recommend(const std::vector<Candidate>& candidates, double budget_bytes,
+// Steps 2-4. base and profile/cluster only serve step 4.
+Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryBudget& budget,
                          const RunPlanRequest& base, const HardwareProfile* profile,
                          const ClusterShape& cluster);
 

@@ -1,6 +1,7 @@
 #include "shardlm/plan/run_plan.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "shardlm/data/sampler.hpp"
 #include "shardlm/model/family.hpp"
@@ -25,12 +26,9 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.grads = buffers.grads_bytes;
   plan.optimizer = buffers.optimizer_bytes;
   plan.device = r.model.device;
-  if (r.offload_optimizer) {
-    // m and v (8 bytes per owned element) leave the device; the host adds the fp32
-    // master and the gradient staging (8 more).
-    plan.host_optimizer = 2 * buffers.optimizer_bytes;
-    plan.optimizer = 0;
-  }
+  if (!plan.device.is_host())
+    plan.host = {buffers.host_params_bytes, buffers.host_grads_bytes,
+                 buffers.host_optimizer_bytes, buffers.host_frozen_bytes};
   plan.frozen = buffers.frozen_bytes;
   const bool params_in_compute_type = buffers.param_type != DType::fp32;
   const ModelMemoryPlan model =
@@ -38,6 +36,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.activations = model.activations;
   plan.params += model.params_scratch;
   plan.comm = n > 1 ? static_cast<int64_t>(r.comm_scratch_bytes) : 0;
+  if (!plan.device.is_host()) std::swap(plan.comm, plan.host.comm);  // the host's communicator
   // Parameters as values: a QLoRA base weight counts its values, not its storage words.
   for (const auto& u : layout.units) {
     plan.parameters += u.padded_numel;
@@ -62,6 +61,13 @@ RunPlan plan_run(const RunPlanRequest& r) {
       continue;
     }
     trainable_parameters += P;
+    if (r.strategy.optimizer_on_host && r.strategy.kind != StrategyKind::zero3 &&
+        r.strategy.kind != StrategyKind::hybrid) {
+      // Offloaded, every strategy reduces every micro-batch (ddp then all-gathers the
+      // reduced gradient, fp32); zero1/zero2 gather the updated parameters as stored.
+      elements_moved += r.strategy.kind == StrategyKind::ddp ? a * (rb + 4) * P : (a * rb + pb) * P;
+      continue;
+    }
     switch (r.strategy.kind) {
       case StrategyKind::ddp:    // reduce once per step; all-gather the reduced gradients
       case StrategyKind::zero1:  // reduce once per step; all-gather the updated parameters
@@ -105,7 +111,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   step.shared_unit = buffers.shared_unit;
   step.param_pool = buffers.param_pool;
   step.grad_pool = buffers.grad_pool;
-  if (!buffers.shard_grads) step.buckets = FlatUnitStrategy::plan_buckets(layout, r.strategy.bucket_mb);
+  if (!buffers.transient_grads) step.buckets = FlatUnitStrategy::plan_buckets(layout, r.strategy.bucket_mb);
   step.param_type = buffers.param_type;
   step.compute_copy = buffers.compute_copy;
   step.comm_scratch_bytes = r.comm_scratch_bytes;

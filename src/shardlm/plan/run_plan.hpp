@@ -36,9 +36,7 @@ struct RunPlanRequest {
   int global_batch = 0;  // sequences per step; 0: micro_batch x world_size
   int64_t min_unit_params = 65536;
   size_t comm_scratch_bytes = size_t{4} << 20;  // CommOptions::scratch_bytes
-  // --offload optimizer (device runs): the owned fp32 master, AdamW m and v and a
-  // gradient staging slice live in host memory instead of the device's.
-  bool offload_optimizer = false;
+  // --offload optimizer (device runs) is strategy.optimizer_on_host.
 };
 
 struct RunPlan {
@@ -51,10 +49,16 @@ struct RunPlan {
   // The categories above are on the run's device (the host for --device cpu).
   int64_t total() const { return params + grads + optimizer + activations + comm + frozen; }
   Device device{};
-  // --offload optimizer: host bytes of the offloaded state (master, m, v, gradient
-  // staging: 16 bytes per owned trainable element), counted by the host's tracker as
-  // "optimizer"; the device then holds no optimizer state.
-  int64_t host_optimizer = 0;
+  // A device run's host memory per rank, by the host tracker's category: the owned
+  // state HostOwnedState holds there (a mirror for checkpoints; with --offload
+  // optimizer the master, m, v and the gradient's accumulation for good). Zero for
+  // --device cpu, whose state is all in the categories above.
+  // comm: the world communicator's scratch, which carries host values (the device's
+  // collectives go through the device communicator).
+  struct Host {
+    int64_t params = 0, grads = 0, optimizer = 0, frozen = 0, comm = 0;
+    int64_t total() const { return params + grads + optimizer + frozen + comm; }
+  } host;
   double wire_bytes_per_step = 0;  // bus bytes per rank and optimizer step
   double flops_per_step = 0;       // model FLOPs per rank and step (GEMMs + attention)
   double tokens_per_step = 0;      // global batch x sequence length

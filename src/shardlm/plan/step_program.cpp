@@ -48,7 +48,9 @@ class ProgramBuilder {
         M_(static_cast<int>(s.flat_unit_of.size())),
         shard_params_(s.strategy.kind == StrategyKind::zero3 ||
                       s.strategy.kind == StrategyKind::hybrid),
-        shard_grads_(s.strategy.kind == StrategyKind::zero2 || shard_params_),
+        // Offloaded (--offload optimizer), every strategy reduces unit by unit as zero2.
+        shard_grads_(s.strategy.kind == StrategyKind::zero2 || shard_params_ ||
+                     s.strategy.optimizer_on_host),
         replica_size_(s.world_size / s.partition),
         schedule_(FlatUnitStrategy::training_schedule(M_)),
         gather_(U_, -1),
@@ -183,9 +185,14 @@ class ProgramBuilder {
     const size_t u = unit(m);
     if (first_model_unit_[u] == m && trains(u)) {  // the flat unit's gradient is complete
       if (shard_grads_) {
-        pending_.push_back({static_cast<int>(u),
-                            issue(CollectiveKind::reduce_scatter, CommGroup::shard,
-                                  numel(u) * reduce_bytes(), reduce_bytes(), "reduce_scatter grads")});
+        int reduced = issue(CollectiveKind::reduce_scatter, CommGroup::shard,
+                            numel(u) * reduce_bytes(), reduce_bytes(), "reduce_scatter grads");
+        // Offloaded ddp: the host updates the whole unit, so the reduced slices are
+        // all-gathered after, on the same group (FlatUnit::start_reduce).
+        if (s_.strategy.optimizer_on_host && s_.strategy.kind == StrategyKind::ddp)
+          reduced = issue(CollectiveKind::all_gather, CommGroup::shard, numel(u) * 4, 4,
+                          "all_gather grads");
+        pending_.push_back({static_cast<int>(u), reduced});
       } else if (micro_batch == s_.accumulation - 1) {
         for (size_t b = 0; b < s_.buckets.size(); ++b)
           if (s_.buckets[b].back() == static_cast<int>(u)) launch_bucket(b);
@@ -222,8 +229,12 @@ class ProgramBuilder {
       for (size_t u = 0; u < U_; ++u) stale_[u] = stale_[u] || trains(u);
     if (s_.strategy.kind == StrategyKind::zero1 || s_.strategy.kind == StrategyKind::zero2)
       for (size_t u = 0; u < U_; ++u)
-        if (trains(u)) param_sync_[u] =
-            issue(CollectiveKind::all_gather, CommGroup::shard, numel(u) * 4, 4, "all_gather params");
+        if (trains(u)) {
+          // Offloaded, the device stores the parameters in the compute type only.
+          const size_t bytes = s_.strategy.optimizer_on_host ? param_bytes() : 4;
+          param_sync_[u] = issue(CollectiveKind::all_gather, CommGroup::shard, numel(u) * bytes,
+                                 bytes, "all_gather params");
+        }
   }
 
   // Replicated parameters: wait for the unit's all-gather, round the bf16 copy.

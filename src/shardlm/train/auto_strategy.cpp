@@ -65,8 +65,12 @@ nlohmann::json decide(const TrainOptions& o, int world_size, const JobShape& sha
     }
   }
   const HardwareProfile* profile = in.profile ? &*in.profile : nullptr;
-  const double budget = o.memory_per_rank_gib ? *o.memory_per_rank_gib * double(1ll << 30)
-                                              : shape.budget_bytes;
+  MemoryBudget budget(o.memory_per_rank_gib ? *o.memory_per_rank_gib * double(1ll << 30)
+                                            : shape.budget_bytes);
+  // A device run's host side (HostOwnedState) must fit this host's memory too: each
+  // rank's share of it, measured (so per rank, one rank per share).
+  budget.host_per_node = shape.budget_bytes;
+  budget.ranks_per_node = 1;
   const std::vector<Candidate> candidates =
       plan_candidates(in.request, profile, in.cluster, /*vary_checkpointing=*/true);
   const Recommendation rec = recommend(candidates, budget, in.request, profile, in.cluster);

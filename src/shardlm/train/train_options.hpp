@@ -88,7 +88,8 @@ struct TrainOptions {
 
   // Where each rank computes: cpu, cuda (one GPU per rank: the node-local rank's), or
   // emulated (a test device: backend/emulated). --offload optimizer keeps the owned fp32
-  // master weights and AdamW state in host memory and runs AdamW there (device runs).
+  // master weights, the gradient's accumulation and AdamW state in host memory and runs
+  // AdamW there (device runs; the device keeps the compute-type parameters).
   std::string device = "cpu";
   std::string offload = "none";  // none | optimizer
 

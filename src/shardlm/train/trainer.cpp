@@ -566,6 +566,7 @@ void Trainer::build_model_and_strategy() {
         *layout_, *strategy_, *backend_,
         strategy_options_.optimizer_on_host ? HostOwnedState::Role::offloaded_optimizer
                                             : HostOwnedState::Role::mirror);
+  if (strategy_options_.optimizer_on_host) strategy_->accumulate_gradients_on(*host_state_);
   runner_ = std::make_unique<ModelRunner>(*model_, *strategy_);
 }
 
