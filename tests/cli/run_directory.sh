@@ -114,4 +114,9 @@ PY
 expect_error "tensor 'transformer.wte.weight' holds non-finite values (NaN or infinity); refusing to export it" \
   "$SHARDLM" export --checkpoint "$WORK/nan" --out "$WORK/nan_hf"
 [ ! -e "$WORK/nan_hf" ] || fail "a refused export created its directory"
+# So do eval and sample (chat loads through the same check): one line, non-zero.
+expect_error "checkpoint '.*step_00000008' tensor 'transformer.wte.weight' holds non-finite values (NaN or infinity); refusing to evaluate it" \
+  "$SHARDLM" eval --checkpoint "$WORK/nan" --data "$WORK/data" --seq-len 32 --windows 2
+expect_error "tensor 'transformer.wte.weight' holds non-finite values (NaN or infinity); refusing to sample from it" \
+  "$SHARDLM" sample --checkpoint "$WORK/nan" --tokens 2
 echo "1 passed, 0 failed"

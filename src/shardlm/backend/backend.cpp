@@ -13,6 +13,12 @@
 
 namespace shardlm {
 
+void Backend::attention_forward_cached(TypedPtr, ConstTypedPtr, int64_t, ConstTypedPtr,
+                                       ConstTypedPtr, int64_t, const AttentionShape&, int) {
+  throw Error(fmt::format("generation with a KV cache is not implemented on {} (it runs on "
+                          "the CPU)", description()));
+}
+
 bool cuda_backend_compiled() {
 #ifdef SHARDLM_WITH_CUDA
   return true;

@@ -122,6 +122,11 @@ class Backend {
   virtual void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv,
                                   ConstTypedPtr out, const float* lse, const AttentionShape& s,
                                   const int32_t* key_begin) = 0;
+  // A KV cache's step (cpu::attention_forward_cached: new queries over cached keys
+  // and values). Not every backend has it: the default says so, naming the backend.
+  virtual void attention_forward_cached(TypedPtr out, ConstTypedPtr q, int64_t ld_q,
+                                        ConstTypedPtr k, ConstTypedPtr v, int64_t ld_kv,
+                                        const AttentionShape& s, int past);
   virtual void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte,
                                  ConstTypedPtr wpe, int B, int T, int C, DType value_type,
                                  const int32_t* positions) = 0;

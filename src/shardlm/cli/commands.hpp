@@ -32,6 +32,7 @@ void register_plan(CLI::App& app);
 void register_calibrate(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_report(CLI::App& app);
+void register_chat(CLI::App& app);
 
 // `shardlm report`'s page for a run or bench directory, written to out_path (default
 // DIR/report.html); returns the path written.

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   shardlm::cli::register_train(app);
   shardlm::cli::register_sft(app);
   shardlm::cli::register_sample(app);
+  shardlm::cli::register_chat(app);
   shardlm::cli::register_inspect(app);
   shardlm::cli::register_launch(app);
   shardlm::cli::register_export(app);

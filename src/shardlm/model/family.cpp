@@ -168,6 +168,12 @@ void Model::logits_at(UnitPointers params, int t, float* out) const {
   logits_at(ParamPointers(p), t, out);
 }
 
+void Model::forward_unit_cached(int unit, UnitPointers params, KvCache& cache,
+                                const MicroBatch& batch) {
+  const auto p = typed(params);
+  forward_unit_cached(unit, ParamPointers(p), cache, batch);
+}
+
 void Model::init_unit(int unit, uint64_t seed, float* unit_params) const {
   SHARDLM_CHECK(unit >= 0 && unit < layout().num_units(), "model: layout unit {} out of range [0, {})",
                 unit, layout().num_units());

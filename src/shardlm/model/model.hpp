@@ -22,6 +22,7 @@
 #include "shardlm/core/device.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/model/config.hpp"
+#include "shardlm/model/kv_cache.hpp"
 #include "shardlm/model/param_layout.hpp"
 
 namespace shardlm {
@@ -54,6 +55,12 @@ struct ModelOptions {
   // device the micro-batch's arrays are copied into the arena (MicroBatch stays host
   // memory); parameters and gradients handed in must be that device's memory.
   Device device{};
+  // Inference only: every forward GEMM runs one row at a time (M = 1), so a row's result
+  // does not depend on how many rows share the call. oneDNN sums a row of an M = 1 GEMM
+  // in another order than the same row among 16 or more (docs/generation.md), so only
+  // this way are KV-cache generation and rerunning the whole context bitwise the same.
+  // Off for training (one GEMM per call is much faster).
+  bool row_by_row_gemm = false;
 };
 
 // What a model allocates (bytes), for `shardlm plan`.
@@ -96,11 +103,23 @@ class Model {
   // row, [B, vocab_size] (padded columns excluded), for sampling.
   virtual void logits_at(ParamPointers params, int t, float* out) const = 0;
 
+  // Generation with a KV cache (model/kv_cache.hpp). make_kv_cache: an empty cache for
+  // up to `capacity` positions (at most the max_seq the model was built for).
+  virtual KvCache make_kv_cache(int capacity) const = 0;
+  // Forward of one unit over batch.T new tokens of one sequence (batch.B == 1, no
+  // targets, positions or key_begin) at positions cache.length() + t: earlier
+  // positions' keys and values come from the cache, the new ones are added to it; the
+  // last unit advances the cache and leaves logits_at(params, t, out) for new token t.
+  // Units in order, as forward_unit; no backward follows.
+  virtual void forward_unit_cached(int unit, ParamPointers params, KvCache& cache,
+                                   const MicroBatch& batch) = 0;
+
   // Conveniences over the above for fp32 parameters (tests, tools).
   void forward_unit(int unit, UnitPointers params, UnitPointers grads, const MicroBatch& batch,
                     bool training, float grad_scale);
   void backward_unit(int unit, UnitPointers params, UnitPointers grads, const MicroBatch& batch);
   void logits_at(UnitPointers params, int t, float* out) const;
+  void forward_unit_cached(int unit, UnitPointers params, KvCache& cache, const MicroBatch& batch);
   // Fill flat layout unit `unit` (which may hold several model units) with the
   // family's init (init_param_range); deterministic in (seed, parameter name) only.
   void init_unit(int unit, uint64_t seed, float* unit_params) const;

@@ -133,6 +133,44 @@ void check_grad_pointer(UnitPointers grads, int num_units, int unit) {
                 unit, unit);
 }
 
+void forward_gemm(Backend& backend, bool row_by_row, bool trans_w, int rows, int N, int K,
+                  float alpha, ConstTypedPtr x, int lda, ConstTypedPtr w, int ldw, float beta,
+                  float* out, int ldc) {
+  if (!row_by_row) {
+    backend.gemm(false, trans_w, rows, N, K, alpha, x, lda, w, ldw, beta, out, ldc);
+    return;
+  }
+  for (int r = 0; r < rows; ++r)
+    backend.gemm(false, trans_w, 1, N, K, alpha, x.at(static_cast<int64_t>(r) * lda), lda, w, ldw,
+                 beta, out + static_cast<int64_t>(r) * ldc, ldc);
+}
+
+std::vector<int32_t> start_cached_step(const MicroBatch& batch, const KvCache& cache,
+                                       int layers, int64_t kv_width, DType compute, int max_seq,
+                                       int vocab_size) {
+  SHARDLM_CHECK(batch.B == 1 && batch.targets == nullptr && batch.positions == nullptr &&
+                    batch.key_begin == nullptr,
+                "model: a KV-cache step takes one sequence of tokens (batch {}), without "
+                "targets, positions or document starts",
+                batch.B);
+  SHARDLM_CHECK(cache.layers() == layers && cache.kv_width() == kv_width &&
+                    cache.dtype() == compute,
+                "model: the KV cache holds {} layers x {} {} values; this model needs {} x {} {}",
+                cache.layers(), cache.kv_width(), dtype_name(cache.dtype()), layers, kv_width,
+                dtype_name(compute));
+  SHARDLM_CHECK(batch.T >= 1 && batch.T <= cache.room(),
+                "model: {} new tokens do not fit the KV cache ({} of {} positions used)", batch.T,
+                cache.length(), cache.capacity());
+  SHARDLM_CHECK(cache.capacity() <= max_seq,
+                "model: the KV cache holds {} positions, the model was built for {}",
+                cache.capacity(), max_seq);
+  MicroBatch tokens_only = batch;
+  check_micro_batch(tokens_only, 1, max_seq, vocab_size);
+  std::vector<int32_t> positions(static_cast<size_t>(batch.T));
+  for (int t = 0; t < batch.T; ++t) positions[static_cast<size_t>(t)] = cache.length() + t;
+  return positions;
+}
+
 void check_micro_batch(const MicroBatch& batch, int max_batch, int max_seq, int vocab_size) {
   SHARDLM_CHECK(batch.B > 0 && batch.B <= max_batch,
                 "model: batch size {} is outside [1, {}] (the size the model was built for)",

@@ -78,6 +78,20 @@ class ParamRounding {
   TrackedBuffer vector_buffer_;
 };
 
+// out[rows, N] = alpha x[rows, K] op(W) + beta out, x's rows at stride lda (a forward
+// GEMM: activations times a weight). One backend GEMM, or with row_by_row one M = 1
+// GEMM per row (ModelOptions::row_by_row_gemm).
+void forward_gemm(Backend& backend, bool row_by_row, bool trans_w, int rows, int N, int K,
+                  float alpha, ConstTypedPtr x, int lda, ConstTypedPtr w, int ldw, float beta,
+                  float* out, int ldc);
+
+// The checks every family's forward_unit_cached makes when a step starts (unit 0):
+// one sequence, no targets or packing, inside the cache and the model's sizes; returns
+// the step's positions cache.length() + t.
+std::vector<int32_t> start_cached_step(const MicroBatch& batch, const KvCache& cache,
+                                       int layers, int64_t kv_width, DType compute, int max_seq,
+                                       int vocab_size);
+
 // Every model unit in `units` has a pointer, fp32 or in the compute type (Error otherwise).
 void check_param_pointers(ParamPointers params, int num_units, const std::vector<int>& units,
                           int unit, DType compute);

@@ -11,6 +11,14 @@ double ModelRunner::forward(const MicroBatch& batch, bool training, float grad_s
   return batch.targets != nullptr ? model_.last_loss_sum() : 0.0;
 }
 
+void ModelRunner::forward_cached(const MicroBatch& batch, KvCache& cache) {
+  for (int u = 0; u < model_.num_units(); ++u) {
+    strategy_.before_forward(u, /*training=*/false);
+    model_.forward_unit_cached(u, strategy_.params(), cache, batch);
+    strategy_.after_forward(u);
+  }
+}
+
 void ModelRunner::backward(const MicroBatch& batch, int micro_batch) {
   for (int u = model_.num_units() - 1; u >= 0; --u) {
     strategy_.before_backward(u);

@@ -14,6 +14,9 @@ class ModelRunner {
 
   // Forward of every unit; with targets, returns the loss sum over non-ignored targets.
   double forward(const MicroBatch& batch, bool training, float grad_scale);
+  // Forward of every unit over the next batch.T tokens of one sequence with a KV cache
+  // (Model::forward_unit_cached); logits_at then gives their logits.
+  void forward_cached(const MicroBatch& batch, KvCache& cache);
   // Backward of every unit in reverse order; micro_batch tells the strategy where in
   // the accumulation the step is (DDP communicates on the last one only).
   void backward(const MicroBatch& batch, int micro_batch);

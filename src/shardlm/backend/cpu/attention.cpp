@@ -331,11 +331,14 @@ float* head_scratch(size_t floats) {
 // One (batch, head, query block) of the forward, with an online softmax over the key
 // blocks its queries see. q_all and v_all are the head's q and v rows in fp32 ([T, hd]),
 // k_t_all its key blocks transposed ([T / kBlock][hd][kBlock]), all built once per
-// head (forward_head).
+// head (forward_head). Only the queries from write_begin on are written, at row
+// i - write_begin of out and lse (a KV cache's step: the earlier rows of the block are
+// its past positions, whose results exist already); lse may be null. A query's result
+// depends only on its own row, the keys and T, never on the other rows of its block.
 template <typename S>
 void forward_query_block(typename S::Elem* out, float* lse, const HeadView<S>& hv,
                          const float* q_all, const float* k_t_all, const float* v_all, int i0,
-                         int T) {
+                         int T, int write_begin = 0) {
   const int hd = hv.hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int nq = std::min(kBlock, T - i0);
@@ -370,14 +373,14 @@ void forward_query_block(typename S::Elem* out, float* lse, const HeadView<S>& h
     const float* v = v_all + static_cast<int64_t>(j0 + skip) * hd;
     tile_gemm(acc, hd, s + skip, kBlock, 1, v, hd, nq, hd, nk - skip);
   }
-  for (int ii = 0; ii < nq; ++ii) {
-    const int i = i0 + ii;
+  for (int ii = std::max(0, write_begin - i0); ii < nq; ++ii) {
+    const int64_t row = i0 + ii - write_begin;
     const float inv_sum = 1.0f / row_sum[ii];
-    typename S::Elem* out_row = out + hv.out_offset + static_cast<int64_t>(i) * hv.out_stride;
+    typename S::Elem* out_row = out + hv.out_offset + row * hv.out_stride;
     const float* a = acc + ii * hd;
 #pragma omp simd
     for (int d = 0; d < hd; ++d) out_row[d] = S::narrow(a[d] * inv_sum);
-    lse[hv.lse_offset + i] = row_max[ii] + std::log(row_sum[ii]);
+    if (lse != nullptr) lse[hv.lse_offset + row] = row_max[ii] + std::log(row_sum[ii]);
   }
 }
 
@@ -400,6 +403,32 @@ void forward_head(typename S::Elem* out, float* lse, const HeadView<S>& hv, int 
   }
   for (int i0 = 0; i0 < T; i0 += kBlock)
     forward_query_block<S>(out, lse, hv, q_all, k_t_all, v_all, i0, T);
+}
+
+// One query head of a KV cache's step (attention_forward_cached): the cached keys and
+// values of positions [0, T) and the new queries [past, T) in fp32 as forward_head
+// builds them (the earlier rows of the first query block zero: computed, never
+// written), then the query blocks that hold new rows.
+template <typename S>
+void forward_head_cached(typename S::Elem* out, const HeadView<S>& hv, int64_t q_stride,
+                         int past, int T) {
+  const int hd = hv.hd;
+  const int num_blocks = (T + kBlock - 1) / kBlock;
+  const int64_t rows = static_cast<int64_t>(T) * hd;
+  float* q_all = head_scratch(2 * rows + static_cast<int64_t>(num_blocks) * hd * kBlock);
+  float* v_all = q_all + rows;
+  float* k_t_all = v_all + rows;
+  const int first_block = past / kBlock * kBlock;
+  std::fill(q_all + static_cast<int64_t>(first_block) * hd, q_all + static_cast<int64_t>(past) * hd, 0.0f);
+  load_tile<S>(q_all + static_cast<int64_t>(past) * hd, hv.q, q_stride, T - past, hd);
+  load_tile<S>(v_all, hv.v, hv.qkv_stride, T, hd);
+  for (int block = 0; block < num_blocks; ++block) {
+    const int j0 = block * kBlock;
+    transpose_block<S>(k_t_all + static_cast<int64_t>(block) * hd * kBlock,
+                       hv.k + j0 * hv.qkv_stride, hv.qkv_stride, std::min(kBlock, T - j0), hd);
+  }
+  for (int i0 = first_block; i0 < T; i0 += kBlock)
+    forward_query_block<S>(out, nullptr, hv, q_all, k_t_all, v_all, i0, T, past);
 }
 
 // Where a backward task writes the gradient of its head's k and v rows: dqkv itself
@@ -646,6 +675,44 @@ void attention_forward_on(Bf16AttentionPath path, TypedPtr out, float* lse, Cons
     using S = decltype(storage);
     forward_all<S>(static_cast<typename S::Elem*>(out.data), lse,
                    static_cast<const typename S::Elem*>(qkv.data), s, key_begin);
+  });
+}
+
+void attention_forward_cached(TypedPtr out, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr k,
+                              ConstTypedPtr v, int64_t ld_kv, const AttentionShape& s, int past) {
+  const PhaseScope phase(Phase::attention);
+  check_shape(s);
+  SHARDLM_CHECK(s.B == 1, "attention over a KV cache: one sequence at a time, got batch {}", s.B);
+  SHARDLM_CHECK(past >= 0, "attention over a KV cache: past length {} must be >= 0", past);
+  SHARDLM_CHECK(out.dtype == q.dtype && q.dtype == k.dtype && k.dtype == v.dtype,
+                "attention over a KV cache: out, q, k and v must share one type, got {} {} {} {}",
+                dtype_name(out.dtype), dtype_name(q.dtype), dtype_name(k.dtype),
+                dtype_name(v.dtype));
+  SHARDLM_CHECK(ld_q >= s.out_columns() && ld_kv >= static_cast<int64_t>(s.n_kv_head) * s.head_dim,
+                "attention over a KV cache: row strides {} (q) and {} (k, v) are shorter than "
+                "the rows {} and {}", ld_q, ld_kv, s.out_columns(),
+                static_cast<int64_t>(s.n_kv_head) * s.head_dim);
+  const int T = past + s.T;
+  with_storage(q.dtype, [&](auto storage) {
+    using S = decltype(storage);
+    using E = typename S::Elem;
+    const E* q_base = static_cast<const E*>(q.data);
+    const E* k_base = static_cast<const E*>(k.data);
+    const E* v_base = static_cast<const E*>(v.data);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int h = 0; h < s.n_head; ++h) {
+      const int kv = h / s.group_size();
+      const HeadView<S> hv{q_base + static_cast<int64_t>(h) * s.head_dim,
+                           k_base + static_cast<int64_t>(kv) * s.head_dim,
+                           v_base + static_cast<int64_t>(kv) * s.head_dim,
+                           ld_kv,
+                           s.out_columns(),
+                           static_cast<int64_t>(h) * s.head_dim,
+                           0,
+                           nullptr,
+                           s.head_dim};
+      forward_head_cached<S>(static_cast<E*>(out.data), hv, ld_q, past, T);
+    }
   });
 }
 

@@ -55,6 +55,16 @@ void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, Const
                         const float* lse, const AttentionShape& s,
                         const int32_t* key_begin = nullptr);
 
+// A KV cache's step: attention of s.T new queries of one sequence (s.B == 1) at
+// positions [past, past + s.T) over the keys and values of positions [0, past + s.T)
+// (the cache, which already holds the new ones). q [s.T, ld_q] holds the query heads
+// (the first n_head hd columns of a qkv row), k and v [past + s.T, ld_kv] the kv heads,
+// out [s.T, n_head hd]. Each query gets bitwise what attention_forward gives its
+// position over the whole sequence on the widening path (same key blocks, same order;
+// the bf16 dot-product kernels are not used here).
+void attention_forward_cached(TypedPtr out, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr k,
+                              ConstTypedPtr v, int64_t ld_kv, const AttentionShape& s, int past);
+
 // How bf16 attention runs. kAuto: bf16 dot products where attention_uses_bf16_dot_products,
 // else kWidenToFp32. A forward and its backward must run the same path (the backward
 // recomputes the forward's scores). Tests force each path; kBf16DotProducts where

@@ -182,6 +182,13 @@ class EmulatedBackend final : public Backend {
     const char* k = "attention_forward";
     cpu_.attention_forward(dev(out, k), dev(lse, k), dev(qkv, k), s, dev(key_begin, k));
   }
+  void attention_forward_cached(TypedPtr out, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr k,
+                                ConstTypedPtr v, int64_t ld_kv, const AttentionShape& s,
+                                int past) override {
+    const char* what = "attention_forward_cached";
+    cpu_.attention_forward_cached(dev(out, what), dev(q, what), ld_q, dev(k, what), dev(v, what),
+                                  ld_kv, s, past);
+  }
   void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
                           const float* lse, const AttentionShape& s,
                           const int32_t* key_begin) override {

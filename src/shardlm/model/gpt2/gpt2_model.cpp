@@ -104,6 +104,9 @@ struct Gpt2Model::Impl {
   // The micro-batch's arrays where the kernels read them (key_begin: packed sequences,
   // where each token's document starts, attention looks no further back; or null).
   StagedBatch staged;
+  // During forward_unit_cached: the cache, and the step's positions (cache.length() + t).
+  KvCache* kv = nullptr;
+  std::vector<int32_t> kv_positions;
 
   int64_t N() const { return static_cast<int64_t>(B) * T; }
 
@@ -132,6 +135,11 @@ struct Gpt2Model::Impl {
   // checkpointing); skips the last GEMM and the residual add, which backward does
   // not need, and leaves residual[l + 1] alone.
   void block_forward(int l, const BlockVectors& v, const BlockWeights& w, bool recompute);
+  // Attention of the step's rows over the KV cache, after adding their keys and values.
+  void cached_attention(int l, BlockActivations& a);
+  void gemm_forward(int rows, int n, int k, ConstTypedPtr x, ConstTypedPtr w, float* out) {
+    forward_gemm(*be, options.row_by_row_gemm, false, rows, n, k, 1.0f, x, k, w, n, 0.0f, out, n);
+  }
   void block_backward(int l, const BlockVectors& v, const BlockWeights& w, float* g);
   void final_forward(ParamPointers params, UnitPointers grads, const MicroBatch& batch,
                      bool training, float grad_scale);
@@ -295,19 +303,30 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, v.ln1_w, v.ln1_b, n, C);
   // Attention reads the stored (rounded) qkv, as backward will.
   float* qkv_out = fp32 ? a.qkv.f32() : dbig;
-  be->gemm(false, false, rows, 3 * C, C, 1.0f, a.ln1, C, w.attn, 3 * C, 0.0f, qkv_out, 3 * C);
+  gemm_forward(rows, 3 * C, C, a.ln1, w.attn, qkv_out);
   be->add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * C);
-  be->attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H}, staged.key_begin);
-  be->gemm(false, false, rows, C, C, 1.0f, a.att, C, w.attn_proj, C, 0.0f, branch, C);
+  if (kv != nullptr)
+    cached_attention(l, a);
+  else
+    be->attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H}, staged.key_begin);
+  gemm_forward(rows, C, C, a.att, w.attn_proj, branch);
   be->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
                                   v.attn_proj_b, v.ln2_w, v.ln2_b, n, C);
   float* fc_out = fp32 ? a.fc_pre.f32() : dbig;
-  be->gemm(false, false, rows, 4 * C, C, 1.0f, a.ln2, C, w.fc, 4 * C, 0.0f, fc_out, 4 * C);
+  gemm_forward(rows, 4 * C, C, a.ln2, w.fc, fc_out);
   be->bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, v.fc_b, n, 4 * C);
   if (recompute) return;
-  be->gemm(false, false, rows, C, 4 * C, 1.0f, a.fc_act, 4 * C, w.fc_proj, C, 0.0f, branch, C);
+  gemm_forward(rows, C, 4 * C, a.fc_act, w.fc_proj, branch);
   be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, v.fc_proj_b, n,
                          C);
+}
+
+void Gpt2Model::Impl::cached_attention(int l, BlockActivations& a) {
+  const int past = kv->length();
+  be->convert_rows(kv->key_row(l, past), C, a.qkv.at(C), 3 * C, T, C);
+  be->convert_rows(kv->value_row(l, past), C, a.qkv.at(2 * C), 3 * C, T, C);
+  be->attention_forward_cached(a.att, a.qkv, 3 * C, kv->keys(l), kv->values(l), C,
+                               {1, T, H, H, C / H}, past);
 }
 
 // On entry dres holds dLoss/d(block output); on exit dLoss/d(block input). Weight
@@ -447,6 +466,49 @@ void Gpt2Model::backward_unit(int unit, ParamPointers params, UnitPointers grads
     float* g = grads[0];
     m.be->embedding_backward(g + m.wte, g + m.wpe, m.dres, m.staged.tokens, m.B, m.T, m.C,
                              m.staged.positions);
+  }
+}
+
+KvCache Gpt2Model::make_kv_cache(int capacity) const {
+  const Impl& m = *impl_;
+  SHARDLM_CHECK(capacity >= 1 && capacity <= m.max_seq,
+                "model: a KV cache of {} positions; the model was built for [1, {}]", capacity,
+                m.max_seq);
+  return KvCache(*m.be, m.L, capacity, m.C, m.compute);
+}
+
+void Gpt2Model::forward_unit_cached(int unit, ParamPointers params, KvCache& cache,
+                                    const MicroBatch& batch) {
+  Impl& m = *impl_;
+  check_param_pointers(params, m.L + 2, m.needed_units(unit), unit, m.compute);
+  if (unit == 0) {
+    m.kv_positions = start_cached_step(batch, cache, m.L, m.C, m.compute, m.max_seq, m.V);
+    m.state.start(batch);
+    m.B = 1;
+    m.T = batch.T;
+    MicroBatch positioned = batch;
+    positioned.positions = m.kv_positions.data();
+    m.staged.stage(*m.be, positioned, /*default_positions=*/false);
+    const ConstTypedPtr p = params[0];
+    m.be->embedding_forward(m.residual[0], m.staged.tokens, p.at(m.wte), p.at(m.wpe), 1, m.T,
+                            m.C, m.compute, m.staged.positions);
+    return;
+  }
+  m.state.check_forward(unit, batch);
+  if (unit < m.final_unit) {
+    const ConstTypedPtr p = params[unit];
+    m.kv = &cache;
+    try {
+      m.block_forward(unit - 1, m.block_vectors(unit - 1, p), m.block_weights(unit - 1, p),
+                      /*recompute=*/false);
+    } catch (...) {
+      m.kv = nullptr;
+      throw;
+    }
+    m.kv = nullptr;
+  } else {
+    m.final_forward(params, {}, batch, /*training=*/false, 0.0f);
+    cache.advance(batch.T);
   }
 }
 

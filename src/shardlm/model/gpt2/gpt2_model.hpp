@@ -76,6 +76,10 @@ class Gpt2Model final : public Model {
                     bool training, float grad_scale) override;
   void backward_unit(int unit, ParamPointers params, UnitPointers grads,
                      const MicroBatch& batch) override;
+  KvCache make_kv_cache(int capacity) const override;
+  using Model::forward_unit_cached;
+  void forward_unit_cached(int unit, ParamPointers params, KvCache& cache,
+                           const MicroBatch& batch) override;
   double last_loss_sum() const override;
   int64_t last_target_count() const override;
   void logits_at(ParamPointers params, int t, float* out) const override;

@@ -120,6 +120,9 @@ struct LlamaModel::Impl {
   StagedBatch staged;                     // the micro-batch's arrays on the device
   const int32_t* positions = nullptr;     // of the current micro-batch, where kernels read them
   const int32_t* key_begin = nullptr;
+  // During forward_unit_cached: the cache, and the step's positions (cache.length() + t).
+  KvCache* kv = nullptr;
+  std::vector<int32_t> kv_positions;
 
   int64_t N() const { return state.N(); }
   AttentionShape attention_shape() const {
@@ -166,6 +169,13 @@ struct LlamaModel::Impl {
   // and dx += its share of the input gradient.
   void lora_backward(size_t group, const LayerAdapters& ad, ConstTypedPtr x, ConstTypedPtr dy,
                      float* dx);
+  // Attention of the step's rows over the KV cache, after adding their keys and values.
+  void cached_attention(int l, LayerActivations& a);
+  void gemm_forward(int rows, int n, int k, float alpha, ConstTypedPtr x, int ldx,
+                    ConstTypedPtr w, float beta, float* out, int ldc) {
+    forward_gemm(*be, options.row_by_row_gemm, true, rows, n, k, alpha, x, ldx, w, k, beta, out,
+                 ldc);
+  }
   void qk_norm_forward(LayerActivations& a, const LayerVectors& v, float* qkv_f);
   void qk_norm_backward(const LayerActivations& a, const LayerVectors& v, float* dqkv,
                         float* dq_norm, float* dk_norm);
@@ -488,12 +498,12 @@ void LlamaModel::Impl::lora_forward(size_t gi, const LayerAdapters& ad, ConstTyp
   const GroupAdapters& w = ad[gi];
   const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
   const int width = static_cast<int>(g.targets.size()) * r;
-  be->gemm(false, true, rows, width, in, 1.0f, x, in, w.a, in, 0.0f, lora_u, width);  // u = x A^T
+  gemm_forward(rows, width, in, 1.0f, x, in, w.a, 0.0f, lora_u, width);  // u = x A^T
   const ConstTypedPtr u = rounding->for_gemm(lora_u, lora_u_c, N() * width);
   for (size_t ti = 0; ti < g.targets.size(); ++ti) {
     const LoraTarget& tg = g.targets[ti];
-    be->gemm(false, true, rows, static_cast<int>(tg.out), r, lora_scale, u.at(static_cast<int64_t>(ti) * r),
-         width, w.b[ti], r, 1.0f, out + tg.out_offset, static_cast<int>(g.out_width));
+    gemm_forward(rows, static_cast<int>(tg.out), r, lora_scale, u.at(static_cast<int64_t>(ti) * r),
+                 width, w.b[ti], 1.0f, out + tg.out_offset, static_cast<int>(g.out_width));
   }
 }
 
@@ -534,8 +544,8 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   be->rmsnorm_forward(a.ln1, C, a.rstd1, x, C, v.ln1, {n, 1, static_cast<int>(C)}, eps);
   // q|k|v in one GEMM over the packed [QKV, C] projection (HF's [out, in] weights).
   float* qkv_f = dbig;
-  be->gemm(false, true, rows, static_cast<int>(QKV), static_cast<int>(C), 1.0f, a.ln1,
-       static_cast<int>(C), w.qkv, static_cast<int>(C), 0.0f, qkv_f, static_cast<int>(QKV));
+  gemm_forward(rows, static_cast<int>(QKV), static_cast<int>(C), 1.0f, a.ln1, static_cast<int>(C),
+               w.qkv, 0.0f, qkv_f, static_cast<int>(QKV));
   if (lora_qkv >= 0) lora_forward(static_cast<size_t>(lora_qkv), ad, a.ln1, qkv_f);
   if (v.qkv_b != nullptr) be->add_bias(qkv_f, v.qkv_b, n, static_cast<int>(QKV));
   if (config.qk_norm) qk_norm_forward(a, v, qkv_f);
@@ -545,23 +555,35 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   be->rope_forward(a.qkv.at(Q), QKV, qkv_f + Q, QKV, n, static_cast<int>(KV),
                     static_cast<int>(hd), positions, rope_view);
   be->convert_rows(a.qkv.at(Q + KVD), QKV, qkv_f + Q + KVD, QKV, n, KVD);
-  be->attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
-  be->gemm(false, true, rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att,
-       static_cast<int>(Q), w.o, static_cast<int>(Q), 0.0f, branch, static_cast<int>(C));
+  if (kv != nullptr)
+    cached_attention(l, a);
+  else
+    be->attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
+  gemm_forward(rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att, static_cast<int>(Q),
+               w.o, 0.0f, branch, static_cast<int>(C));
   if (lora_o >= 0) lora_forward(static_cast<size_t>(lora_o), ad, a.att, branch);
   be->residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
                                 static_cast<int>(C), eps);
   float* gu_f = compute == DType::fp32 ? a.gate_up.f32() : dbig;
-  be->gemm(false, true, rows, static_cast<int>(2 * I), static_cast<int>(C), 1.0f, a.ln2,
-       static_cast<int>(C), w.gate_up, static_cast<int>(C), 0.0f, gu_f, static_cast<int>(2 * I));
+  gemm_forward(rows, static_cast<int>(2 * I), static_cast<int>(C), 1.0f, a.ln2, static_cast<int>(C),
+               w.gate_up, 0.0f, gu_f, static_cast<int>(2 * I));
   if (lora_gu >= 0) lora_forward(static_cast<size_t>(lora_gu), ad, a.ln2, gu_f);
   be->swiglu_forward(a.act, a.gate_up, gu_f, n, static_cast<int>(I));
   if (recompute) return;
-  be->gemm(false, true, rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act,
-       static_cast<int>(I), w.down, static_cast<int>(I), 0.0f, branch, static_cast<int>(C));
+  gemm_forward(rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act, static_cast<int>(I),
+               w.down, 0.0f, branch, static_cast<int>(C));
   if (lora_down >= 0) lora_forward(static_cast<size_t>(lora_down), ad, a.act, branch);
   be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
                          static_cast<int>(C));
+}
+
+void LlamaModel::Impl::cached_attention(int l, LayerActivations& a) {
+  const int past = kv->length();
+  const int64_t n = N();
+  be->convert_rows(kv->key_row(l, past), KVD, a.qkv.at(Q), QKV, n, KVD);
+  be->convert_rows(kv->value_row(l, past), KVD, a.qkv.at(Q + KVD), QKV, n, KVD);
+  AttentionShape s = attention_shape();
+  be->attention_forward_cached(a.att, a.qkv, QKV, kv->keys(l), kv->values(l), KVD, s, past);
 }
 
 // On entry dres holds dLoss/d(layer output); on exit dLoss/d(layer input). Weight
@@ -727,6 +749,57 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
         m.be->embedding_backward(g + m.embed, nullptr, m.dres, m.staged.tokens, m.state.B,
                                  m.state.T, static_cast<int>(m.C), nullptr);
       return;
+  }
+}
+
+KvCache LlamaModel::make_kv_cache(int capacity) const {
+  const Impl& m = *impl_;
+  SHARDLM_CHECK(capacity >= 1 && capacity <= m.max_seq,
+                "model: a KV cache of {} positions; the model was built for [1, {}]", capacity,
+                m.max_seq);
+  return KvCache(*m.be, m.L, capacity, m.KVD, m.compute);
+}
+
+void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& cache,
+                                     const MicroBatch& batch) {
+  Impl& m = *impl_;
+  check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
+  const LlamaUnitRole role = llama_unit_role(m.config, unit);
+  switch (role.kind) {
+    case LlamaUnitRole::Kind::embeddings: {
+      m.kv_positions = start_cached_step(batch, cache, m.L, m.KVD, m.compute, m.max_seq, m.V);
+      SHARDLM_CHECK(m.be->device().is_host(), "model: generation with a KV cache runs on the "
+                    "CPU; this model runs on {}", m.be->description());
+      m.state.start(batch);
+      m.staged.stage(*m.be, batch, /*default_positions=*/true);
+      m.positions = m.kv_positions.data();
+      m.key_begin = nullptr;
+      m.be->embedding_forward(m.residual[0], m.staged.tokens, params[0].at(m.embed),
+                              ConstTypedPtr(), 1, batch.T, static_cast<int>(m.C), m.compute,
+                              nullptr);
+      return;
+    }
+    case LlamaUnitRole::Kind::adapters:
+      m.state.check_forward(unit, batch);
+      return;  // read by its layer
+    case LlamaUnitRole::Kind::layer: {
+      m.state.check_forward(unit, batch);
+      const ConstTypedPtr p = params[unit];
+      m.kv = &cache;
+      try {
+        m.layer_forward(role.layer, m.layer_vectors(role.layer, p), m.layer_weights(role.layer, p),
+                        m.layer_adapters(role.layer, params, {}), /*recompute=*/false);
+      } catch (...) {
+        m.kv = nullptr;
+        throw;
+      }
+      m.kv = nullptr;
+      return;
+    }
+    default:
+      m.state.check_forward(unit, batch);
+      m.final_forward(params, {}, batch, /*training=*/false, 0.0f);
+      cache.advance(batch.T);
   }
 }
 
