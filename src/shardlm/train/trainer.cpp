@@ -281,7 +281,11 @@ TrainSummary Trainer::run() {
     const auto tokenizer = make_tokenizer(meta_.tokenizer);
     std::vector<int32_t> prompt = tokenizer->encode(o_.sample_prompt);
     if (prompt.empty()) prompt.push_back(tokenizer->end_of_text().value_or(0));
-    SamplingOptions sampling{o_.sample_tokens, o_.sample_temperature, o_.sample_top_k, o_.seed};
+    SamplingOptions sampling;
+    sampling.num_tokens = o_.sample_tokens;
+    sampling.temperature = o_.sample_temperature;
+    sampling.top_k = o_.sample_top_k;
+    sampling.seed = o_.seed;
     auto ids = generate(*runner_, prompt, o_.seq_len, sampling);
     summary.sample = o_.sample_prompt + tokenizer->decode(ids);
   }
@@ -472,7 +476,8 @@ void Trainer::read_inputs() {
   strategy_options_.optimizer_on_host = o_.offload == "optimizer";
   mesh_shape_ = o_.mesh_shape(world_);
   set_global_batch(o_.global_batch > 0 ? o_.global_batch
-                                       : o_.micro_batch * mesh_shape_.data_parallel_size());
+                                       : o_.micro_batch * mesh_shape_.data_parallel_size() *
+                                             std::max(1, o_.grad_accum));
 
   make_tokenizer(meta_.tokenizer);  // the data's tokenizer must be loadable
 
