@@ -6,9 +6,12 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/cli/config_file.hpp"
+#include "shardlm/cli/swift_flags.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/family.hpp"
 
@@ -63,7 +66,16 @@ int main(int argc, char** argv) {
   shardlm::cli::register_bench(app);
   shardlm::cli::register_report(app);
   try {
-    app.parse(argc, argv);
+    // sft reads ms-swift's spellings of its flags too (cli/swift_flags.hpp).
+    std::vector<std::string> args(argv, argv + argc);
+    if (argc > 1 && args[1] == "sft") {
+      const std::vector<std::string> rest = shardlm::cli::rewrite_swift_flags({args.begin() + 2, args.end()});
+      args.resize(2);
+      args.insert(args.end(), rest.begin(), rest.end());
+    }
+    std::vector<char*> rewritten;
+    for (auto& a : args) rewritten.push_back(a.data());
+    app.parse(static_cast<int>(rewritten.size()), rewritten.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const shardlm::Error& e) {

@@ -69,6 +69,9 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   cmd->add_option("--global-batch", opts->global_batch,
                   "Sequences per optimizer step (gradient accumulation when larger than "
                   "micro-batch x world size; default: micro-batch x world size)");
+  cmd->add_option("--grad-accum", opts->grad_accum,
+                  "Micro-batches per rank per step: sets the global batch to micro-batch x world "
+                  "size x this (instead of --global-batch)");
   cmd->add_option("--strategy", opts->strategy,
                   "ddp, zero1, zero2 (shard_grad_op), zero3 (fsdp, full_shard), hybrid, or (train, "
                   "plan) auto: the strategy `shardlm plan` recommends for this job")

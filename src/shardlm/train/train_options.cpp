@@ -126,6 +126,10 @@ void TrainOptions::validate_run_shape() const {
   check_at_least("--micro-batch", micro_batch, 1);
   check_at_least("--seq-len", seq_len, 1);
   SHARDLM_CHECK(global_batch >= 0, "--global-batch must be >= 1, got {}", global_batch);
+  SHARDLM_CHECK(grad_accum >= 0, "--grad-accum must be >= 1, got {}", grad_accum);
+  SHARDLM_CHECK(grad_accum == 0 || global_batch == 0,
+                "--grad-accum {} and --global-batch {}: give one of them (the global batch is "
+                "micro-batch x world size x grad-accum)", grad_accum, global_batch);
   check_finite("--bucket-mb", bucket_mb, bucket_mb > 0, "> 0 (MiB)");
   check_at_least("--prefetch", prefetch, 0);
   check_at_least("--min-unit-params", min_unit_params, int64_t{0});

@@ -36,7 +36,8 @@ struct TrainOptions {
   bool packing = false;  // chat data: whole examples packed into rows instead of one per row
   int micro_batch = 8;
   int seq_len = 256;
-  int global_batch = 0;  // sequences per optimizer step; 0: micro_batch x world size
+  int global_batch = 0;  // sequences per optimizer step; 0: micro_batch x world size x grad_accum
+  int grad_accum = 0;    // micro-batches per rank per step (ms-swift's gradient_accumulation_steps); 0: from global_batch
 
   float lr = 6e-4f;
   std::optional<float> min_lr;  // default lr / 10
