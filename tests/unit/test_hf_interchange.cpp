@@ -129,7 +129,7 @@ TEST_P(HfInterchange, ExportThenImportIsBitwiseAndConfigReadsBack) {
 
   // Sharded and bf16: tensors split over several files with an index, values rounded.
   const fs::path sharded = work_ / "sharded";
-  export_hugging_face(CheckpointReader(ckpt_dir), export_options(sharded.string(), DType::bf16, 8000));
+  export_hugging_face(CheckpointReader(ckpt_dir), export_options(sharded.string(), DType::bf16, 8192));  // the largest tensor: 8192 bytes
   EXPECT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(sharded / "model.safetensors"));
   Loaded rounded(sharded.string(), 16);

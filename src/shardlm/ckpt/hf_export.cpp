@@ -321,7 +321,7 @@ void export_hugging_face(const CheckpointReader& checkpoint, const HfExportOptio
     }
     SHARDLM_CHECK(largest_bytes <= options.max_shard_bytes,
                   "--max-shard-size {} bytes is smaller than tensor '{}' ({} bytes in {}): a shard holds "
-                  "whole tensors; give at least {:.3f} (GB)",
+                  "whole tensors; give at least {:.3g} (GB)",
                   options.max_shard_bytes, largest, largest_bytes, dtype_name(options.dtype),
                   static_cast<double>(largest_bytes) / 1e9);
   }

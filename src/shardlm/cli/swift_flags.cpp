@@ -225,6 +225,14 @@ std::vector<std::string> rewrite_swift_flags(const std::vector<std::string>& arg
       out.push_back(arg);
       continue;
     }
+    const bool value_follows = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+    // shardlm's own --packing is a switch; ms-swift's is `--packing true|false`. Without a
+    // value it is shardlm's.
+    if (name == "packing" && eq == std::string::npos && !value_follows) {
+      set_by[arg] = {arg, std::nullopt};
+      out.push_back(arg);
+      continue;
+    }
     std::string value;
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
