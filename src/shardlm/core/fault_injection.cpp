@@ -41,4 +41,9 @@ void fault_at_step(int rank, int64_t step) {
   }
 }
 
+bool disk_full_injected(std::string_view path) {
+  const char* full = std::getenv("SHARDLM_FAULT_DISK_FULL");
+  return full != nullptr && *full != '\0' && path.find(full) != std::string_view::npos;
+}
+
 }  // namespace shardlm

@@ -18,4 +18,9 @@ void fault_point(std::string_view point);
 // unless ":always".
 void fault_at_step(int rank, int64_t step);
 
+// SHARDLM_FAULT_DISK_FULL=SUBSTRING: every write through File (core/file_util.hpp) to a
+// path that contains SUBSTRING fails as write(2) does on a full disk (ENOSPC), so a test
+// sees what a job leaves when its disk fills without mounting a small file system.
+bool disk_full_injected(std::string_view path);
+
 }  // namespace shardlm

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/fault_injection.hpp"
 
 namespace shardlm {
 
@@ -57,7 +58,7 @@ File& File::operator=(File&& other) noexcept {
 void File::write_all(const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    ssize_t n = ::write(fd_, p, bytes);
+    const ssize_t n = disk_full_injected(path_) ? (errno = ENOSPC, -1) : ::write(fd_, p, bytes);
     if (n < 0 && errno == EINTR) continue;
     SHARDLM_CHECK(n > 0, "cannot write '{}': {}", path_, std::strerror(errno));
     p += n;
@@ -79,7 +80,8 @@ void File::write_zeros(size_t bytes) {
 void File::write_at(const void* data, size_t bytes, int64_t offset) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    const ssize_t n = ::pwrite(fd_, p, bytes, offset);
+    const ssize_t n =
+        disk_full_injected(path_) ? (errno = ENOSPC, -1) : ::pwrite(fd_, p, bytes, offset);
     if (n < 0 && errno == EINTR) continue;
     SHARDLM_CHECK(n > 0, "cannot write '{}': {}", path_, std::strerror(errno));
     p += n;

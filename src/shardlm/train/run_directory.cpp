@@ -1,7 +1,9 @@
 #include "shardlm/train/run_directory.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
+#include "shardlm/ckpt/checkpoint_commit.hpp"
 #include "shardlm/comm/on_all_ranks.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
@@ -10,15 +12,33 @@ namespace fs = std::filesystem;
 
 namespace shardlm {
 
-std::unique_ptr<RunDirectoryLock> lock_run_directory(const std::string& run_dir,
-                                                     Communicator& comm) {
-  std::unique_ptr<RunDirectoryLock> lock;
+void RunDirectoryClaim::wrote(const std::string& path) {
+  if (std::find(written_.begin(), written_.end(), path) == written_.end()) written_.push_back(path);
+}
+
+std::vector<std::string> RunDirectoryClaim::discard_if_uncommitted() {
+  for (const std::string& checkpoint : list_checkpoints(run_dir_))
+    if (has_commit_marker(checkpoint)) return {};
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (auto it = written_.rbegin(); it != written_.rend(); ++it)
+    if (fs::remove_all(*it, ec) > 0 && !ec) removed.push_back(*it);
+  // A failed save removed its own temporary; the directory it went into is the run's.
+  const fs::path checkpoints = fs::path(run_dir_) / "checkpoints";
+  if (fs::is_directory(checkpoints, ec) && fs::is_empty(checkpoints, ec)) fs::remove(checkpoints, ec);
+  written_.clear();
+  return removed;
+}
+
+std::unique_ptr<RunDirectoryClaim> lock_run_directory(const std::string& run_dir,
+                                                      Communicator& comm) {
+  std::unique_ptr<RunDirectoryClaim> claim;
   on_all_ranks(comm, "taking the run directory's lock", [&] {
     if (comm.rank() != 0) return;
-    lock = RunDirectoryLock::acquire(run_dir);
+    claim = std::make_unique<RunDirectoryClaim>(RunDirectoryLock::acquire(run_dir), run_dir);
     remove_interrupted_saves(run_dir);  // the lock says no other job is saving
   });
-  return lock;
+  return claim;
 }
 
 void write_run_data(const std::string& data_dir,

@@ -82,13 +82,16 @@ double median(std::vector<double> values) {
 class Trainer {
  public:
   // `locked`: the caller took the run directory's lock already (sft, before it prepares
-  // the data; the same on every rank); `lock` is its handle (nullptr on ranks but 0).
+  // the data; the same on every rank); `claim` is its handle (nullptr on ranks but 0).
   Trainer(const TrainOptions& o, Communicator& comm, bool locked = false,
-          std::unique_ptr<RunDirectoryLock> lock = nullptr)
-      : o_(o), comm_(comm), locked_(locked), lock_(std::move(lock)) {}
+          std::unique_ptr<RunDirectoryClaim> claim = nullptr)
+      : o_(o), comm_(comm), locked_(locked), claim_(std::move(claim)) {}
+  // The job; one that fails before the run directory holds a committed checkpoint takes
+  // back what it wrote there (RunDirectoryClaim) and says so on its error's line.
   TrainSummary run();
 
  private:
+  TrainSummary run_steps();
   // Start-up, in the order that touches nothing until the inputs check out.
   int64_t set_up();  // returns the first step to run
   void read_inputs();
@@ -133,7 +136,7 @@ class Trainer {
   const int rank_ = comm_.rank();
   ThreadBudget threads_;
   bool locked_ = false;  // lock_run_directory() done (by the caller or set_up)
-  std::unique_ptr<RunDirectoryLock> lock_;  // rank 0: held for the job's life
+  std::unique_ptr<RunDirectoryClaim> claim_;  // rank 0: held for the job's life
 
   DatasetMeta meta_;
   ModelConfig config_;
@@ -193,6 +196,18 @@ constexpr int64_t kProgressLinesPerRun = 20;
 constexpr double kEtaNewestStepWeight = 0.2;
 
 TrainSummary Trainer::run() {
+  try {
+    return run_steps();
+  } catch (const std::exception& e) {
+    if (!claim_) throw;
+    const std::vector<std::string> removed = claim_->discard_if_uncommitted();
+    if (removed.empty()) throw;
+    throw Error(fmt::format("{} (no checkpoint was committed: removed what this job wrote in '{}')",
+                            e.what(), o_.out_dir));
+  }
+}
+
+TrainSummary Trainer::run_steps() {
   const int64_t start_step = set_up();
   start_step_ = start_step;
   TrainSummary summary;
@@ -313,6 +328,7 @@ void Trainer::write_memory_by_rank() {
       peak[std::string(to_string(static_cast<MemCategory>(c)))] = all[static_cast<size_t>(r) * kCategories + c];
     ranks.push_back({{"rank", r}, {"peak", peak}});
   }
+  claim_->wrote((fs::path(o_.out_dir) / "memory_by_rank.json").string());
   write_file_atomic((fs::path(o_.out_dir) / "memory_by_rank.json").string(),
                     nlohmann::json{{"device", to_string(device_)}, {"ranks", ranks}}.dump(1) + "\n");
 }
@@ -430,7 +446,7 @@ int64_t Trainer::set_up() {
   omp_set_num_threads(threads_.threads);
   read_inputs();
   // Before anything in it is read or written.
-  if (!locked_) lock_ = lock_run_directory(o_.out_dir, comm_);
+  if (!locked_) claim_ = lock_run_directory(o_.out_dir, comm_);
   locked_ = true;
   std::unique_ptr<CheckpointReader> resume_from = find_checkpoint_to_resume();
   build_model_and_strategy();
@@ -633,19 +649,26 @@ void Trainer::open_metrics(int64_t start_step) {
                                {"mesh", mesh_shape_.to_json()},
                                {"world_size", world_}};
   if (!o_.strategy_reason.empty()) run_config["strategy_auto"] = o_.strategy_reason;
+  const fs::path run = o_.out_dir;
   if (!o_.command.empty()) {
     run_config["command"] = o_.command;
     run_config["flags"] = command_flags_json(o_.command_flags);
-    write_file_atomic((fs::path(o_.out_dir) / "config.toml").string(),
-                      command_flags_toml(o_.command, o_.command_flags));
+    claim_->wrote((run / "config.toml").string());
+    write_file_atomic((run / "config.toml").string(), command_flags_toml(o_.command, o_.command_flags));
   }
-  write_file_atomic((fs::path(o_.out_dir) / "config.json").string(), run_config.dump(2) + "\n");
-  if (const int cut = truncate_metrics_after((fs::path(o_.out_dir) / "metrics.jsonl").string(), start_step))
+  claim_->wrote((run / "config.json").string());
+  write_file_atomic((run / "config.json").string(), run_config.dump(2) + "\n");
+  // (Kept only with a committed checkpoint, which a fresh start's lines never precede.)
+  claim_->wrote((run / "metrics.jsonl").string());
+  if (const int cut = truncate_metrics_after((run / "metrics.jsonl").string(), start_step))
     print(fmt::format("warning: metrics.jsonl: dropped {} cut or unreadable line(s) left by an interrupted "
                       "job (their records are lost)\n",
                       cut));
-  metrics_ = std::make_unique<MetricsWriter>((fs::path(o_.out_dir) / "metrics.jsonl").string());
-  if (!o_.tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(o_.tensorboard_dir);
+  metrics_ = std::make_unique<MetricsWriter>((run / "metrics.jsonl").string());
+  if (!o_.tensorboard_dir.empty()) {
+    if (!fs::exists(o_.tensorboard_dir)) claim_->wrote(o_.tensorboard_dir);
+    tensorboard_ = std::make_unique<TensorBoardWriter>(o_.tensorboard_dir);
+  }
 }
 
 void Trainer::print_run_description() const {
@@ -744,11 +767,12 @@ TrainSummary run_training(const TrainOptions& options, const std::function<void(
     if (prepare_data) {
       // The run directory is this job's before anything under it is written: a second
       // job on it is refused here and changes nothing.
-      std::unique_ptr<RunDirectoryLock> lock = lock_run_directory(options.out_dir, *comm);
+      std::unique_ptr<RunDirectoryClaim> claim = lock_run_directory(options.out_dir, *comm);
+      if (claim && !fs::exists(options.data_dir)) claim->wrote(options.data_dir);
       if (comm->rank() == 0) prepare_data();
       int64_t ready[1] = {1};  // the other ranks wait here (under --comm-timeout) for rank 0
       comm->all_reduce_blocking(std::span<int64_t>(ready, 1), ReduceOp::sum, "dataset prepared");
-      summary = Trainer(resolve_auto_strategy(options, *comm), *comm, true, std::move(lock)).run();
+      summary = Trainer(resolve_auto_strategy(options, *comm), *comm, true, std::move(claim)).run();
     } else {
       summary = Trainer(resolve_auto_strategy(options, *comm), *comm).run();
     }
