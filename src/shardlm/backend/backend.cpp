@@ -37,7 +37,8 @@ int cuda_device_count() {
 
 TrackedBuffer allocate_on(Backend& backend, MemCategory category, size_t bytes,
                           MemoryTracker& host_tracker) {
-  if (backend.device().is_host()) return TrackedBuffer(category, bytes, host_tracker);
+  if (backend.device().is_host() && !backend.is_meta())
+    return TrackedBuffer(category, bytes, host_tracker);
   return TrackedBuffer(category, bytes, backend.allocator());
 }
 

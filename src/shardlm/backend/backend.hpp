@@ -42,7 +42,11 @@ class Backend {
   virtual std::string description() const = 0;
   // Allocates the device's memory; TrackedBuffer(category, bytes, allocator()).
   virtual DeviceAllocator& allocator() = 0;
-  MemoryTracker& memory_tracker() { return MemoryTracker::for_device(device()); }
+  MemoryTracker& memory_tracker() { return allocator().tracker(); }
+  // The meta device (backend/meta): buffers without storage, kernels that record their
+  // work instead of computing. Host code that would read or write buffer contents
+  // itself (not through this table) skips that on it.
+  virtual bool is_meta() const { return false; }
 
   // --- memory movement (bytes) -------------------------------------------------
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;          // device -> device
@@ -156,7 +160,7 @@ class Backend {
 };
 
 // A zeroed buffer on the backend's device: counted by `host_tracker` on the host (tests
-// pass their own), by the device's tracker elsewhere.
+// pass their own), by the device's tracker elsewhere (a meta backend's: its own).
 TrackedBuffer allocate_on(Backend& backend, MemCategory category, size_t bytes,
                           MemoryTracker& host_tracker = MemoryTracker::global());
 

@@ -13,6 +13,8 @@
 
 namespace shardlm {
 
+class MemoryTracker;
+
 enum class DeviceKind { cpu, cuda, emulated };
 
 struct Device {
@@ -37,6 +39,9 @@ class DeviceAllocator {
   virtual Device device() const = 0;
   virtual void* allocate(size_t bytes, std::string_view what) = 0;
   virtual void deallocate(void* data, size_t bytes) = 0;
+  // Counts what this allocator hands out: the device's tracker
+  // (MemoryTracker::for_device), or a meta allocator's own (backend/meta).
+  virtual MemoryTracker& tracker();
 };
 
 // The host's allocator (aligned_alloc, huge pages advised, first touch at allocation).

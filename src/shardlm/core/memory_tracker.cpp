@@ -98,6 +98,8 @@ nlohmann::json MemoryTracker::to_json() const {
           {"peak_total", peak_total_}};
 }
 
+MemoryTracker& DeviceAllocator::tracker() { return MemoryTracker::for_device(device()); }
+
 TrackedBuffer::TrackedBuffer(MemCategory category, size_t bytes, MemoryTracker& tracker)
     : bytes_(bytes), category_(category), tracker_(&tracker) {
   if (bytes == 0) return;
@@ -108,7 +110,7 @@ TrackedBuffer::TrackedBuffer(MemCategory category, size_t bytes, MemoryTracker& 
 TrackedBuffer::TrackedBuffer(MemCategory category, size_t bytes, DeviceAllocator& allocator)
     : bytes_(bytes),
       category_(category),
-      tracker_(&MemoryTracker::for_device(allocator.device())),
+      tracker_(&allocator.tracker()),
       allocator_(&allocator) {
   if (bytes == 0) return;
   data_ = allocator_->allocate(bytes, to_string(category));

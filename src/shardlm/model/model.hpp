@@ -27,6 +27,8 @@
 
 namespace shardlm {
 
+class Backend;
+
 inline constexpr int32_t kIgnoreIndex = -1;
 
 // One pointer per model unit (index = model unit). Entries for units a call does not
@@ -61,6 +63,9 @@ struct ModelOptions {
   // this way are KV-cache generation and rerunning the whole context bitwise the same.
   // Off for training (one GEMM per call is much faster).
   bool row_by_row_gemm = false;
+  // The backend the model's kernels run on instead of backend_for(device): `plan`'s
+  // meta backend standing for `device` (backend/meta). Null: backend_for(device).
+  Backend* backend = nullptr;
 };
 
 // What a model allocates (bytes), for `shardlm plan`.

@@ -7,8 +7,11 @@
 namespace shardlm {
 
 HostOwnedState::HostOwnedState(const ParamLayout& layout, Strategy& device_strategy,
-                               Backend& device, Role role)
-    : device_(device_strategy), backend_(device), role_(role) {
+                               Backend& device, Role role, Backend& host)
+    : device_(device_strategy), backend_(device), host_(host), role_(role) {
+  const auto host_buffer = [&](MemCategory category, size_t bytes) {
+    return allocate_on(host_, category, bytes);
+  };
   size_t staging_bytes = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     const OwnedSlice s = device_.owned(u);
@@ -21,23 +24,23 @@ HostOwnedState::HostOwnedState(const ParamLayout& layout, Strategy& device_strat
                     "offloaded optimizer: the device strategy still holds the master or AdamW "
                     "state of unit {}",
                     u);
-      h.master = TrackedBuffer(MemCategory::params, bytes);
-      h.m = TrackedBuffer(MemCategory::optimizer, bytes);
-      h.v = TrackedBuffer(MemCategory::optimizer, bytes);
-      h.grad = TrackedBuffer(MemCategory::grads, bytes);
+      h.master = host_buffer(MemCategory::params, bytes);
+      h.m = host_buffer(MemCategory::optimizer, bytes);
+      h.v = host_buffer(MemCategory::optimizer, bytes);
+      h.grad = host_buffer(MemCategory::grads, bytes);
       staging_bytes = std::max(staging_bytes, bytes);
     } else {
       // The parameters as the device stores them (a frozen unit of a bf16/fp16 run: in
       // the compute type), and, mirrored, the optimizer state the device holds.
       h.stored_type = s.master != nullptr ? DType::fp32 : s.stored.dtype;
       const size_t param_bytes = dtype_bytes(h.stored_type) * static_cast<size_t>(s.size());
-      h.master = TrackedBuffer(trains ? MemCategory::params : MemCategory::frozen, param_bytes);
-      if (s.adam_m != nullptr) h.m = TrackedBuffer(MemCategory::optimizer, bytes);
-      if (s.adam_v != nullptr) h.v = TrackedBuffer(MemCategory::optimizer, bytes);
+      h.master = host_buffer(trains ? MemCategory::params : MemCategory::frozen, param_bytes);
+      if (s.adam_m != nullptr) h.m = host_buffer(MemCategory::optimizer, bytes);
+      if (s.adam_v != nullptr) h.v = host_buffer(MemCategory::optimizer, bytes);
     }
     slices_.push_back(std::move(h));
   }
-  if (staging_bytes > 0) staging_ = TrackedBuffer(MemCategory::grads, staging_bytes);
+  if (staging_bytes > 0) staging_ = host_buffer(MemCategory::grads, staging_bytes);
   // The host's copies start as the device's (whatever init ran there); an offloaded
   // master has no device copy (init or a load writes it here, then push()).
   pull();
@@ -84,7 +87,7 @@ void HostOwnedState::send_params(const OwnedSlice& device_slice, const HostSlice
   // Rounded here as the device's strategy rounds its master without offload (the same
   // round-to-nearest-even conversion), so the model reads the same values.
   const TypedPtr rounded(staging_.data(), stored.dtype);
-  cpu_backend().convert(rounded, h.master.as<float>(), device_slice.size());
+  host_.convert(rounded, h.master.as<float>(), device_slice.size());
   backend_.copy_from_host(stored.data, staging_.data(),
                           dtype_bytes(stored.dtype) * static_cast<size_t>(device_slice.size()));
 }
@@ -106,7 +109,7 @@ void HostOwnedState::push() {
 
 void HostOwnedState::zero() {
   for (HostSlice& h : slices_)
-    if (h.offloaded) cpu_backend().fill_zero(h.grad.data(), h.grad.bytes());
+    if (h.offloaded) host_.fill_zero(h.grad.data(), h.grad.bytes());
 }
 
 void HostOwnedState::accumulate(int unit, const float* reduced, int64_t n) {
@@ -115,26 +118,25 @@ void HostOwnedState::accumulate(int unit, const float* reduced, int64_t n) {
                 "internal: {} reduced gradient elements for unit {}, which owns {} on the host",
                 n, unit, h.grad.bytes() / sizeof(float));
   backend_.copy_to_host(staging_.data(), reduced, h.grad.bytes());
-  cpu_backend().accumulate(h.grad.as<float>(), staging_.as<float>(), n);
+  host_.accumulate(h.grad.as<float>(), staging_.as<float>(), n);
 }
 
 double HostOwnedState::sum_of_squares(int unit, int64_t offset, int64_t n) {
   HostSlice& h = slice(unit);
   SHARDLM_ASSERT(h.offloaded && offset >= 0 &&
                  static_cast<size_t>(offset + n) * sizeof(float) <= h.grad.bytes());
-  return cpu_backend().sum_of_squares(h.grad.as<float>() + offset, n);
+  return host_.sum_of_squares(h.grad.as<float>() + offset, n);
 }
 
 void HostOwnedState::step(std::span<const std::vector<ElementRange>> decay_ranges, float lr,
                           float grad_multiplier, int64_t step, const AdamWConfig& config) {
   SHARDLM_CHECK(role_ == Role::offloaded_optimizer,
                 "HostOwnedState::step: the optimizer is not offloaded");
-  Backend& host = cpu_backend();
   for (size_t u = 0; u < slices_.size(); ++u) {
     HostSlice& h = slices_[u];
     if (!h.offloaded) continue;  // frozen
     const OwnedSlice s = device_.owned(static_cast<int>(u));
-    host.adamw_update(h.master.as<float>(), h.grad.as<float>(), h.m.as<float>(), h.v.as<float>(),
+    host_.adamw_update(h.master.as<float>(), h.grad.as<float>(), h.m.as<float>(), h.v.as<float>(),
                       s.size(), decay_ranges[u], lr, grad_multiplier, step, config, TypedPtr());
     send_params(s, h);
   }

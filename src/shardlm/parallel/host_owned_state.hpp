@@ -35,8 +35,10 @@ namespace shardlm {
 class HostOwnedState final : public Strategy, public HostGradients {
  public:
   enum class Role { mirror, offloaded_optimizer };
+  // `host`: where the host's slices live and its kernels (accumulation, AdamW,
+  // rounding) run: the CPU backend, or for `plan` a meta backend standing for the host.
   HostOwnedState(const ParamLayout& layout, Strategy& device_strategy, Backend& device,
-                 Role role);
+                 Role role, Backend& host = cpu_backend());
 
   Role role() const { return role_; }
   // Device -> host (mirror: master, m, v; offloaded: the frozen weights only, the host
@@ -96,6 +98,7 @@ class HostOwnedState final : public Strategy, public HostGradients {
   HostSlice& slice(int unit);
   Strategy& device_;
   Backend& backend_;
+  Backend& host_;
   const Role role_;
   std::vector<HostSlice> slices_;
   // Offloaded: one slice of the largest owned trainable unit (gradients coming in,

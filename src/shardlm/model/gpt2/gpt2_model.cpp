@@ -186,7 +186,7 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
 
   ArenaCarver carver;
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
-  m.be = &backend_for(options.device);
+  m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
   m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
                                                int64_t{Impl::kVectorFloatsPerC} * m.C, tracker);

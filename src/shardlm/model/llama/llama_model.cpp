@@ -322,7 +322,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
 
   ArenaCarver carver;
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
-  m.be = &backend_for(options.device);
+  m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
   m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
                                                m.vector_scratch_floats(), tracker);
@@ -683,7 +683,9 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
     m.staged.stage(*m.be, batch, /*default_positions=*/true);
     if (m.be->device().is_host()) {
       const int64_t n = m.N();
-      for (int64_t i = 0; i < n; ++i) m.default_positions[i] = static_cast<int32_t>(i % batch.T);
+      // (The meta device has no arena to write: plan runs this step on it.)
+      if (!m.be->is_meta())
+        for (int64_t i = 0; i < n; ++i) m.default_positions[i] = static_cast<int32_t>(i % batch.T);
       m.positions = batch.positions != nullptr ? batch.positions : m.default_positions;
     } else {
       m.positions = m.staged.positions;

@@ -1,0 +1,47 @@
+// The training step traced on the meta device (issue 24: plan runs the real
+// schedule). trace_step builds what a run builds (the family's model, the layout, the
+// mesh, FlatUnitStrategy, HostOwnedState for a device run, AdamWOptimizer) on meta
+// backends (backend/meta: sizes, no storage) over a RecordingCommunicator at the
+// planned world size (one rank simulated: every rank of the symmetric mesh does the
+// same), runs `steps` optimizer steps through the strategy's hooks and the model's
+// units (train/model_runner) as the trainer runs them, and reads back:
+//  - the peak bytes per memory category the trackers counted, on the planned device
+//    and, for a device run, on the host: what the real run's trackers count, because
+//    every allocation is the real code's;
+//  - every collective with its group, bytes and label, and the order of compute
+//    (the kernels' recorded FLOPs and bytes), issue and wait.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "shardlm/comm/recording_communicator.hpp"
+#include "shardlm/core/memory_tracker.hpp"
+#include "shardlm/plan/run_plan.hpp"
+
+namespace shardlm {
+
+struct TracedStep {
+  using Peaks = std::array<int64_t, MemoryTracker::kNumCategories>;
+  Peaks device{};  // the planned device's (for --device cpu: the host's, everything)
+  Peaks host{};    // a device run's host memory; zero for --device cpu
+  std::vector<RecordedCollective> collectives;
+  std::vector<RecordedOp> ops;  // `steps` steps, each ending with step_end
+  // Bus bytes per rank of the last step's collectives on parameters and gradients:
+  // the trainer's and the norm's blocking scalar all-reduces (8 bytes each, a
+  // latency, not a traffic) are left out.
+  double wire_bytes_per_step = 0;
+
+  int64_t device_peak(MemCategory c) const { return device[static_cast<size_t>(c)]; }
+  int64_t host_peak(MemCategory c) const { return host[static_cast<size_t>(c)]; }
+};
+
+TracedStep trace_step(const RunPlanRequest& request, int steps);
+
+// plan_run's figures with the memory per category and the wire bytes taken from
+// trace_step (the corpus test, tests/unit/test_plan_corpus.cpp, holds both to the
+// figures of commit 517860e).
+RunPlan plan_run_traced(const RunPlanRequest& request);
+
+}  // namespace shardlm
