@@ -1,5 +1,6 @@
 #include "shardlm/model/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -22,6 +23,19 @@ BaseQuant parse_base_quant(const std::string& name) {
   throw Error(fmt::format("--quantize-base must be none or nf4, got '{}'", name));
 }
 
+bool MoeConfig::sparse_layer(int layer) const {
+  if (!enabled() || decoder_sparse_step <= 0 || (layer + 1) % decoder_sparse_step != 0) return false;
+  for (int l : mlp_only_layers)
+    if (l == layer) return false;
+  return true;
+}
+
+int MoeConfig::sparse_layers(int n_layer) const {
+  int n = 0;
+  for (int l = 0; l < n_layer; ++l) n += sparse_layer(l) ? 1 : 0;
+  return n;
+}
+
 void ModelConfig::validate() const {
   const ModelFamily& f = model_family(family);  // throws for an unknown family
   SHARDLM_CHECK(n_layer > 0, "n_layer must be positive, got {}", n_layer);
@@ -35,7 +49,9 @@ void ModelConfig::validate() const {
   // whose parameters could overflow them is refused here, at once, in floating point.
   const double attention = static_cast<double>(n_embd) * head_dim() * (n_head + 2.0 * kv_heads()) +
                            static_cast<double>(head_dim()) * n_head * n_embd;
-  const double mlp = 3.0 * static_cast<double>(n_embd) * mlp_width();
+  const double mlp = 3.0 * static_cast<double>(n_embd) *
+                     std::max<double>(mlp_width(), static_cast<double>(moe.num_experts) *
+                                                       moe.expert_intermediate_size);
   const double parameters = static_cast<double>(n_layer) * (attention + mlp) +
                             (2.0 * padded_vocab_size() + max_seq_len) * static_cast<double>(n_embd);
   SHARDLM_CHECK(parameters <= kMaxParameters,
@@ -151,6 +167,20 @@ ModelConfig make_llama(const LlamaShape& s) {
   return c;
 }
 
+// A mixture-of-experts shape on a Llama-family one (its intermediate the dense MLP's).
+ModelConfig make_moe(ModelConfig c, int experts, int top_k, int expert_width, bool norm_topk,
+                     double aux_coef, bool output_router_logits, std::vector<int> mlp_only = {}) {
+  c.qk_norm = c.family == "qwen3_moe";
+  c.moe.num_experts = experts;
+  c.moe.top_k = top_k;
+  c.moe.expert_intermediate_size = expert_width;
+  c.moe.norm_topk_prob = norm_topk;
+  c.moe.router_aux_loss_coef = aux_coef;
+  c.moe.output_router_logits = output_router_logits;
+  c.moe.mlp_only_layers = std::move(mlp_only);
+  return c;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
@@ -159,7 +189,7 @@ struct Preset {
 // Shapes checked against the published config.json of each model (HF hub:
 // HuggingFaceTB/SmolLM2-135M, Qwen/Qwen2.5-0.5B, Qwen/Qwen3-0.6B,
 // meta-llama/Llama-3.2-1B, Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-7B,
-// meta-llama/Llama-3.1-70B). The tiny ones are for tests: odd sizes on purpose.
+// meta-llama/Llama-3.1-70B, Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1). The tiny ones are for tests: odd sizes on purpose.
 const Preset kPresets[] = {
     {"gpt2-tiny", [] { return make_gpt2(4, 4, 128, 256); }},
     {"gpt2-small-30m", [] { return make_gpt2(6, 6, 384, 1024); }},
@@ -173,6 +203,16 @@ const Preset kPresets[] = {
      }},
     {"qwen2-tiny", [] { return make_llama({"qwen2", 3, 96, 144, 4, 2, 24, 512, 1024, 1e6, 1e-6f, true, 0}); }},
     {"qwen3-tiny", [] { return make_llama({"qwen3", 3, 64, 128, 3, 1, 40, 512, 1024, 1e6, 1e-6f, true, 0}); }},
+    // The tiny MoE presets turn the load-balancing loss on (output_router_logits) so
+    // that tests and demos exercise it; the published configs leave it off.
+    {"qwen3-moe-tiny", [] {
+       return make_moe(make_llama({"qwen3_moe", 3, 64, 128, 4, 2, 16, 512, 1024, 1e6, 1e-6f, false, 0}),
+                       8, 2, 32, true, 0.001, true, {0});
+     }},
+    {"mixtral-tiny", [] {
+       return make_moe(make_llama({"mixtral", 2, 64, 96, 4, 2, 16, 512, 1024, 1e6, 1e-5f, false, 0}),
+                       4, 2, 96, true, 0.02, true);
+     }},
     {"smollm2-135m", [] { return make_llama({"llama", 30, 576, 1536, 9, 3, 64, 49152, 8192, 100000.0, 1e-5f, true, 0}); }},
     {"qwen2.5-0.5b", [] { return make_llama({"qwen2", 24, 896, 4864, 14, 2, 64, 151936, 32768, 1e6, 1e-6f, true, 0}); }},
     {"qwen3-0.6b", [] { return make_llama({"qwen3", 28, 1024, 3072, 16, 8, 128, 151936, 40960, 1e6, 1e-6f, true, 0}); }},
@@ -181,6 +221,14 @@ const Preset kPresets[] = {
     {"llama-3.1-8b", [] { return make_llama({"llama", 32, 4096, 14336, 32, 8, 128, 128256, 131072, 500000.0, 1e-5f, false, 8.0}); }},
     {"qwen2.5-7b", [] { return make_llama({"qwen2", 28, 3584, 18944, 28, 4, 128, 152064, 131072, 1e6, 1e-6f, false, 0}); }},
     {"llama-3.1-70b", [] { return make_llama({"llama", 80, 8192, 28672, 64, 8, 128, 128256, 131072, 500000.0, 1e-5f, false, 8.0}); }},
+    {"qwen3-30b-a3b", [] {
+       return make_moe(make_llama({"qwen3_moe", 48, 2048, 6144, 32, 4, 128, 151936, 40960, 1e6, 1e-6f, false, 0}),
+                       128, 8, 768, true, 0.001, false);
+     }},
+    {"mixtral-8x7b", [] {
+       return make_moe(make_llama({"mixtral", 32, 4096, 14336, 32, 8, 128, 32000, 32768, 1e6, 1e-5f, false, 0}),
+                       8, 2, 14336, true, 0.02, false);
+     }},
 };
 
 }  // namespace

@@ -37,6 +37,8 @@ const Registered kFamilies[] = {
     {"llama", "llama", [] () -> const ModelFamily& { return llama_family(LlamaVariant::llama); }},
     {"qwen2", "qwen2", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen2); }},
     {"qwen3", "qwen3", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen3); }},
+    {"qwen3_moe", "qwen3_moe", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen3_moe); }},
+    {"mixtral", "mixtral", [] () -> const ModelFamily& { return llama_family(LlamaVariant::mixtral); }},
 };
 
 std::string known_list(const char* Registered::*field) {

@@ -48,6 +48,10 @@ struct MicroBatch {
   // its document starts (attention never looks before it; null: 0).
   const int32_t* positions = nullptr;
   const int32_t* key_begin = nullptr;
+  // Mixture-of-experts models: the weight of this micro-batch's load-balancing loss in
+  // the step's loss, for its gradient (the trainer: loss scale / micro-batches of the
+  // step over all ranks; the model multiplies by the config's coefficient). 0: none.
+  float aux_loss_share = 0.0f;
 };
 
 struct ModelOptions {
@@ -103,6 +107,10 @@ class Model {
   // (double, unscaled) and the number of such targets.
   virtual double last_loss_sum() const = 0;
   virtual int64_t last_target_count() const = 0;
+  // After forward of the last unit: the micro-batch's load-balancing loss (mixture-of-
+  // experts models, transformers' load_balancing_loss_func over its B x T tokens and
+  // sparse layers, before the coefficient); 0 for dense models.
+  virtual double last_aux_loss() const { return 0.0; }
 
   // After forward of the last unit with targets == null: logits of position t of each
   // row, [B, vocab_size] (padded columns excluded), for sampling.

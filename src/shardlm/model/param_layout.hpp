@@ -55,6 +55,9 @@ struct UnitLayout {
   // the model as stored (fp32-tagged words), never rounded to the compute type, and
   // never merged with other units. Their fp32 tensors (norm weights) are ordinary.
   bool raw = false;
+  // The share of a micro-batch's tokens its matrices multiply, on average: 1, or
+  // top_k / num_experts for a mixture-of-experts expert (plan's FLOPs).
+  double token_fraction = 1.0;
   int64_t numel = 0;         // end of the last parameter (before padding)
   int64_t padded_numel = 0;  // multiple of world_size * kParamAlignment
   int64_t shard_numel(int world_size) const { return padded_numel / world_size; }

@@ -89,9 +89,10 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
         continue;
       }
       if (is_matrix(p)) {
-        gemm_forward[owner[v]] += 2 * n;
-        gemm_backward[owner[v]] += 2 * n * backward_per_forward;
-        elementwise[owner[v]] += 8 * n / C;
+        const double f = unit.token_fraction;
+        gemm_forward[owner[v]] += 2 * n * f;
+        gemm_backward[owner[v]] += 2 * n * backward_per_forward * f;
+        elementwise[owner[v]] += 8 * n / C * f;
       } else {
         elementwise[owner[v]] += 8 * n;
       }

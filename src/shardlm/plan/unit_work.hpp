@@ -8,6 +8,8 @@
 //    own unit, the final unit for a tied embedding, the layer for LoRA's adapter
 //    units (which compute nothing themselves); model unit 0 only looks embeddings up.
 //    That unit also does the rest of the matrix's work (elementwise bytes below).
+//  - A mixture-of-experts expert's matrices multiply top_k / num_experts of the tokens
+//    on average (UnitLayout::token_fraction); every count below is scaled by it.
 //  - gemm_flops: 2 x (matrix elements) per token forward; backward 2 more for the
 //    input gradient (dX) and, only when the matrix trains, 2 more for its weight
 //    gradient (dW). A frozen matrix (LoRA's base) costs 2 + 2, a trained one 2 + 4.

@@ -23,6 +23,9 @@ struct StepOutcome {
   int64_t tokens = 0;        // tokens in the step (global)
   bool applied = true;       // false: fp16 overflow skipped the update
   double loss_scale = 1.0;   // the loss scale the step ran with (fp16)
+  // Mixture-of-experts models: the load-balancing loss (mean over the step's micro-
+  // batches, before router_aux_loss_coef; `loss` includes coef x it when it is on).
+  std::optional<double> aux_loss;
 };
 
 struct StepContext {

@@ -365,17 +365,26 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
   const double loss_scale = loss_scaler_ ? loss_scaler_->scale() : 1.0;
   const float grad_scale = static_cast<float>(loss_scale / static_cast<double>(target_count));
 
+  // Mixture of experts: each micro-batch's load-balancing loss (over its tokens, as
+  // transformers computes it per forward) enters the step's loss as the mean over the
+  // step's micro-batches on all ranks, times the config's coefficient.
+  const double micro_batches =
+      static_cast<double>(accumulation_) * mesh_shape_.data_parallel_size();
+  const double aux_coef = model_->config().moe.aux_loss_coef();
   strategy_->begin_step(accumulation_);
-  double loss_sum = 0.0;
+  double sums[2] = {0.0, 0.0};  // cross-entropy, load-balancing loss
   for (int k = 0; k < accumulation_; ++k) {
-    const MicroBatch batch = micro_batch(k);
-    loss_sum += runner_->forward(batch, /*training=*/true, grad_scale);
+    MicroBatch batch = micro_batch(k);
+    batch.aux_loss_share = static_cast<float>(loss_scale / micro_batches);
+    sums[0] += runner_->forward(batch, /*training=*/true, grad_scale);
+    sums[1] += model_->last_aux_loss();
     runner_->backward(batch, k);
   }
   strategy_->finish_gradients();
-  comm_.all_reduce_blocking(std::span<double>(&loss_sum, 1), ReduceOp::sum, "loss sum");
+  comm_.all_reduce_blocking(std::span<double>(sums, 2), ReduceOp::sum, "loss sum");
   // The loss is the mean over the global batch's target tokens, not a mean of means.
-  const double loss = loss_sum / static_cast<double>(target_count);
+  const double aux_loss = sums[1] / micro_batches;
+  const double loss = sums[0] / static_cast<double>(target_count) + aux_coef * aux_loss;
   // All-reduced, so every rank sees the same (possibly non-finite) value.
   const double grad_norm = std::sqrt(strategy_->global_grad_norm_squared()) / loss_scale;
   bool apply = true;
@@ -404,7 +413,8 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
   strategy_->after_step();
   if (o_.check_replicas) check_replicas(step + 1);
   const int64_t tokens = static_cast<int64_t>(global_batch_) * o_.seq_len;
-  return {step + 1, loss, lr, grad_norm, clock.seconds(), tokens, apply, loss_scale};
+  return {step + 1, loss, lr, grad_norm, clock.seconds(), tokens, apply, loss_scale,
+          model_->config().moe.enabled() ? std::optional<double>(aux_loss) : std::nullopt};
 }
 
 UnpackedTargetCount Trainer::load_step_batches(int64_t step) {

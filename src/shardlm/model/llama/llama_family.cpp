@@ -6,6 +6,8 @@
 #include "shardlm/model/hf_config_fields.hpp"
 #include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/llama/llama_model.hpp"
+#include "shardlm/model/moe/moe_config.hpp"
+#include "shardlm/model/moe/moe_names.hpp"
 
 namespace shardlm {
 
@@ -20,6 +22,8 @@ const char* variant_name(LlamaVariant v) {
     case LlamaVariant::llama: return "llama";
     case LlamaVariant::qwen2: return "qwen2";
     case LlamaVariant::qwen3: return "qwen3";
+    case LlamaVariant::qwen3_moe: return "qwen3_moe";
+    case LlamaVariant::mixtral: return "mixtral";
   }
   return "?";
 }
@@ -29,9 +33,13 @@ const char* architecture(LlamaVariant v) {
     case LlamaVariant::llama: return "LlamaForCausalLM";
     case LlamaVariant::qwen2: return "Qwen2ForCausalLM";
     case LlamaVariant::qwen3: return "Qwen3ForCausalLM";
+    case LlamaVariant::qwen3_moe: return "Qwen3MoeForCausalLM";
+    case LlamaVariant::mixtral: return "MixtralForCausalLM";
   }
   return "?";
 }
+
+bool is_moe(LlamaVariant v) { return v == LlamaVariant::qwen3_moe || v == LlamaVariant::mixtral; }
 
 class LlamaFamily final : public ModelFamily {
  public:
@@ -60,6 +68,12 @@ class LlamaFamily final : public ModelFamily {
                     "{}: llama3 rope_scaling needs factor > 0, 0 < low_freq_factor < "
                     "high_freq_factor and original_max_position_embeddings > 0",
                     name_);
+    if (is_moe(variant_)) {
+      validate_moe(c, name_);
+    } else {
+      SHARDLM_CHECK(!c.moe.enabled(), "{} is a dense family: experts are qwen3_moe's and mixtral's",
+                    name_);
+    }
     for (const auto& target : c.lora.targets) {
       bool known = false;
       for (const auto& m : llama_lora_modules()) known = known || m == target;
@@ -79,14 +93,19 @@ class LlamaFamily final : public ModelFamily {
                       "qwen2 has q/k/v biases, no o_proj bias and no q/k norms");
         break;
       case LlamaVariant::qwen3:
+      case LlamaVariant::qwen3_moe:
         SHARDLM_CHECK(c.qk_norm && c.qkv_bias == c.o_bias,
-                      "qwen3 has q/k norms; its attention_bias sets q/k/v and o biases together");
+                      "{} has q/k norms; its attention_bias sets q/k/v and o biases together", name_);
+        break;
+      case LlamaVariant::mixtral:
+        SHARDLM_CHECK(!c.qk_norm && !c.qkv_bias && !c.o_bias,
+                      "mixtral has no q/k norms and no attention biases");
         break;
     }
   }
 
   nlohmann::json to_json(const ModelConfig& c) const override {
-    return {{"n_layer", c.n_layer},
+    nlohmann::json j = {{"n_layer", c.n_layer},
             {"n_head", c.n_head},
             {"n_kv_head", c.kv_heads()},
             {"n_embd", c.n_embd},
@@ -107,6 +126,8 @@ class LlamaFamily final : public ModelFamily {
             {"qkv_bias", c.qkv_bias},
             {"o_bias", c.o_bias},
             {"qk_norm", c.qk_norm}};
+    if (c.moe.enabled()) j["moe"] = moe_to_json(c.moe);
+    return j;
   }
 
   void from_json(const nlohmann::json& j, ModelConfig& c) const override {
@@ -132,6 +153,7 @@ class LlamaFamily final : public ModelFamily {
     c.qkv_bias = j.at("qkv_bias").get<bool>();
     c.o_bias = j.at("o_bias").get<bool>();
     c.qk_norm = j.at("qk_norm").get<bool>();
+    if (j.contains("moe")) c.moe = moe_from_json(j.at("moe"));
   }
 
   std::vector<UnitLayout> model_units(const ModelConfig& c) const override {
@@ -174,6 +196,24 @@ class LlamaFamily final : public ModelFamily {
       linear("self_attn.o_proj.weight", {C, Q}, false);
       if (c.o_bias) b.add(name("self_attn.o_proj.bias"), {C}, "zeros");
       b.add(name("post_attention_layernorm.weight"), {C}, "ones");
+      if (c.moe.sparse_layer(l)) {
+        // The router here; each expert is a unit of its own, after the layer.
+        const MoeNames& moe = moe_names(c);
+        b.add(name(moe.router_suffix().c_str()), {c.moe.num_experts, C}, "normal", std);
+        units.push_back(b.finish());
+        const int64_t Ie = c.moe.expert_intermediate_size;
+        for (int e = 0; e < c.moe.num_experts; ++e) {
+          UnitBuilder expert("layers." + std::to_string(l) + ".experts." + std::to_string(e), base_trains);
+          const MoeNames::Expert n = moe.expert(l, e);
+          expert.add(n.gate, {Ie, C}, "normal", std);
+          expert.add(n.up, {Ie, C}, "normal", std, /*pack_with_previous=*/true);
+          expert.add(n.down, {C, Ie}, "normal", std);
+          UnitLayout u = expert.finish();
+          u.token_fraction = static_cast<double>(c.moe.top_k) / c.moe.num_experts;
+          units.push_back(std::move(u));
+        }
+        continue;
+      }
       // gate and up back to back: one [2 I, C] matrix.
       linear("mlp.gate_proj.weight", {I, C}, false);
       linear("mlp.up_proj.weight", {I, C}, true);
@@ -190,9 +230,9 @@ class LlamaFamily final : public ModelFamily {
 
   std::vector<std::vector<int>> unit_needs(const ModelConfig& c) const override {
     std::vector<std::vector<int>> needs;
-    const int n = llama_num_units(c);
-    for (int u = 0; u < n; ++u) {
-      const LlamaUnitRole role = llama_unit_role(c, u);
+    const std::vector<LlamaUnitRole> roles = llama_unit_roles(c);
+    for (int u = 0; u < static_cast<int>(roles.size()); ++u) {
+      const LlamaUnitRole& role = roles[static_cast<size_t>(u)];
       if (role.kind == LlamaUnitRole::Kind::final && c.tie_embeddings) {
         needs.push_back({0, u});
       } else if (role.kind == LlamaUnitRole::Kind::layer && c.lora.enabled()) {
@@ -210,8 +250,13 @@ class LlamaFamily final : public ModelFamily {
     // halved by causality, times 3 with the backward.
     const double C = c.n_embd, Q = static_cast<double>(c.n_head) * c.head_dim();
     const double KV = static_cast<double>(c.kv_heads()) * c.head_dim(), I = c.mlp_width();
-    const double per_layer = C * (Q + 2 * KV) + Q * C + 3.0 * C * I;
-    const double matmul_params = c.n_layer * per_layer + static_cast<double>(c.padded_vocab_size()) * C;
+    // A sparse layer multiplies each token by its router and top_k experts.
+    const int sparse = c.moe.sparse_layers(c.n_layer);
+    const double attention_params = C * (Q + 2 * KV) + Q * C;
+    const double sparse_mlp = C * c.moe.num_experts + c.moe.top_k * 3.0 * C * c.moe.expert_intermediate_size;
+    const double matmul_params = (c.n_layer - sparse) * (attention_params + 3.0 * C * I) +
+                                 sparse * (attention_params + sparse_mlp) +
+                                 static_cast<double>(c.padded_vocab_size()) * C;
     const double attention = c.n_layer * 6.0 * seq_len * Q;
     if (!c.lora.enabled()) return 6.0 * matmul_params + attention;
     // LoRA: the frozen base runs forward (2) and backward-data (2), no weight gradient;
@@ -247,9 +292,12 @@ class LlamaFamily final : public ModelFamily {
     const int derived_head_dim = variant_ == LlamaVariant::qwen3 ? 128 : c.n_embd / c.n_head;
     c.head_dim_override = f.optional_int("head_dim", derived_head_dim);
     c.vocab_size = f.require_int("vocab_size");
-    c.max_seq_len = f.optional_int("max_position_embeddings",
-                                   variant_ == LlamaVariant::llama ? 2048 : 32768);
-    c.norm_eps = static_cast<float>(f.optional_number("rms_norm_eps", 1e-6));
+    const int default_context = variant_ == LlamaVariant::llama     ? 2048
+                                : variant_ == LlamaVariant::mixtral ? 131072
+                                                                    : 32768;
+    c.max_seq_len = f.optional_int("max_position_embeddings", default_context);
+    c.norm_eps = static_cast<float>(
+        f.optional_number("rms_norm_eps", variant_ == LlamaVariant::mixtral ? 1e-5 : 1e-6));
     c.tie_embeddings = f.optional_bool("tie_word_embeddings", false);
     c.init_std = static_cast<float>(f.optional_number("initializer_range", 0.02));
     f.expect_string("hidden_act", {"silu"});
@@ -269,11 +317,19 @@ class LlamaFamily final : public ModelFamily {
         f.expect_bool("use_mrope", false);
         break;
       case LlamaVariant::qwen3:
+      case LlamaVariant::qwen3_moe:
         c.qk_norm = true;
         c.qkv_bias = c.o_bias = f.optional_bool("attention_bias", false);
         read_sliding_window(f, hf, c);
         break;
+      case LlamaVariant::mixtral:
+        // Mixtral's sliding window is on whenever it is set (no use_sliding_window).
+        SHARDLM_CHECK(f.optional("sliding_window").is_null(), "config.json (mixtral): "
+                      "sliding_window {} is not supported (only full attention: null)",
+                      hf.at("sliding_window").dump());
+        break;
     }
+    if (is_moe(variant_)) c.moe = moe_from_hf(f, name_, c.intermediate_size);
     f.finish();
     c.validate();
     return c;
@@ -314,8 +370,11 @@ class LlamaFamily final : public ModelFamily {
     } else {
       j["use_sliding_window"] = false;
       j["sliding_window"] = nullptr;
-      if (variant_ == LlamaVariant::qwen3) j["attention_bias"] = c.qkv_bias;
+      if (variant_ == LlamaVariant::qwen3 || variant_ == LlamaVariant::qwen3_moe)
+        j["attention_bias"] = c.qkv_bias;
     }
+    if (variant_ == LlamaVariant::mixtral) j.erase("use_sliding_window");
+    if (is_moe(variant_)) moe_to_hf(c, j);
     return j;
   }
 
@@ -402,11 +461,13 @@ class LlamaFamily final : public ModelFamily {
 
 const ModelFamily& llama_family(LlamaVariant variant) {
   static const LlamaFamily llama(LlamaVariant::llama), qwen2(LlamaVariant::qwen2),
-      qwen3(LlamaVariant::qwen3);
+      qwen3(LlamaVariant::qwen3), qwen3_moe(LlamaVariant::qwen3_moe), mixtral(LlamaVariant::mixtral);
   switch (variant) {
     case LlamaVariant::llama: return llama;
     case LlamaVariant::qwen2: return qwen2;
     case LlamaVariant::qwen3: return qwen3;
+    case LlamaVariant::qwen3_moe: return qwen3_moe;
+    case LlamaVariant::mixtral: return mixtral;
   }
   return llama;
 }

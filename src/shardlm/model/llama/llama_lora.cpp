@@ -40,16 +40,48 @@ std::string lora_b_name(int layer, const LoraTarget& t) {
   return llama_param_name(layer, t.parent + "." + t.module + ".lora_B.weight");
 }
 
-int llama_num_units(const ModelConfig& c) {
-  return c.lora.enabled() ? 2 * c.n_layer + 2 : c.n_layer + 2;
+namespace {
+
+// Model units of layer l: its adapters (LoRA), itself, its experts (sparse layers).
+int units_of_layer(const ModelConfig& c, int layer) {
+  return (c.lora.enabled() ? 1 : 0) + 1 + (c.moe.sparse_layer(layer) ? c.moe.num_experts : 0);
 }
 
+int first_unit_of_layer(const ModelConfig& c, int layer) {
+  if (!c.moe.enabled()) return 1 + layer * units_of_layer(c, 0);
+  int u = 1;
+  for (int l = 0; l < layer; ++l) u += units_of_layer(c, l);
+  return u;
+}
+
+}  // namespace
+
+int llama_num_units(const ModelConfig& c) { return first_unit_of_layer(c, c.n_layer) + 1; }
+
 int llama_adapter_unit(const ModelConfig& c, int layer) {
-  return c.lora.enabled() ? 2 * layer + 1 : -1;
+  return c.lora.enabled() ? first_unit_of_layer(c, layer) : -1;
 }
 
 int llama_layer_unit(const ModelConfig& c, int layer) {
-  return c.lora.enabled() ? 2 * layer + 2 : layer + 1;
+  return first_unit_of_layer(c, layer) + (c.lora.enabled() ? 1 : 0);
+}
+
+int llama_expert_unit(const ModelConfig& c, int layer, int expert) {
+  SHARDLM_CHECK(c.moe.sparse_layer(layer) && expert >= 0 && expert < c.moe.num_experts,
+                "model: layer {} has no expert {}", layer, expert);
+  return llama_layer_unit(c, layer) + 1 + expert;
+}
+
+std::vector<LlamaUnitRole> llama_unit_roles(const ModelConfig& c) {
+  std::vector<LlamaUnitRole> roles = {{LlamaUnitRole::Kind::embeddings, -1}};
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (c.lora.enabled()) roles.push_back({LlamaUnitRole::Kind::adapters, l});
+    roles.push_back({LlamaUnitRole::Kind::layer, l});
+    if (c.moe.sparse_layer(l))
+      for (int e = 0; e < c.moe.num_experts; ++e) roles.push_back({LlamaUnitRole::Kind::expert, l, e});
+  }
+  roles.push_back({LlamaUnitRole::Kind::final, -1});
+  return roles;
 }
 
 LlamaUnitRole llama_unit_role(const ModelConfig& c, int unit) {
@@ -57,8 +89,11 @@ LlamaUnitRole llama_unit_role(const ModelConfig& c, int unit) {
   SHARDLM_CHECK(unit >= 0 && unit < n, "model: unit {} out of range [0, {})", unit, n);
   if (unit == 0) return {LlamaUnitRole::Kind::embeddings, -1};
   if (unit == n - 1) return {LlamaUnitRole::Kind::final, -1};
-  if (!c.lora.enabled()) return {LlamaUnitRole::Kind::layer, unit - 1};
-  return {unit % 2 == 1 ? LlamaUnitRole::Kind::adapters : LlamaUnitRole::Kind::layer, (unit - 1) / 2};
+  if (!c.moe.enabled()) {
+    if (!c.lora.enabled()) return {LlamaUnitRole::Kind::layer, unit - 1};
+    return {unit % 2 == 1 ? LlamaUnitRole::Kind::adapters : LlamaUnitRole::Kind::layer, (unit - 1) / 2};
+  }
+  return llama_unit_roles(c)[static_cast<size_t>(unit)];
 }
 
 }  // namespace shardlm

@@ -48,15 +48,23 @@ std::vector<LoraGroup> llama_lora_groups(const ModelConfig& config);
 std::string lora_a_name(int layer, const LoraTarget& t);
 std::string lora_b_name(int layer, const LoraTarget& t);
 
-// What model unit u is in a run with or without adapters.
+// What model unit u is in a run with or without adapters. A mixture-of-experts layer
+// (model/moe/moe_experts.hpp) is followed by one unit per expert, so that each expert
+// is gathered, reduced and (later) placed on an expert-parallel rank on its own:
+//   [embed, (adapters 0), layer 0, (expert 0.0, ..., expert 0.E-1), ..., final]
 struct LlamaUnitRole {
-  enum class Kind { embeddings, adapters, layer, final } kind;
+  enum class Kind { embeddings, adapters, layer, expert, final } kind;
   int layer = -1;
+  int expert = -1;  // Kind::expert only
 };
 LlamaUnitRole llama_unit_role(const ModelConfig& config, int unit);
+// Every model unit's role, in step order.
+std::vector<LlamaUnitRole> llama_unit_roles(const ModelConfig& config);
 int llama_num_units(const ModelConfig& config);
-// The model unit of layer l's adapters (-1 without LoRA) and of layer l itself.
+// The model unit of layer l's adapters (-1 without LoRA), of layer l itself and of
+// expert e of sparse layer l.
 int llama_adapter_unit(const ModelConfig& config, int layer);
 int llama_layer_unit(const ModelConfig& config, int layer);
+int llama_expert_unit(const ModelConfig& config, int layer, int expert);
 
 }  // namespace shardlm

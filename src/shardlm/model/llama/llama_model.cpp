@@ -10,6 +10,8 @@
 #include "shardlm/model/llama/llama_family.hpp"
 #include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/model_support.hpp"
+#include "shardlm/model/moe/moe_experts.hpp"
+#include "shardlm/model/moe/moe_names.hpp"
 
 namespace shardlm {
 
@@ -22,6 +24,9 @@ struct LayerOffsets {
   int64_t ln1 = -1, qkv_w = -1, qkv_b = -1, q_norm = -1, k_norm = -1;
   int64_t o_w = -1, o_b = -1, ln2 = -1, gu_w = -1, down_w = -1;
   int64_t k_w = -1, v_w = -1, up_w = -1;
+  int64_t router_w = -1;  // a sparse layer's router (it has no gu_w, down_w)
+  // A sparse layer's experts: gate_proj|up_proj and down_proj in each expert's unit.
+  std::vector<std::pair<int64_t, int64_t>> experts;
 };
 
 // What a layer's backward reads, saved by its forward (one set per layer, or one shared
@@ -44,6 +49,7 @@ struct LayerActivations {
 
 struct LayerWeights {
   ConstTypedPtr qkv, o, gate_up, down;
+  ConstTypedPtr router;  // sparse layers (no gate_up, down)
 };
 
 // fp32 values of the compute type; null where the parameter does not exist.
@@ -81,6 +87,13 @@ struct LlamaModel::Impl {
 
   int64_t embed = 0, norm_w = 0, lm_head = -1;
   std::vector<LayerOffsets> offsets;
+  // Every model unit's role and the units it reads (computed once: an MoE model has
+  // thousands of units).
+  std::vector<LlamaUnitRole> roles;
+  std::vector<std::vector<int>> needs;
+  // Mixture of experts (config.moe): the sparse layers' experts and routing.
+  std::unique_ptr<MoeExperts> moe;
+  double aux_loss = 0.0;
   // LoRA: the groups' targets, per layer and group the A and B offsets in the adapter
   // unit, the scale alpha / r and scratch for x A^T and its gradient ([N, 3 r] at most).
   std::vector<LoraGroup> lora_groups;
@@ -137,14 +150,20 @@ struct LlamaModel::Impl {
       for (const auto& tg : g.targets) n += config.lora.rank * (g.in + tg.out);
     return n;
   }
-  int64_t base_weight_elements() const { return QKV * C + C * Q + 2 * I * C + C * I; }
+  int64_t base_weight_elements() const {
+    const int64_t attention = QKV * C + C * Q;
+    const int64_t sparse = moe ? attention + static_cast<int64_t>(moe->experts()) * C : 0;
+    const int64_t dense = config.moe.sparse_layers(L) == L ? 0 : attention + 2 * I * C + C * I;
+    return std::max(sparse, dense);
+  }
   int64_t layer_weight_elements() const { return base_weight_elements() + adapter_elements(); }
   int64_t dequantized_bytes() const {
     return nf4 ? base_weight_elements() * static_cast<int64_t>(dtype_bytes(rounding_weight_type())) : 0;
   }
   DType rounding_weight_type() const { return compute == DType::fp16 ? DType::fp32 : compute; }
   int64_t weight_scratch_elements() const {
-    return std::max<int64_t>(layer_weight_elements(), static_cast<int64_t>(V) * C);
+    const int64_t expert = moe ? moe->expert_weight_elements() : 0;
+    return std::max<int64_t>({layer_weight_elements(), static_cast<int64_t>(V) * C, expert});
   }
   int64_t vector_scratch_floats() const { return 3 * C + QKV + 2 * hd; }
 
@@ -152,6 +171,12 @@ struct LlamaModel::Impl {
   void carve_activations(ArenaCarver& carver, int64_t n);
   std::vector<int> needed_units(int unit) const;
   LayerWeights layer_weights(int l, ConstTypedPtr p) const;
+  ExpertWeights expert_weights(int l, int e, ConstTypedPtr p) const;
+  bool sparse(int l) const { return config.moe.sparse_layer(l); }
+  // The dense MLP's backward or a sparse layer's router's, ending with the gradient
+  // through the post-attention norm into dres.
+  void mlp_backward(int l, const LayerVectors& v, const LayerWeights& w, const LayerAdapters& ad,
+                    float* g, double aux_weight);
   LayerVectors layer_vectors(int l, ConstTypedPtr p) const;
   ConstTypedPtr head_weights(ParamPointers params) const {
     const ConstTypedPtr w = lm_head < 0 ? params[0].at(embed) : params[final_unit].at(lm_head);
@@ -162,7 +187,7 @@ struct LlamaModel::Impl {
   void layer_forward(int l, const LayerVectors& v, const LayerWeights& w,
                      const LayerAdapters& ad, bool recompute);
   void layer_backward(int l, const LayerVectors& v, const LayerWeights& w,
-                      const LayerAdapters& ad, float* g);
+                      const LayerAdapters& ad, float* g, double aux_weight);
   // out [N, group width] += scale (x A^T) B^T over the group's targets.
   void lora_forward(size_t group, const LayerAdapters& ad, ConstTypedPtr x, float* out);
   // Adapter gradients from the group output's gradient dy (as the base GEMMs read it),
@@ -181,6 +206,15 @@ struct LlamaModel::Impl {
                         float* dq_norm, float* dk_norm);
   void final_forward(ParamPointers params, UnitPointers grads, const MicroBatch& batch,
                      bool training, float grad_scale);
+  const LlamaUnitRole& role(int unit) const {
+    SHARDLM_CHECK(unit >= 0 && unit < num_units, "model: unit {} out of range [0, {})", unit,
+                  num_units);
+    return roles[static_cast<size_t>(unit)];
+  }
+  void expert_forward(const LlamaUnitRole& r, ConstTypedPtr p) {
+    moe->expert_forward(r.layer, r.expert, *be, options.row_by_row_gemm, acts(r.layer).ln2,
+                        expert_weights(r.layer, r.expert, p), residual[static_cast<size_t>(r.layer) + 1]);
+  }
 };
 
 void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOptions& run_options) {
@@ -208,6 +242,9 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   for (const auto& g : lora_groups)
     lora_width = std::max<int64_t>(lora_width, static_cast<int64_t>(g.targets.size()) * config.lora.rank);
   state = MicroBatchState(num_units);
+  roles = llama_unit_roles(config);
+  needs = model_family(config.family).unit_needs(config);
+  moe = config.moe.enabled() ? std::make_unique<MoeExperts>(config, compute) : nullptr;
 }
 
 void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
@@ -215,7 +252,8 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
   residual.assign(static_cast<size_t>(L) + 1, nullptr);
   for (auto& r : residual) carver.request(&r, n * C);
   layers.resize(options.activation_checkpointing ? 1 : static_cast<size_t>(L));
-  for (auto& a : layers) {
+  for (size_t li = 0; li < layers.size(); ++li) {
+    LayerActivations& a = layers[li];
     carver.request(&a.ln1, ct, n * C);
     carver.request(&a.rstd1, n);
     if (config.qk_norm) {
@@ -229,9 +267,11 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
     carver.request(&a.res2, n * C);
     carver.request(&a.ln2, ct, n * C);
     carver.request(&a.rstd2, n);
+    if (sparse(static_cast<int>(li))) continue;  // its experts keep their own (MoeExperts)
     carver.request(&a.gate_up, ct, n * 2 * I);
     carver.request(&a.act, ct, n * I);
   }
+  if (moe) moe->carve(carver, n);
   carver.request(&branch, n * C);
   carver.request(&lnf, ct, n * C);
   carver.request(&lnf_rstd, n);
@@ -274,6 +314,13 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   SHARDLM_CHECK(m.hd <= kAttentionMaxHeadDim,
                 "model: head_dim {} exceeds the attention kernels' limit {}", m.hd,
                 kAttentionMaxHeadDim);
+  if (m.moe) {
+    SHARDLM_CHECK(options.device.is_host(), "model: mixture-of-experts models run on the CPU "
+                  "for now (routing is computed on the host); this run asks for {}",
+                  to_string(options.device));
+    SHARDLM_CHECK(!options.activation_checkpointing, "model: activation checkpointing is not "
+                  "supported for mixture-of-experts models yet (run without it)");
+  }
   SHARDLM_CHECK(layout.num_model_units() == m.num_units,
                 "model: layout has {} model units, the config needs {}", layout.num_model_units(),
                 m.num_units);
@@ -301,9 +348,21 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
     o.o_w = off("self_attn.o_proj.weight");
     if (config.o_bias) o.o_b = off("self_attn.o_proj.bias");
     o.ln2 = off("post_attention_layernorm.weight");
-    o.gu_w = off("mlp.gate_proj.weight");
-    SHARDLM_ASSERT(m.nf4 || off("mlp.up_proj.weight") == o.gu_w + m.I * m.C);
-    o.down_w = off("mlp.down_proj.weight");
+    if (m.sparse(l)) {
+      o.router_w = off(moe_names(config).router_suffix().c_str());
+      for (int e = 0; e < config.moe.num_experts; ++e) {
+        const int eu = llama_expert_unit(config, l, e);
+        const MoeNames::Expert names = moe_names(config).expert(l, e);
+        const int64_t gu = layout.offset_in_model_unit(eu, names.gate);
+        SHARDLM_ASSERT(layout.offset_in_model_unit(eu, names.up) ==
+                       gu + config.moe.expert_intermediate_size * m.C);
+        o.experts.emplace_back(gu, layout.offset_in_model_unit(eu, names.down));
+      }
+    } else {
+      o.gu_w = off("mlp.gate_proj.weight");
+      SHARDLM_ASSERT(m.nf4 || off("mlp.up_proj.weight") == o.gu_w + m.I * m.C);
+      o.down_w = off("mlp.down_proj.weight");
+    }
     m.offsets.push_back(o);
     if (config.lora.enabled()) {
       const int adapters = llama_adapter_unit(config, l);
@@ -372,7 +431,7 @@ int LlamaModel::num_units() const { return impl_->num_units; }
 std::vector<int> LlamaModel::Impl::needed_units(int unit) const {
   SHARDLM_CHECK(unit >= 0 && unit < num_units, "model: unit {} out of range [0, {})", unit,
                 num_units);
-  return model_family(config.family).unit_needs(config)[static_cast<size_t>(unit)];
+  return needs[static_cast<size_t>(unit)];
 }
 
 std::vector<int> LlamaModel::units_needed_for(int unit) const { return impl_->needed_units(unit); }
@@ -412,8 +471,21 @@ LayerWeights LlamaModel::Impl::layer_weights(int l, ConstTypedPtr p) const {
   LayerWeights w;
   w.qkv = weight(o.qkv_w, QKV * C);
   w.o = weight(o.o_w, C * Q);
+  if (o.router_w >= 0) {
+    w.router = weight(o.router_w, static_cast<int64_t>(moe->experts()) * C);
+    return w;
+  }
   w.gate_up = weight(o.gu_w, 2 * I * C);
   w.down = weight(o.down_w, C * I);
+  return w;
+}
+
+ExpertWeights LlamaModel::Impl::expert_weights(int l, int e, ConstTypedPtr p) const {
+  const auto [gu, down] = offsets[static_cast<size_t>(l)].experts[static_cast<size_t>(e)];
+  const int64_t count = moe->expert_weight_elements() / 3;
+  ExpertWeights w;
+  w.gate_up = rounding->gemm_weight(p.at(gu), 0, 2 * count);
+  w.down = rounding->gemm_weight(p.at(down), 2 * count, count);
   return w;
 }
 
@@ -564,6 +636,14 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   if (lora_o >= 0) lora_forward(static_cast<size_t>(lora_o), ad, a.att, branch);
   be->residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
                                 static_cast<int>(C), eps);
+  if (sparse(l)) {
+    // The router; the experts' units add their outputs to y = r (MoeExperts).
+    gemm_forward(rows, moe->experts(), static_cast<int>(C), 1.0f, a.ln2, static_cast<int>(C),
+                 w.router, 0.0f, moe->router_logits(), moe->experts());
+    moe->route(l, n);
+    be->convert_rows(residual[static_cast<size_t>(l) + 1], C, a.res2, C, n, C);
+    return;
+  }
   float* gu_f = compute == DType::fp32 ? a.gate_up.f32() : dbig;
   gemm_forward(rows, static_cast<int>(2 * I), static_cast<int>(C), 1.0f, a.ln2, static_cast<int>(C),
                w.gate_up, 0.0f, gu_f, static_cast<int>(2 * I));
@@ -590,22 +670,29 @@ void LlamaModel::Impl::cached_attention(int l, LayerActivations& a) {
 // gradients accumulate into g through the GEMMs' beta = 1; for y = x W^T (W [out, in])
 // dW += dy^T x and dx = dy W. A frozen layer (g null: LoRA's base) computes only the
 // input gradients, and its adapters' gradients.
-void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerWeights& w,
-                                      const LayerAdapters& ad, float* g) {
+void LlamaModel::Impl::mlp_backward(int l, const LayerVectors& v, const LayerWeights& w,
+                                    const LayerAdapters& ad, float* g, double aux_weight) {
   const LayerOffsets& o = offsets[static_cast<size_t>(l)];
   const LayerActivations& a = acts(l);
-  const float* x = residual[static_cast<size_t>(l)];
   const int64_t n = N();
   const int rows = static_cast<int>(n);
-  const int c = static_cast<int>(C), q = static_cast<int>(Q), i2 = static_cast<int>(2 * I),
-            i1 = static_cast<int>(I), qkv = static_cast<int>(QKV);
+  const int c = static_cast<int>(C), i2 = static_cast<int>(2 * I), i1 = static_cast<int>(I);
   const bool trains = g != nullptr;
   auto grad = [&](int64_t offset) { return trains && offset >= 0 ? g + offset : nullptr; };
-  const int lora_qkv = group_index(lora_groups, LoraGroup::Input::ln1);
-  const int lora_o = group_index(lora_groups, LoraGroup::Input::attention);
+  if (sparse(l)) {
+    // The experts' backward ran (their units come after this one): add the router's
+    // share of dLoss/dh2 to theirs.
+    const int e = moe->experts();
+    const ConstTypedPtr dz = moe->router_backward(l, aux_weight, *rounding);
+    if (trains) be->gemm(true, false, e, c, rows, 1.0f, dz, e, a.ln2, c, 1.0f, g + o.router_w, c);
+    float* dln2 = moe->h2_gradient();
+    be->gemm(false, false, rows, c, e, 1.0f, dz, e, w.router, c, 1.0f, dln2, c);
+    be->rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
+                          /*accumulate_dx=*/true);
+    return;
+  }
   const int lora_gu = group_index(lora_groups, LoraGroup::Input::ln2);
   const int lora_down = group_index(lora_groups, LoraGroup::Input::act);
-
   // MLP: y = r + (silu(g) * u) Wdown^T
   ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
   if (trains) be->gemm(true, false, c, i1, rows, 1.0f, dy, c, a.act, i1, 1.0f, g + o.down_w, i1);
@@ -621,9 +708,24 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   if (lora_gu >= 0) lora_backward(static_cast<size_t>(lora_gu), ad, a.ln2, dgu_g, dln2);
   be->rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
                         /*accumulate_dx=*/true);
+}
+
+void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerWeights& w,
+                                      const LayerAdapters& ad, float* g, double aux_weight) {
+  const LayerOffsets& o = offsets[static_cast<size_t>(l)];
+  const LayerActivations& a = acts(l);
+  const float* x = residual[static_cast<size_t>(l)];
+  const int64_t n = N();
+  const int rows = static_cast<int>(n);
+  const int c = static_cast<int>(C), q = static_cast<int>(Q), qkv = static_cast<int>(QKV);
+  const bool trains = g != nullptr;
+  auto grad = [&](int64_t offset) { return trains && offset >= 0 ? g + offset : nullptr; };
+  const int lora_qkv = group_index(lora_groups, LoraGroup::Input::ln1);
+  const int lora_o = group_index(lora_groups, LoraGroup::Input::attention);
+  mlp_backward(l, v, w, ad, g, aux_weight);
 
   // Attention: r = x + attention(...) Wo^T (+ b_o)
-  dy = rounding->for_gemm(dres, dres_c, n * C);
+  ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
   if (trains) be->gemm(true, false, c, q, rows, 1.0f, dy, c, a.att, q, 1.0f, g + o.o_w, q);
   if (trains && o.o_b >= 0) be->bias_backward(g + o.o_b, dres, n, c);
   float* datt = dmid;
@@ -660,6 +762,7 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
     return;
   }
   state.target_count = count_targets(batch.targets, n, V);
+  aux_loss = moe ? moe->aux_loss() : 0.0;
   float* dhead = nullptr;  // stays null for a frozen head (LoRA): dlnf is still needed
   if (training && !config.lora.enabled()) {
     const int head_unit = lm_head < 0 ? 0 : final_unit;
@@ -676,7 +779,7 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
                               const MicroBatch& batch, bool training, float grad_scale) {
   Impl& m = *impl_;
   check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
-  const LlamaUnitRole role = llama_unit_role(m.config, unit);
+  const LlamaUnitRole role = m.role(unit);
   if (role.kind == LlamaUnitRole::Kind::embeddings) {
     check_micro_batch(batch, m.max_batch, m.max_seq, m.V);
     m.state.start(batch);
@@ -700,6 +803,9 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
   switch (role.kind) {
     case LlamaUnitRole::Kind::adapters:
       return;  // read by its layer
+    case LlamaUnitRole::Kind::expert:
+      m.expert_forward(role, params[unit]);
+      return;
     case LlamaUnitRole::Kind::layer: {
       const ConstTypedPtr p = params[unit];
       m.layer_forward(role.layer, m.layer_vectors(role.layer, p), m.layer_weights(role.layer, p),
@@ -716,7 +822,7 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
   Impl& m = *impl_;
   m.state.begin_backward(unit, batch);
   check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
-  const LlamaUnitRole role = llama_unit_role(m.config, unit);
+  const LlamaUnitRole role = m.role(unit);
   const bool base_trains = !m.config.lora.enabled();
   // A frozen unit has no gradient buffer; a trainable one must have one.
   if (base_trains || role.kind == LlamaUnitRole::Kind::adapters)
@@ -741,7 +847,15 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
       const LayerWeights w = m.layer_weights(role.layer, p);
       const LayerAdapters ad = m.layer_adapters(role.layer, params, grads);
       if (m.options.activation_checkpointing) m.layer_forward(role.layer, v, w, ad, /*recompute=*/true);
-      m.layer_backward(role.layer, v, w, ad, g);
+      m.layer_backward(role.layer, v, w, ad, g,
+                       m.config.moe.aux_loss_coef() * static_cast<double>(batch.aux_loss_share));
+      return;
+    }
+    case LlamaUnitRole::Kind::expert: {
+      const ExpertWeights w = m.expert_weights(role.layer, role.expert, p);
+      const auto [gu, down] = m.offsets[static_cast<size_t>(role.layer)].experts[static_cast<size_t>(role.expert)];
+      m.moe->expert_backward(role.layer, role.expert, *m.be, *m.rounding, m.acts(role.layer).ln2, w,
+                             m.dres, g != nullptr ? g + gu : nullptr, g != nullptr ? g + down : nullptr);
       return;
     }
     case LlamaUnitRole::Kind::adapters:
@@ -766,7 +880,7 @@ void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& ca
                                      const MicroBatch& batch) {
   Impl& m = *impl_;
   check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
-  const LlamaUnitRole role = llama_unit_role(m.config, unit);
+  const LlamaUnitRole role = m.role(unit);
   switch (role.kind) {
     case LlamaUnitRole::Kind::embeddings: {
       m.kv_positions = start_cached_step(batch, cache, m.L, m.KVD, m.compute, m.max_seq, m.V);
@@ -784,6 +898,10 @@ void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& ca
     case LlamaUnitRole::Kind::adapters:
       m.state.check_forward(unit, batch);
       return;  // read by its layer
+    case LlamaUnitRole::Kind::expert:
+      m.state.check_forward(unit, batch);
+      m.expert_forward(role, params[unit]);
+      return;
     case LlamaUnitRole::Kind::layer: {
       m.state.check_forward(unit, batch);
       const ConstTypedPtr p = params[unit];
@@ -806,6 +924,7 @@ void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& ca
 }
 
 double LlamaModel::last_loss_sum() const { return impl_->state.loss_sum; }
+double LlamaModel::last_aux_loss() const { return impl_->aux_loss; }
 int64_t LlamaModel::last_target_count() const { return impl_->state.target_count; }
 
 void LlamaModel::logits_at(ParamPointers params, int t, float* out) const {

@@ -61,6 +61,7 @@ class LlamaModel final : public Model {
   void forward_unit_cached(int unit, ParamPointers params, KvCache& cache,
                            const MicroBatch& batch) override;
   double last_loss_sum() const override;
+  double last_aux_loss() const override;
   int64_t last_target_count() const override;
   void logits_at(ParamPointers params, int t, float* out) const override;
 

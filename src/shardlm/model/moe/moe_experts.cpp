@@ -1,0 +1,154 @@
+#include "shardlm/model/moe/moe_experts.hpp"
+
+#include <algorithm>
+
+#include "shardlm/core/error.hpp"
+
+namespace shardlm {
+
+MoeExperts::MoeExperts(const ModelConfig& c, DType compute)
+    : E_(c.moe.num_experts),
+      k_(c.moe.top_k),
+      C_(c.n_embd),
+      I_(c.moe.expert_intermediate_size),
+      norm_topk_(c.moe.norm_topk_prob),
+      compute_(compute) {
+  int sparse = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const bool is_sparse = c.moe.sparse_layer(l);
+    sparse_index_.push_back(is_sparse ? sparse++ : -1);
+    if (is_sparse && first_sparse_ < 0) first_sparse_ = l;
+  }
+  layers_.resize(static_cast<size_t>(sparse));
+  stats_.reset(E_);
+}
+
+void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
+  const DType ct = compute_;
+  const int64_t nk = n * k_;
+  for (LayerRouting& l : layers_) {
+    carver.request(&l.routing.probs, n * E_);
+    carver.request(&l.routing.top_expert, nk);
+    carver.request(&l.routing.top_weight, nk);
+    carver.request(&l.routing.expert_begin, E_ + 1);
+    carver.request(&l.routing.token, nk);
+    carver.request(&l.routing.slot, nk);
+    carver.request(&l.gate_up, ct, nk * 2 * I_);
+    carver.request(&l.act, ct, nk * I_);
+  }
+  carver.request(&logits_, n * E_);
+  carver.request(&xe_, ct, n * C_);
+  if (ct != DType::fp32) {
+    carver.request(&gu_f_, n * 2 * I_);
+    carver.request(&out_c_, ct, n * C_);
+    carver.request(&dgu_c_, ct, n * 2 * I_);
+    carver.request(&dlogits_c_, ct, n * E_);
+  }
+  carver.request(&out_, n * C_);
+  carver.request(&g_, n * I_);
+  carver.request(&dgu_, n * 2 * I_);
+  carver.request(&dx_, n * C_);
+  carver.request(&dh2_, n * C_);
+  carver.request(&dtop_, nk);
+  carver.request(&dlogits_, n * E_);
+}
+
+MoeExperts::LayerRouting& MoeExperts::layer(int l) {
+  const int s = sparse_index_.at(static_cast<size_t>(l));
+  SHARDLM_CHECK(s >= 0, "model: layer {} is not a mixture-of-experts layer", l);
+  return layers_[static_cast<size_t>(s)];
+}
+
+void MoeExperts::route(int l, int64_t n) {
+  if (l == first_sparse_) stats_.reset(E_);
+  n_ = n;
+  LayerRouting& r = layer(l);
+  route_tokens(logits_, shape(), r.routing);
+  stats_.add(r.routing, shape());
+}
+
+void MoeExperts::gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows, Backend& be) {
+  for (int64_t i = 0; i < rows; ++i)
+    be.convert_rows(xe_.at(i * C_), C_, h2.at(static_cast<int64_t>(tokens[i]) * C_), C_, 1, C_);
+}
+
+void MoeExperts::expert_forward(int l, int e, Backend& be, bool row_by_row, ConstTypedPtr h2,
+                                const ExpertWeights& w, float* out) {
+  LayerRouting& r = layer(l);
+  const int64_t begin = r.routing.expert_begin[e], rows = r.routing.expert_begin[e + 1] - begin;
+  if (rows == 0) return;
+  const int32_t* tokens = r.routing.token + begin;
+  gather_h2(h2, tokens, rows, be);
+  const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
+  const TypedPtr gate_up = r.gate_up.at(begin * 2 * I_), act = r.act.at(begin * I_);
+  float* gu_f = compute_ == DType::fp32 ? gate_up.f32() : gu_f_;
+  forward_gemm(be, row_by_row, true, m, 2 * i1, c, 1.0f, xe_, c, w.gate_up, c, 0.0f, gu_f, 2 * i1);
+  be.swiglu_forward(act, gate_up, gu_f, rows, i1);
+  forward_gemm(be, row_by_row, true, m, c, i1, 1.0f, act, i1, w.down, i1, 0.0f, out_, c);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float weight = r.routing.top_weight[static_cast<int64_t>(tokens[i]) * k_ + r.routing.slot[begin + i]];
+    float* y = out + static_cast<int64_t>(tokens[i]) * C_;
+    const float* o = out_ + i * C_;
+    for (int64_t j = 0; j < C_; ++j) y[j] += weight * o[j];
+  }
+}
+
+void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding& rounding,
+                                 ConstTypedPtr h2, const ExpertWeights& w, const float* dy,
+                                 float* grad_gate_up, float* grad_down) {
+  LayerRouting& r = layer(l);
+  if (e == E_ - 1) {  // the first expert of the layer's backward
+    std::fill(dh2_, dh2_ + n_ * C_, 0.0f);
+    std::fill(dtop_, dtop_ + n_ * k_, 0.0f);
+  }
+  const int64_t begin = r.routing.expert_begin[e], rows = r.routing.expert_begin[e + 1] - begin;
+  if (rows == 0) return;
+  const int32_t* tokens = r.routing.token + begin;
+  const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
+  const TypedPtr gate_up = r.gate_up.at(begin * 2 * I_), act = r.act.at(begin * I_);
+  std::vector<float> weight(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i)
+    weight[static_cast<size_t>(i)] =
+        r.routing.top_weight[static_cast<int64_t>(tokens[i]) * k_ + r.routing.slot[begin + i]];
+  // g = dy_e Wdown (unweighted): the weight's gradient is <g, silu(gate) * up> and
+  // the activation's is weight * g.
+  for (int64_t i = 0; i < rows; ++i)
+    std::copy_n(dy + static_cast<int64_t>(tokens[i]) * C_, C_, out_ + i * C_);
+  ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
+  be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
+  float* act_f = dgu_;  // act as fp32, before dgu_ is written
+  be.convert_rows(act_f, I_, act, I_, rows, I_);
+  for (int64_t i = 0; i < rows; ++i) {
+    float dot = 0;
+    for (int64_t j = 0; j < I_; ++j) dot += g_[i * I_ + j] * act_f[i * I_ + j];
+    dtop_[static_cast<int64_t>(tokens[i]) * k_ + r.routing.slot[begin + i]] += dot;
+    for (int64_t j = 0; j < I_; ++j) g_[i * I_ + j] *= weight[static_cast<size_t>(i)];
+    for (int64_t j = 0; j < C_; ++j) out_[i * C_ + j] *= weight[static_cast<size_t>(i)];
+  }
+  if (grad_down != nullptr) {
+    const ConstTypedPtr dyw = rounding.for_gemm(out_, out_c_, rows * C_);
+    be.gemm(true, false, c, i1, m, 1.0f, dyw, c, act, i1, 1.0f, grad_down, i1);
+  }
+  be.swiglu_backward(dgu_, g_, gate_up, rows, i1);
+  const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, rows * 2 * I_);
+  if (grad_gate_up != nullptr) {
+    gather_h2(h2, tokens, rows, be);
+    be.gemm(true, false, 2 * i1, c, m, 1.0f, dgu, 2 * i1, xe_, c, 1.0f, grad_gate_up, c);
+  }
+  be.gemm(false, false, m, c, 2 * i1, 1.0f, dgu, 2 * i1, w.gate_up, c, 0.0f, dx_, c);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* d = dh2_ + static_cast<int64_t>(tokens[i]) * C_;
+    const float* x = dx_ + i * C_;
+    for (int64_t j = 0; j < C_; ++j) d[j] += x[j];
+  }
+}
+
+ConstTypedPtr MoeExperts::router_backward(int l, double aux_weight, const ParamRounding& rounding) {
+  LayerRouting& r = layer(l);
+  const std::vector<float> aux = stats_.prob_gradient(aux_weight);
+  shardlm::router_backward(r.routing, shape(), dtop_, aux_weight != 0 ? aux.data() : nullptr,
+                           dlogits_);
+  return rounding.for_gemm(dlogits_, dlogits_c_, n_ * E_);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,105 @@
+// MoeExperts: the sparse layers' expert computation of the Llama-family model
+// (qwen3_moe, mixtral), with the routing and activations it keeps between units.
+//
+// A sparse layer is one model unit (attention, norms and the router) followed by one
+// model unit per expert (model/llama/llama_lora.hpp), so that under ZeRO-3 each expert
+// is gathered and freed on its own, and so that expert parallelism can later place
+// E / ep of them on each rank and move tokens with an all-to-all around them:
+//   layer unit:    h2 = rmsnorm(r) w_post; logits = h2 Wr^T; route (moe_routing.hpp);
+//                  y = r
+//   expert unit e: for e's tokens t (ascending): y_t += w_{t,e} (silu(g) * u) Wdown^T,
+//                  g|u = h2_t Wgu^T: one GEMM pair over all of e's tokens
+// Experts add into y in expert order, so the sum is deterministic. No token is
+// dropped. Backward runs the experts in reverse, accumulating the gradient of h2 and
+// of the top-k weights, then the layer unit's router backward adds the softmax/top-k
+// chain and the load-balancing loss's gradient (LoadBalanceStats).
+//
+// Precision as the dense MLP's: the experts' GEMM inputs (gathered h2 rows, g|u,
+// silu(g) * u) are kept in the compute type, outputs and gradients in fp32.
+// Host memory only (the routing runs on the host).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardlm/backend/backend.hpp"
+#include "shardlm/model/config.hpp"
+#include "shardlm/model/model_support.hpp"
+#include "shardlm/model/moe/moe_routing.hpp"
+
+namespace shardlm {
+
+struct ExpertWeights {
+  ConstTypedPtr gate_up;  // [2 I, C]: gate_proj rows, then up_proj rows
+  ConstTypedPtr down;     // [C, I]
+};
+
+class MoeExperts {
+ public:
+  MoeExperts(const ModelConfig& config, DType compute);
+
+  // Requests the arrays for micro-batches of up to n tokens.
+  void carve(ArenaCarver& carver, int64_t n);
+  // Expert weights' elements (the model's weight scratch holds one expert's).
+  int64_t expert_weight_elements() const { return 3 * I_ * C_; }
+
+  // The router GEMM's output, [n, E] fp32, that route() reads.
+  float* router_logits() const { return logits_; }
+  // Routes sparse layer `layer`'s n tokens; the first sparse layer starts the
+  // micro-batch's load-balancing sums.
+  void route(int layer, int64_t n);
+  // out [n, C] += expert e's contribution for its tokens, reading h2 [n, C].
+  void expert_forward(int layer, int e, Backend& be, bool row_by_row, ConstTypedPtr h2,
+                      const ExpertWeights& w, float* out);
+  // From dy = dLoss/dy [n, C]: the expert's weight gradients (+=, null: frozen) and its
+  // shares of dLoss/dh2 and of the top-k weights' gradients. Experts in reverse order.
+  void expert_backward(int layer, int e, Backend& be, const ParamRounding& rounding,
+                       ConstTypedPtr h2, const ExpertWeights& w, const float* dy,
+                       float* grad_gate_up, float* grad_down);
+  // After every expert's backward: dLoss/dlogits [n, E] of the router as a GEMM input,
+  // aux_weight the load-balancing loss's gradient weight (coefficient x the
+  // micro-batch's share).
+  ConstTypedPtr router_backward(int layer, double aux_weight, const ParamRounding& rounding);
+  // dLoss/dh2 [n, C] from the experts (the router's share is the model's to add).
+  float* h2_gradient() const { return dh2_; }
+
+  // The micro-batch's load-balancing loss (after the last sparse layer's forward).
+  double aux_loss() const { return stats_.loss(); }
+  int experts() const { return E_; }
+
+ private:
+  struct LayerRouting {
+    MoeRouting routing;
+    TypedPtr gate_up;  // [n k, 2 I] per assignment, grouped by expert
+    TypedPtr act;      // [n k, I]
+  };
+  LayerRouting& layer(int l);
+  RouterShape shape() const { return {n_, E_, k_, norm_topk_}; }
+  void gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows, Backend& be);
+
+  int E_ = 0, k_ = 0;
+  int64_t C_ = 0, I_ = 0;
+  bool norm_topk_ = true;
+  DType compute_ = DType::fp32;
+  std::vector<int> sparse_index_;  // per layer: index into layers_, or -1
+  int first_sparse_ = -1;
+  std::vector<LayerRouting> layers_;
+  int64_t n_ = 0;  // tokens of the current micro-batch
+  LoadBalanceStats stats_;
+  // Scratch shared by the layers (one unit runs at a time).
+  float* logits_ = nullptr;  // [n, E]
+  TypedPtr xe_;              // [n, C] an expert's gathered h2 rows
+  float* gu_f_ = nullptr;    // [n, 2I] fp32 GEMM output (compute != fp32)
+  float* out_ = nullptr;     // [n, C] an expert's output; backward: its dy rows
+  TypedPtr out_c_;           // [n, C] compute-type copy of out_ for GEMMs
+  float* g_ = nullptr;       // [n, I]
+  float* dgu_ = nullptr;     // [n, 2I]
+  TypedPtr dgu_c_;           // [n, 2I]
+  float* dx_ = nullptr;      // [n, C]
+  float* dh2_ = nullptr;     // [n, C]
+  float* dtop_ = nullptr;    // [n, k]
+  float* dlogits_ = nullptr;  // [n, E]
+  TypedPtr dlogits_c_;        // [n, E]
+};
+
+}  // namespace shardlm

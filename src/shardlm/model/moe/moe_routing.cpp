@@ -1,0 +1,111 @@
+#include "shardlm/model/moe/moe_routing.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "shardlm/core/error.hpp"
+
+namespace shardlm {
+
+void route_tokens(const float* logits, const RouterShape& s, MoeRouting& r) {
+  const int E = s.experts, k = s.top_k;
+  SHARDLM_CHECK(k >= 1 && k <= E, "moe: top-k {} must be in [1, experts {}]", k, E);
+  std::vector<int32_t> counts(static_cast<size_t>(E), 0);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const float* z = logits + t * E;
+    float* p = r.probs + t * E;
+    float max = z[0];
+    for (int e = 1; e < E; ++e) max = std::max(max, z[e]);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += std::exp(static_cast<double>(z[e] - max));
+    for (int e = 0; e < E; ++e) p[e] = static_cast<float>(std::exp(static_cast<double>(z[e] - max)) / sum);
+    int32_t* top = r.top_expert + t * k;
+    float* w = r.top_weight + t * k;
+    // Selection of the k largest, stable: on equal probability the lower expert wins.
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int m = 0; m < j; ++m) taken = taken || top[m] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      top[j] = best;
+      w[j] = p[best];
+      ++counts[static_cast<size_t>(best)];
+    }
+    if (s.norm_topk_prob) {
+      float total = 0;
+      for (int j = 0; j < k; ++j) total += w[j];
+      for (int j = 0; j < k; ++j) w[j] /= total;
+    }
+  }
+  r.expert_begin[0] = 0;
+  for (int e = 0; e < E; ++e) r.expert_begin[e + 1] = r.expert_begin[e] + counts[static_cast<size_t>(e)];
+  std::vector<int32_t> next(r.expert_begin, r.expert_begin + E);
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int32_t at = next[static_cast<size_t>(r.top_expert[t * k + j])]++;
+      r.token[at] = static_cast<int32_t>(t);
+      r.slot[at] = j;
+    }
+}
+
+void router_backward(const MoeRouting& r, const RouterShape& s, const float* d_top_weight,
+                     const float* aux_dprob, float* dlogits) {
+  const int E = s.experts, k = s.top_k;
+  std::vector<float> dp(static_cast<size_t>(E));
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const float* p = r.probs + t * E;
+    const int32_t* top = r.top_expert + t * k;
+    const float* dw = d_top_weight + t * k;
+    for (int e = 0; e < E; ++e) dp[static_cast<size_t>(e)] = aux_dprob != nullptr ? aux_dprob[e] : 0.0f;
+    if (s.norm_topk_prob) {
+      // w_j = p_j / S: dp_m += dw_m / S - (sum_j dw_j p_j) / S^2.
+      float S = 0, dot = 0;
+      for (int j = 0; j < k; ++j) {
+        S += p[top[j]];
+        dot += dw[j] * p[top[j]];
+      }
+      for (int j = 0; j < k; ++j) dp[static_cast<size_t>(top[j])] += dw[j] / S - dot / (S * S);
+    } else {
+      for (int j = 0; j < k; ++j) dp[static_cast<size_t>(top[j])] += dw[j];
+    }
+    // Softmax: dz_e = p_e (dp_e - sum_f p_f dp_f).
+    float dot = 0;
+    for (int e = 0; e < E; ++e) dot += p[e] * dp[static_cast<size_t>(e)];
+    float* dz = dlogits + t * E;
+    for (int e = 0; e < E; ++e) dz[e] = p[e] * (dp[static_cast<size_t>(e)] - dot);
+  }
+}
+
+void LoadBalanceStats::reset(int experts) {
+  count_.assign(static_cast<size_t>(experts), 0.0);
+  prob_sum_.assign(static_cast<size_t>(experts), 0.0);
+  rows_ = 0;
+}
+
+void LoadBalanceStats::add(const MoeRouting& r, const RouterShape& s) {
+  const int E = s.experts;
+  for (int e = 0; e < E; ++e)
+    count_[static_cast<size_t>(e)] += r.expert_begin[e + 1] - r.expert_begin[e];
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int e = 0; e < E; ++e) prob_sum_[static_cast<size_t>(e)] += r.probs[t * E + e];
+  rows_ += static_cast<double>(s.tokens);
+}
+
+double LoadBalanceStats::loss() const {
+  if (rows_ == 0) return 0.0;
+  double sum = 0;
+  for (size_t e = 0; e < count_.size(); ++e) sum += (count_[e] / rows_) * (prob_sum_[e] / rows_);
+  return static_cast<double>(count_.size()) * sum;
+}
+
+std::vector<float> LoadBalanceStats::prob_gradient(double weight) const {
+  std::vector<float> g(count_.size(), 0.0f);
+  if (rows_ == 0) return g;
+  for (size_t e = 0; e < count_.size(); ++e)
+    g[e] = static_cast<float>(weight * static_cast<double>(count_.size()) * count_[e] / (rows_ * rows_));
+  return g;
+}
+
+}  // namespace shardlm
