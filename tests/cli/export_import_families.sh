@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama, Qwen2 and Qwen3 through the command line: train a few steps, export a Hugging
+# Llama, Qwen2, Qwen3 and the mixtures of experts Qwen3-MoE and Mixtral through the command line: train a few steps, export a Hugging
 # Face directory (fp32; bf16 sharded), start a run from it (--init-from takes the model
 # from its config.json) with bitwise the same weights; transformers loads the export
 # and computes shardlm's eval loss (where a python with transformers is available:
@@ -8,13 +8,15 @@ source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 REF_PYTHON="${SHARDLM_REF_PYTHON:-/usr/bin/python3}"
 COMMON=(--seq-len 32 --micro-batch 4 --threads 1 --eval-batches 0 --data "$WORK/data")
-for model in llama-tiny qwen2-tiny qwen3-tiny; do
+for model in llama-tiny qwen2-tiny qwen3-tiny qwen3-moe-tiny mixtral-tiny; do
+  model_type="${model%-tiny}"
+  model_type="${model_type//-/_}"
   "$SHARDLM" train --model "$model" "${COMMON[@]}" --steps 3 --out "$WORK/$model" > /dev/null
   want="$(digest_of "$WORK/$model")"
   "$SHARDLM" export --checkpoint "$WORK/$model" --out "$WORK/hf_$model" > /dev/null
   [ -f "$WORK/hf_$model/config.json" ] && [ -f "$WORK/hf_$model/generation_config.json" ] \
     || fail "$model: export wrote no config.json / generation_config.json"
-  grep -q "\"model_type\": \"${model%-tiny}\"" "$WORK/hf_$model/config.json" \
+  grep -q "\"model_type\": \"$model_type\"" "$WORK/hf_$model/config.json" \
     || fail "$model: config.json has the wrong model_type"
   # --init-from alone: the model comes from config.json; the weights come back bitwise.
   "$SHARDLM" train "${COMMON[@]}" --steps 0 --init-from "$WORK/hf_$model" --out "$WORK/re_$model" > /dev/null
@@ -44,10 +46,10 @@ done
 expect_error "family" "$SHARDLM" train --model gpt2-tiny "${COMMON[@]}" --steps 0 \
   --init-from "$WORK/hf_qwen3-tiny" --out "$WORK/x1"
 cp -r "$WORK/hf_qwen2-tiny" "$WORK/bad"
-sed -i 's/"model_type": "qwen2"/"model_type": "mixtral"/' "$WORK/bad/config.json"
-expect_error "model_type 'mixtral' is not supported" "$SHARDLM" train "${COMMON[@]}" --steps 0 \
+sed -i 's/"model_type": "qwen2"/"model_type": "deepseek_v3"/' "$WORK/bad/config.json"
+expect_error "model_type 'deepseek_v3' is not supported" "$SHARDLM" train "${COMMON[@]}" --steps 0 \
   --init-from "$WORK/bad" --out "$WORK/x2"
-sed -i 's/"model_type": "mixtral"/"model_type": "qwen2"/; s/"use_sliding_window": false/"use_sliding_window": true/' "$WORK/bad/config.json"
+sed -i 's/"model_type": "deepseek_v3"/"model_type": "qwen2"/; s/"use_sliding_window": false/"use_sliding_window": true/' "$WORK/bad/config.json"
 expect_error "use_sliding_window" "$SHARDLM" train "${COMMON[@]}" --steps 0 --init-from "$WORK/bad" --out "$WORK/x3"
 for d in x1 x2 x3; do [ ! -e "$WORK/$d" ] || fail "a refused run left $d behind"; done
 expect_error "already exists" "$SHARDLM" export --checkpoint "$WORK/llama-tiny" --out "$WORK/hf_llama-tiny"

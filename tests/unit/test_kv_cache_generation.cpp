@@ -1,6 +1,7 @@
 // Generation with a KV cache against rerunning the whole context (the no-cache path,
 // the training forward): on every family (the transformers fixtures of gpt2, llama,
-// qwen2 and qwen3, and each family's preset cut small with random weights), greedy and
+// qwen2, qwen3, qwen3_moe and mixtral, and each family's preset cut small with random
+// weights), greedy and
 // sampled, fp32 and bf16, for a prompt and >= 16 generated tokens, crossing the
 // attention kernel's 64-position blocks.
 //
@@ -166,7 +167,9 @@ struct Case {
 const std::vector<Case> kCases = {{"gpt2", true},      {"llama", true},
                                   {"qwen2", true},     {"qwen3", true},
                                   {"gpt2-tiny", false}, {"llama-tiny", false},
-                                  {"qwen2-tiny", false}, {"qwen3-tiny", false}};
+                                  {"qwen2-tiny", false}, {"qwen3-tiny", false},
+                                  {"qwen3_moe", true},  {"mixtral", true},
+                                  {"qwen3-moe-tiny", false}, {"mixtral-tiny", false}};
 
 std::unique_ptr<ModelUnderTest> make(const Case& c, ModelOptions options) {
   return c.fixture ? from_fixture(c.name, options) : from_preset(c.name, options);
