@@ -25,6 +25,7 @@
 #include "shardlm/model/moe/moe_routing.hpp"
 #include "shardlm/optim/optimizer.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/plan/traced_step.hpp"
 #include "shardlm/train/model_runner.hpp"
 
 namespace fs = std::filesystem;
@@ -362,6 +363,32 @@ TEST(MoeBadInput, RouterVariantsShardlmDoesNotComputeAreRefusedByName) {
   EXPECT_NE(error_of([&] { model_family_for_hf("qwen3_moe").config_from_hf(j); })
                 .find("mlp_only_layers names layer 5"),
             std::string::npos);
+}
+
+TEST(MoePlan, TheTracedStepOnTheMetaDevicePlansPlanRunsBytes) {
+  // plan's closed form (run_plan) and the real step run on the meta device (traced_step,
+  // where routing has no contents: every expert gets an equal share) agree on every
+  // memory category and on the bytes on the wire.
+  for (const char* preset : {"qwen3-moe-tiny", "mixtral-tiny"})
+    for (const StrategyKind kind : {StrategyKind::ddp, StrategyKind::zero3})
+      for (const DType precision : {DType::fp32, DType::bf16}) {
+        RunPlanRequest r;
+        r.config = model_preset(preset);
+        r.world_size = 2;
+        r.strategy.kind = kind;
+        r.strategy.param_dtype = precision;
+        r.model.precision = precision;
+        r.micro_batch = 2;
+        r.seq_len = 32;
+        const RunPlan closed = plan_run(r), traced = plan_run_traced(r);
+        const std::string what = std::string(preset) + " " + to_string(kind) + " " + std::string(dtype_name(precision));
+        EXPECT_EQ(closed.params, traced.params) << what;
+        EXPECT_EQ(closed.grads, traced.grads) << what;
+        EXPECT_EQ(closed.optimizer, traced.optimizer) << what;
+        EXPECT_EQ(closed.activations, traced.activations) << what;
+        EXPECT_EQ(closed.comm, traced.comm) << what;
+        EXPECT_EQ(closed.wire_bytes_per_step, traced.wire_bytes_per_step) << what;
+      }
 }
 
 TEST(MoePresets, PlanningShapesHaveThePublishedParameterCounts) {

@@ -315,7 +315,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
                 "model: head_dim {} exceeds the attention kernels' limit {}", m.hd,
                 kAttentionMaxHeadDim);
   if (m.moe) {
-    SHARDLM_CHECK(options.device.is_host(), "model: mixture-of-experts models run on the CPU "
+    const bool meta = options.backend != nullptr && options.backend->is_meta();
+    m.moe = std::make_unique<MoeExperts>(config, m.compute, meta);
+    SHARDLM_CHECK(options.device.is_host() || meta, "model: mixture-of-experts models run on the CPU "
                   "for now (routing is computed on the host); this run asks for {}",
                   to_string(options.device));
     SHARDLM_CHECK(!options.activation_checkpointing, "model: activation checkpointing is not "

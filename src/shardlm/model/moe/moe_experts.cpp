@@ -6,13 +6,14 @@
 
 namespace shardlm {
 
-MoeExperts::MoeExperts(const ModelConfig& c, DType compute)
+MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta)
     : E_(c.moe.num_experts),
       k_(c.moe.top_k),
       C_(c.n_embd),
       I_(c.moe.expert_intermediate_size),
       norm_topk_(c.moe.norm_topk_prob),
-      compute_(compute) {
+      compute_(compute),
+      meta_(meta) {
   int sparse = 0;
   for (int l = 0; l < c.n_layer; ++l) {
     const bool is_sparse = c.moe.sparse_layer(l);
@@ -59,15 +60,28 @@ MoeExperts::LayerRouting& MoeExperts::layer(int l) {
   return layers_[static_cast<size_t>(s)];
 }
 
+std::pair<int64_t, int64_t> MoeExperts::assignments(const LayerRouting& r, int e) const {
+  const int32_t* begin = meta_ ? meta_begin_.data() : r.routing.expert_begin;
+  return {begin[e], begin[e + 1]};
+}
+
 void MoeExperts::route(int l, int64_t n) {
   if (l == first_sparse_) stats_.reset(E_);
   n_ = n;
   LayerRouting& r = layer(l);
+  if (meta_) {
+    meta_begin_.assign(static_cast<size_t>(E_) + 1, 0);
+    for (int e = 0; e < E_; ++e)
+      meta_begin_[static_cast<size_t>(e) + 1] =
+          static_cast<int32_t>(n * k_ * (e + 1) / E_);
+    return;
+  }
   route_tokens(logits_, shape(), r.routing);
   stats_.add(r.routing, shape());
 }
 
 void MoeExperts::gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows, Backend& be) {
+  if (meta_) return be.convert_rows(xe_, C_, h2, C_, rows, C_);  // the same bytes
   for (int64_t i = 0; i < rows; ++i)
     be.convert_rows(xe_.at(i * C_), C_, h2.at(static_cast<int64_t>(tokens[i]) * C_), C_, 1, C_);
 }
@@ -75,7 +89,8 @@ void MoeExperts::gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows
 void MoeExperts::expert_forward(int l, int e, Backend& be, bool row_by_row, ConstTypedPtr h2,
                                 const ExpertWeights& w, float* out) {
   LayerRouting& r = layer(l);
-  const int64_t begin = r.routing.expert_begin[e], rows = r.routing.expert_begin[e + 1] - begin;
+  const auto [begin, end] = assignments(r, e);
+  const int64_t rows = end - begin;
   if (rows == 0) return;
   const int32_t* tokens = r.routing.token + begin;
   gather_h2(h2, tokens, rows, be);
@@ -85,6 +100,7 @@ void MoeExperts::expert_forward(int l, int e, Backend& be, bool row_by_row, Cons
   forward_gemm(be, row_by_row, true, m, 2 * i1, c, 1.0f, xe_, c, w.gate_up, c, 0.0f, gu_f, 2 * i1);
   be.swiglu_forward(act, gate_up, gu_f, rows, i1);
   forward_gemm(be, row_by_row, true, m, c, i1, 1.0f, act, i1, w.down, i1, 0.0f, out_, c);
+  if (meta_) return;
   for (int64_t i = 0; i < rows; ++i) {
     const float weight = r.routing.top_weight[static_cast<int64_t>(tokens[i]) * k_ + r.routing.slot[begin + i]];
     float* y = out + static_cast<int64_t>(tokens[i]) * C_;
@@ -98,11 +114,13 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
                                  float* grad_gate_up, float* grad_down) {
   LayerRouting& r = layer(l);
   if (e == E_ - 1) {  // the first expert of the layer's backward
-    std::fill(dh2_, dh2_ + n_ * C_, 0.0f);
-    std::fill(dtop_, dtop_ + n_ * k_, 0.0f);
+    be.fill_zero(dh2_, sizeof(float) * static_cast<size_t>(n_ * C_));
+    be.fill_zero(dtop_, sizeof(float) * static_cast<size_t>(n_ * k_));
   }
-  const int64_t begin = r.routing.expert_begin[e], rows = r.routing.expert_begin[e + 1] - begin;
+  const auto [begin, end] = assignments(r, e);
+  const int64_t rows = end - begin;
   if (rows == 0) return;
+  if (meta_) return meta_expert_backward(r, begin, rows, be, rounding, h2, w, grad_gate_up, grad_down);
   const int32_t* tokens = r.routing.token + begin;
   const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   const TypedPtr gate_up = r.gate_up.at(begin * 2 * I_), act = r.act.at(begin * I_);
@@ -143,7 +161,26 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
   }
 }
 
+void MoeExperts::meta_expert_backward(const LayerRouting& r, int64_t begin, int64_t rows,
+                                      Backend& be, const ParamRounding& rounding,
+                                      ConstTypedPtr h2, const ExpertWeights& w,
+                                      float* grad_gate_up, float* grad_down) {
+  // The kernels of expert_backward with its sizes; the host's per-row work left out.
+  const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
+  const ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
+  be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
+  if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dy_e, c, r.act.at(begin * I_), i1, 1.0f, grad_down, i1);
+  be.swiglu_backward(dgu_, g_, r.gate_up.at(begin * 2 * I_), rows, i1);
+  const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, rows * 2 * I_);
+  if (grad_gate_up != nullptr) {
+    gather_h2(h2, nullptr, rows, be);
+    be.gemm(true, false, 2 * i1, c, m, 1.0f, dgu, 2 * i1, xe_, c, 1.0f, grad_gate_up, c);
+  }
+  be.gemm(false, false, m, c, 2 * i1, 1.0f, dgu, 2 * i1, w.gate_up, c, 0.0f, dx_, c);
+}
+
 ConstTypedPtr MoeExperts::router_backward(int l, double aux_weight, const ParamRounding& rounding) {
+  if (meta_) return rounding.for_gemm(dlogits_, dlogits_c_, n_ * E_);
   LayerRouting& r = layer(l);
   const std::vector<float> aux = stats_.prob_gradient(aux_weight);
   shardlm::router_backward(r.routing, shape(), dtop_, aux_weight != 0 ? aux.data() : nullptr,

@@ -16,7 +16,10 @@
 //
 // Precision as the dense MLP's: the experts' GEMM inputs (gathered h2 rows, g|u,
 // silu(g) * u) are kept in the compute type, outputs and gradients in fp32.
-// Host memory only (the routing runs on the host).
+// Host memory only (the routing runs on the host), or the meta device (`plan` runs the
+// step there, backend/meta): no contents to route, so every expert is taken to get an
+// equal share of the n k assignments (the balanced routing the load-balancing loss aims
+// at), and only the kernels run, with the sizes a run would give them.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +39,8 @@ struct ExpertWeights {
 
 class MoeExperts {
  public:
-  MoeExperts(const ModelConfig& config, DType compute);
+  // meta: the buffers have no storage (see above).
+  MoeExperts(const ModelConfig& config, DType compute, bool meta = false);
 
   // Requests the arrays for micro-batches of up to n tokens.
   void carve(ArenaCarver& carver, int64_t n);
@@ -75,12 +79,20 @@ class MoeExperts {
   };
   LayerRouting& layer(int l);
   RouterShape shape() const { return {n_, E_, k_, norm_topk_}; }
+  // Expert e's assignments [begin, end) in sparse layer l's grouping.
+  std::pair<int64_t, int64_t> assignments(const LayerRouting& r, int e) const;
   void gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows, Backend& be);
+  void meta_expert_backward(const LayerRouting& r, int64_t begin, int64_t rows, Backend& be,
+                            const ParamRounding& rounding,
+                            ConstTypedPtr h2, const ExpertWeights& w, float* grad_gate_up,
+                            float* grad_down);
 
   int E_ = 0, k_ = 0;
   int64_t C_ = 0, I_ = 0;
   bool norm_topk_ = true;
   DType compute_ = DType::fp32;
+  bool meta_ = false;
+  std::vector<int32_t> meta_begin_;  // meta: the balanced grouping, [E + 1]
   std::vector<int> sparse_index_;  // per layer: index into layers_, or -1
   int first_sparse_ = -1;
   std::vector<LayerRouting> layers_;
