@@ -43,14 +43,17 @@ done
 reference=""
 for strategy in ddp zero3; do
   out="$WORK/lora_$strategy"
+  # (--lora-targets all-linear, the default: the attention of a mixture of experts)
   run_mpi 2 "$SHARDLM" train --model qwen3-moe-tiny "${FAMILY[@]}" --micro-batch 4 --lora-rank 4 \
-    --lora-targets q_proj,v_proj,o_proj --out "$out" --strategy "$strategy" > "$out.log" 2>&1 \
+    --out "$out" --strategy "$strategy" > "$out.log" 2>&1 \
     || { cat "$out.log"; fail "LoRA $strategy failed"; }
   d="$(digest_of "$out")"
   [ -n "$reference" ] || reference="$d"
   [ "$d" = "$reference" ] || fail "LoRA: $strategy digest $d differs from ddp's $reference"
 done
-echo "qwen3-moe-tiny LoRA (attention): ddp, zero3 bitwise identical at N=2 ($reference)"
+python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["model"]["lora"]["targets"] != ["q_proj","k_proj","v_proj","o_proj"])' \
+  "$WORK/lora_ddp/config.json" || fail "LoRA all-linear of an MoE model should adapt q, k, v, o"
+echo "qwen3-moe-tiny LoRA (all-linear: attention): ddp, zero3 bitwise identical at N=2 ($reference)"
 # Bad input: one line naming the field, nothing written.
 if "$SHARDLM" train --model qwen3-moe-tiny "${FAMILY[@]}" --micro-batch 8 --lora-rank 4 \
      --lora-targets gate_proj --out "$WORK/bad" > "$WORK/bad.log" 2>&1; then

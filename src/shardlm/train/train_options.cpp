@@ -39,7 +39,12 @@ LoraConfig lora_config(const TrainOptions& o, const std::string& family) {
   lora.alpha = o.lora_alpha;
   if (o.lora_targets == "all-linear") {
     // Every linear layer of the decoder (PEFT's "all-linear" leaves the LM head out too).
-    if (family != "gpt2")
+    // transformers 5 holds a mixture of experts' experts as fused parameters and its
+    // routers as parameters, not nn.Linear modules, so PEFT's all-linear adapts their
+    // attention (and the dense MLPs of mlp_only_layers, which shardlm cannot adapt yet).
+    if (family == "qwen3_moe" || family == "mixtral")
+      lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    else if (family != "gpt2")
       lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   } else {
     size_t start = 0;
