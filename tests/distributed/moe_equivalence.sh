@@ -2,7 +2,7 @@
 # Mixture-of-experts models (qwen3-moe-tiny, mixtral-tiny: the load-balancing loss on)
 # under every strategy: without gradient accumulation ddp, zero1, zero2 and zero3 give
 # bitwise-identical weights at N = 2 (each expert its own unit: zero3 gathers and frees
-# one expert at a time), in fp32 and bf16; metrics.jsonl reports aux_loss beside the
+# one expert at a time), in fp32 and bf16, with activation checkpointing too; metrics.jsonl reports aux_loss beside the
 # loss; a zero3 x2 checkpoint loads bitwise into one process; LoRA on the attention of
 # an MoE model likewise bitwise across strategies.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
@@ -12,8 +12,9 @@ FAMILY=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-b
 for model in qwen3-moe-tiny mixtral-tiny; do
   for precision in fp32 bf16; do
     reference=""
-    for strategy in "ddp" "zero1" "zero2" "zero3 --prefetch 1"; do
+    for strategy in "ddp" "zero1" "zero2" "zero3 --prefetch 1" "zero3 --activation-checkpointing"; do
       out="$WORK/${model}_${precision}_${strategy%% *}"
+      case "$strategy" in *checkpointing*) out="${out}_ckpt" ;; esac
       # shellcheck disable=SC2086
       run_mpi 2 "$SHARDLM" train --model "$model" "${FAMILY[@]}" --micro-batch 4 \
         --precision "$precision" --out "$out" --strategy $strategy > "$out.log" 2>&1 \
@@ -22,7 +23,7 @@ for model in qwen3-moe-tiny mixtral-tiny; do
       [ -n "$reference" ] || { reference="$d"; first="$strategy"; }
       [ "$d" = "$reference" ] || fail "$model $precision: $strategy digest $d differs from $first $reference"
     done
-    echo "$model $precision: ddp, zero1, zero2, zero3 bitwise identical at N=2 ($reference)"
+    echo "$model $precision: ddp, zero1, zero2, zero3, zero3 + activation checkpointing bitwise identical at N=2 ($reference)"
   done
   python3 - "$WORK/${model}_fp32_ddp/metrics.jsonl" <<'PY' || fail "$model: aux_loss missing from metrics.jsonl"
 import json, sys

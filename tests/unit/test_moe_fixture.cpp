@@ -101,7 +101,7 @@ TEST_P(MoeFixture, TheAuxLossGradientIsTheCoefficientTimesItsShare) {
   }
 }
 
-TEST_P(MoeFixture, MergedUnitsPaddingAndAccumulationChangeNoBit) {
+TEST_P(MoeFixture, MergedUnitsPaddingAndCheckpointingChangeNoBit) {
   const Reference ref = load_reference(GetParam());
   const float scale = 1.0f / static_cast<float>(ref.count);
   const auto layout1 = ParamLayout::build(ref.config, 1);
@@ -110,13 +110,29 @@ TEST_P(MoeFixture, MergedUnitsPaddingAndAccumulationChangeNoBit) {
   train_micro_batch(*model1, buf1, fixture_batch(ref), scale);
   const auto merged = ParamLayout::build(ref.config, 3, 60000);
   ASSERT_LT(merged.num_units(), layout1.num_units());
-  auto model = make_model(ref, merged, ref.B);
-  UnitBuffers buf(merged, ref.file);
-  train_micro_batch(*model, buf, fixture_batch(ref), scale);
-  EXPECT_EQ(model1->last_loss_sum(), model->last_loss_sum());
-  EXPECT_EQ(model1->last_aux_loss(), model->last_aux_loss());
-  for (const auto* p : layout1.all_params())
-    EXPECT_EQ(buf1.grad(layout1, p->name), buf.grad(merged, p->name)) << p->name;
+  for (const ParamLayout* other : {&layout1, &merged})
+    for (const bool checkpointing : {false, true})
+      for (const DType precision : {DType::fp32, DType::bf16}) {
+        if (other == &layout1 && !checkpointing) continue;
+        auto model = make_model(ref, *other, ref.B, {precision, checkpointing});
+        UnitBuffers buf(*other, ref.file);
+        train_micro_batch(*model, buf, fixture_batch(ref), scale);
+        if (precision == DType::bf16) {
+          // Activation checkpointing recomputes bitwise what the forward kept.
+          auto plain = make_model(ref, layout1, ref.B, {DType::bf16, false});
+          UnitBuffers want(layout1, ref.file);
+          train_micro_batch(*plain, want, fixture_batch(ref), scale);
+          EXPECT_EQ(plain->last_loss_sum(), model->last_loss_sum());
+          for (const auto* p : layout1.all_params())
+            EXPECT_EQ(want.grad(layout1, p->name), buf.grad(*other, p->name)) << p->name << " bf16";
+          continue;
+        }
+        EXPECT_EQ(model1->last_loss_sum(), model->last_loss_sum());
+        EXPECT_EQ(model1->last_aux_loss(), model->last_aux_loss());
+        for (const auto* p : layout1.all_params())
+          EXPECT_EQ(buf1.grad(layout1, p->name), buf.grad(*other, p->name))
+              << p->name << (checkpointing ? " checkpointing" : "");
+      }
 }
 
 TEST_P(MoeFixture, Bf16StaysCloseToFp32WhereNoChoiceCanFlip) {
@@ -371,8 +387,10 @@ TEST(MoePlan, TheTracedStepOnTheMetaDevicePlansPlanRunsBytes) {
   // memory category and on the bytes on the wire.
   for (const char* preset : {"qwen3-moe-tiny", "mixtral-tiny"})
     for (const StrategyKind kind : {StrategyKind::ddp, StrategyKind::zero3})
-      for (const DType precision : {DType::fp32, DType::bf16}) {
+      for (const DType precision : {DType::fp32, DType::bf16})
+        for (const bool checkpointing : {false, true}) {
         RunPlanRequest r;
+        r.model.activation_checkpointing = checkpointing;
         r.config = model_preset(preset);
         r.world_size = 2;
         r.strategy.kind = kind;
@@ -381,7 +399,8 @@ TEST(MoePlan, TheTracedStepOnTheMetaDevicePlansPlanRunsBytes) {
         r.micro_batch = 2;
         r.seq_len = 32;
         const RunPlan closed = plan_run(r), traced = plan_run_traced(r);
-        const std::string what = std::string(preset) + " " + to_string(kind) + " " + std::string(dtype_name(precision));
+        const std::string what = std::string(preset) + " " + to_string(kind) + " " +
+                                 std::string(dtype_name(precision)) + (checkpointing ? " ckpt" : "");
         EXPECT_EQ(closed.params, traced.params) << what;
         EXPECT_EQ(closed.grads, traced.grads) << what;
         EXPECT_EQ(closed.optimizer, traced.optimizer) << what;

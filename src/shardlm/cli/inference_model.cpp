@@ -35,9 +35,9 @@ InferenceModel describe_inference_model(const std::string& path) {
 void load_inference_model(InferenceModel& m, const std::string& use, int max_batch, int max_seq) {
   // Inference keeps only each layer's input (the rest of a layer's activations are
   // for backward), so the arena stays small at long contexts; the forward is bitwise
-  // the same. (Mixture-of-experts models do not checkpoint yet: they keep them all.)
+  // the same.
   ModelOptions options;
-  options.activation_checkpointing = !m.config.moe.enabled();
+  options.activation_checkpointing = true;
   if (m.checkpoint)
     m.loaded = std::make_unique<LoadedModel>(*m.checkpoint, max_batch, max_seq, use, options);
   else

@@ -153,10 +153,8 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
     RunPlanRequest request;
   };
   const int global = base.global_batch > 0 ? base.global_batch : base.micro_batch * base.world_size;
-  // Mixture-of-experts models do not checkpoint activations yet (the model refuses it).
-  const bool can_checkpoint = !base.config.moe.enabled();
-  const auto with_checkpointing = [&](RunPlanRequest r) {
-    r.model.activation_checkpointing = can_checkpoint;
+  const auto with_checkpointing = [](RunPlanRequest r) {
+    r.model.activation_checkpointing = true;
     return r;
   };
   const auto in_bf16 = [](RunPlanRequest r) {
@@ -174,7 +172,7 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
     return r;
   };
   std::vector<Change> changes;
-  if (!checkpointing_tried && can_checkpoint) changes.push_back({"--activation-checkpointing", with_checkpointing(base)});
+  if (!checkpointing_tried) changes.push_back({"--activation-checkpointing", with_checkpointing(base)});
   if (base.model.precision == DType::fp32) changes.push_back({"--precision bf16", in_bf16(base)});
   for (int mb = base.micro_batch / 2; mb >= 1; mb /= 2)
     changes.push_back({fmt::format("--micro-batch {}", mb), with_micro_batch(base, mb)});
@@ -221,9 +219,7 @@ std::string candidate_flags(const Candidate& c) {
 std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
                                        const ClusterShape& cluster, bool vary_checkpointing) {
   std::vector<bool> checkpointing = {base.model.activation_checkpointing};
-  // (Mixture-of-experts models do not checkpoint activations yet.)
-  if (vary_checkpointing && !base.model.activation_checkpointing && !base.config.moe.enabled())
-    checkpointing.push_back(true);
+  if (vary_checkpointing && !base.model.activation_checkpointing) checkpointing.push_back(true);
   std::vector<Candidate> out;
   for (bool ckpt : checkpointing)
     for (const Choice& choice : strategy_choices(base.world_size)) {

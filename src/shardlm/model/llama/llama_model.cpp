@@ -211,8 +211,13 @@ struct LlamaModel::Impl {
                   num_units);
     return roles[static_cast<size_t>(unit)];
   }
+  // h2 as the experts read it: the layer's own, or with activation checkpointing (whose
+  // one shared set the later layers overwrite) the copy MoeExperts keeps.
+  ConstTypedPtr expert_input(int l) {
+    return options.activation_checkpointing ? moe->kept_h2(l) : ConstTypedPtr(acts(l).ln2);
+  }
   void expert_forward(const LlamaUnitRole& r, ConstTypedPtr p) {
-    moe->expert_forward(r.layer, r.expert, *be, options.row_by_row_gemm, acts(r.layer).ln2,
+    moe->expert_forward(r.layer, r.expert, *be, options.row_by_row_gemm, expert_input(r.layer),
                         expert_weights(r.layer, r.expert, p), residual[static_cast<size_t>(r.layer) + 1]);
   }
 };
@@ -244,7 +249,9 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   state = MicroBatchState(num_units);
   roles = llama_unit_roles(config);
   needs = model_family(config.family).unit_needs(config);
-  moe = config.moe.enabled() ? std::make_unique<MoeExperts>(config, compute) : nullptr;
+  moe = config.moe.enabled()
+            ? std::make_unique<MoeExperts>(config, compute, false, options.activation_checkpointing)
+            : nullptr;
 }
 
 void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
@@ -267,7 +274,10 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
     carver.request(&a.res2, n * C);
     carver.request(&a.ln2, ct, n * C);
     carver.request(&a.rstd2, n);
-    if (sparse(static_cast<int>(li))) continue;  // its experts keep their own (MoeExperts)
+    // A sparse layer's experts keep their own (MoeExperts); the one shared set of
+    // activation checkpointing serves the dense layers too.
+    const bool any_dense = config.moe.sparse_layers(L) < L;
+    if (options.activation_checkpointing ? !any_dense : sparse(static_cast<int>(li))) continue;
     carver.request(&a.gate_up, ct, n * 2 * I);
     carver.request(&a.act, ct, n * I);
   }
@@ -316,12 +326,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
                 kAttentionMaxHeadDim);
   if (m.moe) {
     const bool meta = options.backend != nullptr && options.backend->is_meta();
-    m.moe = std::make_unique<MoeExperts>(config, m.compute, meta);
+    m.moe = std::make_unique<MoeExperts>(config, m.compute, meta, options.activation_checkpointing);
     SHARDLM_CHECK(options.device.is_host() || meta, "model: mixture-of-experts models run on the CPU "
                   "for now (routing is computed on the host); this run asks for {}",
                   to_string(options.device));
-    SHARDLM_CHECK(!options.activation_checkpointing, "model: activation checkpointing is not "
-                  "supported for mixture-of-experts models yet (run without it)");
   }
   SHARDLM_CHECK(layout.num_model_units() == m.num_units,
                 "model: layout has {} model units, the config needs {}", layout.num_model_units(),
@@ -639,10 +647,13 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   be->residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
                                 static_cast<int>(C), eps);
   if (sparse(l)) {
+    // Recomputation (activation checkpointing) needs r and h2 again; the routing is kept.
+    if (recompute) return;
     // The router; the experts' units add their outputs to y = r (MoeExperts).
     gemm_forward(rows, moe->experts(), static_cast<int>(C), 1.0f, a.ln2, static_cast<int>(C),
                  w.router, 0.0f, moe->router_logits(), moe->experts());
     moe->route(l, n);
+    if (options.activation_checkpointing) moe->keep_h2(l, *be, a.ln2);
     be->convert_rows(residual[static_cast<size_t>(l) + 1], C, a.res2, C, n, C);
     return;
   }
@@ -856,7 +867,7 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
     case LlamaUnitRole::Kind::expert: {
       const ExpertWeights w = m.expert_weights(role.layer, role.expert, p);
       const auto [gu, down] = m.offsets[static_cast<size_t>(role.layer)].experts[static_cast<size_t>(role.expert)];
-      m.moe->expert_backward(role.layer, role.expert, *m.be, *m.rounding, m.acts(role.layer).ln2, w,
+      m.moe->expert_backward(role.layer, role.expert, *m.be, *m.rounding, m.expert_input(role.layer), w,
                              m.dres, g != nullptr ? g + gu : nullptr, g != nullptr ? g + down : nullptr);
       return;
     }

@@ -6,14 +6,15 @@
 
 namespace shardlm {
 
-MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta)
+MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool recompute)
     : E_(c.moe.num_experts),
       k_(c.moe.top_k),
       C_(c.n_embd),
       I_(c.moe.expert_intermediate_size),
       norm_topk_(c.moe.norm_topk_prob),
       compute_(compute),
-      meta_(meta) {
+      meta_(meta),
+      recompute_(recompute) {
   int sparse = 0;
   for (int l = 0; l < c.n_layer; ++l) {
     const bool is_sparse = c.moe.sparse_layer(l);
@@ -34,8 +35,16 @@ void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
     carver.request(&l.routing.expert_begin, E_ + 1);
     carver.request(&l.routing.token, nk);
     carver.request(&l.routing.slot, nk);
-    carver.request(&l.gate_up, ct, nk * 2 * I_);
-    carver.request(&l.act, ct, nk * I_);
+    if (recompute_) {
+      carver.request(&l.kept_h2, ct, n * C_);
+    } else {
+      carver.request(&l.gate_up, ct, nk * 2 * I_);
+      carver.request(&l.act, ct, nk * I_);
+    }
+  }
+  if (recompute_) {
+    carver.request(&shared_gate_up_, ct, n * 2 * I_);
+    carver.request(&shared_act_, ct, n * I_);
   }
   carver.request(&logits_, n * E_);
   carver.request(&xe_, ct, n * C_);
@@ -80,6 +89,22 @@ void MoeExperts::route(int l, int64_t n) {
   stats_.add(r.routing, shape());
 }
 
+void MoeExperts::keep_h2(int l, Backend& be, ConstTypedPtr h2) {
+  be.convert_rows(layer(l).kept_h2, C_, h2, C_, n_, C_);
+}
+
+void MoeExperts::expert_activations(LayerRouting& r, int64_t begin, int64_t rows, Backend& be,
+                                    bool row_by_row, ConstTypedPtr h2, const ExpertWeights& w) {
+  gather_h2(h2, r.routing.token + begin, rows, be);
+  const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
+  const int64_t at = activation_row(begin);
+  const TypedPtr gate_up = (recompute_ ? shared_gate_up_ : r.gate_up).at(at * 2 * I_);
+  const TypedPtr act = (recompute_ ? shared_act_ : r.act).at(at * I_);
+  float* gu_f = compute_ == DType::fp32 ? gate_up.f32() : gu_f_;
+  forward_gemm(be, row_by_row, true, m, 2 * i1, c, 1.0f, xe_, c, w.gate_up, c, 0.0f, gu_f, 2 * i1);
+  be.swiglu_forward(act, gate_up, gu_f, rows, i1);
+}
+
 void MoeExperts::gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows, Backend& be) {
   if (meta_) return be.convert_rows(xe_, C_, h2, C_, rows, C_);  // the same bytes
   for (int64_t i = 0; i < rows; ++i)
@@ -93,12 +118,9 @@ void MoeExperts::expert_forward(int l, int e, Backend& be, bool row_by_row, Cons
   const int64_t rows = end - begin;
   if (rows == 0) return;
   const int32_t* tokens = r.routing.token + begin;
-  gather_h2(h2, tokens, rows, be);
   const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
-  const TypedPtr gate_up = r.gate_up.at(begin * 2 * I_), act = r.act.at(begin * I_);
-  float* gu_f = compute_ == DType::fp32 ? gate_up.f32() : gu_f_;
-  forward_gemm(be, row_by_row, true, m, 2 * i1, c, 1.0f, xe_, c, w.gate_up, c, 0.0f, gu_f, 2 * i1);
-  be.swiglu_forward(act, gate_up, gu_f, rows, i1);
+  expert_activations(r, begin, rows, be, row_by_row, h2, w);
+  const TypedPtr act = (recompute_ ? shared_act_ : r.act).at(activation_row(begin) * I_);
   forward_gemm(be, row_by_row, true, m, c, i1, 1.0f, act, i1, w.down, i1, 0.0f, out_, c);
   if (meta_) return;
   for (int64_t i = 0; i < rows; ++i) {
@@ -120,10 +142,16 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
   const auto [begin, end] = assignments(r, e);
   const int64_t rows = end - begin;
   if (rows == 0) return;
-  if (meta_) return meta_expert_backward(r, begin, rows, be, rounding, h2, w, grad_gate_up, grad_down);
+  if (meta_) {
+    if (recompute_) expert_activations(r, begin, rows, be, false, h2, w);
+    return meta_expert_backward(r, begin, rows, be, rounding, h2, w, grad_gate_up, grad_down);
+  }
   const int32_t* tokens = r.routing.token + begin;
   const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
-  const TypedPtr gate_up = r.gate_up.at(begin * 2 * I_), act = r.act.at(begin * I_);
+  if (recompute_) expert_activations(r, begin, rows, be, /*row_by_row=*/false, h2, w);
+  const int64_t at = activation_row(begin);
+  const TypedPtr gate_up = (recompute_ ? shared_gate_up_ : r.gate_up).at(at * 2 * I_);
+  const TypedPtr act = (recompute_ ? shared_act_ : r.act).at(at * I_);
   std::vector<float> weight(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i)
     weight[static_cast<size_t>(i)] =
@@ -169,8 +197,9 @@ void MoeExperts::meta_expert_backward(const LayerRouting& r, int64_t begin, int6
   const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   const ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
   be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
-  if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dy_e, c, r.act.at(begin * I_), i1, 1.0f, grad_down, i1);
-  be.swiglu_backward(dgu_, g_, r.gate_up.at(begin * 2 * I_), rows, i1);
+  if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dy_e, c, (recompute_ ? shared_act_ : r.act).at(activation_row(begin) * I_), i1, 1.0f, grad_down, i1);
+  be.swiglu_backward(dgu_, g_, (recompute_ ? shared_gate_up_ : r.gate_up).at(activation_row(begin) * 2 * I_),
+                     rows, i1);
   const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, rows * 2 * I_);
   if (grad_gate_up != nullptr) {
     gather_h2(h2, nullptr, rows, be);

@@ -16,6 +16,10 @@
 //
 // Precision as the dense MLP's: the experts' GEMM inputs (gathered h2 rows, g|u,
 // silu(g) * u) are kept in the compute type, outputs and gradients in fp32.
+// Activation checkpointing (recompute): each sparse layer keeps a copy of h2 and its
+// routing, the experts share one set of g|u and silu(g) * u, and each expert recomputes
+// its own right before its backward (bitwise the same: same inputs, same GEMMs).
+//
 // Host memory only (the routing runs on the host), or the meta device (`plan` runs the
 // step there, backend/meta): no contents to route, so every expert is taken to get an
 // equal share of the n k assignments (the balanced routing the load-balancing loss aims
@@ -39,8 +43,8 @@ struct ExpertWeights {
 
 class MoeExperts {
  public:
-  // meta: the buffers have no storage (see above).
-  MoeExperts(const ModelConfig& config, DType compute, bool meta = false);
+  // meta: the buffers have no storage (see above); recompute: activation checkpointing.
+  MoeExperts(const ModelConfig& config, DType compute, bool meta = false, bool recompute = false);
 
   // Requests the arrays for micro-batches of up to n tokens.
   void carve(ArenaCarver& carver, int64_t n);
@@ -52,6 +56,9 @@ class MoeExperts {
   // Routes sparse layer `layer`'s n tokens; the first sparse layer starts the
   // micro-batch's load-balancing sums.
   void route(int layer, int64_t n);
+  // Recompute: keeps layer l's h2 [n, C] (after route) for its experts.
+  void keep_h2(int layer, Backend& be, ConstTypedPtr h2);
+  ConstTypedPtr kept_h2(int layer) { return this->layer(layer).kept_h2; }
   // out [n, C] += expert e's contribution for its tokens, reading h2 [n, C].
   void expert_forward(int layer, int e, Backend& be, bool row_by_row, ConstTypedPtr h2,
                       const ExpertWeights& w, float* out);
@@ -74,9 +81,14 @@ class MoeExperts {
  private:
   struct LayerRouting {
     MoeRouting routing;
-    TypedPtr gate_up;  // [n k, 2 I] per assignment, grouped by expert
-    TypedPtr act;      // [n k, I]
+    TypedPtr gate_up;  // [n k, 2 I] per assignment, grouped by expert (recompute: shared, [n, 2 I])
+    TypedPtr act;      // [n k, I] (recompute: shared, [n, I])
+    TypedPtr kept_h2;  // recompute: [n, C]
   };
+  // Where expert e's rows of g|u and silu(g) * u are (recompute: the shared set's start).
+  int64_t activation_row(int64_t begin) const { return recompute_ ? 0 : begin; }
+  void expert_activations(LayerRouting& r, int64_t begin, int64_t rows, Backend& be,
+                          bool row_by_row, ConstTypedPtr h2, const ExpertWeights& w);
   LayerRouting& layer(int l);
   RouterShape shape() const { return {n_, E_, k_, norm_topk_}; }
   // Expert e's assignments [begin, end) in sparse layer l's grouping.
@@ -92,6 +104,8 @@ class MoeExperts {
   bool norm_topk_ = true;
   DType compute_ = DType::fp32;
   bool meta_ = false;
+  bool recompute_ = false;
+  TypedPtr shared_gate_up_, shared_act_;  // recompute
   std::vector<int32_t> meta_begin_;  // meta: the balanced grouping, [E + 1]
   std::vector<int> sparse_index_;  // per layer: index into layers_, or -1
   int first_sparse_ = -1;
