@@ -2,9 +2,10 @@
 # Mixture-of-experts models (qwen3-moe-tiny, mixtral-tiny: the load-balancing loss on)
 # under every strategy: without gradient accumulation ddp, zero1, zero2 and zero3 give
 # bitwise-identical weights at N = 2 (each expert its own unit: zero3 gathers and frees
-# one expert at a time), in fp32 and bf16, with activation checkpointing too; metrics.jsonl reports aux_loss beside the
-# loss; a zero3 x2 checkpoint loads bitwise into one process; LoRA on the attention of
-# an MoE model likewise bitwise across strategies.
+# one expert at a time), in fp32 and bf16, with activation checkpointing too;
+# metrics.jsonl reports aux_loss beside the loss; plan = the measured peak bytes per
+# category; a zero3 x2 checkpoint loads bitwise into one process; LoRA (all-linear: the
+# attention) bitwise across strategies; LoRA on an expert projection is refused.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 FAMILY=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-batch 8
@@ -32,6 +33,23 @@ assert records and all(r.get("aux_loss", 0) > 0 for r in records), records[:1]
 # With k of E experts per token, the balanced value is k; a collapse to one expert is E.
 print("aux_loss per step:", [round(r["aux_loss"], 4) for r in records])
 PY
+  # plan = measured, byte-exact, per category (zero3 x2, fp32 and with checkpointing).
+  for run in zero3 zero3_ckpt; do
+    extra=()
+    [ "$run" = zero3_ckpt ] && extra=(--activation-checkpointing)
+    "$SHARDLM" plan --model "$model" -n 2 --strategy zero3 --data "$WORK/data" --seq-len 32 \
+      --micro-batch 4 --global-batch 8 "${extra[@]}" --json > "$WORK/${model}_$run.plan.json" \
+      || fail "$model: plan failed"
+    python3 - "$WORK/${model}_$run.plan.json" "$WORK/${model}_fp32_$run/metrics.jsonl" <<'PY' \
+      || fail "$model $run: plan differs from the measured peak memory"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+peak = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l][-1]["mem"]["peak"]
+for k in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
+    assert plan[k] == peak[k], (k, plan[k], peak[k])
+PY
+  done
+  echo "$model: plan = measured peak bytes per category (zero3 x2, with and without checkpointing)"
   want="$("$SHARDLM" inspect "$WORK/${model}_fp32_zero3" --quiet)"
   cp -r "$WORK/${model}_fp32_zero3" "$WORK/${model}_resume1"
   SHARDLM_TEST_SAVE_AFTER_LOAD="$WORK/${model}_loaded1" "$SHARDLM" train --model "$model" \
