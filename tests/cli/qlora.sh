@@ -70,7 +70,7 @@ SFT=(--tokenizer "gpt2:$SHARED_DATA/gpt2" --dataset "$WORK/gsm.jsonl" --max-len 
   || { cat "$WORK/sft_q.log"; fail "sft --model DIR --quantize-base nf4"; }
 [ "$(metric "$WORK/sft_q" step)" = 2 ] || fail "sft --model DIR --quantize-base nf4 did not train 2 steps"
 echo "QLoRA from a Hugging Face directory: train --init-from and sft --model run"
-expect_error "describes another model: n_layer" "$SHARDLM" sft --model "$WORK/hf_base" "${SFT[@]}" \
+expect_error "describes another model than the one being trained (n_layer" "$SHARDLM" sft --model "$WORK/hf_base" "${SFT[@]}" \
   --n-layer 2 --steps 2 --out "$WORK/sft_bad"
 [ ! -e "$WORK/sft_bad/data" ] || fail "sft prepared data for a model it then refused"
 # Bad input.

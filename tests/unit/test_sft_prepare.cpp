@@ -171,9 +171,24 @@ TEST_F(SftPrepareTest, MaxLenTruncatesAndCounts) {
   for (int64_t e = 0; e < train.num_examples(); ++e) EXPECT_LE(train.example_length(e), o.max_len);
   EXPECT_EQ(read_sft_dataset_meta(out()).max_len, std::optional<int64_t>(o.max_len));
 
+  // --no-truncate: the first over-long example by line and index, its tokens, how many
+  // are longer and the --max-len that takes the longest (counted here from the chats).
   o.truncate = false;
   o.out_dir = (dir_ / "strict").string();
-  expect_error(o, {"a.jsonl line 1", fmt::format("more than --max-len {}", o.max_len)});
+  int64_t longer = 0, longest = 0, longest_line = 0;
+  const std::vector<Conversation> conversations = read_chat_dataset(o.inputs[0]);
+  for (size_t i = 0; i < chats.size(); ++i) {
+    const auto n = static_cast<int64_t>(chats[i].ids.size());
+    longer += n > o.max_len;
+    if (n > longest) longest = n, longest_line = conversations[i].line;
+  }
+  ASSERT_GE(longer, 2);
+  expect_error(o, {fmt::format("a.jsonl line {} (example 1): the conversation has {} tokens, more than "
+                               "--max-len {} (the sequence length), and --no-truncate does not cut it",
+                               conversations[0].line, chats[0].ids.size(), o.max_len),
+                   fmt::format("{} of the file's 3 examples are longer, the longest {} tokens (line {}): "
+                               "raise --max-len to {} (ms-swift: --max_length), or leave out --no-truncate",
+                               longer, longest, longest_line, longest)});
 }
 
 TEST_F(SftPrepareTest, ValFromItsOwnFile) {

@@ -93,23 +93,31 @@ WeightFiles open_weights(const std::string& path) {
 
 // The run's model against the one config.json describes; the first field that differs,
 // with the flag that sets it.
+// Every field that differs is named (with the flag that sets it), and both shapes.
 void check_same_model(const ModelConfig& run, const ModelConfig& stored, const fs::path& where) {
   static const std::map<std::string, std::string> flags = {
       {"n_layer", "--n-layer"}, {"n_head", "--n-head"}, {"n_embd", "--n-embd"},
       {"vocab_size", "--vocab-size"}, {"max_seq_len", "--context-len"}, {"family", "--model"}};
   const nlohmann::json a = run.to_json(), b = stored.to_json();
+  std::vector<std::string> differences, to_set;
   for (auto it = a.begin(); it != a.end(); ++it) {
     // Init does not matter to imported weights; adapters and the base's quantization
     // (QLoRA quantizes the weights on load) are the run's, not the base's.
     if (it.key() == "init_std" || it.key() == "lora" || it.key() == "quantize_base") continue;
     const nlohmann::json other = b.value(it.key(), nlohmann::json());
     if (other == it.value()) continue;
+    differences.push_back(fmt::format("{}={} there, {} here", it.key(), other.dump(), it.value().dump()));
     const auto flag = flags.find(it.key());
-    throw Error(fmt::format("'{}' describes another model: {}={} there, {} in the model being "
-                            "trained{}",
-                            where.string(), it.key(), other.dump(), it.value().dump(),
-                            flag == flags.end() ? "" : " (set " + flag->second + ")"));
+    if (flag != flags.end() && it.key() != "family")
+      to_set.push_back(fmt::format("{} {}", flag->second, other.is_string() ? other.get<std::string>() : other.dump()));
   }
+  if (differences.empty()) return;
+  throw Error(fmt::format(
+      "'{}' describes another model than the one being trained ({}): it is {}; the run's (--model "
+      "and its flags) is {}; train it with --model {} (its own shape){}",
+      where.string(), fmt::join(differences, "; "), stored.shape_description(),
+      run.shape_description(), where.parent_path().string(),
+      to_set.empty() ? "" : fmt::format(", or set {}", fmt::join(to_set, " "))));
 }
 
 }  // namespace
@@ -163,8 +171,8 @@ MatchedWeights match_weights(const std::string& path, const ModelConfig& config,
     if (canonical == "lm_head.weight" && config.tie_embeddings) continue;  // HF ties it too
     bool known = false;
     for (const auto* p : layout.all_params()) known = known || p->name == canonical;
-    SHARDLM_CHECK(known, "'{}' holds tensor '{}', which a {} of this shape does not have",
-                  files.description, name, config.family);
+    SHARDLM_CHECK(known, "'{}' holds tensor '{}', which the model being trained ({}) does not have",
+                  files.description, name, config.shape_description());
     SHARDLM_CHECK(!stored_name.count(canonical), "'{}' holds tensor '{}' twice ('{}' and '{}')",
                   files.description, canonical, stored_name[canonical], name);
     stored_name[canonical] = name;
@@ -172,14 +180,17 @@ MatchedWeights match_weights(const std::string& path, const ModelConfig& config,
   for (const auto& unit : layout.units) {
     if (!imported(config, unit)) continue;
     for (const auto& p : unit.params) {
-      SHARDLM_CHECK(stored_name.count(p.name), "'{}' has no tensor '{}', which the model needs",
-                    files.description, p.name);
+      SHARDLM_CHECK(stored_name.count(p.name),
+                    "'{}' has no tensor '{}', which the model being trained ({}) needs",
+                    files.description, p.name, config.shape_description());
       const std::string& stored = stored_name.at(p.name);
       const safetensors::Reader& reader = *files.by_tensor.at(stored);
       const auto& entry = reader.entry(stored);
       const auto want = hf_shape(p);
-      SHARDLM_CHECK(entry.shape == want, "'{}' tensor '{}' has shape [{}], expected [{}]",
-                    reader.path(), stored, fmt::join(entry.shape, ", "), fmt::join(want, ", "));
+      SHARDLM_CHECK(entry.shape == want,
+                    "'{}' tensor '{}' has shape [{}], expected [{}] for the model being trained ({})",
+                    reader.path(), stored, fmt::join(entry.shape, ", "), fmt::join(want, ", "),
+                    config.shape_description());
       using safetensors::DType;
       SHARDLM_CHECK(entry.dtype == DType::F32 || entry.dtype == DType::BF16 ||
                         entry.dtype == DType::F16 || entry.dtype == DType::F64,

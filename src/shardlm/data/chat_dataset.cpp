@@ -1,5 +1,6 @@
 #include "shardlm/data/chat_dataset.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -115,7 +116,22 @@ Conversation conversation_from_json(const json& line, const std::string& where) 
 }
 
 std::vector<Conversation> read_chat_dataset(const std::string& path) {
-  SHARDLM_CHECK(std::filesystem::is_regular_file(path), "dataset file {} does not exist (expected a JSONL file)", path);
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) {
+    // Name what it holds that could be meant (a directory of JSONL files, or a run's data).
+    std::vector<std::string> jsonl;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(path, ec))
+      if (entry.is_regular_file() && entry.path().extension() == ".jsonl")
+        jsonl.push_back(entry.path().filename().string());
+    std::sort(jsonl.begin(), jsonl.end());
+    if (jsonl.size() > 3) jsonl.resize(3), jsonl.push_back("...");
+    throw Error(fmt::format("dataset '{}' is a directory (expected a JSONL file of conversations{})", path,
+                            jsonl.empty() ? "; --dataset takes files, one flag each"
+                                          : fmt::format("; it holds {}: name each with --dataset",
+                                                        fmt::join(jsonl, ", "))));
+  }
+  SHARDLM_CHECK(fs::is_regular_file(path), "dataset file {} does not exist (expected a JSONL file)", path);
   const std::string text = read_text_file(path, "a JSONL dataset file");
   std::vector<Conversation> conversations;
   for_each_line(text, [&](int line_number, std::string_view line) {

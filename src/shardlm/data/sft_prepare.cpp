@@ -60,13 +60,23 @@ void add_file(const std::string& path, const Tokenizer& tokenizer, const ChatFor
   source.examples = static_cast<int64_t>(conversations.size());
   source.split = split_name;
   meta.sources.push_back(std::move(source));
+  // --no-truncate: the first over-long example, how many there are and the longest, so
+  // that the error names the --max-len that would take them all.
+  struct OverLong {
+    int64_t count = 0, first_example = 0, first_line = 0, first_tokens = 0, longest = 0, longest_line = 0;
+  } over;
+  int64_t example = 0;
   for (const Conversation& conversation : conversations) {
+    ++example;
     TokenizedChat chat = tokenize_chat(tokenizer, chat_template, conversation);
     bool truncated = false;
-    if (options.max_len > 0 && static_cast<int64_t>(chat.ids.size()) > options.max_len) {
-      SHARDLM_CHECK(options.truncate, "{} line {}: the example has {} tokens, more than --max-len {} (--no-truncate "
-                    "makes that an error; without it the example is cut to {} tokens)", path, conversation.line,
-                    chat.ids.size(), options.max_len, options.max_len);
+    const int64_t tokens = static_cast<int64_t>(chat.ids.size());
+    if (options.max_len > 0 && tokens > options.max_len && !options.truncate) {
+      if (over.count++ == 0) over.first_example = example, over.first_line = conversation.line, over.first_tokens = tokens;
+      if (tokens > over.longest) over.longest = tokens, over.longest_line = conversation.line;
+      continue;
+    }
+    if (options.max_len > 0 && tokens > options.max_len) {
       chat.ids.resize(static_cast<size_t>(options.max_len));
       chat.targets.resize(static_cast<size_t>(options.max_len));
       truncated = true;
@@ -86,6 +96,13 @@ void add_file(const std::string& path, const Tokenizer& tokenizer, const ChatFor
     split.counts.tokens += static_cast<int64_t>(chat.ids.size());
     split.counts.target_tokens += targets;
   }
+  SHARDLM_CHECK(over.count == 0,
+                "{} line {} (example {}): the conversation has {} tokens, more than --max-len {} (the "
+                "sequence length), and --no-truncate does not cut it; {} of the file's {} examples are "
+                "longer, the longest {} tokens (line {}): raise --max-len to {} (ms-swift: --max_length), "
+                "or leave out --no-truncate to cut them to {} tokens",
+                path, over.first_line, over.first_example, over.first_tokens, options.max_len, over.count,
+                conversations.size(), over.longest, over.longest_line, over.longest, options.max_len);
 }
 
 // The last `count` examples of `from` move to the empty `to` (in order).

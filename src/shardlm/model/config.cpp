@@ -82,6 +82,14 @@ int64_t count_parameters(const ModelConfig& config, bool trainable_only) {
 
 }  // namespace
 
+std::string ModelConfig::shape_description() const {
+  std::string s = fmt::format("{}, {} layers, {} wide, {} heads", family, n_layer, n_embd, n_head);
+  if (kv_heads() != n_head) s += fmt::format(" ({} kv heads)", kv_heads());
+  if (head_dim_override > 0) s += fmt::format(", head dim {}", head_dim_override);
+  if (intermediate_size > 0) s += fmt::format(", MLP {}", intermediate_size);
+  return s + fmt::format(", vocab {}, context {}", vocab_size, max_seq_len);
+}
+
 int64_t ModelConfig::num_parameters() const { return count_parameters(*this, false); }
 
 int64_t ModelConfig::num_trainable_parameters() const { return count_parameters(*this, true); }

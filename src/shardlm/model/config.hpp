@@ -113,6 +113,9 @@ struct ModelConfig {
   nlohmann::json to_json() const;
   static ModelConfig from_json(const nlohmann::json& j);  // throws Error on missing fields
   bool operator==(const ModelConfig&) const = default;
+  // Its shape in a phrase, for errors that compare two models: "gpt2, 2 layers, 32 wide,
+  // 2 heads, vocab 256, context 256" (kv heads, head and MLP widths where a family has them).
+  std::string shape_description() const;
 };
 
 // Presets with the shapes of public models: gpt2-tiny (tests), gpt2-small-30m, gpt2
