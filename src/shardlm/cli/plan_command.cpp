@@ -15,6 +15,7 @@
 
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/cli/config_file.hpp"
+#include "shardlm/cli/plan_advice.hpp"
 #include "shardlm/cli/plan_flags.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/plan/recommend.hpp"
@@ -207,6 +208,13 @@ void run_plan(const PlanFlags& f) {
   const Recommendation rec = bounded || profile
                                  ? recommend(candidates, budget, in.request, profile, in.cluster)
                                  : Recommendation{};
+  // Beside the recommendation: the decision tree's other moves when nothing fits, and a
+  // second node that slows the job down (cli/plan_advice.hpp).
+  const PlannedJob job{run, f.ranks, f.profile, budget};
+  std::vector<PlannedAlternative> alternatives;
+  if (!rec.explanation.empty() && !rec.chosen) alternatives = plan_alternatives(job);
+  const std::optional<std::string> slowdown =
+      rec.chosen ? second_node_slowdown(job, candidates[*rec.chosen]) : std::nullopt;
   if (f.json) {
     nlohmann::json j = {{"explanation", rec.explanation}};
     if (rec.chosen) {
@@ -215,6 +223,13 @@ void run_plan(const PlanFlags& f) {
       j["flags"] = candidate_flags(c);
       j["plan"] = plan_json(c.plan, c.time);
     }
+    if (!alternatives.empty()) {
+      j["alternatives"] = nlohmann::json::array();
+      for (const PlannedAlternative& a : alternatives)
+        j["alternatives"].push_back({{"move", a.move}, {"flags", a.flags}, {"fits", a.fits},
+                                     {"candidate_flags", a.candidate_flags}, {"explanation", a.explanation}});
+    }
+    if (slowdown) j["second_node"] = *slowdown;
     std::printf("%s\n", j.dump(1).c_str());
     return;
   }
@@ -252,6 +267,13 @@ void run_plan(const PlanFlags& f) {
                 rec.chosen ? candidate_flags(candidates[*rec.chosen]).c_str() : "",
                 rec.chosen ? "\n  why: " : "", rec.explanation.c_str());
   }
+  if (!alternatives.empty()) {
+    std::printf("\nwhat the seed documents' decision tree would try, each planned with its flags:\n");
+    for (const PlannedAlternative& a : alternatives)
+      std::printf("  %s, %s%s: %s\n", a.move.c_str(), a.flags.c_str(),
+                  a.fits ? (" " + a.candidate_flags).c_str() : "", a.explanation.c_str());
+  }
+  if (slowdown) std::printf("\nwarning: %s\n", slowdown->c_str());
 }
 
 }  // namespace

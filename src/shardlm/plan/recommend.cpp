@@ -14,13 +14,13 @@ std::string gib(double bytes) {
   return fmt::format("{:.1f} GiB", bytes / double(1ll << 30));
 }
 
-namespace {
-
-std::string ms(double seconds) {
+std::string format_step_time(double seconds) {
   if (seconds >= 10) return fmt::format("{:.1f} s", seconds);
   if (seconds < 0.1) return fmt::format("{:.1f} ms", seconds * 1e3);
   return fmt::format("{:.0f} ms", seconds * 1e3);
 }
+
+namespace {
 
 struct Choice {
   std::string label;
@@ -96,12 +96,12 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
         faster = i;
     if (faster == chosen) return "";
     return fmt::format("; {} would take {} but needs {}", c[faster].label,
-                       ms(c[faster].time->step_s), gib(c[faster].plan.total()));
+                       format_step_time(c[faster].time->step_s), gib(c[faster].plan.total()));
   };
   if (eligible.size() == 1 && (bounded || std::isfinite(memory.host_per_node))) {
     std::string s = fmt::format("{}: the only candidate that fits ({} of {} per rank{})", x.label,
                                 gib(x.plan.total()), gib(budget), host_use(x.plan, memory));
-    if (x.time) s += fmt::format("; predicted {} per step", ms(x.time->step_s));
+    if (x.time) s += fmt::format("; predicted {} per step", format_step_time(x.time->step_s));
     return s + more_memory();
   }
   std::string s = x.label + ": ";
@@ -127,7 +127,7 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
         (runner_up == chosen || c[i].time->step_s < c[runner_up].time->step_s))
       runner_up = i;
   s += fmt::format("{}predicted {} per step ({:.0f} tokens/s)", bounded ? ", " : "",
-                   ms(x.time->step_s), x.time->tokens_per_s);
+                   format_step_time(x.time->step_s), x.time->tokens_per_s);
   if (runner_up != chosen) {
     const double other = c[runner_up].time->step_s;
     if (other < x.time->step_s)  // a tie, never a faster runner-up (pick)
@@ -135,7 +135,7 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
                        "resolution)",
                        c[runner_up].label, other * 1e3, x.time->step_s * 1e3, kEquallyFast * 100);
     else
-      s += fmt::format(", next {} at {}", c[runner_up].label, ms(other));
+      s += fmt::format(", next {} at {}", c[runner_up].label, format_step_time(other));
   }
   if (fewest) s += ", and moves the fewest bytes";
   return s + more_memory();

@@ -72,5 +72,6 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
 std::string candidate_flags(const Candidate& candidate);
 
 std::string gib(double bytes);  // "9.1 GiB"; "5.3 MiB" below 1 GiB
+std::string format_step_time(double seconds);  // "279.4 s" from 10 s, "268 ms", "19.7 ms" below 0.1 s
 
 }  // namespace shardlm
