@@ -17,7 +17,9 @@
 #        bundle's -march, glibc (ldd --version) against the newest the binaries need, the
 #        unpacked binaries' libraries, `shardlm --version` (stderr shown), nvidia-smi;
 #     1. every kernel on both backends (test_backend_ops: CUDA vs the CPU reference by
-#        relative error) and the emulated-device model test;
+#        relative error; BackendOps.AttentionOverKvCache: the KV cache's step bitwise the
+#        whole forward's rows on the card, never run on one yet) and the emulated-device
+#        model test;
 #     2. the NCCL communicator at world size 1, started alone (no MPI);
 #     3. gpt2 124M, bf16, 50 steps, N=1: tokens/s, MFU against the card's bf16 dense
 #        peak, peak memory by category (device and host);

@@ -644,6 +644,52 @@ TEST_P(BackendOps, AttentionGqaWithKeyBegin) {
     }
 }
 
+// A KV cache's step (attention_forward_cached): the new queries of positions [past, T)
+// over the keys and values of [0, T) give, on every backend, bitwise the rows the
+// whole-sequence forward gives those positions on that backend (GQA, so the CPU's bf16
+// runs on its widening path in both), and the CPU's rows within the tolerance. q, k and
+// v are read in place from the forward's qkv rows (row stride qkv_columns). Key tiles
+// are 64 rows for head_dim 64 and 32 for 128 on CUDA: the cases cross them.
+TEST_P(BackendOps, AttentionOverKvCache) {
+  struct Case {
+    shardlm::AttentionShape s;
+    std::vector<int> pasts;
+  };
+  const std::vector<Case> cases = {{{1, 70, 4, 2, 64}, {0, 63, 65, 69}},
+                                   {{1, 40, 2, 1, 128}, {0, 31, 33, 39}},
+                                   {{1, 9, 4, 2, 40}, {0, 4, 8}}};
+  for (const Case& c : cases)
+    for (DType type : {DType::fp32, DType::bf16}) {
+      const shardlm::AttentionShape& s = c.s;
+      const int64_t cols = s.qkv_columns(), out_cols = s.out_columns();
+      const Vec qkv = random_vec(size_t(s.T) * cols, 93 + s.T, 1.5 / std::pow(double(s.head_dim), 0.25));
+      for (int past : c.pasts) {
+        const std::string what = "attention over a KV cache, T " + std::to_string(s.T) + " hd " +
+                                 std::to_string(s.head_dim) + " past " + std::to_string(past) + " " +
+                                 std::string(shardlm::dtype_name(type));
+        const int fresh = s.T - past;
+        auto run = [&](Backend& b) {
+          const Buffer qkv_d = upload(b, qkv, type);
+          Buffer whole(b, size_t(s.T) * out_cols * 4), lse(b, size_t(s.n_head) * s.T * 4);
+          b.attention_forward(whole.typed(type), lse.f32(), qkv_d.typed(type), s, nullptr);
+          shardlm::AttentionShape step = s;
+          step.T = fresh;
+          Buffer cached(b, size_t(fresh) * out_cols * 4);
+          const TypedPtr rows = qkv_d.typed(type);
+          b.attention_forward_cached(cached.typed(type), rows.at(int64_t(past) * cols), cols,
+                                     rows.at(out_cols), rows.at(out_cols + int64_t(s.n_kv_head) * s.head_dim),
+                                     cols, step, past);
+          const Vec all = whole.read(type, size_t(s.T) * out_cols);
+          return std::vector<Vec>{cached.read(type, size_t(fresh) * out_cols),
+                                  Vec(all.begin() + int64_t(past) * out_cols, all.end())};
+        };
+        const std::vector<Vec> got = run(tested());
+        EXPECT_EQ(got[0], got[1]) << what << ": the cached rows differ from the whole forward's";
+        compare_with_cpu(tested(), run, {tolerance(type), tolerance(type)}, what);
+      }
+    }
+}
+
 TEST_P(BackendOps, Embedding) {
   const int B = 2, T = 5, C = 70, vocab = 11;
   // Repeated tokens (their gradients add up in token order).

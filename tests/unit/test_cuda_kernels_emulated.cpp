@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -237,6 +238,88 @@ const AttentionCase kAttentionCases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedAttention, ::testing::ValuesIn(kAttentionCases),
                          [](const auto& info) { return case_name(info.param); });
+
+// The KV cache's kernel (attention_forward_cached_kernel) run as host fibers: the new
+// queries of positions [past, T) give bitwise the rows the whole-sequence kernel gives
+// them (the same key tiles through the same online_softmax_tile), and the CPU's cached
+// rows within the storage type's tolerance; pasts inside, at and across a key tile (64
+// rows for head_dim 64, 32 for 128), one new row and all of them; q, k and v read from
+// separate buffers at their own strides, as a cache holds them; out written whole.
+TEST(EmulatedAttention, KvCacheStepGivesTheWholeForwardsRows) {
+  struct Case {
+    int T, n_head, n_kv_head, head_dim;
+    DType dtype;
+    std::vector<int> pasts;
+    double tolerance;
+  };
+  const std::vector<Case> cases = {{70, 4, 2, 64, DType::fp32, {0, 1, 63, 64, 65, 69}, 2e-6},
+                                   {70, 4, 2, 64, DType::bf16, {0, 64, 69}, 1e-2},
+                                   {40, 2, 2, 128, DType::fp16, {0, 31, 32, 39}, 2e-3},
+                                   {33, 3, 1, 40, DType::fp32, {0, 32}, 2e-6}};
+  for (const Case& c : cases) {
+    AttentionShape s;
+    s.B = 1;
+    s.T = c.T;
+    s.n_head = c.n_head;
+    s.n_kv_head = c.n_kv_head;
+    s.head_dim = c.head_dim;
+    const int64_t cols = s.qkv_columns(), out_cols = s.out_columns();
+    const int64_t kv_cols = static_cast<int64_t>(s.n_kv_head) * s.head_dim;
+    const Vec values = random_vec(c.T * cols, 41 + c.T, 1.5);
+    Stored qkv(c.dtype, values);
+    Stored whole(c.dtype, c.T * out_cols);
+    Vec lse(static_cast<size_t>(c.n_head) * c.T);
+    shardlm::cuda_emulated::attention_forward(nullptr, whole.ptr(), lse.data(), qkv.ptr(), s, nullptr);
+    // The cache's layout: q rows [T, n_head hd + 5], keys and values [T, kv_cols + 3].
+    const int64_t ld_q = out_cols + 5, ld_kv = kv_cols + 3;
+    Vec q_values(c.T * ld_q, 0.0f), k_values(c.T * ld_kv, 0.0f), v_values(c.T * ld_kv, 0.0f);
+    for (int t = 0; t < c.T; ++t) {
+      for (int64_t j = 0; j < out_cols; ++j) q_values[t * ld_q + j] = values[t * cols + j];
+      for (int64_t j = 0; j < kv_cols; ++j) {
+        k_values[t * ld_kv + j] = values[t * cols + out_cols + j];
+        v_values[t * ld_kv + j] = values[t * cols + out_cols + kv_cols + j];
+      }
+    }
+    Stored q(c.dtype, q_values), k(c.dtype, k_values), v(c.dtype, v_values);
+    const Vec whole_rows = whole.widened();
+    for (const int past : c.pasts) {
+      const std::string what = case_name({1, c.T, c.n_head, c.n_kv_head, c.head_dim, c.dtype, {}, 0}) +
+                               " past " + std::to_string(past);
+      AttentionShape step = s;
+      step.T = c.T - past;
+      Stored got(c.dtype, step.T * out_cols);  // NaN: every element must be written
+      shardlm::cuda_emulated::attention_forward_cached(nullptr, got.ptr(), ConstTypedPtr(q.ptr()).at(past * ld_q),
+                                                       ld_q, k.ptr(), v.ptr(), ld_kv, step, past);
+      const Vec got_rows = got.widened();
+      const Vec want(whole_rows.begin() + past * out_cols, whole_rows.end());
+      ASSERT_EQ(got_rows.size(), want.size());
+      int differ = 0;
+      for (size_t i = 0; i < want.size(); ++i)
+        if (std::memcmp(&got_rows[i], &want[i], sizeof(float)) != 0 && ++differ <= 3)
+          ADD_FAILURE() << what << ": out[" << i << "] = " << got_rows[i] << ", the whole forward's " << want[i];
+      EXPECT_EQ(differ, 0) << what;
+      Stored cpu(c.dtype, step.T * out_cols);
+      shardlm::cpu::attention_forward_cached(cpu.ptr(), ConstTypedPtr(q.ptr()).at(past * ld_q), ld_q, k.ptr(),
+                                             v.ptr(), ld_kv, step, past);
+      EXPECT_LT(relative_to_max_error(got_rows, cpu.widened()), c.tolerance) << what;
+    }
+  }
+  // Bad calls are refused before any launch.
+  std::vector<float> buffer(4096);
+  AttentionShape s{2, 4, 2, 2, 8};
+  EXPECT_THROW(shardlm::cuda_emulated::attention_forward_cached(nullptr, buffer.data(), buffer.data(), 16,
+                                                                buffer.data(), buffer.data(), 16, s, 0),
+               shardlm::Error);  // two sequences
+  s.B = 1;
+  EXPECT_THROW(shardlm::cuda_emulated::attention_forward_cached(nullptr, buffer.data(), buffer.data(), 8,
+                                                                buffer.data(), buffer.data(), 16, s, 0),
+               shardlm::Error);  // q's stride shorter than its row
+  std::vector<uint16_t> half(4096);
+  EXPECT_THROW(shardlm::cuda_emulated::attention_forward_cached(
+                   nullptr, buffer.data(), buffer.data(), 16, TypedPtr(half.data(), DType::bf16),
+                   buffer.data(), 16, s, 0),
+               shardlm::Error);  // mixed types
+}
 
 TEST(EmulatedAttention, RejectsBadShapesAndMixedTypes) {
   AttentionShape s;

@@ -108,7 +108,10 @@ bool is_stop(const SamplingOptions& options, int32_t id) {
 std::vector<int32_t> generate(ModelRunner& runner, std::vector<int32_t> prompt, int max_context,
                               const SamplingOptions& options, const TokenCallback& on_token) {
   check_prompt(prompt, max_context, runner.model().config().vocab_size);
-  // The KV cache's attention runs on the CPU only (Backend::attention_forward_cached).
+  // Generation with the KV cache is tested end to end on the CPU only: on a device it
+  // reruns the context (the CUDA backend's attention_forward_cached exists and is checked
+  // as host fibers and by test_backend_ops on a card, but the cached model path has not
+  // run on one).
   if (!runner.model().options().device.is_host()) {
     auto ids = generate_without_cache(runner, std::move(prompt), max_context, options);
     if (on_token)

@@ -23,6 +23,10 @@
 // Kernels:
 //  - forward: a block per (query tile, query head, batch row); key tiles from the
 //    first one any of its queries sees to the diagonal; online softmax per row.
+//  - forward over a KV cache: a block per (tile of the new queries, query head); the
+//    same key tiles and the same per-tile step (online_softmax_tile) as the forward.
+//    Not tuned: a one-token step fills one row of a block (the decode case wants a
+//    block per head splitting the keys, once it can be measured on a card).
 //  - backward dQ: a block per (query tile, query head, batch row), looping over the
 //    same key tiles: dQ_i = sum_j dS_ij k_j, with dS_ij = P_ij (dO_i . v_j - D_i) scale.
 //  - backward dK, dV: a block per (key tile, query head, batch row), looping over the
@@ -190,6 +194,71 @@ __device__ __forceinline__ int tile_min(const int* first_keys) {
   return smallest;
 }
 
+// One key tile of the forward's online softmax for one query row (position i, first
+// visible key first_key): the scaled scores of the tile's visible keys (-inf for the
+// others), then the running max, total and the accumulated values updated. A row that
+// sees none of the tile's keys keeps its state. Every thread of the row calls it (the
+// dot products' shuffles); the training forward and the KV cache's step share it, so a
+// position gets the same bits from both.
+template <int HD>
+__device__ __forceinline__ void online_softmax_tile(const float (&q)[kDimsPerThread],
+                                                    const float (*k_tile)[HD], const float (*v_tile)[HD],
+                                                    int j0, int first_key, int i, float scale, int part,
+                                                    float& row_max, float& row_total,
+                                                    float (&acc)[kDimsPerThread]) {
+  constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
+  constexpr int kRows = TileShape<HD>::kRows;
+  // Scaled scores of this row's visible keys; -inf for the others.
+  float scores[kRows];
+  float tile_max = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    float partial = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kDimsPerThread; ++k)
+      partial = fmaf(q[k], k_tile[j][part + kThreadsPerRow * k], partial);
+    const float dot = row_sum<kThreadsPerRow>(partial);
+    const int key = j0 + j;
+    scores[j] = (key >= first_key && key <= i) ? dot * scale : -INFINITY;
+    tile_max = fmaxf(tile_max, scores[j]);
+  }
+  // A row that sees none of the tile's keys keeps its state (its first visible tile
+  // may come later). Uniform over the row's threads.
+  if (tile_max != -INFINITY) {
+    const float new_max = fmaxf(row_max, tile_max);
+    const float correction = expf(row_max - new_max);  // 0 on the row's first tile
+    float tile_total = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      scores[j] = expf(scores[j] - new_max);  // masked: e^-inf = 0
+      tile_total += scores[j];
+    }
+    row_total = row_total * correction + tile_total;
+    row_max = new_max;
+#pragma unroll
+    for (int k = 0; k < kDimsPerThread; ++k) acc[k] *= correction;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j)
+#pragma unroll
+      for (int k = 0; k < kDimsPerThread; ++k)
+        acc[k] = fmaf(scores[j], v_tile[j][part + kThreadsPerRow * k], acc[k]);
+  }
+}
+
+// A query row's output: the accumulated values over the softmax total, rounded once
+// into the storage type. Every valid row saw its own key, so row_total >= 1.
+template <int HD, typename S>
+__device__ __forceinline__ void store_out_row(typename S::Elem* out_row, const float (&acc)[kDimsPerThread],
+                                              float row_total, int part, int hd) {
+  constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
+  const float inv_total = 1.0f / row_total;
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) {
+    const int d = part + kThreadsPerRow * k;
+    if (d < hd) out_row[d] = S::store(acc[k] * inv_total);
+  }
+}
+
 // grid (query tiles, n_head, B), kThreads threads.
 template <int HD, typename S>
 __global__ void __launch_bounds__(kThreads)
@@ -232,55 +301,64 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<HD, S>(v_tile, head.v, stride, j0, T, hd);
     __syncthreads();
 
-    // Scaled scores of this row's visible keys; -inf for the others.
-    float scores[kRows];
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      float partial = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kDimsPerThread; ++k)
-        partial = fmaf(q[k], k_tile[j][part + kThreadsPerRow * k], partial);
-      const float dot = row_sum<kThreadsPerRow>(partial);
-      const int key = j0 + j;
-      scores[j] = (key >= first_key && key <= i) ? dot * scale : -INFINITY;
-      tile_max = fmaxf(tile_max, scores[j]);
-    }
-    // A row that sees none of the tile's keys keeps its state (its first visible tile
-    // may come later). Uniform over the row's threads.
-    if (tile_max != -INFINITY) {
-      const float new_max = fmaxf(row_max, tile_max);
-      const float correction = expf(row_max - new_max);  // 0 on the row's first tile
-      float tile_total = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        scores[j] = expf(scores[j] - new_max);  // masked: e^-inf = 0
-        tile_total += scores[j];
-      }
-      row_total = row_total * correction + tile_total;
-      row_max = new_max;
-#pragma unroll
-      for (int k = 0; k < kDimsPerThread; ++k) acc[k] *= correction;
-#pragma unroll
-      for (int j = 0; j < kRows; ++j)
-#pragma unroll
-        for (int k = 0; k < kDimsPerThread; ++k)
-          acc[k] = fmaf(scores[j], v_tile[j][part + kThreadsPerRow * k], acc[k]);
-    }
+    online_softmax_tile<HD>(q, k_tile, v_tile, j0, first_key, i, scale, part, row_max, row_total, acc);
     __syncthreads();  // the tiles are overwritten next
   }
 
   if (!valid) return;
-  // Every valid row saw its own key, so row_total >= 1.
-  const float inv_total = 1.0f / row_total;
-  typename S::Elem* out_row = out + (static_cast<int64_t>(b) * T + i) * out_columns(s) +
-                              static_cast<int64_t>(h) * hd;
-#pragma unroll
-  for (int k = 0; k < kDimsPerThread; ++k) {
-    const int d = part + kThreadsPerRow * k;
-    if (d < hd) out_row[d] = S::store(acc[k] * inv_total);
-  }
+  store_out_row<HD, S>(out + (static_cast<int64_t>(b) * T + i) * out_columns(s) + static_cast<int64_t>(h) * hd,
+                       acc, row_total, part, hd);
   if (part == 0) lse[(static_cast<int64_t>(b) * s.n_head + h) * T + i] = row_max + logf(row_total);
+}
+
+// A KV cache's step (attention_forward_cached): the s.T new queries of one sequence at
+// positions [past, past + s.T) over the cache's keys and values of positions [0, past +
+// s.T). grid (tiles of the new rows, n_head), kThreads threads. The key tiles lie on the
+// training forward's grid (from key 0, kRows apart) and each goes through the same
+// online_softmax_tile, so a position gets the bits attention_forward gives it over the
+// whole sequence (the query tiles may differ: a row's result depends on its key tiles
+// only). No log-sum-exp: nothing runs backward through a cache.
+template <int HD, typename S>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_cached_kernel(typename S::Elem* out, const typename S::Elem* q_rows, int64_t ld_q,
+                                    const typename S::Elem* k_rows, const typename S::Elem* v_rows,
+                                    int64_t ld_kv, AttentionShape s, int past, float scale) {
+  constexpr int kThreadsPerRow = TileShape<HD>::kThreadsPerRow;
+  constexpr int kRows = TileShape<HD>::kRows;
+  __shared__ float k_tile[kRows][HD];
+  __shared__ float v_tile[kRows][HD];
+
+  const int keys = past + s.T, hd = s.head_dim;
+  const int r0 = blockIdx.x * kRows, h = blockIdx.y;
+  const int kv = h / (s.n_head / s.n_kv_head);
+  const typename S::Elem* head_k = k_rows + static_cast<int64_t>(kv) * hd;
+  const typename S::Elem* head_v = v_rows + static_cast<int64_t>(kv) * hd;
+
+  const int row = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
+  const int r = r0 + row;
+  const bool valid = r < s.T;
+  // A row past the new ones sees no key (position -1); it runs every loop so that the
+  // block's barriers and shuffles stay uniform, and stores nothing.
+  const int i = valid ? past + r : -1;
+
+  float q[kDimsPerThread];
+  load_row<HD, S>(q, q_rows + static_cast<int64_t>(r) * ld_q + static_cast<int64_t>(h) * hd, valid, part, hd);
+  float acc[kDimsPerThread];
+#pragma unroll
+  for (int k = 0; k < kDimsPerThread; ++k) acc[k] = 0.0f;
+  float row_max = -INFINITY, row_total = 0.0f;
+
+  const int last_position = past + min(r0 + kRows, s.T) - 1;
+  for (int j0 = 0; j0 <= last_position; j0 += kRows) {
+    load_tile<HD, S>(k_tile, head_k, ld_kv, j0, keys, hd);
+    load_tile<HD, S>(v_tile, head_v, ld_kv, j0, keys, hd);
+    __syncthreads();
+    online_softmax_tile<HD>(q, k_tile, v_tile, j0, 0, i, scale, part, row_max, row_total, acc);
+    __syncthreads();  // the tiles are overwritten next
+  }
+  if (!valid) return;
+  store_out_row<HD, S>(out + static_cast<int64_t>(r) * out_columns(s) + static_cast<int64_t>(h) * hd, acc,
+                       row_total, part, hd);
 }
 
 // grid (query tiles, n_head, B), kThreads threads. Writes dQ of its rows.
@@ -530,6 +608,37 @@ void attention_forward(cudaStream_t stream, TypedPtr out, float* lse, ConstTyped
     SHARDLM_LAUNCH_KERNEL("attention_forward_kernel", kernel, grid, kThreads, stream,
                           static_cast<Elem*>(out.data), lse,
                           static_cast<const Elem*>(qkv.data), s, key_begin, softmax_scale(s));
+  });
+}
+
+void attention_forward_cached(cudaStream_t stream, TypedPtr out, ConstTypedPtr q, int64_t ld_q,
+                              ConstTypedPtr k, ConstTypedPtr v, int64_t ld_kv, const AttentionShape& s,
+                              int past) {
+  const char* what = "cuda attention_forward_cached";
+  check_call(what, s, out.dtype, q.dtype);
+  if (s.B != 1 || past < 0)
+    throw_kernel_argument_error(std::string(what) + ": batch " + std::to_string(s.B) + ", past " +
+                                std::to_string(past) + "; expected one sequence and past >= 0");
+  if (k.dtype != q.dtype || v.dtype != q.dtype)
+    throw_kernel_argument_error(std::string(what) + ": q is " + std::string(dtype_name(q.dtype)) + ", k " +
+                                std::string(dtype_name(k.dtype)) + ", v " + std::string(dtype_name(v.dtype)) +
+                                "; expected one type");
+  const int64_t kv_columns = static_cast<int64_t>(s.n_kv_head) * s.head_dim;
+  if (ld_q < s.out_columns() || ld_kv < kv_columns)
+    throw_kernel_argument_error(std::string(what) + ": row strides " + std::to_string(ld_q) + " (q) and " +
+                                std::to_string(ld_kv) + " (k, v) are shorter than the rows " +
+                                std::to_string(s.out_columns()) + " and " + std::to_string(kv_columns));
+  dispatch(s, q.dtype, [&](auto head_dim_bucket, auto storage) {
+    constexpr int HD = decltype(head_dim_bucket)::value;
+    using S = decltype(storage);
+    using Elem = typename S::Elem;
+    constexpr int kRows = TileShape<HD>::kRows;
+    const dim3 grid((s.T + kRows - 1) / kRows, s.n_head, 1);
+    auto* kernel = &attention_forward_cached_kernel<HD, S>;
+    SHARDLM_LAUNCH_KERNEL("attention_forward_cached_kernel", kernel, grid, kThreads, stream,
+                          static_cast<Elem*>(out.data), static_cast<const Elem*>(q.data), ld_q,
+                          static_cast<const Elem*>(k.data), static_cast<const Elem*>(v.data), ld_kv, s,
+                          past, softmax_scale(s));
   });
 }
 

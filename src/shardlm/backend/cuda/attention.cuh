@@ -20,6 +20,14 @@ namespace shardlm::cuda {
 void attention_forward(cudaStream_t stream, TypedPtr out, float* lse, ConstTypedPtr qkv,
                        const AttentionShape& s, const int32_t* key_begin);
 
+// A KV cache's step (cpu::attention_forward_cached's contract: s.B == 1, the s.T new
+// queries at positions [past, past + s.T), q [s.T, ld_q], k and v [past + s.T, ld_kv],
+// out [s.T, n_head hd], one storage type for all four): each new position gets the bits
+// attention_forward gives it over the whole sequence.
+void attention_forward_cached(cudaStream_t stream, TypedPtr out, ConstTypedPtr q, int64_t ld_q,
+                              ConstTypedPtr k, ConstTypedPtr v, int64_t ld_kv, const AttentionShape& s,
+                              int past);
+
 // The device scratch attention_backward needs for `s`: 0 for multi-head attention, else
 // each query head's k and v gradients (2 B T n_head hd floats), summed per group.
 size_t attention_backward_scratch_bytes(const AttentionShape& s);

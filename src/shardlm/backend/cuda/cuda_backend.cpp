@@ -502,6 +502,11 @@ class CudaBackend final : public Backend {
     select();
     cuda::attention_forward(stream_, out, lse, qkv, s, key_begin);
   }
+  void attention_forward_cached(TypedPtr out, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr k, ConstTypedPtr v,
+                                int64_t ld_kv, const AttentionShape& s, int past) override {
+    select();
+    cuda::attention_forward_cached(stream_, out, q, ld_q, k, v, ld_kv, s, past);
+  }
   void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
                           const float* lse, const AttentionShape& s,
                           const int32_t* key_begin) override {
