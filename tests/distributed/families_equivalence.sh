@@ -30,7 +30,7 @@ for model in llama-tiny qwen2-tiny qwen3-tiny; do
   # Reshard: the zero3 x2 checkpoint loads bitwise into one process and into hybrid x4.
   want="$("$SHARDLM" inspect "$WORK/${model}_fp32_zero3" --quiet)"
   cp -r "$WORK/${model}_fp32_zero3" "$WORK/${model}_resume1"
-  SHARDLM_TEST_SAVE_AFTER_LOAD="$WORK/${model}_loaded1" "$SHARDLM" train --model "$model" \
+  SHARDLM_FAULT="save_after_load=$WORK/${model}_loaded1" "$SHARDLM" train --model "$model" \
     "${FAMILY[@]}" --micro-batch 8 --steps 8 --resume --out "$WORK/${model}_resume1" \
     > "$WORK/${model}_resume1.log" 2>&1 || { cat "$WORK/${model}_resume1.log"; fail "$model resume N=1"; }
   [ "$("$SHARDLM" inspect "$WORK/${model}_loaded1" --quiet)" = "$want" ] \
@@ -67,7 +67,7 @@ for precision in fp32 bf16; do
 done
 want="$("$SHARDLM" inspect "$WORK/qlora_fp32_zero3" --quiet)"
 cp -r "$WORK/qlora_fp32_zero3" "$WORK/qlora_resume1"
-SHARDLM_TEST_SAVE_AFTER_LOAD="$WORK/qlora_loaded1" "$SHARDLM" train --model qwen3-tiny "${FAMILY[@]}" \
+SHARDLM_FAULT="save_after_load=$WORK/qlora_loaded1" "$SHARDLM" train --model qwen3-tiny "${FAMILY[@]}" \
   --micro-batch 8 "${QLORA[@]}" --steps 8 --resume --out "$WORK/qlora_resume1" \
   > "$WORK/qlora_resume1.log" 2>&1 || { cat "$WORK/qlora_resume1.log"; fail "QLoRA resume N=1"; }
 [ "$("$SHARDLM" inspect "$WORK/qlora_loaded1" --quiet)" = "$want" ] \

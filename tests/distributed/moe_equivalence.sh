@@ -52,7 +52,7 @@ PY
   echo "$model: plan = measured peak bytes per category (zero3 x2, with and without checkpointing)"
   want="$("$SHARDLM" inspect "$WORK/${model}_fp32_zero3" --quiet)"
   cp -r "$WORK/${model}_fp32_zero3" "$WORK/${model}_resume1"
-  SHARDLM_TEST_SAVE_AFTER_LOAD="$WORK/${model}_loaded1" "$SHARDLM" train --model "$model" \
+  SHARDLM_FAULT="save_after_load=$WORK/${model}_loaded1" "$SHARDLM" train --model "$model" \
     "${FAMILY[@]}" --micro-batch 8 --steps 5 --resume --out "$WORK/${model}_resume1" \
     > "$WORK/${model}_resume1.log" 2>&1 || { cat "$WORK/${model}_resume1.log"; fail "$model resume N=1"; }
   [ "$("$SHARDLM" inspect "$WORK/${model}_loaded1" --quiet)" = "$want" ] \

@@ -34,7 +34,7 @@ for src in "${LAYOUTS[@]}"; do
     [ "$dst" != "$src" ] || continue
     d="$(name_of "$dst")"
     cp -r "$WORK/src_$s" "$WORK/run_${s}_to_$d"
-    SHARDLM_TEST_SAVE_AFTER_LOAD="$WORK/loaded_${s}_to_$d" train_as "$dst" --steps 9 --resume \
+    SHARDLM_FAULT="save_after_load=$WORK/loaded_${s}_to_$d" train_as "$dst" --steps 9 --resume \
       --out "$WORK/run_${s}_to_$d" > "$WORK/log_${s}_to_$d" 2>&1 \
       || { cat "$WORK/log_${s}_to_$d"; fail "$src -> $dst"; }
     got="$("$SHARDLM" inspect "$WORK/loaded_${s}_to_$d" --quiet)"

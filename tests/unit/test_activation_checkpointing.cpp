@@ -154,7 +154,7 @@ Weights random_init(const shardlm::Gpt2Model& model) {
   // Non-trivial LayerNorm weights and biases, so no gradient path is degenerate.
   shardlm::Rng rng(5);
   for (const auto* p : model.layout().all_params()) {
-    if (p->init == "normal") continue;
+    if (p->init == shardlm::ParamInit::normal) continue;
     const auto [unit, info] = model.layout().find(p->name);
     for (int64_t i = 0; i < info->numel; ++i)
       w.params[unit][info->offset + i] += static_cast<float>(0.1 * rng.normal());

@@ -28,7 +28,7 @@ ModelConfig tiny_config() {
 
 // Fills master/m/v with values that encode (state, tensor element) so any misplaced
 // element is detected; padding stays zero.
-void fill_distinct(const ParamLayout& layout, Strategy& s) {
+void fill_distinct(const ParamLayout& layout, OwnedState& s) {
   for (int u = 0; u < layout.num_units(); ++u) {
     OwnedSlice o = s.owned(u);
     for (const auto& p : layout.units[static_cast<size_t>(u)].params)

@@ -82,7 +82,7 @@ TEST(Gpt2Model, InitDependsOnSeedAndNameOnlyNotWorldSizeOrMerging) {
   for (const auto* p : layout1.all_params()) {
     EXPECT_EQ(a.param(layout1, p->name), b.param(layout3, p->name)) << p->name;
     EXPECT_EQ(a.param(layout1, p->name), c.param(merged, p->name)) << p->name;
-    if (p->init == "normal") {
+    if (p->init == shardlm::ParamInit::normal) {
       EXPECT_NE(a.param(layout1, p->name), other_seed.param(layout1, p->name)) << p->name;
     }
   }
@@ -94,7 +94,7 @@ TEST(Gpt2Model, InitDependsOnSeedAndNameOnlyNotWorldSizeOrMerging) {
       for (int64_t i = 0; i < p.numel; ++i) {
         const float v = a.params[u][p.offset + i];
         covered[p.offset + i] = true;
-        const float expected = i >= real ? 0.0f : p.init == "ones" ? 1.0f : p.init == "zeros" ? 0.0f : v;
+        const float expected = i >= real ? 0.0f : p.init == shardlm::ParamInit::ones ? 1.0f : p.init == shardlm::ParamInit::zeros ? 0.0f : v;
         EXPECT_EQ(v, expected) << p.name << " element " << i;
       }
     }

@@ -149,7 +149,7 @@ class Backend {
   // --- quantized weights ---------------------------------------------------------
   virtual void nf4_dequantize(const void* in, int64_t n, TypedPtr out) = 0;
 
-  // --- optimizer (optim/adamw.hpp) ------------------------------------------------
+  // --- optimizer (backend/cpu/adamw.hpp) ------------------------------------------------
   // decay_ranges: host memory.
   virtual void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                             std::span<const ElementRange> decay_ranges, float lr,

@@ -20,14 +20,14 @@
 #include "shardlm/ckpt/checkpoint_manifest.hpp"
 #include "shardlm/comm/communicator.hpp"
 #include "shardlm/model/param_layout.hpp"
-#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 
 namespace shardlm {
 
 // Which of the three per-element states to read.
 enum class StateKind : int { master = 0, adam_m = 1, adam_v = 2 };
 
-// Collective over `comm`: every rank whose strategy writes_checkpoint() writes its
+// Collective over `comm`: every rank whose state writes_checkpoint() writes its
 // owned slices into a shared temporary directory; rank 0 checks that every writing
 // rank left its shard and its sidecar and that together they store every element,
 // writes the manifest and commits, then prunes to the newest `keep` committed
@@ -35,7 +35,7 @@ enum class StateKind : int { master = 0, adam_m = 1, adam_v = 2 };
 // are removed first. A failure on any rank fails the save on every rank (Error) and
 // leaves no new checkpoint. Returns the committed directory.
 std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layout,
-                            Strategy& strategy, const CheckpointInfo& info, int keep,
+                            OwnedState& state, const CheckpointInfo& info, int keep,
                             Communicator& comm);
 
 // Removes what saves killed midway left in RUN_DIR/checkpoints (temporary checkpoint
@@ -62,8 +62,8 @@ class CheckpointReader {
   // Elements [begin, begin+count) of tensor `name`'s state `kind`.
   void read(const std::string& name, StateKind kind, int64_t begin, int64_t count,
             float* out) const;
-  // Loads the strategy's owned slices (any layout) from this checkpoint.
-  void load_into(const ParamLayout& layout, Strategy& strategy) const;
+  // Loads the owned slices (any layout) from this checkpoint.
+  void load_into(const ParamLayout& layout, OwnedState& state) const;
   // sha256 over the fp32 master weights of every tensor in canonical order.
   std::string weights_digest() const;
   // sha256 over the AdamW moments (m then v of every tensor, canonical order).

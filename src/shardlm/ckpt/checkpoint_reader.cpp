@@ -97,7 +97,7 @@ void CheckpointReader::read(const std::string& name, StateKind kind, int64_t beg
   read_unit_range(t.unit, kind, t.offset + begin, count, out);
 }
 
-void CheckpointReader::load_into(const ParamLayout& layout, Strategy& strategy) const {
+void CheckpointReader::load_into(const ParamLayout& layout, OwnedState& state) const {
   for (const auto* p : layout.all_params()) {
     bool found = false;
     for (const auto& t : manifest_.tensors) {
@@ -115,7 +115,7 @@ void CheckpointReader::load_into(const ParamLayout& layout, Strategy& strategy) 
     SHARDLM_CHECK(found, "checkpoint '{}' has no tensor '{}' that the model needs", dir_, p->name);
   }
   for (int u = 0; u < layout.num_units(); ++u) {
-    OwnedSlice s = strategy.owned(u);
+    OwnedSlice s = state.owned(u);
     zero_owned_params(s);
     float* moments[] = {s.adam_m, s.adam_v};
     for (auto* state : moments)  // a frozen unit has no optimizer state to load
@@ -143,7 +143,7 @@ void CheckpointReader::load_into(const ParamLayout& layout, Strategy& strategy) 
           read(p.name, static_cast<StateKind>(k), lo - p.offset, hi - lo, moments[k - 1] + (lo - s.begin));
     }
   }
-  strategy.after_load();
+  state.after_load();
 }
 
 std::string CheckpointReader::optimizer_digest() const {

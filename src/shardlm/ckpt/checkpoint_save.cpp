@@ -87,14 +87,14 @@ void hash_zeros(Sha256& hasher, size_t bytes) {
 }
 
 // This rank's owned slices into DIR/rank_R.bin, and a sidecar describing them.
-void write_shard(const fs::path& tmp, const ParamLayout& layout, Strategy& strategy, int rank) {
+void write_shard(const fs::path& tmp, const ParamLayout& layout, OwnedState& state, int rank) {
   const std::string file_name = shard_file_name(rank);
   nlohmann::json slices = nlohmann::json::array();
   Sha256 hasher;
   int64_t offset = 0;
   File file = File::create_write((tmp / file_name).string());
   for (int u = 0; u < layout.num_units(); ++u) {
-    OwnedSlice s = strategy.owned(u);
+    OwnedSlice s = state.owned(u);
     const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
     // The parameters as fp32 values (a frozen unit stored in the compute type widened
     // exactly: the checkpoint holds the values the run computes with).
@@ -138,7 +138,7 @@ void remove_interrupted_saves(const std::string& run_dir) {
 }
 
 std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layout,
-                            Strategy& strategy, const CheckpointInfo& info, int keep,
+                            OwnedState& state, const CheckpointInfo& info, int keep,
                             Communicator& comm) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const std::string name = checkpoint_dir_name(info.step);
@@ -156,11 +156,11 @@ std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layou
       SHARDLM_CHECK(!ec, "cannot create '{}': {}", tmp.string(), ec.message());
     });
     const std::vector<uint64_t> writers =
-        comm.all_gather_u64(strategy.writes_checkpoint() ? 1 : 0, "checkpoint: writers");
+        comm.all_gather_u64(state.writes_checkpoint() ? 1 : 0, "checkpoint: writers");
 
     on_all_ranks(comm, "checkpoint: write shards", [&] {
-      if (!strategy.writes_checkpoint()) return;
-      write_shard(tmp, layout, strategy, comm.rank());
+      if (!state.writes_checkpoint()) return;
+      write_shard(tmp, layout, state, comm.rank());
       fault_point("ckpt_after_shard_files");
     });
 

@@ -214,7 +214,7 @@ void check_hf_model_matches(const std::string& path, const ModelConfig& config) 
 }
 
 void import_hugging_face(const std::string& path, const ModelConfig& config,
-                         const ParamLayout& layout, Strategy& strategy) {
+                         const ParamLayout& layout, OwnedState& state) {
   const ModelFamily& family = model_family(config.family);
   check_hf_model_matches(path, config);
   MatchedWeights matched = match_weights(path, config, layout);
@@ -234,7 +234,7 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
   }
 
   for (int u = 0; u < layout.num_units(); ++u) {
-    OwnedSlice s = strategy.owned(u);
+    OwnedSlice s = state.owned(u);
     const bool load = imported(config, layout.units[static_cast<size_t>(u)]);
     if (load) zero_owned_params(s);
     for (float* state : {s.adam_m, s.adam_v})
@@ -260,7 +260,7 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
       write_owned_params(s, lo, hi - lo, values.data() + (lo - p.offset));
     }
   }
-  strategy.after_load();
+  state.after_load();
 }
 
 }  // namespace shardlm

@@ -6,7 +6,7 @@
 
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/param_layout.hpp"
-#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 
 namespace shardlm {
 
@@ -27,7 +27,7 @@ ModelConfig read_hf_model_config(const std::string& path);
 // data (non-finite values) import_hugging_face checks, still before training starts.
 void check_hf_model_matches(const std::string& path, const ModelConfig& config);
 
-// Fills the strategy's owned parameters from PATH: a directory holding
+// Fills the owned parameters from PATH: a directory holding
 // model.safetensors or a sharded model.safetensors.index.json, or one .safetensors
 // file; stored as fp32, bf16, fp16 or fp64. AdamW moments are zeroed. A config.json
 // beside the weights must describe `config` (Error naming the first field that
@@ -36,8 +36,8 @@ void check_hf_model_matches(const std::string& path, const ModelConfig& config);
 // In a LoRA run only the base (frozen units) is imported; the adapter units' masters
 // are left as the caller initialised them. A QLoRA base weight is quantized to NF4 on
 // load; a frozen unit of a bf16/fp16 run is rounded to that type once (nearest even).
-// Calls strategy.after_load().
+// Calls state.after_load().
 void import_hugging_face(const std::string& path, const ModelConfig& config,
-                         const ParamLayout& layout, Strategy& strategy);
+                         const ParamLayout& layout, OwnedState& state);
 
 }  // namespace shardlm

@@ -27,6 +27,7 @@
 #include "shardlm/data/token_file.hpp"
 #include "shardlm/train/batch_source.hpp"
 #include "shardlm/train/chat_session.hpp"
+#include "shardlm/train/evaluation.hpp"
 #include "shardlm/train/gsm8k.hpp"
 
 namespace shardlm::cli {
@@ -60,10 +61,12 @@ void check_tokenizer(const InferenceModel& model, const std::string& data, const
                 data, data_tokenizer, model.source, ours);
 }
 
-void print_loss(const char* unit, int64_t rows, int64_t count, double loss_sum) {
-  SHARDLM_CHECK(count > 0, "the evaluated rows hold no target token");
-  fmt::print("{}: {}\ntokens: {}\nloss: {:.8f}\n", unit, rows, count,
-             loss_sum / static_cast<double>(count));
+// The loss over rows [0, rows), micro_batch rows per forward (the trainer's loop).
+void print_loss(const char* unit, InferenceModel& model, const EvalRows& rows, const FillEvalRow& fill) {
+  const EvalLoss loss = evaluate_rows(model.loaded->runner(), rows, fill);
+  SHARDLM_CHECK(loss.target_count > 0, "the evaluated rows hold no target token");
+  fmt::print("{}: {}\ntokens: {}\nloss: {:.8f}\n", unit, rows.rows, loss.target_count,
+             loss.loss_sum / static_cast<double>(loss.target_count));
 }
 
 void eval_text(InferenceModel& model, const EvalArgs& args) {
@@ -78,20 +81,11 @@ void eval_text(InferenceModel& model, const EvalArgs& args) {
   EvalSampler sampler(tokens, seq_len);
   const int64_t windows = std::min<int64_t>(args.windows.value_or(sampler.num_windows()), sampler.num_windows());
   load_inference_model(model, "evaluate", args.micro_batch, seq_len);
-  const size_t window_tokens = static_cast<size_t>(seq_len);
-  std::vector<int32_t> in(window_tokens * static_cast<size_t>(args.micro_batch));
-  std::vector<int32_t> target(in.size());
-  double loss_sum = 0.0;
-  int64_t count = 0;
-  for (int64_t first = 0; first < windows; first += args.micro_batch) {
-    const int rows = static_cast<int>(std::min<int64_t>(args.micro_batch, windows - first));
-    for (int i = 0; i < rows; ++i)
-      sampler.fill(first + i, in.data() + static_cast<size_t>(i) * window_tokens,
-                   target.data() + static_cast<size_t>(i) * window_tokens);
-    loss_sum += model.loaded->runner().forward({in.data(), target.data(), rows, seq_len}, false, 0.0f);
-    count += model.loaded->model().last_target_count();
-  }
-  print_loss("windows", windows, count, loss_sum);
+  const int64_t window_tokens = seq_len;
+  print_loss("windows", model, {.rows = windows, .micro_batch = args.micro_batch, .seq_len = seq_len},
+             [&](int64_t row, const RowBuffers& out, int at) {
+               sampler.fill(row, out.tokens + at * window_tokens, out.targets + at * window_tokens);
+             });
 }
 
 // An SFT dataset's validation conversations, one padded row each (as sft's own
@@ -113,19 +107,9 @@ void eval_sft(InferenceModel& model, const EvalArgs& args) {
                 "it with a --val-fraction or val inputs)", args.data);
   const int64_t rows_total = std::min<int64_t>(args.windows.value_or(source->val_rows()), source->val_rows());
   load_inference_model(model, "evaluate", args.micro_batch, seq_len);
-  const size_t n = static_cast<size_t>(args.micro_batch) * static_cast<size_t>(seq_len);
-  std::vector<int32_t> tokens(n), targets(n), positions(n), key_begin(n);
-  const RowBuffers out{tokens.data(), targets.data(), positions.data(), key_begin.data()};
-  double loss_sum = 0.0;
-  int64_t count = 0;
-  for (int64_t first = 0; first < rows_total; first += args.micro_batch) {
-    const int rows = static_cast<int>(std::min<int64_t>(args.micro_batch, rows_total - first));
-    for (int i = 0; i < rows; ++i) source->fill_val(first + i, out, i);
-    loss_sum += model.loaded->runner().forward(
-        {tokens.data(), targets.data(), rows, seq_len, positions.data(), key_begin.data()}, false, 0.0f);
-    count += model.loaded->model().last_target_count();
-  }
-  print_loss("examples", rows_total, count, loss_sum);
+  print_loss("examples", model,
+             {.rows = rows_total, .micro_batch = args.micro_batch, .seq_len = seq_len, .positions = true},
+             [&](int64_t row, const RowBuffers& out, int at) { source->fill_val(row, out, at); });
 }
 
 struct Gsm8kQuestion {

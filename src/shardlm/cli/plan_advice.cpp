@@ -53,9 +53,9 @@ std::vector<PlannedAlternative> plan_alternatives(const PlannedJob& job) {
                                        : fmt::format("--lora-rank {} --quantize-base nf4", kSuggestedLoraRank),
                      qlora});
   }
-  if (run.device != "cpu" && run.offload == "none") {
+  if (run.device != "cpu" && run.offload == Offload::none) {
     TrainOptions offload = run;
-    offload.offload = "optimizer";
+    offload.offload = Offload::optimizer;
     moves.push_back({"optimizer in host memory", "--offload optimizer", offload});
   }
   std::vector<PlannedAlternative> out;

@@ -25,6 +25,7 @@
 #include "shardlm/data/sft_prepare.hpp"
 #include "shardlm/data/tokenizer.hpp"
 #include "shardlm/model/config.hpp"
+#include "shardlm/plan/auto_strategy.hpp"
 #include "shardlm/train/run_directory.hpp"
 #include "shardlm/train/train_options.hpp"
 #include "shardlm/train/trainer.hpp"
@@ -202,7 +203,7 @@ void register_sft(CLI::App& app) {
     prepare.max_len = flags->max_len;
     prepare.truncate = !flags->no_truncate;
     opts->validate();
-    const TrainSummary summary = run_training(*opts, [prepare]() {
+    const RunSetup setup{.prepare_data = [prepare]() {
       if (is_sft_dataset(prepare.out_dir)) {
         check_prepared_matches(prepare.out_dir, prepare);
         return;
@@ -221,7 +222,8 @@ void register_sft(CLI::App& app) {
                  s.meta.val.examples, s.meta.chat_template, s.meta.truncated_examples, prepare.max_len,
                  s.meta.dropped_examples);
       std::fflush(stdout);
-    });
+    }, .resolve_options = resolve_auto_strategy};
+    const TrainSummary summary = run_training(*opts, setup);
     print_summary(summary);
     exit_if_stopped(summary);
   });

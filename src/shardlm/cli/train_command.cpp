@@ -5,6 +5,7 @@
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/cli/config_file.hpp"
 #include "shardlm/model/config.hpp"
+#include "shardlm/plan/auto_strategy.hpp"
 #include "shardlm/train/trainer.hpp"
 
 namespace shardlm::cli {
@@ -24,7 +25,9 @@ void register_train(CLI::App& app) {
     opts->command = "train";
     opts->command_flags = command_flags(*cmd);
     opts->validate();
-    TrainSummary summary = run_training(*opts);
+    RunSetup setup;
+    setup.resolve_options = resolve_auto_strategy;
+    TrainSummary summary = run_training(*opts, setup);
     if (!summary.sample.empty()) {
       std::printf("\n--- sample ---\n%s\n--------------\n\n", summary.sample.c_str());
     }
@@ -106,11 +109,12 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "collectives over NCCL) or emulated (a test device: CPU kernels on memory the "
                   "host cannot read, for checking the device path without a GPU)")
       ->capture_default_str();
-  cmd->add_option("--offload", opts->offload,
-                  "none, or optimizer: keep the owned fp32 master weights, the gradient's "
-                  "accumulation and AdamW state in host memory and run AdamW on the CPU; the "
-                  "device keeps the parameters in the compute type (device runs; ZeRO-Offload)")
-      ->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--offload", [opts](const std::string& text) { opts->offload = parse_offload(text); },
+         "none, or optimizer: keep the owned fp32 master weights, the gradient's "
+         "accumulation and AdamW state in host memory and run AdamW on the CPU; the "
+         "device keeps the parameters in the compute type (device runs; ZeRO-Offload)")
+      ->default_str("none");
   cmd->add_flag("--activation-checkpointing", opts->activation_checkpointing,
                 "Keep only each block's input and recompute the block's forward in backward "
                 "(activation memory of ~1 block instead of all; same gradients)");

@@ -25,6 +25,15 @@ void fault_point(std::string_view point) {
   throw Error(fmt::format("fault injected at {}", point));
 }
 
+std::optional<std::string> fault_value(std::string_view point) {
+  const char* spec = std::getenv("SHARDLM_FAULT");
+  if (spec == nullptr) return std::nullopt;
+  const std::string_view s(spec);
+  if (s.size() <= point.size() || s.substr(0, point.size()) != point || s[point.size()] != '=')
+    return std::nullopt;
+  return std::string(s.substr(point.size() + 1));
+}
+
 void fault_at_step(int rank, int64_t step) {
   const char* fault = std::getenv("SHARDLM_FAULT_STEP");
   if (fault == nullptr) return;

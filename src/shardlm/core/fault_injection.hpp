@@ -2,15 +2,24 @@
 // (e.g. the stages of a checkpoint commit); the environment variable
 // SHARDLM_FAULT=<point>[:exit] makes the process fail there: by throwing Error
 // (default) or by exiting at once with status 43, as a killed process would,
-// without unwinding or flushing anything.
+// without unwinding or flushing anything. SHARDLM_FAULT=<point>=<value> instead asks
+// the code at a point for a test action that takes a value (fault_value).
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <string_view>
 
 namespace shardlm {
 
 void fault_point(std::string_view point);
+
+// The value of SHARDLM_FAULT=<point>=<value> when it names `point`, else nullopt.
+// Points: save_after_load=DIR (the trainer writes the state it just loaded from a
+// checkpoint, under this run's layout, as a checkpoint under DIR, so a test can check
+// that resharding on load changed no bit).
+std::optional<std::string> fault_value(std::string_view point);
 
 // SHARDLM_FAULT_STEP="RANK:STEP[:always]" makes that rank exit at once (status 43)
 // when it reaches optimizer step STEP (1-based), in the first attempt of a `shardlm

@@ -69,7 +69,7 @@ std::vector<std::string> model_family_names() {
   return out;
 }
 
-ParamInfo& UnitBuilder::add(std::string name, std::vector<int64_t> shape, std::string init,
+ParamInfo& UnitBuilder::add(std::string name, std::vector<int64_t> shape, ParamInit init,
                             float init_std, bool pack_with_previous) {
   ParamInfo p;
   p.name = std::move(name);
@@ -78,16 +78,16 @@ ParamInfo& UnitBuilder::add(std::string name, std::vector<int64_t> shape, std::s
   for (auto d : p.shape) p.numel *= d;
   p.offset = pack_with_previous ? unit_.numel : round_up(unit_.numel, ParamLayout::kParamAlignment);
   p.weight_decay = p.shape.size() == 2;
-  p.init = std::move(init);
+  p.init = init;
   p.init_std = init_std;
   unit_.numel = p.offset + p.numel;
   unit_.params.push_back(std::move(p));
   return unit_.params.back();
 }
 
-ParamInfo& UnitBuilder::add_nf4(std::string name, std::vector<int64_t> shape, std::string init,
+ParamInfo& UnitBuilder::add_nf4(std::string name, std::vector<int64_t> shape, ParamInit init,
                                 float init_std) {
-  ParamInfo& p = add(std::move(name), std::move(shape), std::move(init), init_std);
+  ParamInfo& p = add(std::move(name), std::move(shape), init, init_std);
   p.storage = ParamStorage::nf4;
   p.numel = cpu::nf4_storage_words(p.logical_numel());
   p.weight_decay = false;
@@ -100,12 +100,12 @@ namespace {
 
 // Element i of p's fp32 init for i in [first, last) into out[i - first] (out zeroed).
 void init_values(const ParamInfo& p, uint64_t seed, int64_t first, int64_t last, float* out) {
-  if (p.init == "ones") {
+  if (p.init == ParamInit::ones) {
     std::fill(out, out + (last - first), 1.0f);
-  } else if (p.init == "normal" || p.init == "uniform") {
+  } else if (p.init == ParamInit::normal || p.init == ParamInit::uniform) {
     const int64_t n = p.logical_numel();
     const int64_t count = p.valid_rows < 0 ? n : p.valid_rows * (n / std::max<int64_t>(p.shape[0], 1));
-    const bool normal = p.init == "normal";
+    const bool normal = p.init == ParamInit::normal;
     // The stream is sequential: draw up to the range's end, keep what falls in it.
     Rng rng(splitmix64(seed ^ fnv1a64(p.name)));
     for (int64_t i = 0; i < std::min(count, last); ++i) {
@@ -113,9 +113,7 @@ void init_values(const ParamInfo& p, uint64_t seed, int64_t first, int64_t last,
       const float value = static_cast<float>(r) * p.init_std;
       if (i >= first) out[i - first] = value;
     }
-  } else {
-    SHARDLM_CHECK(p.init == "zeros", "model: parameter '{}' has unknown init '{}'", p.name, p.init);
-  }
+  }  // zeros: out is zeroed already
 }
 
 }  // namespace

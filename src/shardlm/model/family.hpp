@@ -79,11 +79,11 @@ class UnitBuilder {
     unit_.name = std::move(name);
     unit_.trainable = trainable;
   }
-  ParamInfo& add(std::string name, std::vector<int64_t> shape, std::string init,
+  ParamInfo& add(std::string name, std::vector<int64_t> shape, ParamInit init,
                  float init_std = 0.0f, bool pack_with_previous = false);
   // A weight stored as NF4 (ParamStorage::nf4; the unit becomes raw), at the next
   // aligned offset. Its init draws the fp32 values as add's would, then quantizes them.
-  ParamInfo& add_nf4(std::string name, std::vector<int64_t> shape, std::string init,
+  ParamInfo& add_nf4(std::string name, std::vector<int64_t> shape, ParamInit init,
                      float init_std);
   UnitLayout finish() { return std::move(unit_); }
 
@@ -92,8 +92,8 @@ class UnitBuilder {
 };
 
 // Elements [begin, end) of flat unit `unit`'s init into out[0, end - begin): each
-// parameter per its ParamInfo::init ("normal" with init_std from a stream seeded by
-// (seed, parameter name), "uniform" likewise, "ones", "zeros"); padding and padded vocabulary rows zero.
+// parameter per its ParamInfo::init (normal with init_std from a stream seeded by
+// (seed, parameter name), uniform likewise, ones, zeros); padding and padded vocabulary rows zero.
 // An NF4 parameter's words are its fp32 init quantized (nf4_quantize), so a QLoRA
 // run's base is the LoRA run's base of the same seed, quantized.
 // Depends on nothing but the seed and the names, so not on world size or merging.

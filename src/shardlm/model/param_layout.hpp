@@ -27,6 +27,10 @@ namespace shardlm {
 // that are bytes, not floats: never rounded, converted, summed or updated.
 enum class ParamStorage { fp32, nf4 };
 
+// How a parameter starts (model/family.hpp init_param_range): normal (std init_std),
+// uniform (in [-init_std, init_std]), zeros or ones.
+enum class ParamInit { zeros, ones, normal, uniform };
+
 struct ParamInfo {
   std::string name;            // Hugging Face name, e.g. transformer.h.3.attn.c_attn.weight
   std::vector<int64_t> shape;  // logical shape (row-major); see padded rows below
@@ -34,10 +38,9 @@ struct ParamInfo {
   int64_t numel = 0;           // elements it occupies in the flat buffer (fp32: product of shape)
   ParamStorage storage = ParamStorage::fp32;
   bool weight_decay = false;   // AdamW decoupled decay applies (2-D weights only)
-  // Init: kind "normal" (std), "uniform" (in [-init_std, init_std]), "zeros" or "ones".
   // For the token embedding, rows >= valid_rows (vocabulary padding) are zero at init
   // and stay zero.
-  std::string init = "zeros";
+  ParamInit init = ParamInit::zeros;
   float init_std = 0.0f;
   int64_t valid_rows = -1;     // -1: all rows are real
   int64_t logical_numel() const;  // product of shape (values, whatever the storage)

@@ -1,4 +1,4 @@
-// AdamWOptimizer: one AdamW step over every owned slice a Strategy hands out (the
+// AdamWOptimizer: one AdamW step over every owned slice an OwnedState hands out (the
 // fp32 master weights, reduced gradient and moments of this rank's part of each unit),
 // with weight decay only where the layout's parameters ask for it.
 #pragma once
@@ -10,17 +10,16 @@
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/optim/adamw.hpp"
 #include "shardlm/parallel/host_owned_state.hpp"
-#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 
 namespace shardlm {
 
 class AdamWOptimizer {
  public:
-  // The strategy's owned slices must not move afterwards (they do not: strategies
-  // allocate once).
-  // The update runs on `backend` (where the strategy keeps the owned slices), or, with
+  // The owned slices must not move afterwards (they do not: strategies allocate
+  // once). The update runs on `backend` (where the strategy keeps the owned slices), or, with
   // `offloaded`, on the host through it (--offload optimizer).
-  AdamWOptimizer(const ParamLayout& layout, Strategy& strategy, const AdamWConfig& config,
+  AdamWOptimizer(const ParamLayout& layout, OwnedState& state, const AdamWConfig& config,
                  Backend& backend = cpu_backend(), HostOwnedState* offloaded = nullptr);
 
   // step is AdamW's 1-based step count (bias correction); the gradient is multiplied
@@ -28,7 +27,7 @@ class AdamWOptimizer {
   void step(float lr, float grad_multiplier, int64_t step);
 
  private:
-  Strategy& strategy_;
+  OwnedState& state_;
   Backend& backend_;
   HostOwnedState* offloaded_;
   AdamWConfig config_;

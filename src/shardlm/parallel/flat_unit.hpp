@@ -27,7 +27,7 @@
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/parallel/buffer_pool.hpp"
 #include "shardlm/parallel/host_gradients.hpp"
-#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 #include "shardlm/parallel/strategy_buffer_plan.hpp"
 
 namespace shardlm {

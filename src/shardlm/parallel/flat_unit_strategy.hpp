@@ -57,13 +57,14 @@
 #include "shardlm/parallel/grad_bucket.hpp"
 #include "shardlm/parallel/host_gradients.hpp"
 #include "shardlm/parallel/mesh.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 #include "shardlm/parallel/strategy.hpp"
 #include "shardlm/parallel/strategy_buffer_plan.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
 
-class FlatUnitStrategy : public Strategy {
+class FlatUnitStrategy : public Strategy, public OwnedState {
  public:
   // layout is built for partition_size(options, world size) ranks; unit_needs as below.
   static StrategyBufferPlan plan_buffers(const ParamLayout& layout,

@@ -6,9 +6,9 @@
 
 namespace shardlm {
 
-HostOwnedState::HostOwnedState(const ParamLayout& layout, Strategy& device_strategy,
+HostOwnedState::HostOwnedState(const ParamLayout& layout, OwnedState& device_state,
                                Backend& device, Role role, Backend& host)
-    : device_(device_strategy), backend_(device), host_(host), role_(role) {
+    : device_(device_state), backend_(device), host_(host), role_(role) {
   const auto host_buffer = [&](MemCategory category, size_t bytes) {
     return allocate_on(host_, category, bytes);
   };

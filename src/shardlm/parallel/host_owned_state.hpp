@@ -1,8 +1,8 @@
 // HostOwnedState: the owned state (fp32 master weights, AdamW m and v) of a strategy
-// whose buffers live on a device, held in host memory. It is a Strategy itself:
-// owned() hands out the host slices and every other call goes to the device's
-// strategy, so checkpoints, Hugging Face import, initialisation and the finite check
-// read and write it with no device case of their own.
+// whose buffers live on a device, held in host memory. It is an OwnedState itself:
+// owned() hands out the host slices, so checkpoints, Hugging Face import,
+// initialisation and the finite check read and write it with no device case of their
+// own; the step's hooks stay the device strategy's.
 //
 // Two roles (--offload optimizer or not):
 // - mirror: the device holds the truth; pull() copies it here before a save or a
@@ -23,21 +23,21 @@
 #include <span>
 #include <vector>
 
+#include "shardlm/backend/adamw_config.hpp"
 #include "shardlm/backend/backend.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/model/param_layout.hpp"
-#include "shardlm/optim/adamw.hpp"
 #include "shardlm/parallel/host_gradients.hpp"
-#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 
 namespace shardlm {
 
-class HostOwnedState final : public Strategy, public HostGradients {
+class HostOwnedState final : public OwnedState, public HostGradients {
  public:
   enum class Role { mirror, offloaded_optimizer };
   // `host`: where the host's slices live and its kernels (accumulation, AdamW,
   // rounding) run: the CPU backend, or for `plan` a meta backend standing for the host.
-  HostOwnedState(const ParamLayout& layout, Strategy& device_strategy, Backend& device,
+  HostOwnedState(const ParamLayout& layout, OwnedState& device_state, Backend& device,
                  Role role, Backend& host = cpu_backend());
 
   Role role() const { return role_; }
@@ -45,7 +45,7 @@ class HostOwnedState final : public Strategy, public HostGradients {
   // is the truth for the rest).
   void pull();
   // Host -> device: the parameters (offloaded: rounded into the compute type the device
-  // stores) and, mirrored, m and v; then the device strategy's after_load() rebuilds
+  // stores) and, mirrored, m and v; then the device state's after_load() rebuilds
   // what depends on them.
   void push();
   // Offloaded optimizer: one AdamW step of every trainable owned slice (see above).
@@ -57,31 +57,15 @@ class HostOwnedState final : public Strategy, public HostGradients {
   void accumulate(int unit, const float* reduced, int64_t n) override;
   double sum_of_squares(int unit, int64_t offset, int64_t n) override;
 
-  std::string name() const override { return device_.name(); }
-  int world_size() const override { return device_.world_size(); }
-  int rank() const override { return device_.rank(); }
-  ParamPointers params() override { return device_.params(); }
-  UnitPointers grads() override { return device_.grads(); }
-  // The host slices (mirrored, grad is the device's, which host code never reads;
-  // offloaded, the host's accumulated gradient).
+  // OwnedState: the host slices (mirrored, grad is the device's, which host code never
+  // reads; offloaded, the host's accumulated gradient).
   OwnedSlice owned(int unit) override;
-  void begin_step(int num_micro_batches) override { device_.begin_step(num_micro_batches); }
-  void before_forward(int unit, bool training) override { device_.before_forward(unit, training); }
-  void after_forward(int unit) override { device_.after_forward(unit); }
-  void before_backward(int unit) override { device_.before_backward(unit); }
-  void after_backward(int unit, int micro_batch) override {
-    device_.after_backward(unit, micro_batch);
-  }
-  void finish_gradients() override { device_.finish_gradients(); }
-  double global_grad_norm_squared() override { return device_.global_grad_norm_squared(); }
-  void after_step() override { device_.after_step(); }
   // Master (and mirrored state) changed here: push() it, then the device rebuilds
   // what depends on it.
   void after_load() override {
     push();
     device_.after_load();
   }
-  void synchronize() override { device_.synchronize(); }
   bool writes_checkpoint() const override { return device_.writes_checkpoint(); }
 
  private:
@@ -96,7 +80,7 @@ class HostOwnedState final : public Strategy, public HostGradients {
   // Offloaded: the host master rounded into the device's type and copied there.
   void send_params(const OwnedSlice& device_slice, const HostSlice& h);
   HostSlice& slice(int unit);
-  Strategy& device_;
+  OwnedState& device_;  // the device strategy's
   Backend& backend_;
   Backend& host_;
   const Role role_;

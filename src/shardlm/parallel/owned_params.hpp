@@ -11,7 +11,7 @@
 #include <functional>
 
 #include "shardlm/model/model.hpp"
-#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 
 namespace shardlm {
 

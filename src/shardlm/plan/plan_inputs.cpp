@@ -13,16 +13,8 @@ RunPlanRequest plan_request(const TrainOptions& o, const ModelConfig& config, in
   RunPlanRequest r;
   r.config = config;
   r.world_size = world_size;
-  const DType precision = parse_dtype(o.precision, "--precision");
-  r.strategy = {o.strategy == "auto" ? StrategyKind::ddp : parse_strategy_kind(o.strategy),
-                o.bucket_mb,
-                o.prefetch,
-                o.reshard_after_forward,
-                o.shard_group(),
-                precision,
-                parse_dtype(o.reduce_dtype, "--reduce-dtype")};
-  r.model = {precision, o.activation_checkpointing, parse_device(o.device, "--device")};
-  r.strategy.optimizer_on_host = o.offload == "optimizer";
+  r.strategy = o.strategy_options();
+  r.model = o.model_options(parse_device(o.device, "--device"));
   r.micro_batch = o.micro_batch;
   r.seq_len = o.seq_len;
   r.global_batch = o.global_batch;

@@ -13,13 +13,13 @@
 
 namespace shardlm {
 
-void BatchSource::fill_empty(const RowBuffers& out, int64_t at) const {
-  const int64_t offset = at * seq_len_;
-  std::fill(out.tokens + offset, out.tokens + offset + seq_len_, 0);
-  std::fill(out.targets + offset, out.targets + offset + seq_len_, kIgnoreIndex);
-  if (has_positions()) {
-    for (int t = 0; t < seq_len_; ++t) out.positions[offset + t] = t;
-    std::fill(out.key_begin + offset, out.key_begin + offset + seq_len_, 0);
+void fill_empty_row(const RowBuffers& out, int64_t at, int seq_len, bool positions) {
+  const int64_t offset = at * seq_len;
+  std::fill(out.tokens + offset, out.tokens + offset + seq_len, 0);
+  std::fill(out.targets + offset, out.targets + offset + seq_len, kIgnoreIndex);
+  if (positions) {
+    for (int t = 0; t < seq_len; ++t) out.positions[offset + t] = t;
+    std::fill(out.key_begin + offset, out.key_begin + offset + seq_len, 0);
   }
 }
 

@@ -21,6 +21,10 @@ namespace shardlm {
 // when the source has_positions().
 using RowBuffers = SftBatch;
 
+// An empty row (no targets; positions, when `positions`, from 0) at row `at` of `out`:
+// the evaluation's rows past the end.
+void fill_empty_row(const RowBuffers& out, int64_t at, int seq_len, bool positions);
+
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
@@ -35,8 +39,6 @@ class BatchSource {
   // Validation rows (in file order), and row `row` of them into row `at` of `out`.
   virtual int64_t val_rows() const = 0;
   virtual void fill_val(int64_t row, const RowBuffers& out, int64_t at) = 0;
-  // An empty row (no targets) at row `at`: the evaluation's rows past the end.
-  void fill_empty(const RowBuffers& out, int64_t at) const;
   // "N train / M val tokens" and what was counted about the rows.
   virtual std::string describe() const = 0;
   // What every rank must agree on, beyond the meta's digests.

@@ -8,7 +8,7 @@
 
 namespace shardlm {
 
-void check_state_finite(const ParamLayout& layout, Strategy& strategy, Communicator& comm,
+void check_state_finite(const ParamLayout& layout, OwnedState& state, Communicator& comm,
                         int64_t step) {
   static const char* const kStates[] = {"the weights", "the AdamW first moment",
                                         "the AdamW second moment"};
@@ -17,7 +17,7 @@ void check_state_finite(const ParamLayout& layout, Strategy& strategy, Communica
   for (int u = 0; u < layout.num_units() && found == 0; ++u) {
     // A raw unit's words are quantized bytes (and frozen: never updated).
     if (layout.units[static_cast<size_t>(u)].raw) continue;
-    const OwnedSlice s = strategy.owned(u);
+    const OwnedSlice s = state.owned(u);
     bool weights_finite = true;
     for_each_owned_params(s, [&](int64_t, int64_t n, const float* values) {
       weights_finite = weights_finite && all_finite(values, n);

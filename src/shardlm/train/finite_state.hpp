@@ -7,13 +7,13 @@
 
 #include "shardlm/comm/communicator.hpp"
 #include "shardlm/model/param_layout.hpp"
-#include "shardlm/parallel/strategy.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 
 namespace shardlm {
 
 // Error on every rank, "training diverged at step N: ... not finite ..." naming the
 // first rank, unit and state found, when any owned element is NaN or infinite.
-void check_state_finite(const ParamLayout& layout, Strategy& strategy, Communicator& comm,
+void check_state_finite(const ParamLayout& layout, OwnedState& state, Communicator& comm,
                         int64_t step);
 
 }  // namespace shardlm

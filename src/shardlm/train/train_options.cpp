@@ -148,9 +148,7 @@ void TrainOptions::validate_run_shape() const {
   if (!mesh.empty()) validate_mesh();
   parse_dtype(precision, "--precision");
   const Device run_device = parse_device(device, "--device");
-  SHARDLM_CHECK(offload == "none" || offload == "optimizer",
-                "--offload must be none or optimizer, got '{}'", offload);
-  SHARDLM_CHECK(offload == "none" || !run_device.is_host(),
+  SHARDLM_CHECK(offload == Offload::none || !run_device.is_host(),
                 "--offload optimizer moves the optimizer state from the device into host "
                 "memory; with --device cpu it is in host memory already (use --device cuda)");
   SHARDLM_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16",
@@ -177,6 +175,42 @@ void TrainOptions::validate_mesh() const {
                   "hybrid (this run uses {}, whose mesh is shard=N)",
                   mesh, replicas, shards, strategy);
   }
+}
+
+Offload parse_offload(const std::string& text) {
+  if (text == "none") return Offload::none;
+  if (text == "optimizer") return Offload::optimizer;
+  throw Error(fmt::format("--offload must be none or optimizer, got '{}'", text));
+}
+
+StrategyOptions TrainOptions::strategy_options() const {
+  const DType compute = parse_dtype(precision, "--precision");
+  StrategyOptions s;
+  s.kind = strategy == "auto" ? StrategyKind::ddp : parse_strategy_kind(strategy);
+  s.bucket_mb = bucket_mb;
+  s.prefetch = prefetch;
+  s.reshard_after_forward = reshard_after_forward;
+  s.shard_group_size = shard_group();
+  s.param_dtype = compute;
+  s.reduce_dtype = parse_dtype(reduce_dtype, "--reduce-dtype");
+  s.optimizer_on_host = offload == Offload::optimizer;
+  return s;
+}
+
+ModelOptions TrainOptions::model_options(Device device) const {
+  ModelOptions m;
+  m.precision = parse_dtype(precision, "--precision");
+  m.activation_checkpointing = activation_checkpointing;
+  m.device = device;
+  return m;
+}
+
+AdamWConfig TrainOptions::adamw_config() const {
+  AdamWConfig adam;  // epsilon: AdamWConfig's (there is no flag for it)
+  adam.beta1 = beta1;
+  adam.beta2 = beta2;
+  adam.weight_decay = weight_decay;
+  return adam;
 }
 
 int TrainOptions::shard_group() const {

@@ -8,11 +8,20 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "shardlm/backend/adamw_config.hpp"
+#include "shardlm/core/device.hpp"
 #include "shardlm/model/config.hpp"
+#include "shardlm/model/model.hpp"
 #include "shardlm/parallel/mesh_shape.hpp"
+#include "shardlm/parallel/strategy_options.hpp"
 #include "shardlm/train/command_record.hpp"
 
 namespace shardlm {
+
+// --offload: where a device run keeps its optimizer state (TrainOptions::device).
+enum class Offload { none, optimizer };
+// "none" or "optimizer"; Error naming --offload otherwise.
+Offload parse_offload(const std::string& text);
 
 struct TrainOptions {
   // Model: a preset, or a Hugging Face model directory / config.json; empty: the
@@ -60,7 +69,7 @@ struct TrainOptions {
   std::string init_from;  // Hugging Face weights (directory or .safetensors) to start from
 
   // Distribution (see parallel/strategy_options.hpp). "auto": `plan`'s recommendation
-  // (train/auto_strategy.hpp) sets strategy, reshard_after_forward, shard_group_size and
+  // (plan/auto_strategy.hpp) sets strategy, reshard_after_forward, shard_group_size and
   // activation_checkpointing before the run starts, and strategy_reason to why.
   std::string strategy = "ddp";
   std::optional<double> memory_per_rank_gib;  // auto's budget; default: the hosts' memory
@@ -92,7 +101,7 @@ struct TrainOptions {
   // master weights, the gradient's accumulation and AdamW state in host memory and runs
   // AdamW there (device runs; the device keeps the compute-type parameters).
   std::string device = "cpu";
-  std::string offload = "none";  // none | optimizer
+  Offload offload = Offload::none;
 
   std::optional<int> threads;  // default: the cores this host's ranks may use, shared out
   int64_t log_every = 0;  // plain progress lines when not a terminal; 0: ~20 lines per run
@@ -119,6 +128,12 @@ struct TrainOptions {
 
   // Hybrid's ranks per shard group: --shard-group-size, or --mesh's shard size.
   int shard_group() const;
+  // What the flags say to the strategy, the model (on `device`) and AdamW: the one
+  // place `train`, `plan` and `--strategy auto` assemble them. --strategy auto gives
+  // ddp's (the planner's candidates vary it).
+  StrategyOptions strategy_options() const;
+  ModelOptions model_options(Device device) const;
+  AdamWConfig adamw_config() const;
   // The mesh the run's strategy runs on at `world_size` ranks (not for --strategy
   // auto): --mesh, or the strategy's own. Error naming the numbers when the mesh does
   // not lay out `world_size` ranks.

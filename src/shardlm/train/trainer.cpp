@@ -7,25 +7,20 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <array>
 #include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
 
-#include "shardlm/backend/cpu/gemm.hpp"
+#include "shardlm/backend/backend.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/ckpt/hf_import.hpp"
 #include "shardlm/comm/device_communicator.hpp"
-#include "shardlm/parallel/host_owned_state.hpp"
-#include "shardlm/backend/backend.hpp"
 #include "shardlm/comm/world.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/fault_injection.hpp"
-#include "shardlm/core/file_util.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/core/phase_profile.hpp"
-#include "shardlm/core/sha256.hpp"
 #include "shardlm/core/timer.hpp"
 #include "shardlm/data/sampler.hpp"
 #include "shardlm/data/tokenizer.hpp"
@@ -33,22 +28,22 @@
 #include "shardlm/optim/loss_scaler.hpp"
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/optim/optimizer.hpp"
-#include "shardlm/parallel/flat_unit_strategy.hpp"
-#include "shardlm/parallel/mesh.hpp"
 #include "shardlm/parallel/owned_params.hpp"
-#include "shardlm/train/auto_strategy.hpp"
+#include "shardlm/parallel/placed_strategy.hpp"
 #include "shardlm/train/batch_source.hpp"
-#include "shardlm/train/metrics.hpp"
+#include "shardlm/train/checkpoint_schedule.hpp"
+#include "shardlm/train/evaluation.hpp"
 #include "shardlm/train/model_runner.hpp"
 #include "shardlm/train/progress.hpp"
 #include "shardlm/train/finite_state.hpp"
 #include "shardlm/train/run_checks.hpp"
 #include "shardlm/train/run_control.hpp"
 #include "shardlm/train/run_directory.hpp"
+#include "shardlm/train/run_records.hpp"
 #include "shardlm/train/sampling.hpp"
 #include "shardlm/train/step_record.hpp"
+#include "shardlm/train/step_batches.hpp"
 #include "shardlm/train/stop_signals.hpp"
-#include "shardlm/train/tensorboard_writer.hpp"
 #include "shardlm/train/thread_budget.hpp"
 
 namespace fs = std::filesystem;
@@ -56,20 +51,6 @@ namespace fs = std::filesystem;
 namespace shardlm {
 
 namespace {
-
-// sha256 of the replicated parameters, for --check-replicas.
-uint64_t replicated_params_digest(const ParamLayout& layout, const FlatUnitStrategy& strategy,
-                                  Backend& backend) {
-  Sha256 hasher;
-  std::vector<float> host;
-  for (int u = 0; u < layout.num_units(); ++u)
-    if (const float* params = strategy.replicated_params(u)) {
-      host.resize(static_cast<size_t>(layout.units[static_cast<size_t>(u)].padded_numel));
-      backend.copy_to_host(host.data(), params, host.size() * sizeof(float));
-      hasher.update(host.data(), host.size() * sizeof(float));
-    }
-  return std::stoull(hasher.hex_digest().substr(0, 16), nullptr, 16);
-}
 
 // The middle value (the mean of the two middle ones for an even count); 0 for none.
 double median(std::vector<double> values) {
@@ -109,21 +90,11 @@ class Trainer {
   UnpackedTargetCount load_step_batches(int64_t step);
   // Before `step` when the ranks agreed to: a checkpoint of the steps done so far
   // (unless one was written at that step already), and the stop line.
-  void write_memory_by_rank();
   void save_between_steps(int64_t done, const RunControl& control, TrainSummary& summary);
-  MicroBatch micro_batch(int k) const;
   void check_replicas(int64_t done);
   double evaluate();
   void save(int64_t step, const std::string& run_dir);
-  bool evaluates_after(int64_t done) const {
-    return (o_.eval_every > 0 && done % o_.eval_every == 0) || done == o_.steps;
-  }
-  bool saves_after(int64_t done) const {
-    return (o_.save_every > 0 && done % o_.save_every == 0) || done == o_.steps;
-  }
-  std::string checkpoint_dir(int64_t step) const {
-    return (fs::path(o_.out_dir) / "checkpoints" / fmt::format("step_{:08d}", step)).string();
-  }
+  Strategy& strategy() const { return placed_->strategy(); }
   int dp_rank() const { return mesh_shape_.data_parallel_rank(rank_); }
   void print(const std::string& text) const {
     if (is_root_) std::fputs(text.c_str(), stdout), std::fflush(stdout);
@@ -140,7 +111,6 @@ class Trainer {
 
   DatasetMeta meta_;
   ModelConfig config_;
-  StrategyOptions strategy_options_;
   nlohmann::json trajectory_;
   int global_batch_ = 0;
   std::optional<BatchPartition> batches_;
@@ -148,33 +118,18 @@ class Trainer {
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<Model> model_;
-  // --device: where the model and the strategy's buffers live. On a device the strategy
-  // talks over device_comm_ (NCCL) while comm_ carries the host's values; host_state_
-  // holds the owned state in host memory for checkpoints, init and import (a mirror),
-  // or, with --offload optimizer, for good (and runs AdamW there).
+  // --device: where the model and the strategy's buffers live (PlacedStrategy says how).
   Device device_{};
   Backend* backend_ = &cpu_backend();
-  std::unique_ptr<Communicator> device_comm_;
   MeshShape mesh_shape_;
-  std::unique_ptr<DeviceMesh> mesh_;  // over device_comm_ when there is one, else comm_
-  std::unique_ptr<FlatUnitStrategy> strategy_;
-  std::unique_ptr<HostOwnedState> host_state_;
-  // What host code reads and writes owned state through.
-  Strategy& owned_state() { return host_state_ ? static_cast<Strategy&>(*host_state_) : *strategy_; }
+  std::unique_ptr<PlacedStrategy> placed_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
   std::optional<LrSchedule> schedule_;
   std::optional<LossScaler> loss_scaler_;  // fp16 only
-  std::unique_ptr<MetricsWriter> metrics_;
-  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with --tensorboard
-  // This rank's rows for every micro-batch of a step, allocated once (positions and
-  // key_begin only for data with example boundaries).
-  std::vector<int32_t> tokens_, targets_, positions_, key_begin_;
-  RowBuffers rows(size_t offset) {
-    return {tokens_.data() + offset, targets_.data() + offset,
-            positions_.empty() ? nullptr : positions_.data() + offset,
-            key_begin_.empty() ? nullptr : key_begin_.data() + offset};
-  }
+  std::unique_ptr<RunRecords> records_;  // rank 0
+  std::unique_ptr<StepBatches> step_rows_;
+  CheckpointSchedule checkpoints_{o_};
   bool resumed_ = false;
   // The Hugging Face directory the run started from (kept across resumes, so export
   // finds its tokenizer files and token ids).
@@ -183,7 +138,6 @@ class Trainer {
   nlohmann::json last_save_;  // timing of the last checkpoint save, for the metrics
   int64_t start_step_ = 0;        // the first step this invocation runs
   int64_t last_saved_step_ = -1;  // step of the newest checkpoint in the run directory
-  Stopwatch since_save_;  // rank 0's clock for --save-every-minutes
   Stopwatch wall_;  // since the trainer started (restart-to-first-step, save and load times)
 };
 
@@ -222,8 +176,8 @@ TrainSummary Trainer::run_steps() {
   double ema_step_s = 0.0;
   double last_loss = std::nan("");
   comm_.take_counters();
-  strategy_->take_group_counters();
-  since_save_.restart();
+  placed_->take_group_counters();
+  checkpoints_.restart_clock();
 
   for (int64_t step = start_step; step < o_.steps; ++step) {
     take_phase_totals();  // drop what ran between steps (eval, checkpoint save)
@@ -248,15 +202,15 @@ TrainSummary Trainer::run_steps() {
                                             kEtaNewestStepWeight * outcome.seconds;
 
     CommCounters comm_stats = comm_.take_counters();
-    comm_stats += strategy_->take_group_counters();
-    StepContext context{tokens_seen_, wall_.seconds(), world_, strategy_->name(), std::nullopt,
+    comm_stats += placed_->take_group_counters();
+    StepContext context{tokens_seen_, wall_.seconds(), world_, strategy().name(), std::nullopt,
                         0, device_};
     if (loss_scaler_) {
       context.loss_scale = outcome.loss_scale;
       context.skipped_steps = loss_scaler_->skipped_steps();
     }
     nlohmann::json record = step_record(outcome, context, comm_stats, take_phase_totals());
-    if (evaluates_after(done)) {
+    if (checkpoints_.evaluates_after(done)) {
       const double val_loss = evaluate();
       if (std::isfinite(val_loss)) {
         record["val_loss"] = val_loss;
@@ -264,13 +218,12 @@ TrainSummary Trainer::run_steps() {
         if (progress) progress->message(fmt::format("step {}: val loss {:.4f}", done, val_loss));
       }
     }
-    if (saves_after(done)) {
+    if (checkpoints_.saves_after(done)) {
       save(done, o_.out_dir);
-      summary.last_checkpoint = checkpoint_dir(done);
+      summary.last_checkpoint = checkpoints_.checkpoint_dir(done);
       if (last_save_.is_object()) record.update(last_save_);
     }
-    if (metrics_) metrics_->write(record);
-    if (tensorboard_) tensorboard_->write(record);
+    if (records_) records_->write(record);
     if (progress && step == start_step && done < o_.steps)
       progress->message(fmt::format("step {} took {:.2f} s: about {} for the {} steps left", done,
                                     outcome.seconds,
@@ -284,7 +237,7 @@ TrainSummary Trainer::run_steps() {
   if (progress) progress->finish();
   if (start_step == o_.steps && !resumed_) {
     save(start_step, o_.out_dir);  // --steps 0: the initial (or imported) state
-    summary.last_checkpoint = checkpoint_dir(start_step);
+    summary.last_checkpoint = checkpoints_.checkpoint_dir(start_step);
   }
   const double train_s = train_clock.seconds();
   summary.steps = summary.stopped.empty() ? o_.steps : last_saved_step_;
@@ -304,33 +257,11 @@ TrainSummary Trainer::run_steps() {
     auto ids = generate(*runner_, prompt, o_.seq_len, sampling);
     summary.sample = o_.sample_prompt + tokenizer->decode(ids);
   }
-  strategy_->synchronize();
+  strategy().synchronize();
   summary.memory = MemoryTracker::for_device(device_).to_json();
-  write_memory_by_rank();
+  write_memory_by_rank(comm_, device_, o_.out_dir, claim_.get());
   summary.wall_s = wall_.seconds();
   return summary;
-}
-
-// RUN/memory_by_rank.json: every rank's peak bytes by category on its device (the
-// summary and metrics.jsonl carry rank 0's), for the run's report.
-void Trainer::write_memory_by_rank() {
-  constexpr int kCategories = MemoryTracker::kNumCategories;
-  const MemoryTracker& tracker = MemoryTracker::for_device(device_);
-  std::array<uint64_t, kCategories> mine{};
-  for (int c = 0; c < kCategories; ++c) mine[c] = tracker.peak(static_cast<MemCategory>(c));
-  std::vector<uint64_t> all(static_cast<size_t>(kCategories) * world_);
-  comm_.all_gather_bytes(mine.data(), all.data(), sizeof(mine), "peak memory by rank").wait();
-  if (!is_root_) return;
-  nlohmann::json ranks = nlohmann::json::array();
-  for (int r = 0; r < world_; ++r) {
-    nlohmann::json peak = nlohmann::json::object();
-    for (int c = 0; c < kCategories; ++c)
-      peak[std::string(to_string(static_cast<MemCategory>(c)))] = all[static_cast<size_t>(r) * kCategories + c];
-    ranks.push_back({{"rank", r}, {"peak", peak}});
-  }
-  claim_->wrote((fs::path(o_.out_dir) / "memory_by_rank.json").string());
-  write_file_atomic((fs::path(o_.out_dir) / "memory_by_rank.json").string(),
-                    nlohmann::json{{"device", to_string(device_)}, {"ranks", ranks}}.dump(1) + "\n");
 }
 
 void Trainer::save_between_steps(int64_t done, const RunControl& control, TrainSummary& summary) {
@@ -342,15 +273,15 @@ void Trainer::save_between_steps(int64_t done, const RunControl& control, TrainS
   }
   if (!written) {
     save(done, o_.out_dir);
-    summary.last_checkpoint = checkpoint_dir(done);
+    summary.last_checkpoint = checkpoints_.checkpoint_dir(done);
   }
-  since_save_.restart();
+  checkpoints_.restart_clock();
   if (!control.stop) return;
   const int signal = stop_signal_received();
   summary.stopped = fmt::format(
       "stopped by {} at step {}: checkpoint {} {}; continue with --resume",
       signal != 0 ? signal_name(signal) : "a signal to another rank", done,
-      fs::path(checkpoint_dir(done)).filename().string(),
+      fs::path(checkpoints_.checkpoint_dir(done)).filename().string(),
       written ? "(written before the signal) is the newest" : "written");
 }
 
@@ -371,22 +302,22 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
   const double micro_batches =
       static_cast<double>(accumulation_) * mesh_shape_.data_parallel_size();
   const double aux_coef = model_->config().moe.aux_loss_coef();
-  strategy_->begin_step(accumulation_);
+  strategy().begin_step(accumulation_);
   double sums[2] = {0.0, 0.0};  // cross-entropy, load-balancing loss
   for (int k = 0; k < accumulation_; ++k) {
-    MicroBatch batch = micro_batch(k);
+    MicroBatch batch = step_rows_->micro_batch(k);
     batch.aux_loss_share = static_cast<float>(loss_scale / micro_batches);
     sums[0] += runner_->forward(batch, /*training=*/true, grad_scale);
     sums[1] += model_->last_aux_loss();
     runner_->backward(batch, k);
   }
-  strategy_->finish_gradients();
+  strategy().finish_gradients();
   comm_.all_reduce_blocking(std::span<double>(sums, 2), ReduceOp::sum, "loss sum");
   // The loss is the mean over the global batch's target tokens, not a mean of means.
   const double aux_loss = sums[1] / micro_batches;
   const double loss = sums[0] / static_cast<double>(target_count) + aux_coef * aux_loss;
   // All-reduced, so every rank sees the same (possibly non-finite) value.
-  const double grad_norm = std::sqrt(strategy_->global_grad_norm_squared()) / loss_scale;
+  const double grad_norm = std::sqrt(strategy().global_grad_norm_squared()) / loss_scale;
   bool apply = true;
   if (loss_scaler_) {
     // An overflow anywhere (a scaled gradient beyond fp16's range) skips the step on
@@ -410,7 +341,7 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
     const int64_t adam_step = step + 1 - (loss_scaler_ ? loss_scaler_->skipped_steps() : 0);
     optimizer_->step(lr, multiplier, adam_step);
   }
-  strategy_->after_step();
+  strategy().after_step();
   if (o_.check_replicas) check_replicas(step + 1);
   const int64_t tokens = static_cast<int64_t>(global_batch_) * o_.seq_len;
   return {step + 1, loss, lr, grad_norm, clock.seconds(), tokens, apply, loss_scale,
@@ -418,33 +349,18 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
 }
 
 UnpackedTargetCount Trainer::load_step_batches(int64_t step) {
-  const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
-  for (int k = 0; k < accumulation_; ++k)
-    data_->fill_train(batches_->first_sample(step, dp_rank(), k), o_.micro_batch,
-                      rows(micro_tokens * static_cast<size_t>(k)));
-  int64_t targets = 0;
-  for (int32_t t : targets_) targets += (t != kIgnoreIndex);
+  const int64_t targets = step_rows_->fill(*data_, step, dp_rank());
   RunControl local;
   local.stop = stop_signal_received() != 0;
-  // (Not before the first step of this invocation: nothing new to save yet.)
-  local.save_now = is_root_ && step > start_step_ && o_.save_every_minutes > 0 &&
-                   since_save_.seconds() >= o_.save_every_minutes * 60.0;
+  local.save_now = is_root_ && checkpoints_.save_due(step, start_step_);
   int64_t counts[1] = {pack_target_count(targets, local, world_)};
   comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "target count");
   return unpack_target_count(counts[0]);
 }
 
-MicroBatch Trainer::micro_batch(int k) const {
-  const size_t offset =
-      static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len) * static_cast<size_t>(k);
-  return MicroBatch{tokens_.data() + offset, targets_.data() + offset, o_.micro_batch, o_.seq_len,
-                    positions_.empty() ? nullptr : positions_.data() + offset,
-                    key_begin_.empty() ? nullptr : key_begin_.data() + offset};
-}
-
 void Trainer::check_replicas(int64_t done) {
-  strategy_->synchronize();
-  auto digests = comm_.all_gather_u64(replicated_params_digest(*layout_, *strategy_, *backend_), "replica digest");
+  strategy().synchronize();
+  auto digests = comm_.all_gather_u64(placed_->replicated_params_digest(), "replica digest");
   for (int r = 1; r < world_; ++r)
     SHARDLM_CHECK(digests[static_cast<size_t>(r)] == digests[0],
                   "replicas diverged after step {}: rank {}'s parameters differ from rank 0's", done,
@@ -466,20 +382,9 @@ int64_t Trainer::set_up() {
                 start_step, o_.steps);
   open_metrics(start_step);
   schedule_.emplace(LrSchedule{o_.lr, o_.min_lr.value_or(o_.lr / 10.0f), o_.warmup, o_.steps});
-  AdamWConfig adam;  // epsilon: AdamWConfig's (there is no flag for it)
-  adam.beta1 = o_.beta1;
-  adam.beta2 = o_.beta2;
-  adam.weight_decay = o_.weight_decay;
-  optimizer_ = std::make_unique<AdamWOptimizer>(
-      *layout_, *strategy_, adam, *backend_,
-      strategy_options_.optimizer_on_host ? host_state_.get() : nullptr);
-  const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
-  tokens_.assign(micro_tokens * static_cast<size_t>(accumulation_), 0);
-  targets_.assign(tokens_.size(), 0);
-  if (data_->has_positions()) {
-    positions_.assign(tokens_.size(), 0);
-    key_begin_.assign(tokens_.size(), 0);
-  }
+  optimizer_ = std::make_unique<AdamWOptimizer>(*layout_, placed_->strategy_state(), o_.adamw_config(),
+                                                *backend_, placed_->offloaded_optimizer());
+  step_rows_ = std::make_unique<StepBatches>(*batches_, o_.seq_len, data_->has_positions());
   print_run_description();
   return start_step;
 }
@@ -492,14 +397,9 @@ void Trainer::read_inputs() {
   meta_ = data_->meta();
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
   if (!o_.init_from.empty()) check_hf_model_matches(o_.init_from, config_);
-  strategy_options_ = {parse_strategy_kind(o_.strategy), o_.bucket_mb, o_.prefetch,
-                       o_.reshard_after_forward, o_.shard_group(),
-                       parse_dtype(o_.precision, "--precision"),
-                       parse_dtype(o_.reduce_dtype, "--reduce-dtype")};
   device_ = rank_device(parse_device(o_.device, "--device"),
                         o_.device.find(':') != std::string::npos);
   backend_ = &backend_for(device_);  // a clear error now when the device is absent
-  strategy_options_.optimizer_on_host = o_.offload == "optimizer";
   mesh_shape_ = o_.mesh_shape(world_);
   set_global_batch(o_.global_batch > 0 ? o_.global_batch
                                        : o_.micro_batch * mesh_shape_.data_parallel_size() *
@@ -575,8 +475,7 @@ std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
 void Trainer::build_model_and_strategy() {
   const int partition = mesh_shape_.size(MeshDim::shard);
   layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
-  const ModelOptions model_options{parse_dtype(o_.precision, "--precision"),
-                                   o_.activation_checkpointing, device_};
+  const ModelOptions model_options = o_.model_options(device_);
   model_ = model_family(config_.family)
                .make_model(config_, *layout_, o_.micro_batch, o_.seq_len, model_options,
                            MemoryTracker::global());
@@ -586,19 +485,9 @@ void Trainer::build_model_and_strategy() {
     scaler_config.growth_interval = o_.loss_scale_growth_interval;
     loss_scaler_.emplace(scaler_config);
   }
-  device_comm_ = make_device_communicator(device_, comm_);
-  mesh_ = std::make_unique<DeviceMesh>(mesh_shape_, device_comm_ ? *device_comm_ : comm_,
-                                       FlatUnitStrategy::mesh_groups(mesh_shape_));
-  strategy_ = std::make_unique<FlatUnitStrategy>(*layout_, model_->unit_needs(), *mesh_,
-                                                 strategy_options_, MemoryTracker::global(),
-                                                 *backend_);
-  if (!device_.is_host())
-    host_state_ = std::make_unique<HostOwnedState>(
-        *layout_, *strategy_, *backend_,
-        strategy_options_.optimizer_on_host ? HostOwnedState::Role::offloaded_optimizer
-                                            : HostOwnedState::Role::mirror);
-  if (strategy_options_.optimizer_on_host) strategy_->accumulate_gradients_on(*host_state_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *strategy_);
+  placed_ = std::make_unique<PlacedStrategy>(*layout_, model_->unit_needs(), mesh_shape_,
+                                             o_.strategy_options(), device_, *backend_, comm_);
+  runner_ = std::make_unique<ModelRunner>(*model_, strategy());
 }
 
 // The checkpoint's state, or Hugging Face weights, or a fresh init; returns its step.
@@ -607,7 +496,7 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
   if (resume_from) {
     last_saved_step_ = resume_from->info().step;
     Stopwatch load_clock;
-    resume_from->load_into(*layout_, owned_state());
+    resume_from->load_into(*layout_, placed_->owned_state());
     const double load_s = load_clock.seconds();
     const CheckpointInfo& info = resume_from->info();
     tokens_seen_ = info.tokens_seen;
@@ -620,9 +509,7 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
                         saved_steps, o_.steps));
     print(fmt::format("resumed from {} (step {}, written by {} x {}; loaded in {:.2f} s)\n",
                       resume_from->dir(), info.step, info.strategy, info.world_size, load_s));
-    // Test-only: write the state just loaded (under this run's layout) elsewhere, so a
-    // test can check that resharding on load changed no bit.
-    if (const char* dir = std::getenv("SHARDLM_TEST_SAVE_AFTER_LOAD")) save(info.step, dir);
+    if (const auto dir = fault_value("save_after_load")) save(info.step, *dir);
     return info.step;
   }
   if (!o_.init_from.empty()) {
@@ -630,16 +517,16 @@ int64_t Trainer::load_initial_state(std::unique_ptr<CheckpointReader> resume_fro
     // LoRA adapters start from their init (A random, B zero); the base is imported.
     for (int u = 0; u < layout_->num_units(); ++u)
       if (layout_->units[static_cast<size_t>(u)].trainable && config_.lora.enabled()) {
-        init_owned_params(*model_, u, o_.seed, owned_state().owned(u));
+        init_owned_params(*model_, u, o_.seed, placed_->owned_state().owned(u));
       }
-    import_hugging_face(o_.init_from, config_, *layout_, owned_state());
+    import_hugging_face(o_.init_from, config_, *layout_, placed_->owned_state());
     print(fmt::format("initialised from {}\n", o_.init_from));
     return 0;
   }
   // Init is a function of (seed, tensor name): each rank fills its owned slices.
   for (int u = 0; u < layout_->num_units(); ++u)
-    init_owned_params(*model_, u, o_.seed, owned_state().owned(u));
-  owned_state().after_load();
+    init_owned_params(*model_, u, o_.seed, placed_->owned_state().owned(u));
+  placed_->owned_state().after_load();
   return 0;
 }
 
@@ -653,32 +540,14 @@ void Trainer::open_metrics(int64_t start_step) {
                                {"micro_batch", o_.micro_batch},
                                {"threads", threads_.threads},
                                {"activation_checkpointing", o_.activation_checkpointing},
-                               {"strategy", strategy_->name()},
+                               {"strategy", strategy().name()},
                                {"reshard_after_forward", o_.reshard_after_forward},
                                {"shard_group_size", o_.shard_group()},
                                {"mesh", mesh_shape_.to_json()},
                                {"world_size", world_}};
   if (!o_.strategy_reason.empty()) run_config["strategy_auto"] = o_.strategy_reason;
-  const fs::path run = o_.out_dir;
-  if (!o_.command.empty()) {
-    run_config["command"] = o_.command;
-    run_config["flags"] = command_flags_json(o_.command_flags);
-    claim_->wrote((run / "config.toml").string());
-    write_file_atomic((run / "config.toml").string(), command_flags_toml(o_.command, o_.command_flags));
-  }
-  claim_->wrote((run / "config.json").string());
-  write_file_atomic((run / "config.json").string(), run_config.dump(2) + "\n");
-  // (Kept only with a committed checkpoint, which a fresh start's lines never precede.)
-  claim_->wrote((run / "metrics.jsonl").string());
-  if (const int cut = truncate_metrics_after((run / "metrics.jsonl").string(), start_step))
-    print(fmt::format("warning: metrics.jsonl: dropped {} cut or unreadable line(s) left by an interrupted "
-                      "job (their records are lost)\n",
-                      cut));
-  metrics_ = std::make_unique<MetricsWriter>((run / "metrics.jsonl").string());
-  if (!o_.tensorboard_dir.empty()) {
-    if (!fs::exists(o_.tensorboard_dir)) claim_->wrote(o_.tensorboard_dir);
-    tensorboard_ = std::make_unique<TensorBoardWriter>(o_.tensorboard_dir);
-  }
+  records_ = std::make_unique<RunRecords>(o_, std::move(run_config), start_step, *claim_,
+                                          [&](const std::string& w) { print("warning: " + w + "\n"); });
 }
 
 void Trainer::print_run_description() const {
@@ -693,13 +562,8 @@ void Trainer::print_run_description() const {
                       : fmt::format("steps {}\n", o_.steps));
   print(fmt::format("batch {} x {} tokens (micro-batch {}, {} accumulation steps); strategy {} "
                     "(mesh {}) on {} rank(s) x {} threads; {}\n",
-                    global_batch_, o_.seq_len, o_.micro_batch, accumulation_, strategy_->name(),
-                    mesh_shape_.to_string(), world_, threads_.threads,
-                    device_.is_host() ? fmt::format("GEMM {}", cpu::gemm_library_name())
-                                      : backend_->description() +
-                                            (host_state_ && strategy_options_.optimizer_on_host
-                                                 ? "; optimizer offloaded to host memory"
-                                                 : "")));
+                    global_batch_, o_.seq_len, o_.micro_batch, accumulation_, strategy().name(),
+                    mesh_shape_.to_string(), world_, threads_.threads, placed_->describe()));
   print(threads_.oversubscription_warning());
   if (model_->options().precision != DType::fp32 || o_.activation_checkpointing)
     print(fmt::format("precision {}{} (fp32 master weights and gradients){}\n", o_.precision,
@@ -709,53 +573,36 @@ void Trainer::print_run_description() const {
 
 double Trainer::evaluate() {
   if (data_->val_rows() == 0 || o_.eval_batches == 0) return std::nan("");
-  // The first eval_batches x micro_batch validation rows whatever the world size;
-  // each pass gives every rank micro_batch rows, rows past the end are fully ignored.
-  const int64_t windows =
-      std::min<int64_t>(static_cast<int64_t>(o_.eval_batches) * o_.micro_batch, data_->val_rows());
-  const int64_t rows_per_pass =
-      static_cast<int64_t>(o_.micro_batch) * mesh_shape_.data_parallel_size();
-  const size_t micro_tokens = static_cast<size_t>(o_.micro_batch) * static_cast<size_t>(o_.seq_len);
-  std::vector<int32_t> tokens(micro_tokens), targets(micro_tokens), positions, key_begin;
-  if (data_->has_positions()) positions.resize(micro_tokens), key_begin.resize(micro_tokens);
-  const RowBuffers out{tokens.data(), targets.data(), positions.empty() ? nullptr : positions.data(),
-                       key_begin.empty() ? nullptr : key_begin.data()};
-  double sums[1] = {0.0};
-  int64_t counts[1] = {0};
-  for (int64_t first = 0; first < windows; first += rows_per_pass) {
-    for (int i = 0; i < o_.micro_batch; ++i) {
-      const int64_t w = first + static_cast<int64_t>(dp_rank()) * o_.micro_batch + i;
-      if (w < windows)
-        data_->fill_val(w, out, i);
-      else
-        data_->fill_empty(out, i);
-    }
-    MicroBatch batch{tokens.data(), targets.data(), o_.micro_batch, o_.seq_len, out.positions,
-                     out.key_begin};
-    sums[0] += runner_->forward(batch, /*training=*/false, 0.0f);
-    counts[0] += model_->last_target_count();
-  }
+  // The first eval_batches x micro_batch validation rows whatever the world size.
+  EvalRows rows;
+  rows.rows = std::min<int64_t>(static_cast<int64_t>(o_.eval_batches) * o_.micro_batch, data_->val_rows());
+  rows.micro_batch = o_.micro_batch;
+  rows.seq_len = o_.seq_len;
+  rows.positions = data_->has_positions();
+  rows.dp_rank = dp_rank();
+  rows.dp_size = mesh_shape_.data_parallel_size();
+  const EvalLoss loss = evaluate_rows(
+      *runner_, rows, [&](int64_t row, const RowBuffers& out, int at) { data_->fill_val(row, out, at); });
+  double sums[1] = {loss.loss_sum};
+  int64_t counts[1] = {loss.target_count};
   comm_.all_reduce_blocking(std::span<double>(sums, 1), ReduceOp::sum, "eval loss sum");
   comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "eval target count");
   return counts[0] > 0 ? sums[0] / static_cast<double>(counts[0]) : std::nan("");
 }
 
 void Trainer::save(int64_t step, const std::string& run_dir) {
-  if (host_state_) {
-    strategy_->synchronize();
-    host_state_->pull();
-  }
+  placed_->stage_for_host();
   // A diverged state is never committed.
-  check_state_finite(*layout_, owned_state(), comm_, step);
+  check_state_finite(*layout_, placed_->owned_state(), comm_, step);
   nlohmann::json options = trajectory_;
   options["steps"] = o_.steps;
   if (!init_from_.empty()) options["init_from"] = init_from_;
-  CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy_->name(), world_,
+  CheckpointInfo info{step, tokens_seen_, config_, meta_.tokenizer, strategy().name(), world_,
                       {{"options", options}}};
   if (loss_scaler_) info.train["loss_scaler"] = loss_scaler_->to_json();
   info.train["mesh"] = mesh_shape_.to_json();  // for information: checkpoints reshard to any mesh
   Stopwatch clock;
-  const std::string dir = save_checkpoint(run_dir, *layout_, owned_state(), info, o_.keep, comm_);
+  const std::string dir = save_checkpoint(run_dir, *layout_, placed_->owned_state(), info, o_.keep, comm_);
   if (run_dir == o_.out_dir) last_saved_step_ = step;
   if (is_root_) {
     uintmax_t bytes = 0;
@@ -766,7 +613,7 @@ void Trainer::save(int64_t step, const std::string& run_dir) {
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& options, const std::function<void()>& prepare_data) {
+TrainSummary run_training(const TrainOptions& options, const RunSetup& setup) {
   install_stop_signal_handlers();  // before MPI and OpenMP start threads
   CommOptions comm_options;
   comm_options.timeout_seconds = options.comm_timeout;
@@ -774,17 +621,20 @@ TrainSummary run_training(const TrainOptions& options, const std::function<void(
   announce_stop_signals(comm->rank() == 0);
   TrainSummary summary;
   try {
-    if (prepare_data) {
+    SHARDLM_CHECK(options.strategy != "auto" || setup.resolve_options,
+                  "internal: --strategy auto without the planner's resolve_options");
+    auto resolved = [&] { return setup.resolve_options ? setup.resolve_options(options, *comm) : options; };
+    if (setup.prepare_data) {
       // The run directory is this job's before anything under it is written: a second
       // job on it is refused here and changes nothing.
       std::unique_ptr<RunDirectoryClaim> claim = lock_run_directory(options.out_dir, *comm);
       if (claim && !fs::exists(options.data_dir)) claim->wrote(options.data_dir);
-      if (comm->rank() == 0) prepare_data();
+      if (comm->rank() == 0) setup.prepare_data();
       int64_t ready[1] = {1};  // the other ranks wait here (under --comm-timeout) for rank 0
       comm->all_reduce_blocking(std::span<int64_t>(ready, 1), ReduceOp::sum, "dataset prepared");
-      summary = Trainer(resolve_auto_strategy(options, *comm), *comm, true, std::move(claim)).run();
+      summary = Trainer(resolved(), *comm, true, std::move(claim)).run();
     } else {
-      summary = Trainer(resolve_auto_strategy(options, *comm), *comm).run();
+      summary = Trainer(resolved(), *comm).run();
     }
   } catch (const std::exception& e) {
     // One rank's error brings the whole job down (no peer left waiting).

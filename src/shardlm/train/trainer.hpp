@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/comm/communicator.hpp"
 #include "shardlm/train/train_options.hpp"
 
 namespace shardlm {
@@ -38,14 +39,22 @@ struct TrainSummary {
   std::string stopped;
 };
 
+// What a subcommand adds to a run, once the world communicator exists.
+struct RunSetup {
+  // Rank 0, before any rank reads the data, after the run directory's lock is taken
+  // (`sft` renders its chat dataset there); an Error in it ends every rank's job.
+  std::function<void()> prepare_data;
+  // Collective: the options the run trains with. --strategy auto needs it (plan's
+  // recommendation, plan/auto_strategy.hpp, which lives above train); empty: the
+  // options as given.
+  std::function<TrainOptions(const TrainOptions&, Communicator&)> resolve_options;
+};
+
 // Runs `shardlm train`. Throws Error for bad input (before touching RUN_DIR where
 // possible) and for a NaN/inf loss (the last checkpoint is left as it was).
-// prepare_data, when given, runs on rank 0 before any rank reads the data (`sft`
-// renders its chat dataset there), after the run directory's lock is taken; an Error
-// in it ends every rank's job. SIGTERM, SIGINT or SIGUSR1 stops the run at the next
-// step boundary with a checkpoint (summary.stopped; stop_signals.hpp).
-TrainSummary run_training(const TrainOptions& options,
-                          const std::function<void()>& prepare_data = {});
+// SIGTERM, SIGINT or SIGUSR1 stops the run at the next step boundary with a
+// checkpoint (summary.stopped; stop_signals.hpp).
+TrainSummary run_training(const TrainOptions& options, const RunSetup& setup = {});
 
 // "trainable params: 1,081,344 || all params: 125,520,384 || trainable%: 0.8615", as
 // PEFT's print_trainable_parameters() says it.

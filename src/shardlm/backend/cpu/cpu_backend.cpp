@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "shardlm/backend/backend.hpp"
+#include "shardlm/backend/cpu/adamw.hpp"
 #include "shardlm/backend/cpu/attention.hpp"
 #include "shardlm/backend/cpu/bias.hpp"
 #include "shardlm/backend/cpu/convert.hpp"
@@ -16,7 +17,6 @@
 #include "shardlm/backend/cpu/rmsnorm.hpp"
 #include "shardlm/backend/cpu/rope.hpp"
 #include "shardlm/backend/cpu/swiglu.hpp"
-#include "shardlm/optim/adamw.hpp"
 
 namespace shardlm {
 

@@ -25,13 +25,13 @@
 
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/backend/cpu/layernorm.hpp"
+#include "shardlm/backend/adamw_config.hpp"
 #include "shardlm/backend/cuda/attention.cuh"
 #include "shardlm/backend/cuda/cross_entropy.cuh"
 #include "shardlm/backend/cuda/cuda_check.hpp"
 #include "shardlm/backend/kernel_checks.hpp"
 #include "shardlm/backend/cuda/kernels.cuh"
 #include "shardlm/core/error.hpp"
-#include "shardlm/optim/adamw.hpp"
 
 namespace shardlm::cuda {
 
@@ -581,7 +581,7 @@ class CudaBackend final : public Backend {
 
   // --- optimizer
   // -----------------------------------------------------------------------------------
-  // optim/adamw.cpp's constants, computed the same way; the decay ranges (host memory)
+  // backend/cpu/adamw.cpp's constants, computed the same way; the decay ranges (host memory)
   // go to the launcher, which carries them in its launches' arguments.
   void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                     std::span<const ElementRange> decay_ranges, float lr, float grad_multiplier,

@@ -64,12 +64,12 @@ cudaError_t embedding_backward(cudaStream_t stream, float* dwte, float* dwpe, co
 cudaError_t nf4_dequantize(cudaStream_t stream, const void* in, int64_t n, TypedPtr out);
 
 // --- AdamW ---------------------------------------------------------------------------------
-// The per-step constants, computed on the host exactly as optim/adamw.cpp does.
+// The per-step constants, computed on the host exactly as backend/cpu/adamw.cpp does.
 struct AdamConstants {
   float decay_factor, grad_multiplier, beta1, beta2, one_minus_beta1, one_minus_beta2;
   float step_size, bias2_sqrt, eps;
 };
-// A half-open element range [begin, end) (optim/adamw.hpp's ElementRange).
+// A half-open element range [begin, end) (backend/adamw_config.hpp's ElementRange).
 struct HostRange {
   int64_t begin = 0;
   int64_t end = 0;

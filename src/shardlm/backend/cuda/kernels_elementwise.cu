@@ -234,7 +234,7 @@ struct AdamDecayRanges {
   int count = 0;
 };
 
-// optim/adamw.cpp's adam_scalar, the same explicit fmas and roundings; over [lo, hi).
+// backend/cpu/adamw.cpp's adam_scalar, the same explicit fmas and roundings; over [lo, hi).
 template <typename Rounded>
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t lo,
                              int64_t hi, AdamDecayRanges ranges, AdamConstants plain,

@@ -55,31 +55,31 @@ class Gpt2Family final : public ModelFamily {
     const float residual_std = std / std::sqrt(2.0f * static_cast<float>(config.n_layer));
     std::vector<UnitLayout> units;
     UnitBuilder embeddings("embeddings");
-    embeddings.add("transformer.wte.weight", {V, C}, "normal", std).valid_rows = config.vocab_size;
-    embeddings.add("transformer.wpe.weight", {config.max_seq_len, C}, "normal", std);
+    embeddings.add("transformer.wte.weight", {V, C}, ParamInit::normal, std).valid_rows = config.vocab_size;
+    embeddings.add("transformer.wpe.weight", {config.max_seq_len, C}, ParamInit::normal, std);
     units.push_back(embeddings.finish());
     for (int l = 0; l < config.n_layer; ++l) {
       UnitBuilder block("h." + std::to_string(l));
       // Weights are stored [in, out] as Hugging Face's Conv1D does: y = x W + b.
-      block.add(gpt2_param_name(l, "ln_1.weight"), {C}, "ones");
-      block.add(gpt2_param_name(l, "ln_1.bias"), {C}, "zeros");
-      block.add(gpt2_param_name(l, "attn.c_attn.weight"), {C, 3 * C}, "normal", std);
-      block.add(gpt2_param_name(l, "attn.c_attn.bias"), {3 * C}, "zeros");
-      block.add(gpt2_param_name(l, "attn.c_proj.weight"), {C, C}, "normal", residual_std);
-      block.add(gpt2_param_name(l, "attn.c_proj.bias"), {C}, "zeros");
-      block.add(gpt2_param_name(l, "ln_2.weight"), {C}, "ones");
-      block.add(gpt2_param_name(l, "ln_2.bias"), {C}, "zeros");
-      block.add(gpt2_param_name(l, "mlp.c_fc.weight"), {C, 4 * C}, "normal", std);
-      block.add(gpt2_param_name(l, "mlp.c_fc.bias"), {4 * C}, "zeros");
-      block.add(gpt2_param_name(l, "mlp.c_proj.weight"), {4 * C, C}, "normal", residual_std);
-      block.add(gpt2_param_name(l, "mlp.c_proj.bias"), {C}, "zeros");
+      block.add(gpt2_param_name(l, "ln_1.weight"), {C}, ParamInit::ones);
+      block.add(gpt2_param_name(l, "ln_1.bias"), {C}, ParamInit::zeros);
+      block.add(gpt2_param_name(l, "attn.c_attn.weight"), {C, 3 * C}, ParamInit::normal, std);
+      block.add(gpt2_param_name(l, "attn.c_attn.bias"), {3 * C}, ParamInit::zeros);
+      block.add(gpt2_param_name(l, "attn.c_proj.weight"), {C, C}, ParamInit::normal, residual_std);
+      block.add(gpt2_param_name(l, "attn.c_proj.bias"), {C}, ParamInit::zeros);
+      block.add(gpt2_param_name(l, "ln_2.weight"), {C}, ParamInit::ones);
+      block.add(gpt2_param_name(l, "ln_2.bias"), {C}, ParamInit::zeros);
+      block.add(gpt2_param_name(l, "mlp.c_fc.weight"), {C, 4 * C}, ParamInit::normal, std);
+      block.add(gpt2_param_name(l, "mlp.c_fc.bias"), {4 * C}, ParamInit::zeros);
+      block.add(gpt2_param_name(l, "mlp.c_proj.weight"), {4 * C, C}, ParamInit::normal, residual_std);
+      block.add(gpt2_param_name(l, "mlp.c_proj.bias"), {C}, ParamInit::zeros);
       units.push_back(block.finish());
     }
     UnitBuilder final_unit("final");
-    final_unit.add("transformer.ln_f.weight", {C}, "ones");
-    final_unit.add("transformer.ln_f.bias", {C}, "zeros");
+    final_unit.add("transformer.ln_f.weight", {C}, ParamInit::ones);
+    final_unit.add("transformer.ln_f.bias", {C}, ParamInit::zeros);
     if (!config.tie_embeddings)
-      final_unit.add("lm_head.weight", {V, C}, "normal", std).valid_rows = config.vocab_size;
+      final_unit.add("lm_head.weight", {V, C}, ParamInit::normal, std).valid_rows = config.vocab_size;
     units.push_back(final_unit.finish());
     return units;
   }

@@ -163,21 +163,21 @@ class LlamaFamily final : public ModelFamily {
     const bool base_trains = !c.lora.enabled();
     std::vector<UnitLayout> units;
     UnitBuilder embeddings("embeddings", base_trains);
-    embeddings.add("model.embed_tokens.weight", {V, C}, "normal", std).valid_rows = c.vocab_size;
+    embeddings.add("model.embed_tokens.weight", {V, C}, ParamInit::normal, std).valid_rows = c.vocab_size;
     units.push_back(embeddings.finish());
     for (int l = 0; l < c.n_layer; ++l) {
       if (c.lora.enabled()) units.push_back(adapter_unit(c, l));
       UnitBuilder b("layers." + std::to_string(l), base_trains);
       auto name = [&](const char* suffix) { return llama_param_name(l, suffix); };
-      b.add(name("input_layernorm.weight"), {C}, "ones");
+      b.add(name("input_layernorm.weight"), {C}, ParamInit::ones);
       // The linear weights; QLoRA stores each as its own NF4 tensor (the model
       // dequantizes them back to back, so q|k|v and gate|up still read as one matrix).
       const bool nf4 = c.quantize_base == BaseQuant::nf4;
       auto linear = [&](const char* suffix, std::vector<int64_t> shape, bool pack) {
         if (nf4) {
-          b.add_nf4(name(suffix), std::move(shape), "normal", std);
+          b.add_nf4(name(suffix), std::move(shape), ParamInit::normal, std);
         } else {
-          b.add(name(suffix), std::move(shape), "normal", std, pack);
+          b.add(name(suffix), std::move(shape), ParamInit::normal, std, pack);
         }
       };
       // q, k, v back to back: one [Q + 2 KV, C] matrix (and one bias vector).
@@ -185,29 +185,29 @@ class LlamaFamily final : public ModelFamily {
       linear("self_attn.k_proj.weight", {KV, C}, /*pack=*/true);
       linear("self_attn.v_proj.weight", {KV, C}, true);
       if (c.qkv_bias) {
-        b.add(name("self_attn.q_proj.bias"), {Q}, "zeros");
-        b.add(name("self_attn.k_proj.bias"), {KV}, "zeros", 0.0f, true);
-        b.add(name("self_attn.v_proj.bias"), {KV}, "zeros", 0.0f, true);
+        b.add(name("self_attn.q_proj.bias"), {Q}, ParamInit::zeros);
+        b.add(name("self_attn.k_proj.bias"), {KV}, ParamInit::zeros, 0.0f, true);
+        b.add(name("self_attn.v_proj.bias"), {KV}, ParamInit::zeros, 0.0f, true);
       }
       if (c.qk_norm) {
-        b.add(name("self_attn.q_norm.weight"), {hd}, "ones");
-        b.add(name("self_attn.k_norm.weight"), {hd}, "ones");
+        b.add(name("self_attn.q_norm.weight"), {hd}, ParamInit::ones);
+        b.add(name("self_attn.k_norm.weight"), {hd}, ParamInit::ones);
       }
       linear("self_attn.o_proj.weight", {C, Q}, false);
-      if (c.o_bias) b.add(name("self_attn.o_proj.bias"), {C}, "zeros");
-      b.add(name("post_attention_layernorm.weight"), {C}, "ones");
+      if (c.o_bias) b.add(name("self_attn.o_proj.bias"), {C}, ParamInit::zeros);
+      b.add(name("post_attention_layernorm.weight"), {C}, ParamInit::ones);
       if (c.moe.sparse_layer(l)) {
         // The router here; each expert is a unit of its own, after the layer.
         const MoeNames& moe = moe_names(c);
-        b.add(name(moe.router_suffix().c_str()), {c.moe.num_experts, C}, "normal", std);
+        b.add(name(moe.router_suffix().c_str()), {c.moe.num_experts, C}, ParamInit::normal, std);
         units.push_back(b.finish());
         const int64_t Ie = c.moe.expert_intermediate_size;
         for (int e = 0; e < c.moe.num_experts; ++e) {
           UnitBuilder expert("layers." + std::to_string(l) + ".experts." + std::to_string(e), base_trains);
           const MoeNames::Expert n = moe.expert(l, e);
-          expert.add(n.gate, {Ie, C}, "normal", std);
-          expert.add(n.up, {Ie, C}, "normal", std, /*pack_with_previous=*/true);
-          expert.add(n.down, {C, Ie}, "normal", std);
+          expert.add(n.gate, {Ie, C}, ParamInit::normal, std);
+          expert.add(n.up, {Ie, C}, ParamInit::normal, std, /*pack_with_previous=*/true);
+          expert.add(n.down, {C, Ie}, ParamInit::normal, std);
           UnitLayout u = expert.finish();
           u.token_fraction = static_cast<double>(c.moe.top_k) / c.moe.num_experts;
           units.push_back(std::move(u));
@@ -221,9 +221,9 @@ class LlamaFamily final : public ModelFamily {
       units.push_back(b.finish());
     }
     UnitBuilder final_unit("final", base_trains);
-    final_unit.add("model.norm.weight", {C}, "ones");
+    final_unit.add("model.norm.weight", {C}, ParamInit::ones);
     if (!c.tie_embeddings)
-      final_unit.add("lm_head.weight", {V, C}, "normal", std).valid_rows = c.vocab_size;
+      final_unit.add("lm_head.weight", {V, C}, ParamInit::normal, std).valid_rows = c.vocab_size;
     units.push_back(final_unit.finish());
     return units;
   }
@@ -447,8 +447,8 @@ class LlamaFamily final : public ModelFamily {
     for (const LoraGroup& g : llama_lora_groups(c)) {
       const float bound = 1.0f / std::sqrt(static_cast<float>(g.in));
       for (size_t i = 0; i < g.targets.size(); ++i)
-        b.add(lora_a_name(l, g.targets[i]), {r, g.in}, "uniform", bound, /*pack_with_previous=*/i > 0);
-      for (const auto& t : g.targets) b.add(lora_b_name(l, t), {t.out, r}, "zeros");
+        b.add(lora_a_name(l, g.targets[i]), {r, g.in}, ParamInit::uniform, bound, /*pack_with_previous=*/i > 0);
+      for (const auto& t : g.targets) b.add(lora_b_name(l, t), {t.out, r}, ParamInit::zeros);
     }
     return b.finish();
   }

@@ -1,4 +1,4 @@
-#include "shardlm/train/auto_strategy.hpp"
+#include "shardlm/plan/auto_strategy.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -7,7 +7,8 @@
 // one where `plan` looks for it (plan/hardware_profile.hpp default_profile_path()),
 // else none (then the fewest bytes on the wire decide, as in `plan` without a profile).
 // Rank 0 decides and broadcasts, so every rank runs the same strategy even when hosts
-// differ in memory or profile files.
+// differ in memory or profile files. The trainer (below plan) gets it from the
+// subcommand as RunSetup::resolve_options (train/trainer.hpp).
 #pragma once
 
 #include <string>
