@@ -1,8 +1,8 @@
 // The plan-equivalence corpus (issue 24 item 1): configurations whose planned bytes
 // per memory category (device and host) and bytes on the wire per step must stay
-// what plan_run computed at commit 517860e, the last commit whose plan restated the
-// strategy's schedule in closed form (tests/fixtures/plan_corpus_517860e.txt, written
-// by record_plan_corpus). Not the full product of the dimensions: a covering set in
+// what plan_run computed at commit 517860e, when it restated the strategy's schedule
+// in closed form (it now runs the real step on the meta device):
+// tests/fixtures/plan_corpus_517860e.txt, written by record_plan_corpus. Not the full product of the dimensions: a covering set in
 // which every family meets every strategy, and precision, adapters (none, LoRA,
 // QLoRA), activation checkpointing, the device (cpu, emulated, emulated with the
 // optimizer offloaded), gradient accumulation, bf16 reduction and the world sizes

@@ -1,5 +1,5 @@
-// The plan-equivalence corpus (tests/plan_corpus/plan_corpus.hpp): the plan obtained
-// by running the real step on the meta device (plan/traced_step.hpp) must give, for
+// The plan-equivalence corpus (tests/plan_corpus/plan_corpus.hpp): plan_run, which
+// runs the real step on the meta device (plan/traced_step.hpp), must give, for
 // every configuration, the bytes per memory category (device and host) and the bytes
 // on the wire per step that plan_run gave at commit 517860e, when it restated the
 // strategy's schedule in closed form (tests/fixtures/plan_corpus_517860e.txt, written
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "../plan_corpus/plan_corpus.hpp"
-#include "shardlm/plan/traced_step.hpp"
+#include "shardlm/plan/run_plan.hpp"
 
 namespace shardlm {
 namespace {
@@ -57,7 +57,7 @@ TEST(PlanCorpus, TheTracedStepPlansTheBytesOf517860e) {
   for (const auto& c : cases) {
     const auto it = expected.find(c.name);
     ASSERT_NE(it, expected.end()) << c.name << " is not in plan_corpus_517860e.txt";
-    const std::string got = plan_corpus::figures_line(c.name, plan_run_traced(c.request));
+    const std::string got = plan_corpus::figures_line(c.name, plan_run(c.request));
     EXPECT_EQ(got, it->second);
     identical += got == it->second;
   }

@@ -6,8 +6,13 @@
 // for every strategy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <numeric>
+#include <string>
 
+#include "shardlm/model/family.hpp"
+#include "shardlm/model/param_layout.hpp"
 #include "shardlm/plan/run_plan.hpp"
 #include "shardlm/plan/step_program.hpp"
 #include "shardlm/plan/step_simulation.hpp"
@@ -128,29 +133,87 @@ TEST(StepSimulation, CollectivesRunOneAtATimeInIssueOrder) {
 
 namespace {
 
-// Two model units, each its own flat unit of 1M elements: forward 1 s, backward 2 s at
-// a GEMM rate of 1 FLOP/s; 2 ranks; every big collective moves 2e6 bus bytes in 0.5 s.
-StepShape two_unit_shape(StrategyKind kind) {
-  StepShape s;
-  s.strategy.kind = kind;
-  s.strategy.prefetch = 1;
-  s.world_size = 2;
-  s.partition = 2;
-  s.unit_numel = {1000000, 1000000};
-  s.flat_unit_of = {0, 1};
-  s.flat_needs = {{0}, {1}};
-  UnitWork w;
-  w.forward.gemm_flops = 1;
-  w.backward.gemm_flops = 2;
-  s.work = {w, w};
-  s.shared_unit = {false, false};
-  if (kind == StrategyKind::zero3) {
-    s.param_pool = 2;
-    s.grad_pool = 2;
-  } else {
-    s.buckets = {{1}, {0}};  // 4 MB units: the 1 MiB first bucket holds one
+// Programs as the traced step records them for two model units, each its own flat
+// unit of 1M elements on 2 ranks: forward 1 s, backward 2 s at a GEMM rate of 1
+// FLOP/s; every big collective moves 2e6 bus bytes (0.5 s at 4e6 B/s); the trainer's
+// three blocking scalar all-reduces (target count, loss sum, grad norm) around them.
+class HandProgram {
+ public:
+  int issue(CollectiveKind kind, CommGroup group, double bus_bytes, std::string label) {
+    p_.collectives.push_back({kind, group, bus_bytes, 0, std::move(label)});
+    const int id = static_cast<int>(p_.collectives.size()) - 1;
+    p_.ops.push_back({StepOp::Kind::issue, {}, id, ""});
+    return id;
   }
-  return s;
+  void wait(int id) { p_.ops.push_back({StepOp::Kind::wait, {}, id, ""}); }
+  void compute(double gemm_flops) {
+    ComputeWork w;
+    w.gemm_flops = gemm_flops;
+    p_.ops.push_back({StepOp::Kind::compute, w, -1, "unit"});
+  }
+  void scalar(CommGroup group, std::string label) {
+    wait(issue(CollectiveKind::all_reduce, group, 8, std::move(label)));
+  }
+  int big(CollectiveKind kind, std::string label) {
+    return issue(kind, CommGroup::shard, 2e6, std::move(label));
+  }
+  void end_step() { p_.ops.push_back({StepOp::Kind::step_end, {}, -1, ""}); }
+  StepProgram take() { return std::move(p_); }
+
+ private:
+  StepProgram p_;
+};
+
+// ddp: buckets {1} then {0}, each a reduce-scatter and an all-gather, launched as
+// backward completes their unit and waited for before the optimizer.
+StepProgram ddp_program(int steps) {
+  HandProgram h;
+  for (int s = 0; s < steps; ++s) {
+    h.scalar(CommGroup::world, "target count");
+    h.compute(1), h.compute(1), h.compute(2);
+    std::vector<int> bucket = {h.big(CollectiveKind::reduce_scatter, "rs 1"),
+                               h.big(CollectiveKind::all_gather, "ag 1")};
+    h.compute(2);
+    bucket.push_back(h.big(CollectiveKind::reduce_scatter, "rs 0"));
+    bucket.push_back(h.big(CollectiveKind::all_gather, "ag 0"));
+    for (int id : bucket) h.wait(id);
+    h.scalar(CommGroup::world, "loss sum");
+    h.scalar(CommGroup::shard, "grad norm");
+    h.end_step();
+  }
+  return h.take();
+}
+
+// zero3 with --prefetch 1, resharding after forward: each unit gathered before use
+// (the next one prefetched), unit 1 kept from its forward through its backward (the
+// next use), reduce-scatters issued as backward completes each unit and waited for
+// before the optimizer; without prefetch each gather is issued when it is needed.
+StepProgram zero3_program(int steps, bool prefetch) {
+  HandProgram h;
+  for (int s = 0; s < steps; ++s) {
+    h.scalar(CommGroup::world, "target count");
+    const auto gather = [&](const char* label) { return h.big(CollectiveKind::all_gather, label); };
+    const int g0 = gather("ag 0");
+    h.wait(g0);
+    const int g1 = prefetch ? gather("ag 1") : -1;
+    h.compute(1);  // forward 0, then unit 0 released
+    const int g1_used = prefetch ? g1 : gather("ag 1");
+    h.wait(g1_used);
+    const int g0_again = prefetch ? gather("ag 0 for backward") : -1;
+    h.compute(1);  // forward 1 (unit 1 kept for backward 1)
+    h.compute(2);  // backward 1
+    const int rs1 = h.big(CollectiveKind::reduce_scatter, "rs 1");
+    const int g0_used = prefetch ? g0_again : gather("ag 0 for backward");
+    h.wait(g0_used);
+    h.compute(2);  // backward 0
+    const int rs0 = h.big(CollectiveKind::reduce_scatter, "rs 0");
+    h.wait(rs1);
+    h.wait(rs0);
+    h.scalar(CommGroup::world, "loss sum");
+    h.scalar(CommGroup::shard, "grad norm");
+    h.end_step();
+  }
+  return h.take();
 }
 
 HardwareProfile unit_profile(double share) {
@@ -168,9 +231,11 @@ HardwareProfile unit_profile(double share) {
   return p;
 }
 
-RunPlan plan_of(const StepShape& s) {
+RunPlan plan_of(StepProgram program) {
   RunPlan plan;
-  plan.step = s;
+  plan.world_size = 2;
+  plan.partition = 2;
+  plan.program = std::move(program);
   plan.tokens_per_step = 7;
   return plan;
 }
@@ -184,7 +249,7 @@ constexpr double kScalars = 3 * 8 / 4e6;
 TEST(TimeModel, DdpStepOnAHandTimeline) {
   // fwd 0 [0,1], fwd 1 [1,2], bwd 1 [2,4] -> bucket {1}: RS + AG [4,5];
   // bwd 0 [4,6] -> bucket {0}: RS + AG [6,7]; finish_gradients waits until 7.
-  const auto t = predict_step_time(plan_of(two_unit_shape(StrategyKind::ddp)), unit_profile(1.0), {});
+  const auto t = predict_step_time(plan_of(ddp_program(kPlannedSteps)), unit_profile(1.0), {});
   EXPECT_NEAR(t.step_s, 7.0 + kScalars, 1e-12);
   EXPECT_NEAR(t.compute_s, 6.0, 1e-12);
   EXPECT_NEAR(t.exposed_s, 1.0 + kScalars, 1e-12);
@@ -193,7 +258,7 @@ TEST(TimeModel, DdpStepOnAHandTimeline) {
   EXPECT_NEAR(t.comm_s, 2.0 + kScalars, 1e-12);
   EXPECT_NEAR(t.tokens_per_s, 7 / t.step_s, 1e-12);
   // At half speed beside communication: bwd 0 gets 0.5 done over [4,5], ends at 6.5.
-  const auto slow = predict_step_time(plan_of(two_unit_shape(StrategyKind::ddp)), unit_profile(0.5), {});
+  const auto slow = predict_step_time(plan_of(ddp_program(kPlannedSteps)), unit_profile(0.5), {});
   EXPECT_NEAR(slow.step_s, 7.5 + kScalars, 1e-12);
   EXPECT_NEAR(slow.overlap_cost_s, 0.5, 1e-12);
 }
@@ -203,16 +268,13 @@ TEST(TimeModel, Zero3StepWithPrefetchOnAHandTimeline) {
   // fwd 1 [1.5,2.5] after prefetching 0 again for backward [1.5,2];
   // bwd 1 [2.5,4.5] -> RS 1 [4.5,5]; bwd 0 [4.5,6.5] -> RS 0 [6.5,7], waited.
   const auto t =
-      predict_step_time(plan_of(two_unit_shape(StrategyKind::zero3)), unit_profile(1.0), {});
+      predict_step_time(plan_of(zero3_program(kPlannedSteps, true)), unit_profile(1.0), {});
   EXPECT_NEAR(t.step_s, 7.0 + kScalars, 1e-12);
   EXPECT_NEAR(t.exposed_s, 1.0 + kScalars, 1e-12);
   EXPECT_EQ(t.comm[static_cast<size_t>(CollectiveKind::all_gather)].calls, 3);
   EXPECT_EQ(t.comm[static_cast<size_t>(CollectiveKind::reduce_scatter)].calls, 2);
   // Without prefetch every gather is waited for: 3 x 0.5 more exposed, step 8.5.
-  StepShape no_prefetch = two_unit_shape(StrategyKind::zero3);
-  no_prefetch.strategy.prefetch = 0;
-  no_prefetch.param_pool = 1;
-  const auto u = predict_step_time(plan_of(no_prefetch), unit_profile(1.0), {});
+  const auto u = predict_step_time(plan_of(zero3_program(kPlannedSteps, false)), unit_profile(1.0), {});
   EXPECT_NEAR(u.step_s, 8.5 + kScalars, 1e-12);
 }
 
@@ -223,7 +285,7 @@ TEST(TimeModel, ASlowerLinkBetweenNodesSlowsOnlyWhatCrossesIt) {
   HardwareProfile p = unit_profile(1.0);
   const CollectiveRate slow{0, 1e6};
   p.inter_node = {"slow", slow, slow, slow, slow, slow, 1.0};
-  const auto t = predict_step_time(plan_of(two_unit_shape(StrategyKind::ddp)), p, {2, ""});
+  const auto t = predict_step_time(plan_of(ddp_program(kPlannedSteps)), p, {2, ""});
   EXPECT_NEAR(t.step_s, 12.0 + 3 * 8 / 1e6, 1e-12);
   EXPECT_NEAR(t.exposed_s, 6.0 + 3 * 8 / 1e6, 1e-12);
   EXPECT_EQ(t.inter_transport, "slow");
@@ -245,12 +307,22 @@ RunPlanRequest tiny_request(StrategyKind kind, int n) {
   return r;
 }
 
+// The ops of the program's last (steady) step.
+std::vector<StepOp> last_step(const StepProgram& p) {
+  size_t first = 0;
+  for (size_t i = 0, ends = 0; i + 1 < p.ops.size(); ++i)
+    if (p.ops[i].kind == StepOp::Kind::step_end && ++ends == kPlannedSteps - 1) first = i + 1;
+  return {p.ops.begin() + static_cast<std::ptrdiff_t>(first), p.ops.end()};
+}
+
 double program_bus_bytes_of_one_step(const RunPlan& plan) {
-  const StepProgram p = build_step_program(plan.step, 1);
   double bytes = 0;
-  for (const auto& c : p.collectives)
-    if (c.label != "target count" && c.label != "loss sum" && c.label != "grad norm")
-      bytes += c.bus_bytes;
+  for (const StepOp& op : last_step(plan.program))
+    if (op.kind == StepOp::Kind::issue) {
+      const PlannedCollective& c = plan.program.collectives[static_cast<size_t>(op.collective)];
+      if (c.label != "target count" && c.label != "loss sum" && c.label != "grad norm")
+        bytes += c.bus_bytes;
+    }
   return bytes;
 }
 
@@ -287,8 +359,8 @@ TEST(StepProgram, CarriesExactlyThePlannedTrafficForEveryStrategy) {
     r.strategy.reshard_after_forward = c.reshard;
     r.strategy.prefetch = c.prefetch;
     const RunPlan plan = plan_run(r);
-    // plan_run's bytes come from per-unit formulas; the program's from walking the
-    // hooks. Both are sums of integers far below 2^53, so they agree exactly.
+    // The wire bytes and the program both come from the traced step: the last step's
+    // collectives, the scalar all-reduces left out, are the planned traffic.
     EXPECT_EQ(program_bus_bytes_of_one_step(plan), plan.wire_bytes_per_step)
         << to_string(c.kind) << " n=" << c.n;
   }
@@ -299,20 +371,20 @@ TEST(StepProgram, UnitWorkAddsUpToTheFamilysFlops) {
   r.micro_batch = 3;
   const RunPlan plan = plan_run(r);
   double flops = 0;
-  for (const auto& w : plan.step.work)
+  for (const auto& w : plan.unit_work)
     flops += w.forward.gemm_flops + w.forward.attention_flops + w.backward.gemm_flops +
              w.backward.attention_flops;
   EXPECT_DOUBLE_EQ(flops, plan.flops_per_step);
   // The first unit only looks up embeddings; the last holds the tied head's GEMMs and
   // the loss; checkpointing adds each block's forward to its backward.
-  EXPECT_EQ(plan.step.work.front().forward.gemm_flops, 0);
+  EXPECT_EQ(plan.unit_work.front().forward.gemm_flops, 0);
   const double head = 2.0 * r.config.padded_vocab_size() * r.config.n_embd * 3 * 32;
-  EXPECT_DOUBLE_EQ(plan.step.work.back().forward.gemm_flops, head);
-  EXPECT_GT(plan.step.work.back().forward.loss_bytes, 0);
+  EXPECT_DOUBLE_EQ(plan.unit_work.back().forward.gemm_flops, head);
+  EXPECT_GT(plan.unit_work.back().forward.loss_bytes, 0);
   r.model.activation_checkpointing = true;
   const RunPlan ckpt = plan_run(r);
-  EXPECT_DOUBLE_EQ(ckpt.step.work[1].backward.gemm_flops,
-                   plan.step.work[1].backward.gemm_flops + plan.step.work[1].forward.gemm_flops);
+  EXPECT_DOUBLE_EQ(ckpt.unit_work[1].backward.gemm_flops,
+                   plan.unit_work[1].backward.gemm_flops + plan.unit_work[1].forward.gemm_flops);
 }
 
 TEST(StepProgram, UnitWorkOfTheLlamaFamiliesAddsUpToTheirFlops) {
@@ -323,14 +395,14 @@ TEST(StepProgram, UnitWorkOfTheLlamaFamiliesAddsUpToTheirFlops) {
     r.seq_len = 32;
     const RunPlan plan = plan_run(r);
     double flops = 0, attention = 0;
-    for (const auto& w : plan.step.work) {
+    for (const auto& w : plan.unit_work) {
       flops += w.forward.gemm_flops + w.forward.attention_flops + w.backward.gemm_flops +
                w.backward.attention_flops;
       attention += w.forward.attention_flops;
     }
     EXPECT_NEAR(flops, plan.flops_per_step, 1e-9 * plan.flops_per_step) << preset;
     EXPECT_GT(attention, 0) << preset;  // the family counts attention beyond the GEMMs
-    EXPECT_EQ(plan.step.work.front().forward.gemm_flops, 0) << preset;
+    EXPECT_EQ(plan.unit_work.front().forward.gemm_flops, 0) << preset;
   }
 }
 
@@ -375,7 +447,7 @@ constexpr double kAttentionPerToken = 6.0 * 16 * 8;
 
 ComputeWork step_state(const RunPlan& plan) {
   ComputeWork w;
-  for (const StepOp& op : build_step_program(plan.step, 1).ops)
+  for (const StepOp& op : last_step(plan.program))
     if (op.kind == StepOp::Kind::compute) {
       w.state_bytes += op.work.state_bytes;
       w.optimizer_bytes += op.work.optimizer_bytes;
@@ -387,10 +459,10 @@ ComputeWork step_state(const RunPlan& plan) {
 
 TEST(UnitWork, FullFineTuningOnAHandCountedLlama) {
   const RunPlan plan = plan_run(hand_llama(false));
-  ASSERT_EQ(plan.step.work.size(), 3u);  // embeddings, layer 0, final
-  const UnitWork& embed = plan.step.work[0];
-  const UnitWork& layer = plan.step.work[1];
-  const UnitWork& final = plan.step.work[2];
+  ASSERT_EQ(plan.unit_work.size(), 3u);  // embeddings, layer 0, final
+  const UnitWork& embed = plan.unit_work[0];
+  const UnitWork& layer = plan.unit_work[1];
+  const UnitWork& final = plan.unit_work[2];
   EXPECT_EQ(embed.forward.gemm_flops, 0);
   EXPECT_DOUBLE_EQ(embed.forward.elementwise_bytes, 8 * 8 * kTokens);  // one row of C per token
   EXPECT_DOUBLE_EQ(embed.backward.elementwise_bytes, 2 * 8 * 8 * kTokens);
@@ -415,11 +487,11 @@ TEST(UnitWork, FullFineTuningOnAHandCountedLlama) {
 
 TEST(UnitWork, LoraFrozenUnitsHaveNoWeightGradientsAndNoState) {
   const RunPlan plan = plan_run(hand_llama(true));
-  ASSERT_EQ(plan.step.work.size(), 4u);  // embeddings, adapters 0, layer 0, final
-  const UnitWork& embed = plan.step.work[0];
-  const UnitWork& adapters = plan.step.work[1];
-  const UnitWork& layer = plan.step.work[2];
-  const UnitWork& final = plan.step.work[3];
+  ASSERT_EQ(plan.unit_work.size(), 4u);  // embeddings, adapters 0, layer 0, final
+  const UnitWork& embed = plan.unit_work[0];
+  const UnitWork& adapters = plan.unit_work[1];
+  const UnitWork& layer = plan.unit_work[2];
+  const UnitWork& final = plan.unit_work[3];
   // The adapter unit holds parameters; its layer multiplies them.
   EXPECT_TRUE(adapters.forward.empty());
   EXPECT_TRUE(adapters.backward.empty());
@@ -438,7 +510,7 @@ TEST(UnitWork, LoraFrozenUnitsHaveNoWeightGradientsAndNoState) {
   // The model's FLOPs per token for LoRA (4 per frozen, 6 per adapter element, plus
   // attention) are exactly what the units add up to.
   double flops = 0;
-  for (const auto& w : plan.step.work)
+  for (const auto& w : plan.unit_work)
     flops += w.forward.gemm_flops + w.forward.attention_flops + w.backward.gemm_flops +
              w.backward.attention_flops;
   EXPECT_DOUBLE_EQ(flops, (4 * (kLayerMatrix + kHead) + 6 * kAdapters + kAttentionPerToken) * kTokens);
@@ -484,25 +556,25 @@ TEST(UnitWork, QloraDequantizesEachLayerOnceForwardAndOnceBackward) {
   r.config.quantize_base = BaseQuant::nf4;
   const RunPlan qlora = plan_run(r);
   const double dequantize = 4 * 82 + 4 * kLayerMatrix;
-  EXPECT_DOUBLE_EQ(qlora.step.work[2].forward.elementwise_bytes,
-                   lora.step.work[2].forward.elementwise_bytes + dequantize);
-  EXPECT_DOUBLE_EQ(qlora.step.work[2].backward.elementwise_bytes,
-                   lora.step.work[2].backward.elementwise_bytes + dequantize);
-  EXPECT_DOUBLE_EQ(qlora.step.work[2].forward.gemm_flops, lora.step.work[2].forward.gemm_flops);
+  EXPECT_DOUBLE_EQ(qlora.unit_work[2].forward.elementwise_bytes,
+                   lora.unit_work[2].forward.elementwise_bytes + dequantize);
+  EXPECT_DOUBLE_EQ(qlora.unit_work[2].backward.elementwise_bytes,
+                   lora.unit_work[2].backward.elementwise_bytes + dequantize);
+  EXPECT_DOUBLE_EQ(qlora.unit_work[2].forward.gemm_flops, lora.unit_work[2].forward.gemm_flops);
   r.model.precision = r.strategy.param_dtype = DType::bf16;
   const RunPlan bf16 = plan_run(r);
   r.config.quantize_base = BaseQuant::none;
   const RunPlan bf16_lora = plan_run(r);
-  EXPECT_DOUBLE_EQ(bf16.step.work[2].forward.elementwise_bytes,
-                   bf16_lora.step.work[2].forward.elementwise_bytes + 4 * 82 + 2 * kLayerMatrix);
+  EXPECT_DOUBLE_EQ(bf16.unit_work[2].forward.elementwise_bytes,
+                   bf16_lora.unit_work[2].forward.elementwise_bytes + 4 * 82 + 2 * kLayerMatrix);
   // Checkpointing recomputes the layer's forward, not its dequantization (one
   // conversion serves the recompute and the backward).
   r.config.quantize_base = BaseQuant::nf4;
   r.model.activation_checkpointing = true;
   const RunPlan ckpt = plan_run(r);
-  EXPECT_DOUBLE_EQ(ckpt.step.work[2].backward.elementwise_bytes,
-                   bf16.step.work[2].backward.elementwise_bytes +
-                       bf16_lora.step.work[2].forward.elementwise_bytes);
+  EXPECT_DOUBLE_EQ(ckpt.unit_work[2].backward.elementwise_bytes,
+                   bf16.unit_work[2].backward.elementwise_bytes +
+                       bf16_lora.unit_work[2].forward.elementwise_bytes);
 }
 
 TEST(UnitWork, AttentionIsTheKernelsOwnAtEveryLengthWithOrWithoutAdapters) {
@@ -518,7 +590,7 @@ TEST(UnitWork, AttentionIsTheKernelsOwnAtEveryLengthWithOrWithoutAdapters) {
       r.seq_len = seq_len;
       const RunPlan plan = plan_run(r);
       double attention = 0;
-      for (const auto& w : plan.step.work) attention += w.forward.attention_flops + w.backward.attention_flops;
+      for (const auto& w : plan.unit_work) attention += w.forward.attention_flops + w.backward.attention_flops;
       EXPECT_NEAR(attention, 36 * 6.0 * seq_len * 4096 * seq_len, 1e-6 * attention)
           << "T=" << seq_len << " rank " << rank;
     }
@@ -541,4 +613,85 @@ TEST(TimeModel, LoraStateTimeIsTheAdaptersOnly) {
   EXPECT_NEAR(full.optimizer_s, 28 * 1136.0, 1e-6);
   EXPECT_NEAR(lora.state_s, 36 * 64.0, 1e-6);
   EXPECT_NEAR(lora.optimizer_s, 28 * 64.0, 1e-6);
+}
+
+// ---- the traced program follows the real hooks ----
+
+namespace {
+
+struct LabelledOp {
+  StepOp::Kind kind;
+  std::string label;  // the collective's for issue/wait, the compute's otherwise
+};
+
+std::vector<LabelledOp> labelled_last_step(const RunPlan& plan) {
+  std::vector<LabelledOp> out;
+  for (const StepOp& op : last_step(plan.program))
+    out.push_back({op.kind, op.collective >= 0
+                                ? plan.program.collectives[static_cast<size_t>(op.collective)].label
+                                : op.label});
+  return out;
+}
+
+size_t index_of(const std::vector<LabelledOp>& ops, StepOp::Kind kind, const std::string& label) {
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].kind == kind && ops[i].label == label) return i;
+  ADD_FAILURE() << "no op " << label;
+  return ops.size();
+}
+
+}  // namespace
+
+TEST(TracedProgram, DdpReducesDuringTheLastBackwardAndWaitsBeforeTheLoss) {
+  RunPlanRequest r = tiny_request(StrategyKind::ddp, 2);
+  r.min_unit_params = 1;  // one flat unit per model unit
+  const RunPlan plan = plan_run(r);
+  const auto ops = labelled_last_step(plan);
+  size_t first_backward = ops.size(), last_backward = 0;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].kind == StepOp::Kind::compute && ops[i].label.rfind("backward unit", 0) == 0)
+      first_backward = std::min(first_backward, i), last_backward = i;
+  ASSERT_LT(first_backward, last_backward);
+  const size_t loss = index_of(ops, StepOp::Kind::issue, "loss sum");
+  EXPECT_EQ(ops.front().label, "target count");
+  int reductions = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].label.rfind("reduce_scatter grads", 0) != 0) continue;
+    if (ops[i].kind == StepOp::Kind::issue) {
+      ++reductions;
+      EXPECT_GT(i, first_backward) << ops[i].label;  // launched as backward completes units
+    } else {
+      EXPECT_GT(i, last_backward) << ops[i].label;  // waited by finish_gradients
+      EXPECT_LT(i, loss) << ops[i].label;
+    }
+  }
+  EXPECT_EQ(reductions, 5);  // embeddings, 3 blocks, final norm: one per trainable unit
+}
+
+TEST(TracedProgram, Zero3WaitsForEachGatherBeforeTheUnitUsesIt) {
+  for (int prefetch : {0, 1, 2}) {
+    RunPlanRequest r = tiny_request(StrategyKind::zero3, 2);
+    r.min_unit_params = 1;
+    r.strategy.prefetch = prefetch;
+    const RunPlan plan = plan_run(r);
+    const ParamLayout layout = ParamLayout::build(r.config, 2, r.min_unit_params);
+    const auto needs = model_family(r.config.family).unit_needs(r.config);
+    const auto ops = labelled_last_step(plan);
+    // The newest gather of each flat unit, and whether it was waited for since.
+    std::map<std::string, bool> waited;
+    for (const LabelledOp& op : ops) {
+      if (op.label.rfind("all_gather params unit ", 0) == 0)
+        waited[op.label] = op.kind == StepOp::Kind::wait;
+      const bool unit_pass = op.label.rfind("forward unit ", 0) == 0 ||
+                             op.label.rfind("backward unit ", 0) == 0;
+      if (op.kind != StepOp::Kind::compute || !unit_pass) continue;
+      const int m = std::stoi(op.label.substr(op.label.rfind(' ') + 1));
+      for (int v : needs[static_cast<size_t>(m)]) {
+        const auto& unit = layout.units[static_cast<size_t>(layout.model_units[static_cast<size_t>(v)].unit)];
+        const std::string gather = "all_gather params unit " + unit.name;
+        ASSERT_TRUE(waited.count(gather)) << op.label << " without " << gather;
+        EXPECT_TRUE(waited[gather]) << op.label << " before its " << gather << " was waited for";
+      }
+    }
+  }
 }

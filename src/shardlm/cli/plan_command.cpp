@@ -74,10 +74,9 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
 // The candidate the flags asked for, marked in the tables.
 bool asked(const Candidate& c, const RunPlanRequest& r) {
   const StrategyOptions& a = c.request.strategy;
-  const bool sharded = a.kind == StrategyKind::zero3 || a.kind == StrategyKind::hybrid;
   return a.kind == r.strategy.kind &&
          (a.kind != StrategyKind::hybrid || a.shard_group_size == r.strategy.shard_group_size) &&
-         (!sharded || a.reshard_after_forward == r.strategy.reshard_after_forward) &&
+         (!shards_parameters(a.kind) || a.reshard_after_forward == r.strategy.reshard_after_forward) &&
          c.request.model.activation_checkpointing == r.model.activation_checkpointing;
 }
 

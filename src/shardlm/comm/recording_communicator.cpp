@@ -18,9 +18,18 @@ void StepRecording::add_compute_source(meta::MetaBackend& backend) {
 }
 
 void StepRecording::flush_compute() {
-  meta::KernelWork work;
+  ComputeWork work;
   for (auto* s : sources_) work += s->take_work();
-  if (!work.empty()) ops_.push_back({RecordedOp::Kind::compute, work, -1});
+  if (!work.empty()) ops_.push_back({RecordedOp::Kind::compute, work, -1, "kernels"});
+}
+
+void StepRecording::drop_kernels() {
+  for (auto* s : sources_) s->take_work();
+}
+
+void StepRecording::add_compute(const ComputeWork& work, std::string label) {
+  flush_compute();
+  if (!work.empty()) ops_.push_back({RecordedOp::Kind::compute, work, -1, std::move(label)});
 }
 
 int StepRecording::issue(RecordedCollective collective) {
@@ -28,7 +37,7 @@ int StepRecording::issue(RecordedCollective collective) {
   collectives_.push_back(std::move(collective));
   waited_.push_back(false);
   const int id = static_cast<int>(collectives_.size()) - 1;
-  ops_.push_back({RecordedOp::Kind::issue, {}, id});
+  ops_.push_back({RecordedOp::Kind::issue, {}, id, {}});
   return id;
 }
 
@@ -37,16 +46,16 @@ void StepRecording::wait(int id) {
   if (waited_[static_cast<size_t>(id)]) return;
   flush_compute();
   waited_[static_cast<size_t>(id)] = true;
-  ops_.push_back({RecordedOp::Kind::wait, {}, id});
+  ops_.push_back({RecordedOp::Kind::wait, {}, id, {}});
 }
 
 void StepRecording::end_step() {
   flush_compute();
-  ops_.push_back({RecordedOp::Kind::step_end, {}, -1});
+  ops_.push_back({RecordedOp::Kind::step_end, {}, -1, {}});
 }
 
 void StepRecording::clear() {
-  for (auto* s : sources_) s->take_work();
+  drop_kernels();
   ops_.clear();
   // Collectives stay numbered (Works issued before may still be waited for); a wait
   // for one of them after clear() is recorded against its old index, which the

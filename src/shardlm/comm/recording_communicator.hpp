@@ -40,8 +40,9 @@ struct RecordedCollective {
 struct RecordedOp {
   enum class Kind { compute, issue, wait, step_end };
   Kind kind = Kind::compute;
-  meta::KernelWork work;  // compute
+  ComputeWork work;  // compute
   int collective = -1;    // issue, wait: index into collectives()
+  std::string label;      // compute: "kernels", or what add_compute named
 };
 
 class StepRecording {
@@ -53,6 +54,13 @@ class StepRecording {
   // The first wait for collective `id` (later ones find it done and are not recorded).
   void wait(int id);
   void end_step();
+  // Work the caller accounts for itself, in place of what the kernels recorded since
+  // the last event (plan's model units: plan/traced_step.cpp). flush() first closes
+  // the kernels' work before it as its own compute op; drop_kernels() forgets the
+  // kernels' work since.
+  void flush() { flush_compute(); }
+  void drop_kernels();
+  void add_compute(const ComputeWork& work, std::string label);
   // Forgets everything recorded so far (construction and initialisation, before the
   // steps) and the compute sources' pending work.
   void clear();

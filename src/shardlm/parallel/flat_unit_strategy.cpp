@@ -10,17 +10,14 @@ namespace shardlm {
 
 namespace {
 
-bool shards_params(const StrategyOptions& options) {
-  return options.kind == StrategyKind::zero3 || options.kind == StrategyKind::hybrid;
-}
-
 // The type params() hands the model: zero3/hybrid gather in the compute type; the
 // replicated strategies keep a bf16 copy of their fp32 parameters in a bf16 run
 // (rounded once per step instead of by the model at every use), and hand fp16 runs
 // fp32, which the model rounds to fp16 values itself (there is no fp16 GEMM). With the
 // optimizer on the host, the device stores the compute type only (the host rounds).
 DType model_param_type(const StrategyOptions& options) {
-  if (shards_params(options) || options.param_dtype == DType::bf16 || options.optimizer_on_host)
+  if (shards_parameters(options.kind) || options.param_dtype == DType::bf16 ||
+      options.optimizer_on_host)
     return options.param_dtype;
   return DType::fp32;
 }
@@ -31,7 +28,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
                                                   const std::vector<std::vector<int>>& unit_needs,
                                                   const StrategyOptions& options) {
   StrategyBufferPlan plan;
-  plan.shard_params = shards_params(options);
+  plan.shard_params = shards_parameters(options.kind);
   plan.shard_grads = options.kind == StrategyKind::zero2 || plan.shard_params;
   plan.shard_optimizer = options.kind != StrategyKind::ddp;
   plan.optimizer_on_host = options.optimizer_on_host;
@@ -159,7 +156,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
       options_(options),
       num_units_(layout.num_units()),
       num_model_units_(layout.num_model_units()),
-      shard_params_(shards_params(options)),
+      shard_params_(shards_parameters(options.kind)),
       transient_grads_(options.kind == StrategyKind::zero2 || shard_params_ ||
                        options.optimizer_on_host),
       reduce_wire_(options.reduce_dtype == DType::fp32 ? WireType::fp32 : WireType::bf16) {

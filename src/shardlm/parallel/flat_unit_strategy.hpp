@@ -74,7 +74,7 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   static std::vector<std::vector<int>> plan_buckets(const ParamLayout& layout, double bucket_mb);
 
   // The static schedule of a training micro-batch (forward 0..M-1, backward M-1..0)
-  // and the release rule zero3/hybrid follow, for `plan`'s step-time model.
+  // and the release rule zero3/hybrid follow.
   struct Step {
     bool backward;
     int model_unit;

@@ -1,6 +1,7 @@
 // StrategyBufferPlan: what a FlatUnitStrategy allocates per rank at start-up (it
-// allocates nothing later): the one arithmetic its flat units and pools follow and
-// `shardlm plan` reports (FlatUnitStrategy::plan_buffers computes it).
+// allocates nothing later): the one arithmetic its flat units and pools follow
+// (FlatUnitStrategy::plan_buffers computes it; `shardlm plan` measures the same
+// allocations on the meta device, plan/traced_step.hpp).
 #pragma once
 
 #include <cstdint>

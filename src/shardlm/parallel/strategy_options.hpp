@@ -36,6 +36,12 @@ struct StrategyOptions {
   bool optimizer_on_host = false;
 };
 
+// Whether the kind shards parameters (zero3, and hybrid inside its shard groups):
+// gathers them before use, and has --prefetch and --reshard-after-forward.
+inline bool shards_parameters(StrategyKind kind) {
+  return kind == StrategyKind::zero3 || kind == StrategyKind::hybrid;
+}
+
 // Accepts the names and aliases above; Error listing them otherwise.
 StrategyKind parse_strategy_kind(const std::string& name);
 std::string to_string(StrategyKind kind);

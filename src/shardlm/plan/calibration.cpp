@@ -73,7 +73,7 @@ ComputeCalibration measure_compute(const ModelConfig& config, int micro_batch, i
   request.strategy = options;
   const RunPlan plan = plan_run(request);
   ComputeWork work;
-  for (const auto& w : plan.step.work) work += w.forward, work += w.backward;
+  for (const auto& w : plan.unit_work) work += w.forward, work += w.backward;
   const double adamw_bytes = adamw_state_bytes(static_cast<double>(plan.parameters),
                                                precision == DType::bf16);
 

@@ -210,7 +210,7 @@ std::string candidate_flags(const Candidate& c) {
   const StrategyOptions& s = c.request.strategy;
   std::string flags = "--strategy " + to_string(s.kind);
   if (s.kind == StrategyKind::hybrid) flags += fmt::format(" --shard-group-size {}", s.shard_group_size);
-  if ((s.kind == StrategyKind::zero3 || s.kind == StrategyKind::hybrid) && !s.reshard_after_forward)
+  if (shards_parameters(s.kind) && !s.reshard_after_forward)
     flags += " --reshard-after-forward false";
   if (c.request.model.activation_checkpointing) flags += " --activation-checkpointing";
   return flags;

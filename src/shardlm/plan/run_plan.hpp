@@ -1,18 +1,18 @@
 // What a training run will hold in memory per rank, and send per step, predicted
 // from its configuration before it starts (`shardlm plan`).
 //
-// Memory per category comes from the same arithmetic the strategy and the model
-// allocate by (FlatUnitStrategy::plan_buffers, the family's plan_memory), so the
-// prediction equals the tracker's peak for params, grads, optimizer, activations and
-// comm to the byte (tests/distributed/plan_matches_measurement.sh); a disagreement is
-// a bug in one of the two. Not planned: "other" (the data order, 8 bytes per window
-// of the training data, and the fallback GEMM's widening scratch on CPUs without
-// bf16 instructions).
-// Traffic is the strategy's ideal bus bytes per rank and optimizer step; the
-// measured figure is within a few per cent of it (docs/parallelism.md).
-// `step` is what the step-time model needs (plan/time_model.hpp): per unit sizes and
-// FLOPs/bytes, the strategy's buffers and buckets; from it the model derives every
-// collective of a step with its bytes and messages.
+// plan_run runs the real step on the meta device (plan/traced_step.hpp): the model,
+// FlatUnitStrategy, HostOwnedState and the optimizer allocate as in a run, through
+// MemoryTrackers by category, so the prediction equals the tracker's peak for params,
+// grads, optimizer, activations, comm and frozen to the byte
+// (tests/distributed/plan_matches_measurement.sh, tests/cli/device_emulated.sh); a
+// disagreement is a bug in one of the two. Not planned: "other" (the data order, 8
+// bytes per window of the training data, and the fallback GEMM's widening scratch on
+// CPUs without bf16 instructions).
+// Traffic is the bus bytes per rank of the step's collectives as the strategy issues
+// them; the measured figure is within a few per cent of it (docs/parallelism.md).
+// `program` is what the step-time model simulates (plan/time_model.hpp): the traced
+// steps' compute, collectives and waits.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,7 @@
 #include "shardlm/model/model.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 #include "shardlm/plan/step_program.hpp"
+#include "shardlm/plan/unit_work.hpp"
 
 namespace shardlm {
 
@@ -40,6 +41,7 @@ struct RunPlanRequest {
 };
 
 struct RunPlan {
+  int world_size = 1;
   int partition = 1;      // ranks a unit is sharded over
   int accumulation = 1;   // micro-batches per rank and step
   int64_t parameters = 0; // padded parameter count (Psi)
@@ -63,8 +65,16 @@ struct RunPlan {
   double flops_per_step = 0;       // model FLOPs per rank and step (GEMMs + attention)
   double tokens_per_step = 0;      // global batch x sequence length
   DType precision = DType::fp32;   // compute type
-  StepShape step;                  // for the step-time model
+  // For the step-time model: kPlannedSteps traced steps (the last is the steady one),
+  // and each model unit's work per micro-batch (plan/unit_work.hpp), which the
+  // program's compute carries at the unit's place.
+  StepProgram program;
+  std::vector<UnitWork> unit_work;
 };
+
+// Steps traced for the program: the third has the second's parameter all-gathers
+// (zero1/zero2) waited for in it, as every later step does.
+inline constexpr int kPlannedSteps = 3;
 
 RunPlan plan_run(const RunPlanRequest& request);
 

@@ -1,12 +1,8 @@
 // The training step as the compute thread runs it: a sequence of compute work,
 // collectives issued to the communication thread (one FIFO queue, as in comm/), and
-// waits for them, built per strategy by following the same hooks FlatUnitStrategy and
-// the trainer run (buckets launched during backward in bucket order; zero2/zero3
-// reduce-scatter per unit during backward with two gradient buffers; zero3 all-gather
-// with `--prefetch` units ahead and its buffer pool, resharding after forward or not;
-// hybrid's replica all-reduce when a reduction is consumed; zero1/zero2 all-gathers
-// after the optimizer, waited for before the next forward; the trainer's blocking
-// scalar all-reduces). plan/step_simulation.hpp times it.
+// waits for them. It is not rebuilt here: plan/traced_step.hpp records it by running
+// the real step (the strategy's hooks, the model's units, the optimizer) on the meta
+// device with a recording communicator. plan/step_simulation.hpp times it.
 #pragma once
 
 #include <string>
@@ -14,7 +10,6 @@
 
 #include "shardlm/comm/counters.hpp"
 #include "shardlm/core/dtype.hpp"
-#include "shardlm/parallel/strategy_options.hpp"
 #include "shardlm/plan/unit_work.hpp"
 
 namespace shardlm {
@@ -42,26 +37,6 @@ struct StepProgram {
   std::vector<StepOp> ops;  // `steps` consecutive steps, each ending with step_end
 };
 
-// Everything the program depends on (RunPlan::step carries one).
-struct StepShape {
-  StrategyOptions strategy;
-  int world_size = 1;
-  int partition = 1;  // ranks a unit is sharded over
-  int accumulation = 1;
-  std::vector<int64_t> unit_numel;          // per flat unit, padded
-  std::vector<bool> trainable;              // per flat unit; empty: all (frozen: no reduce)
-  std::vector<bool> raw;                    // per flat unit; empty: none (QLoRA: fp32 words, never rounded)
-  std::vector<int> flat_unit_of;            // per model unit
-  std::vector<std::vector<int>> flat_needs; // per model unit: flat units it reads
-  std::vector<UnitWork> work;               // per model unit, one micro-batch
-  std::vector<bool> shared_unit;            // per flat unit (FlatUnitStrategy)
-  int param_pool = 0, grad_pool = 0;        // zero3 gather / zero2+ gradient buffers
-  std::vector<std::vector<int>> buckets;    // ddp/zero1, launch order
-  DType param_type = DType::fp32;           // what the model reads
-  bool compute_copy = false;                // replicated params kept in param_type too
-  size_t comm_scratch_bytes = size_t{4} << 20;
-};
-
 // Messages a rank sends in one collective of `bytes` algorithm bytes over `group_size`
 // ranks, by the algorithms of comm/mpi_algorithms.hpp: all-gather N-1; reduce-scatter
 // N-1 per scratch-sized chunk round; all-reduce both, or one all-gather when small.
@@ -72,7 +47,5 @@ double collective_messages(CollectiveKind kind, double bytes, int group_size,
 // two moments: 16 read, 12 written), plus 2 per parameter when it also writes the
 // bf16 copy (ddp in bf16).
 double adamw_state_bytes(double owned, bool writes_bf16_copy);
-
-StepProgram build_step_program(const StepShape& shape, int steps);
 
 }  // namespace shardlm

@@ -37,8 +37,7 @@ double collective_seconds(double bus_bytes, double messages, const CollectiveRat
 
 StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile& profile,
                                      const ClusterShape& cluster) {
-  const StepShape& shape = plan.step;
-  const int n = shape.world_size;
+  const int n = plan.world_size;
   SHARDLM_CHECK(cluster.nodes >= 1 && n % cluster.nodes == 0,
                 "--nodes {} must divide the {} ranks (the same number of ranks on every node)",
                 cluster.nodes, n);
@@ -49,8 +48,8 @@ StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile&
           ? profile.inter_node
           : link_transport(cluster.link, profile.inter_node.compute_share_during_comm);
 
-  constexpr int kSteps = 3;
-  const StepProgram program = build_step_program(shape, kSteps);
+  constexpr int kSteps = kPlannedSteps;
+  const StepProgram& program = plan.program;
   std::vector<double> op_seconds(program.ops.size(), 0.0);
   for (size_t i = 0; i < program.ops.size(); ++i)
     if (program.ops[i].kind == StepOp::Kind::compute)
@@ -59,7 +58,7 @@ StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile&
   StepTimePrediction out;
   std::vector<double> comm_seconds, shares;
   for (const PlannedCollective& c : program.collectives) {
-    const GroupPlacement place = place_group(c.group, n, shape.partition, ranks_per_node);
+    const GroupPlacement place = place_group(c.group, n, plan.partition, ranks_per_node);
     const TransportFigures& t = place.within_node ? profile.intra_node : inter;
     // Across nodes the slower of the node's own transport and its link sets the pace.
     CollectiveRate rate = t.rate(c.kind);

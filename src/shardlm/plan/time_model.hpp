@@ -2,7 +2,8 @@
 // bytes over the profile's rates for the precision), communication time per
 // collective (latency x messages + bus bytes / bandwidth, on the transport the
 // collective's group crosses), and how much of it the strategy's schedule hides
-// behind computation (plan/step_program.hpp, simulated by plan/step_simulation.hpp).
+// behind computation (the traced step's program, RunPlan::program, simulated by
+// plan/step_simulation.hpp).
 // docs/planning.md describes the model and how it compares with measurements.
 #pragma once
 

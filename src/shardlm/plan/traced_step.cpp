@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "shardlm/backend/meta/meta_backend.hpp"
+#include "shardlm/comm/recording_communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/data/sampler.hpp"
 #include "shardlm/model/family.hpp"
@@ -21,6 +22,89 @@ namespace {
 // Scalars the trainer and the norm all-reduce (a double or an int64 each).
 constexpr uint64_t kScalarBytes = 8;
 
+// The run's model, its forward and backward of each unit counted in the recording
+// as that unit's UnitWork instead of what its kernels recorded.
+class UnitWorkModel final : public Model {
+ public:
+  UnitWorkModel(Model& model, StepRecording& recording, const std::vector<UnitWork>& work)
+      : model_(model), recording_(recording), work_(work) {
+    SHARDLM_CHECK(work.size() == static_cast<size_t>(model.num_units()),
+                  "internal: unit work for {} model units, the model has {}", work.size(),
+                  model.num_units());
+  }
+  const ModelConfig& config() const override { return model_.config(); }
+  const ParamLayout& layout() const override { return model_.layout(); }
+  const ModelOptions& options() const override { return model_.options(); }
+  int num_units() const override { return model_.num_units(); }
+  std::vector<int> units_needed_for(int unit) const override { return model_.units_needed_for(unit); }
+  int logits_chunk_rows() const override { return model_.logits_chunk_rows(); }
+  void forward_unit(int unit, ParamPointers params, UnitPointers grads, const MicroBatch& batch,
+                    bool training, float grad_scale) override {
+    recording_.flush();
+    model_.forward_unit(unit, params, grads, batch, training, grad_scale);
+    account(work_[static_cast<size_t>(unit)].forward, "forward", unit);
+  }
+  void backward_unit(int unit, ParamPointers params, UnitPointers grads,
+                     const MicroBatch& batch) override {
+    recording_.flush();
+    model_.backward_unit(unit, params, grads, batch);
+    account(work_[static_cast<size_t>(unit)].backward, "backward", unit);
+  }
+  double last_loss_sum() const override { return model_.last_loss_sum(); }
+  int64_t last_target_count() const override { return model_.last_target_count(); }
+  void logits_at(ParamPointers params, int t, float* out) const override {
+    model_.logits_at(params, t, out);
+  }
+  KvCache make_kv_cache(int capacity) const override { return model_.make_kv_cache(capacity); }
+  void forward_unit_cached(int unit, ParamPointers params, KvCache& cache,
+                           const MicroBatch& batch) override {
+    model_.forward_unit_cached(unit, params, cache, batch);
+  }
+
+ private:
+  void account(const ComputeWork& w, const char* pass, int unit) {
+    recording_.drop_kernels();
+    recording_.add_compute(w, fmt::format("{} unit {}", pass, unit));
+  }
+  Model& model_;
+  StepRecording& recording_;
+  const std::vector<UnitWork>& work_;
+};
+
+CommGroup comm_group(const std::string& communicator) {
+  if (communicator == "world") return CommGroup::world;
+  if (communicator == "shard group") return CommGroup::shard;
+  if (communicator == "replica group") return CommGroup::replica;
+  throw Error(fmt::format("internal: the plan's time model has no place for communicator '{}'",
+                          communicator));
+}
+
+StepProgram program_of(const StepRecording& recording, size_t scratch_bytes) {
+  StepProgram program;
+  for (const RecordedCollective& c : recording.collectives())
+    program.collectives.push_back(
+        {c.kind, comm_group(c.group), static_cast<double>(c.bus_bytes),
+         collective_messages(c.kind, static_cast<double>(c.bytes), c.group_size, scratch_bytes,
+                             c.element_bytes),
+         c.label});
+  for (const RecordedOp& op : recording.ops()) {
+    StepOp out;
+    out.collective = op.collective;
+    out.label = op.label;
+    switch (op.kind) {
+      case RecordedOp::Kind::compute:
+        out.kind = StepOp::Kind::compute;
+        out.work = op.work;
+        break;
+      case RecordedOp::Kind::issue: out.kind = StepOp::Kind::issue; break;
+      case RecordedOp::Kind::wait: out.kind = StepOp::Kind::wait; break;
+      case RecordedOp::Kind::step_end: out.kind = StepOp::Kind::step_end; break;
+    }
+    program.ops.push_back(std::move(out));
+  }
+  return program;
+}
+
 TracedStep::Peaks peaks_of(const MemoryTracker& tracker) {
   TracedStep::Peaks out{};
   for (int c = 0; c < MemoryTracker::kNumCategories; ++c)
@@ -30,7 +114,7 @@ TracedStep::Peaks peaks_of(const MemoryTracker& tracker) {
 
 }  // namespace
 
-TracedStep trace_step(const RunPlanRequest& r, int steps) {
+TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<UnitWork>& unit_work) {
   SHARDLM_CHECK(steps >= 1, "internal: a traced step needs at least one step");
   const int n = r.world_size;
   const bool on_device = !r.model.device.is_host();
@@ -59,11 +143,12 @@ TracedStep trace_step(const RunPlanRequest& r, int steps) {
     const ParamLayout layout = ParamLayout::build(r.config, partition, r.min_unit_params);
     ModelOptions model_options = r.model;
     model_options.backend = &device;
-    const std::unique_ptr<Model> model =
+    const std::unique_ptr<Model> run_model =
         model_family(r.config.family)
             .make_model(r.config, layout, r.micro_batch, r.seq_len, model_options, host.tracker());
+    UnitWorkModel model(*run_model, recording, unit_work);
     DeviceMesh mesh(shape, world, groups);
-    FlatUnitStrategy strategy(layout, model->unit_needs(), mesh, r.strategy, host.tracker(), device);
+    FlatUnitStrategy strategy(layout, model.unit_needs(), mesh, r.strategy, host.tracker(), device);
     std::unique_ptr<HostOwnedState> host_state;
     if (on_device)
       host_state = std::make_unique<HostOwnedState>(
@@ -74,7 +159,7 @@ TracedStep trace_step(const RunPlanRequest& r, int steps) {
     if (r.strategy.optimizer_on_host) strategy.accumulate_gradients_on(*host_state);
     AdamWOptimizer optimizer(layout, strategy, AdamWConfig{}, device,
                              r.strategy.optimizer_on_host ? host_state.get() : nullptr);
-    ModelRunner runner(*model, strategy);
+    ModelRunner runner(model, strategy);
     // Initialised state made consistent, as the trainer does after init or a load.
     if (host_state)
       host_state->after_load();
@@ -113,37 +198,19 @@ TracedStep trace_step(const RunPlanRequest& r, int steps) {
     out.device = peaks_of(device.tracker());
     if (on_device) out.host = peaks_of(host.tracker());
   }
-  out.collectives = recording.collectives();
-  out.ops = recording.ops();
+  out.program = program_of(recording, r.comm_scratch_bytes);
   // The last step: after the next-to-last step_end.
+  const auto& ops = recording.ops();
   size_t first = 0;
-  for (size_t i = 0, ends = 0; i + 1 < out.ops.size(); ++i)
-    if (out.ops[i].kind == RecordedOp::Kind::step_end && ++ends == static_cast<size_t>(steps - 1))
+  for (size_t i = 0, ends = 0; i + 1 < ops.size(); ++i)
+    if (ops[i].kind == RecordedOp::Kind::step_end && ++ends == static_cast<size_t>(steps - 1))
       first = i + 1;
-  for (size_t i = first; i < out.ops.size(); ++i)
-    if (out.ops[i].kind == RecordedOp::Kind::issue) {
-      const RecordedCollective& c = out.collectives[static_cast<size_t>(out.ops[i].collective)];
+  for (size_t i = first; i < ops.size(); ++i)
+    if (ops[i].kind == RecordedOp::Kind::issue) {
+      const RecordedCollective& c = recording.collectives()[static_cast<size_t>(ops[i].collective)];
       if (c.bytes > kScalarBytes) out.wire_bytes_per_step += static_cast<double>(c.bus_bytes);
     }
   return out;
-}
-
-RunPlan plan_run_traced(const RunPlanRequest& request) {
-  RunPlan plan = plan_run(request);
-  const TracedStep t = trace_step(request, 2);
-  plan.params = t.device_peak(MemCategory::params);
-  plan.grads = t.device_peak(MemCategory::grads);
-  plan.optimizer = t.device_peak(MemCategory::optimizer);
-  plan.activations = t.device_peak(MemCategory::activations);
-  plan.comm = t.device_peak(MemCategory::comm);
-  plan.frozen = t.device_peak(MemCategory::frozen);
-  plan.host.params = t.host_peak(MemCategory::params);
-  plan.host.grads = t.host_peak(MemCategory::grads);
-  plan.host.optimizer = t.host_peak(MemCategory::optimizer);
-  plan.host.frozen = t.host_peak(MemCategory::frozen);
-  plan.host.comm = t.host_peak(MemCategory::comm);
-  plan.wire_bytes_per_step = t.wire_bytes_per_step;
-  return plan;
 }
 
 }  // namespace shardlm

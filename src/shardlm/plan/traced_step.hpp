@@ -8,17 +8,22 @@
 //  - the peak bytes per memory category the trackers counted, on the planned device
 //    and, for a device run, on the host: what the real run's trackers count, because
 //    every allocation is the real code's;
-//  - every collective with its group, bytes and label, and the order of compute
-//    (the kernels' recorded FLOPs and bytes), issue and wait.
+//  - every collective with its group, bytes and label, and the order of compute,
+//    issue and wait: the StepProgram the step-time model simulates. Its compute is
+//    what the meta kernels recorded (the strategy's and the optimizer's state work:
+//    zeroing, rounding, accumulating, norms, AdamW), except inside a model unit,
+//    whose forward or backward counts as that unit's UnitWork (plan/unit_work.hpp):
+//    the conventions the hardware profiles' rates and `calibrate` are measured in.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <vector>
 
-#include "shardlm/comm/recording_communicator.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/plan/run_plan.hpp"
+#include "shardlm/plan/step_program.hpp"
+#include "shardlm/plan/unit_work.hpp"
 
 namespace shardlm {
 
@@ -26,8 +31,7 @@ struct TracedStep {
   using Peaks = std::array<int64_t, MemoryTracker::kNumCategories>;
   Peaks device{};  // the planned device's (for --device cpu: the host's, everything)
   Peaks host{};    // a device run's host memory; zero for --device cpu
-  std::vector<RecordedCollective> collectives;
-  std::vector<RecordedOp> ops;  // `steps` steps, each ending with step_end
+  StepProgram program;  // `steps` steps, each ending with step_end
   // Bus bytes per rank of the last step's collectives on parameters and gradients:
   // the trainer's and the norm's blocking scalar all-reduces (8 bytes each, a
   // latency, not a traffic) are left out.
@@ -37,11 +41,8 @@ struct TracedStep {
   int64_t host_peak(MemCategory c) const { return host[static_cast<size_t>(c)]; }
 };
 
-TracedStep trace_step(const RunPlanRequest& request, int steps);
-
-// plan_run's figures with the memory per category and the wire bytes taken from
-// trace_step (the corpus test, tests/unit/test_plan_corpus.cpp, holds both to the
-// figures of commit 517860e).
-RunPlan plan_run_traced(const RunPlanRequest& request);
+// unit_work: per model unit, one micro-batch's work (model_unit_work).
+TracedStep trace_step(const RunPlanRequest& request, int steps,
+                      const std::vector<UnitWork>& unit_work);
 
 }  // namespace shardlm

@@ -6,26 +6,6 @@
 
 namespace shardlm {
 
-ComputeWork& ComputeWork::operator+=(const ComputeWork& o) {
-  gemm_flops += o.gemm_flops;
-  attention_flops += o.attention_flops;
-  elementwise_bytes += o.elementwise_bytes;
-  loss_bytes += o.loss_bytes;
-  state_bytes += o.state_bytes;
-  optimizer_bytes += o.optimizer_bytes;
-  return *this;
-}
-
-ComputeWork ComputeWork::operator*(double f) const {
-  return {gemm_flops * f,  attention_flops * f, elementwise_bytes * f,
-          loss_bytes * f,  state_bytes * f,     optimizer_bytes * f};
-}
-
-bool ComputeWork::empty() const {
-  return gemm_flops == 0 && attention_flops == 0 && elementwise_bytes == 0 && loss_bytes == 0 &&
-         state_bytes == 0 && optimizer_bytes == 0;
-}
-
 namespace {
 
 bool is_matrix(const ParamInfo& p) { return p.shape.size() == 2; }

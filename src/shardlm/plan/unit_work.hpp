@@ -29,8 +29,9 @@
 //    in place, 8 bytes more per value).
 //  - loss_bytes: 8 bytes per token and padded vocabulary entry (the softmax reads the
 //    logits and writes their gradient), in the last unit's forward.
-//  - state_bytes, optimizer_bytes (per step, from the strategy's schedule,
-//    plan/step_program.hpp): bytes of gradients and parameters zeroed, summed,
+//  - state_bytes, optimizer_bytes (per step, outside the model units: what the meta
+//    kernels of the strategy and the optimizer record in the traced step,
+//    plan/traced_step.hpp): bytes of gradients and parameters zeroed, summed,
 //    rounded and accumulated, and, apart, those AdamW reads and writes (the phase
 //    profile's "optimizer"); both at the profile's state rate. Frozen units have none.
 // Activation checkpointing adds each block's forward GEMMs, attention and
@@ -39,24 +40,12 @@
 
 #include <vector>
 
+#include "shardlm/backend/meta/compute_work.hpp"
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/model.hpp"
 #include "shardlm/model/param_layout.hpp"
 
 namespace shardlm {
-
-struct ComputeWork {
-  double gemm_flops = 0;
-  double attention_flops = 0;
-  double elementwise_bytes = 0;
-  double loss_bytes = 0;
-  double state_bytes = 0;
-  double optimizer_bytes = 0;
-
-  ComputeWork& operator+=(const ComputeWork& o);
-  ComputeWork operator*(double factor) const;
-  bool empty() const;
-};
 
 struct UnitWork {
   ComputeWork forward, backward;  // one micro-batch

@@ -36,25 +36,14 @@ class MetaBackend::Allocator final : public DeviceAllocator {
   MemoryTracker& tracker_;
 };
 
-KernelWork& KernelWork::operator+=(const KernelWork& o) {
-  gemm_flops += o.gemm_flops;
-  attention_flops += o.attention_flops;
-  elementwise_bytes += o.elementwise_bytes;
-  loss_bytes += o.loss_bytes;
-  state_bytes += o.state_bytes;
-  optimizer_bytes += o.optimizer_bytes;
-  kernels += o.kernels;
-  return *this;
-}
-
 MetaBackend::MetaBackend(Device planned)
     : planned_(planned), allocator_(std::make_unique<Allocator>(planned, tracker_)) {}
 
 MetaBackend::~MetaBackend() = default;
 
-KernelWork MetaBackend::take_work() {
-  KernelWork out = work_;
-  work_ = KernelWork{};
+ComputeWork MetaBackend::take_work() {
+  ComputeWork out = work_;
+  work_ = ComputeWork{};
   return out;
 }
 
@@ -66,12 +55,10 @@ DeviceAllocator& MetaBackend::allocator() { return *allocator_; }
 
 void MetaBackend::elementwise(double bytes) {
   work_.elementwise_bytes += bytes;
-  ++work_.kernels;
 }
 
 void MetaBackend::state(double bytes) {
   work_.state_bytes += bytes;
-  ++work_.kernels;
 }
 
 // ---- memory movement: bytes read plus bytes written ----
@@ -84,7 +71,6 @@ void MetaBackend::fill_zero(void*, size_t bytes) { state(static_cast<double>(byt
 void MetaBackend::gemm(bool, bool, int M, int N, int K, float, ConstTypedPtr, int, ConstTypedPtr,
                        int, float, float*, int) {
   work_.gemm_flops += 2.0 * M * static_cast<double>(N) * K;
-  ++work_.kernels;
 }
 void MetaBackend::convert(TypedPtr dst, ConstTypedPtr src, int64_t n) {
   state(bytes_of(src.dtype, n) + bytes_of(dst.dtype, n));
@@ -171,12 +157,10 @@ double causal_attention_flops(const AttentionShape& s) {
 void MetaBackend::attention_forward(TypedPtr, float*, ConstTypedPtr, const AttentionShape& s,
                                     const int32_t*) {
   work_.attention_flops += causal_attention_flops(s);
-  ++work_.kernels;
 }
 void MetaBackend::attention_backward(float*, const float*, ConstTypedPtr, ConstTypedPtr,
                                      const float*, const AttentionShape& s, const int32_t*) {
   work_.attention_flops += 2.0 * causal_attention_flops(s);  // dQ, dK, dV, dP
-  ++work_.kernels;
 }
 void MetaBackend::embedding_forward(float*, const int32_t*, ConstTypedPtr wte, ConstTypedPtr, int B,
                                     int T, int C, DType, const int32_t*) {
@@ -194,7 +178,6 @@ void MetaBackend::lm_head_cross_entropy(const LmHeadLossArgs& a, float*, float* 
   const double gemm = 2.0 * static_cast<double>(a.N) * a.V * a.C;
   work_.gemm_flops += gemm * (1 + (dx != nullptr ? 1 : 0) + (dweight != nullptr ? 1 : 0));
   work_.loss_bytes += 8.0 * static_cast<double>(a.N) * static_cast<double>(a.logits_stride);
-  ++work_.kernels;
 }
 double MetaBackend::sum(const float*, int64_t n) {
   state(f32(n));
@@ -213,7 +196,6 @@ void MetaBackend::adamw_update(float*, const float*, float*, float*, int64_t n,
   work_.optimizer_bytes +=
       28.0 * static_cast<double>(n) +
       (rounded_params.data != nullptr ? bytes_of(rounded_params.dtype, n) : 0.0);
-  ++work_.kernels;
 }
 double MetaBackend::sum_of_squares(const float*, int64_t n) {
   state(f32(n));

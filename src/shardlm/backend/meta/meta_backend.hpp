@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "shardlm/backend/backend.hpp"
+#include "shardlm/backend/meta/compute_work.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 
 namespace shardlm::meta {
@@ -27,23 +28,6 @@ inline constexpr uintptr_t kMetaAddressBit = uintptr_t{1} << 60;
 inline bool is_meta_address(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & kMetaAddressBit) != 0;
 }
-
-// What kernels would have done, by the kinds the step-time model rates
-// (plan/unit_work.hpp): GEMM and attention FLOPs, bytes streamed by elementwise
-// kernels (norms, biases, activations, rotary, embeddings, dequantization), by the
-// loss's softmax, by state kernels (copies, zeroing, conversions, accumulation, sums)
-// and by AdamW.
-struct KernelWork {
-  double gemm_flops = 0;
-  double attention_flops = 0;
-  double elementwise_bytes = 0;
-  double loss_bytes = 0;
-  double state_bytes = 0;
-  double optimizer_bytes = 0;
-  int64_t kernels = 0;  // calls recorded
-  KernelWork& operator+=(const KernelWork& other);
-  bool empty() const { return kernels == 0; }
-};
 
 class MetaBackend final : public Backend {
  public:
@@ -57,7 +41,7 @@ class MetaBackend final : public Backend {
   bool is_meta() const override { return true; }
   MemoryTracker& tracker() { return tracker_; }
   // The work recorded since the last call (or construction), and reset.
-  KernelWork take_work();
+  ComputeWork take_work();
 
   Device device() const override { return planned_; }
   std::string description() const override;
@@ -140,7 +124,7 @@ class MetaBackend final : public Backend {
   const Device planned_;
   MemoryTracker tracker_;
   std::unique_ptr<Allocator> allocator_;
-  KernelWork work_;
+  ComputeWork work_;
 };
 
 }  // namespace shardlm::meta
