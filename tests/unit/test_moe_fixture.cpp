@@ -25,7 +25,8 @@
 #include "shardlm/model/moe/moe_routing.hpp"
 #include "shardlm/optim/optimizer.hpp"
 #include "shardlm/parallel/flat_unit_strategy.hpp"
-#include "shardlm/plan/traced_step.hpp"
+#include "shardlm/model/family.hpp"
+#include "shardlm/plan/run_plan.hpp"
 #include "shardlm/train/model_runner.hpp"
 
 namespace fs = std::filesystem;
@@ -381,10 +382,10 @@ TEST(MoeBadInput, RouterVariantsShardlmDoesNotComputeAreRefusedByName) {
             std::string::npos);
 }
 
-TEST(MoePlan, TheTracedStepOnTheMetaDevicePlansPlanRunsBytes) {
-  // plan's closed form (run_plan) and the real step run on the meta device (traced_step,
-  // where routing has no contents: every expert gets an equal share) agree on every
-  // memory category and on the bytes on the wire.
+TEST(MoePlan, TheTracedStepOnTheMetaDevicePlansTheStrategysAndTheModelsBytes) {
+  // plan_run runs the real step on the meta device (traced_step, where routing has no
+  // contents: every expert gets an equal share); its memory per category must be the
+  // arithmetic the strategy and the model allocate by (plan_buffers, plan_memory).
   for (const char* preset : {"qwen3-moe-tiny", "mixtral-tiny"})
     for (const StrategyKind kind : {StrategyKind::ddp, StrategyKind::zero3})
       for (const DType precision : {DType::fp32, DType::bf16})
@@ -398,15 +399,21 @@ TEST(MoePlan, TheTracedStepOnTheMetaDevicePlansPlanRunsBytes) {
         r.model.precision = precision;
         r.micro_batch = 2;
         r.seq_len = 32;
-        const RunPlan closed = plan_run(r), traced = plan_run_traced(r);
+        const RunPlan traced = plan_run(r);
+        const ParamLayout layout = ParamLayout::build(r.config, 2, r.min_unit_params);
+        const ModelFamily& family = model_family(r.config.family);
+        const StrategyBufferPlan buffers =
+            FlatUnitStrategy::plan_buffers(layout, family.unit_needs(r.config), r.strategy);
+        const ModelMemoryPlan model = family.plan_memory(r.config, r.micro_batch, r.seq_len, r.model,
+                                                         buffers.param_type != DType::fp32);
         const std::string what = std::string(preset) + " " + to_string(kind) + " " +
                                  std::string(dtype_name(precision)) + (checkpointing ? " ckpt" : "");
-        EXPECT_EQ(closed.params, traced.params) << what;
-        EXPECT_EQ(closed.grads, traced.grads) << what;
-        EXPECT_EQ(closed.optimizer, traced.optimizer) << what;
-        EXPECT_EQ(closed.activations, traced.activations) << what;
-        EXPECT_EQ(closed.comm, traced.comm) << what;
-        EXPECT_EQ(closed.wire_bytes_per_step, traced.wire_bytes_per_step) << what;
+        EXPECT_EQ(traced.params, buffers.params_bytes + model.params_scratch) << what;
+        EXPECT_EQ(traced.grads, buffers.grads_bytes) << what;
+        EXPECT_EQ(traced.optimizer, buffers.optimizer_bytes) << what;
+        EXPECT_EQ(traced.activations, model.activations) << what;
+        EXPECT_EQ(traced.comm, static_cast<int64_t>(r.comm_scratch_bytes)) << what;
+        EXPECT_GT(traced.wire_bytes_per_step, 0) << what;
       }
 }
 
