@@ -21,7 +21,7 @@ expect_error "no assistant turn" "$SHARDLM" prepare --sft --tokenizer "$TOK" --i
 : > "$WORK/empty.jsonl"
 expect_error "has no examples" "$SHARDLM" prepare --sft --tokenizer "$TOK" --input "$WORK/empty.jsonl" --out "$WORK/s2"
 expect_error "unknown chat template 'zephyr'" "$SHARDLM" prepare --sft --template zephyr --tokenizer "$TOK" --input "$SHARED_DATA/sft/gsm8k_test.jsonl" --out "$WORK/s2"
-expect_error "line 1: the example has" "$SHARDLM" prepare --sft --max-len 10 --no-truncate --tokenizer "$TOK" --input "$SHARED_DATA/sft/gsm8k_test.jsonl" --out "$WORK/s2"
+expect_error "line 1 (example 1): the conversation has 156 tokens, more than --max-len 10" "$SHARDLM" prepare --sft --max-len 10 --no-truncate --tokenizer "$TOK" --input "$SHARED_DATA/sft/gsm8k_test.jsonl" --out "$WORK/s2"
 expect_error "--template applies to chat datasets only" "$SHARDLM" prepare --template chatml --tokenizer byte --input "$SHARED_DATA/sft/gsm8k_test.jsonl" --out "$WORK/s2"
 expect_error "already holds a prepared dataset" "$SHARDLM" prepare --sft --tokenizer "$TOK" --input "$SHARED_DATA/sft/gsm8k_test.jsonl" --out "$WORK/sft"
 [ ! -e "$WORK/s2/meta.json" ] || fail "a failed prepare left meta.json behind"
