@@ -122,6 +122,7 @@ void FlatUnit::start_gather(BufferPool& pool, Communicator& shard) {
   }
   gather_state_ = GatherState::in_flight;
   params_ = gathered;
+  params_moved();
 }
 
 void FlatUnit::finish_gather() {
@@ -144,6 +145,7 @@ void FlatUnit::release_gather(BufferPool& pool) {
   gather_slot_ = kNoSlot;
   gather_state_ = GatherState::none;
   params_ = TypedPtr();
+  params_moved();
 }
 
 // ---- zero1/zero2: replicated parameters ---------------------------------------------
@@ -188,6 +190,7 @@ void FlatUnit::acquire_grads(BufferPool& pool) {
   }
   backend_.fill_zero(buffer, static_cast<size_t>(numel_) * sizeof(float));
   grads_ = buffer;
+  grads_moved();
 }
 
 void FlatUnit::start_reduce(Communicator& shard, WireType wire) {
@@ -224,6 +227,7 @@ void FlatUnit::finish_reduce(Communicator* replica, BufferPool& pool) {
   if (grad_slot_ != kNoSlot) pool.release(grad_slot_);
   grad_slot_ = kNoSlot;
   grads_ = nullptr;
+  grads_moved();
 }
 
 // ---- ddp/zero1: full gradients --------------------------------------------------------

@@ -103,6 +103,13 @@ class FlatUnit {
   Work start_gather_reduced(Communicator& shard);
 
   // --- every strategy -----------------------------------------------------------------
+  // Where this unit appends its index when params() or grads() point somewhere new
+  // (gathered, released, a gradient buffer taken or given back): FlatUnitStrategy keeps
+  // the model's pointers and refreshes only the units listed (null: nobody listens).
+  void report_moves_to(std::vector<int>* params_moved, std::vector<int>* grads_moved) {
+    params_moved_ = params_moved;
+    grads_moved_ = grads_moved;
+  }
   // Zeroes what accumulates the reduced gradient over a step (begin_step).
   void zero_reduced_grads();
   // This rank's part of the squared global norm: its reduced slice (0 when frozen).
@@ -139,6 +146,10 @@ class FlatUnit {
 
   TypedPtr params_;
   float* grads_ = nullptr;
+  std::vector<int>* params_moved_ = nullptr;
+  std::vector<int>* grads_moved_ = nullptr;
+  void params_moved() { if (params_moved_ != nullptr) params_moved_->push_back(index_); }
+  void grads_moved() { if (grads_moved_ != nullptr) grads_moved_->push_back(index_); }
 
   GatherState gather_state_ = GatherState::none;
   Work gather_;

@@ -184,9 +184,16 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   const StrategyBufferPlan plan = plan_buffers(layout, unit_needs, options);
   model_param_ptrs_.assign(static_cast<size_t>(num_model_units_), ConstTypedPtr());
   model_grad_ptrs_.assign(static_cast<size_t>(num_model_units_), nullptr);
+  model_units_of_.assign(static_cast<size_t>(num_units_), {});
+  for (int m = 0; m < num_model_units_; ++m)
+    model_units_of_[static_cast<size_t>(layout_.model_units[static_cast<size_t>(m)].unit)].push_back(m);
   units_.reserve(static_cast<size_t>(num_units_));
-  for (int u = 0; u < num_units_; ++u)
+  for (int u = 0; u < num_units_; ++u) {
     units_.emplace_back(layout, u, plan, shard_->rank(), tracker, backend);
+    units_.back().report_moves_to(&params_moved_, &grads_moved_);
+    params_moved_.push_back(u);  // the buffers the constructor set
+    grads_moved_.push_back(u);
+  }
   gather_buffers_ = BufferPool(plan.param_pool, MemCategory::params,
                                static_cast<size_t>(plan.gather_buffer_bytes), tracker, backend);
   const size_t grad_buffer_bytes =
@@ -239,21 +246,27 @@ FlatUnitStrategy::~FlatUnitStrategy() {
 
 ParamPointers FlatUnitStrategy::params() {
   // The model reads one pointer per model unit: its flat unit's buffer plus its base.
-  for (size_t m = 0; m < model_param_ptrs_.size(); ++m) {
-    const auto& place = layout_.model_units[m];
-    const TypedPtr base = unit(place.unit).params();
-    model_param_ptrs_[m] =
-        base.data != nullptr ? ConstTypedPtr(base.at(place.base)) : ConstTypedPtr();
+  for (const int f : params_moved_) {
+    const TypedPtr base = unit(f).params();
+    for (const int m : model_units_of_[static_cast<size_t>(f)]) {
+      const auto& place = layout_.model_units[static_cast<size_t>(m)];
+      model_param_ptrs_[static_cast<size_t>(m)] =
+          base.data != nullptr ? ConstTypedPtr(base.at(place.base)) : ConstTypedPtr();
+    }
   }
+  params_moved_.clear();
   return model_param_ptrs_;
 }
 
 UnitPointers FlatUnitStrategy::grads() {
-  for (size_t m = 0; m < model_grad_ptrs_.size(); ++m) {
-    const auto& place = layout_.model_units[m];
-    float* base = unit(place.unit).grads();
-    model_grad_ptrs_[m] = base != nullptr ? base + place.base : nullptr;
+  for (const int f : grads_moved_) {
+    float* base = unit(f).grads();
+    for (const int m : model_units_of_[static_cast<size_t>(f)]) {
+      const auto& place = layout_.model_units[static_cast<size_t>(m)];
+      model_grad_ptrs_[static_cast<size_t>(m)] = base != nullptr ? base + place.base : nullptr;
+    }
   }
+  grads_moved_.clear();
   return model_grad_ptrs_;
 }
 

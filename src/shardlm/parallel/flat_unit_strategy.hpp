@@ -66,6 +66,9 @@ namespace shardlm {
 
 class FlatUnitStrategy : public Strategy, public OwnedState {
  public:
+  // Not copied or moved: its flat units report buffer moves into lists it owns.
+  FlatUnitStrategy(const FlatUnitStrategy&) = delete;
+  FlatUnitStrategy& operator=(const FlatUnitStrategy&) = delete;
   // layout is built for partition_size(options, world size) ranks; unit_needs as below.
   static StrategyBufferPlan plan_buffers(const ParamLayout& layout,
                                          const std::vector<std::vector<int>>& unit_needs,
@@ -196,6 +199,13 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   std::vector<FlatUnit> units_;                  // per flat unit
   std::vector<ConstTypedPtr> model_param_ptrs_;  // per model unit (what the model reads)
   std::vector<float*> model_grad_ptrs_;
+  // params()/grads() refresh only the model units of the flat units that reported a
+  // move since the last call (FlatUnit::report_moves_to): rebuilding every pointer on
+  // every call is quadratic in the units (an MoE model has one unit per expert), and
+  // they run once per unit. The units hold pointers to these lists: the strategy is
+  // neither copied nor moved.
+  std::vector<std::vector<int>> model_units_of_;  // per flat unit
+  std::vector<int> params_moved_, grads_moved_;   // flat units
 
   // zero3/hybrid parameter gathering
   BufferPool gather_buffers_;
