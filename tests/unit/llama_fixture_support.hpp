@@ -3,7 +3,11 @@
 // it by name, and one training micro-batch through every unit.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -11,6 +15,7 @@
 
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/model/family.hpp"
+#include "shardlm/parallel/owned_state.hpp"
 
 namespace shardlm::testing {
 
@@ -87,6 +92,43 @@ inline void train_micro_batch(Model& model, UnitBuffers& buf, const MicroBatch& 
     model.forward_unit(u, buf.param_ptrs, buf.grad_ptrs, batch, true, grad_scale);
   for (int u = model.num_units() - 1; u >= 0; --u)
     model.backward_unit(u, buf.param_ptrs, buf.grad_ptrs, batch);
+}
+
+
+// The weights after the fixture's three AdamW steps against the float64 reference.
+// AdamW moves every weight by about lr per step whatever the size of its gradient
+// (m / sqrt(v) is scale-free). Where the float64 gradient is large enough that
+// float32's error (~1e-6 of the tensor's largest gradient) is a small part of it, the
+// three steps agree within 0.2% of 3 lr. Where it is tiny (< 1e-3 of the largest; e.g.
+// k biases along RoPE's slowest frequencies, nearly invariant like GPT-2's key bias)
+// the rounding noise takes a full step of its own: those elements are only held to the
+// step bound 3 lr (1 + weight decay). At least min_tight_percent of them are checked tightly.
+inline void expect_weights_after_three_steps(const ParamLayout& layout, OwnedState& state,
+                                             const st::File& ref, float lr, float weight_decay,
+                                             int64_t min_tight_percent) {
+  const float tight = 2e-3f * 3.0f * lr;
+  const float step_bound = 3.0f * lr * (1.0f + weight_decay);
+  int64_t checked_tightly = 0, total = 0;
+  for (const auto* p : layout.all_params()) {
+    const auto [unit, info] = layout.find(p->name);
+    const auto want = ref.at(p->name + ".after_3_steps").to_f32();
+    const auto grad = ref.at(p->name + ".grad").to_f32();
+    const auto before = ref.at(p->name).to_f32();
+    float max_grad = 0.0f;
+    for (float g : grad) max_grad = std::max(max_grad, std::fabs(g));
+    const float* got = state.owned(unit).master + info->offset;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ++total;
+      if (std::fabs(grad[i]) >= 1e-3f * max_grad) {
+        ++checked_tightly;
+        ASSERT_NEAR(got[i], want[i], tight) << p->name << "[" << i << "]";
+      } else {
+        ASSERT_NEAR(got[i], before[i], step_bound * (1.0f + std::fabs(before[i])))
+            << p->name << "[" << i << "]";
+      }
+    }
+  }
+  EXPECT_GT(checked_tightly, total * min_tight_percent / 100) << "nearly every weight is checked tightly";
 }
 
 }  // namespace shardlm::testing
