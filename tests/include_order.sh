@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Fails on an #include that points up the room order of docs/architecture.md
-# (core < backend < model < comm < parallel < optim < data < ckpt < train < plan <
+# (core < backend < comm < model < parallel < optim < data < ckpt < train < plan <
 # report < cli): a room may use the rooms below it, never one above.
 # usage: tests/include_order.sh [SOURCE_ROOT]   (default: the checkout holding this script)
 set -euo pipefail
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
-rooms=(core backend model comm parallel optim data ckpt train plan report cli)
+rooms=(core backend comm model parallel optim data ckpt train plan report cli)
 declare -A level
 for i in "${!rooms[@]}"; do level[${rooms[$i]}]=$i; done
 

@@ -28,6 +28,7 @@
 namespace shardlm {
 
 class Backend;
+class Communicator;
 
 inline constexpr int32_t kIgnoreIndex = -1;
 
@@ -54,6 +55,17 @@ struct MicroBatch {
   float aux_loss_share = 0.0f;
 };
 
+// The groups of ranks a model's own computation talks over, one per model-parallel
+// mesh dimension (parallel/mesh_shape.hpp): the ranks that hold this rank's share of the
+// same sequences (context), of the same layers (tensor) or of the same layer's experts
+// (expert). Null: that dimension has one rank here, and the model computes alone.
+// The trainer and `plan` take them from the DeviceMesh; they outlive the model.
+struct ModelParallelGroups {
+  Communicator* context = nullptr;
+  Communicator* tensor = nullptr;
+  Communicator* expert = nullptr;
+};
+
 struct ModelOptions {
   DType precision = DType::fp32;
   bool activation_checkpointing = false;
@@ -70,6 +82,7 @@ struct ModelOptions {
   // The backend the model's kernels run on instead of backend_for(device): `plan`'s
   // meta backend standing for `device` (backend/meta). Null: backend_for(device).
   Backend* backend = nullptr;
+  ModelParallelGroups parallel_groups;
 };
 
 // What a model allocates (bytes), for `shardlm plan`.
