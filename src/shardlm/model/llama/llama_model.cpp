@@ -216,9 +216,15 @@ struct LlamaModel::Impl {
   ConstTypedPtr expert_input(int l) {
     return options.activation_checkpointing ? moe->kept_h2(l) : ConstTypedPtr(acts(l).ln2);
   }
+  // Whether this rank holds (and computes) the unit: all but the experts held elsewhere
+  // under expert parallelism.
+  bool holds(const LlamaUnitRole& r) const {
+    return r.kind != LlamaUnitRole::Kind::expert || moe->holds(r.expert);
+  }
   void expert_forward(const LlamaUnitRole& r, ConstTypedPtr p) {
     moe->expert_forward(r.layer, r.expert, *be, options.row_by_row_gemm, expert_input(r.layer),
-                        expert_weights(r.layer, r.expert, p), residual[static_cast<size_t>(r.layer) + 1]);
+                        holds(r) ? expert_weights(r.layer, r.expert, p) : ExpertWeights{},
+                        residual[static_cast<size_t>(r.layer) + 1]);
   }
 };
 
@@ -250,7 +256,8 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   roles = llama_unit_roles(config);
   needs = model_family(config.family).unit_needs(config);
   moe = config.moe.enabled()
-            ? std::make_unique<MoeExperts>(config, compute, false, options.activation_checkpointing)
+            ? std::make_unique<MoeExperts>(config, compute, false, options.activation_checkpointing,
+                                           options.parallel_groups.expert)
             : nullptr;
 }
 
@@ -326,7 +333,11 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
                 kAttentionMaxHeadDim);
   if (m.moe) {
     const bool meta = options.backend != nullptr && options.backend->is_meta();
-    m.moe = std::make_unique<MoeExperts>(config, m.compute, meta, options.activation_checkpointing);
+    m.moe = std::make_unique<MoeExperts>(config, m.compute, meta, options.activation_checkpointing,
+                                         options.parallel_groups.expert);
+    // Expert parallelism: the experts held elsewhere read nothing here.
+    for (int u = 0; u < m.num_units; ++u)
+      if (!m.holds(m.roles[static_cast<size_t>(u)])) m.needs[static_cast<size_t>(u)].clear();
     SHARDLM_CHECK(options.device.is_host() || meta, "model: mixture-of-experts models run on the CPU "
                   "for now (routing is computed on the host); this run asks for {}",
                   to_string(options.device));
@@ -653,6 +664,7 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
     gemm_forward(rows, moe->experts(), static_cast<int>(C), 1.0f, a.ln2, static_cast<int>(C),
                  w.router, 0.0f, moe->router_logits(), moe->experts());
     moe->route(l, n);
+    moe->dispatch(l, *be, a.ln2);
     if (options.activation_checkpointing) moe->keep_h2(l, *be, a.ln2);
     be->convert_rows(residual[static_cast<size_t>(l) + 1], C, a.res2, C, n, C);
     return;
@@ -838,7 +850,7 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
   const LlamaUnitRole role = m.role(unit);
   const bool base_trains = !m.config.lora.enabled();
   // A frozen unit has no gradient buffer; a trainable one must have one.
-  if (base_trains || role.kind == LlamaUnitRole::Kind::adapters)
+  if ((base_trains && m.holds(role)) || role.kind == LlamaUnitRole::Kind::adapters)
     check_grad_pointer(grads, m.num_units, unit);
   float* g = base_trains ? grads[unit] : nullptr;
   const int64_t n = m.N();
@@ -865,7 +877,9 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
       return;
     }
     case LlamaUnitRole::Kind::expert: {
-      const ExpertWeights w = m.expert_weights(role.layer, role.expert, p);
+      const bool held = m.holds(role);
+      const ExpertWeights w = held ? m.expert_weights(role.layer, role.expert, p) : ExpertWeights{};
+      if (!held) g = nullptr;
       const auto [gu, down] = m.offsets[static_cast<size_t>(role.layer)].experts[static_cast<size_t>(role.expert)];
       m.moe->expert_backward(role.layer, role.expert, *m.be, *m.rounding, m.expert_input(role.layer), w,
                              m.dres, g != nullptr ? g + gu : nullptr, g != nullptr ? g + down : nullptr);

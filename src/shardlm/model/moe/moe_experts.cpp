@@ -6,7 +6,8 @@
 
 namespace shardlm {
 
-MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool recompute)
+MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool recompute,
+                       Communicator* expert_group)
     : E_(c.moe.num_experts),
       k_(c.moe.top_k),
       C_(c.n_embd),
@@ -23,6 +24,18 @@ MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool reco
   }
   layers_.resize(static_cast<size_t>(sparse));
   stats_.reset(E_);
+  local_experts_ = E_;
+  if (expert_group != nullptr && expert_group->size() > 1) {
+    const int P = expert_group->size();
+    SHARDLM_CHECK(E_ % P == 0,
+                  "--expert-parallel {}: the model has {} experts per layer, which {} ranks cannot "
+                  "share equally (expected a divisor of {})", P, E_, P, E_);
+    SHARDLM_CHECK(!recompute, "--expert-parallel {} with --activation-checkpointing is not "
+                  "supported yet (run without one of them)", P);
+    group_ = expert_group;
+    local_experts_ = E_ / P;
+    local_begin_ = expert_group->rank() * local_experts_;
+  }
 }
 
 void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
@@ -61,6 +74,7 @@ void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
   carver.request(&dh2_, n * C_);
   carver.request(&dtop_, nk);
   carver.request(&dlogits_, n * E_);
+  if (parallel()) ep_carve(carver, n);
 }
 
 MoeExperts::LayerRouting& MoeExperts::layer(int l) {
@@ -114,6 +128,7 @@ void MoeExperts::gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows
 void MoeExperts::expert_forward(int l, int e, Backend& be, bool row_by_row, ConstTypedPtr h2,
                                 const ExpertWeights& w, float* out) {
   LayerRouting& r = layer(l);
+  if (parallel()) return ep_expert_forward(r, e, be, row_by_row, w, out);
   const auto [begin, end] = assignments(r, e);
   const int64_t rows = end - begin;
   if (rows == 0) return;
@@ -135,6 +150,7 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
                                  ConstTypedPtr h2, const ExpertWeights& w, const float* dy,
                                  float* grad_gate_up, float* grad_down) {
   LayerRouting& r = layer(l);
+  if (parallel()) return ep_expert_backward(r, e, be, rounding, w, dy, grad_gate_up, grad_down);
   if (e == E_ - 1) {  // the first expert of the layer's backward
     be.fill_zero(dh2_, sizeof(float) * static_cast<size_t>(n_ * C_));
     be.fill_zero(dtop_, sizeof(float) * static_cast<size_t>(n_ * k_));

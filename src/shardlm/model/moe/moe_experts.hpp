@@ -24,12 +24,33 @@
 // step there, backend/meta): no contents to route, so every expert is taken to get an
 // equal share of the n k assignments (the balanced routing the load-balancing loss aims
 // at), and only the kernels run, with the sizes a run would give them.
+//
+// Expert parallelism (an expert group of P ranks, ModelParallelGroups::expert; the
+// ranks of a group read different rows): rank q of the group holds experts
+// [q E/P, (q+1) E/P) of every sparse layer, and only their units run anything.
+// moe_expert_parallel.cpp moves the tokens:
+//   dispatch (after route): the per-expert counts first (all_to_all), then every
+//     assignment's h2 row, in the routing's grouping (by expert, tokens ascending), so
+//     a peer's block is its experts' rows in expert order (all_to_all_v); rank q keeps,
+//     per layer, the rows of every source j for each of its experts.
+//   each held expert runs one GEMM pair per source block: the same rows in the same
+//     order, so the same results, as that expert's GEMMs on the source rank at P = 1.
+//   combine (the layer's last expert unit): the outputs go back by the reverse
+//     all_to_all_v and each source adds w * o in expert order, as at P = 1.
+//   backward: the layer's first backward expert unit sends dy rows and top-k weights
+//     to the holders; each holder's blocks give dW (+=, over its sources in rank
+//     order), the top-k weights' dot products and dh2 rows, which the layer's last
+//     backward expert unit brings back and adds in the P = 1 order.
+// Forward values and dLoss/dh2 are bitwise those of P = 1; an expert's weight gradient
+// sums its sources' GEMMs in one buffer (source order) where P = 1 reduces them across
+// ranks, so it differs in rounding only.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "shardlm/backend/backend.hpp"
+#include "shardlm/comm/communicator.hpp"
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/model_support.hpp"
 #include "shardlm/model/moe/moe_routing.hpp"
@@ -43,8 +64,10 @@ struct ExpertWeights {
 
 class MoeExperts {
  public:
-  // meta: the buffers have no storage (see above); recompute: activation checkpointing.
-  MoeExperts(const ModelConfig& config, DType compute, bool meta = false, bool recompute = false);
+  // meta: the buffers have no storage (see above); recompute: activation checkpointing;
+  // expert_group: the expert-parallel group (null or one rank: every expert here).
+  MoeExperts(const ModelConfig& config, DType compute, bool meta = false, bool recompute = false,
+             Communicator* expert_group = nullptr);
 
   // Requests the arrays for micro-batches of up to n tokens.
   void carve(ArenaCarver& carver, int64_t n);
@@ -77,6 +100,15 @@ class MoeExperts {
   // The micro-batch's load-balancing loss (after the last sparse layer's forward).
   double aux_loss() const { return stats_.loss(); }
   int experts() const { return E_; }
+  // Whether expert e's unit is held (and runs) on this rank.
+  bool holds(int e) const { return e >= local_begin_ && e < local_begin_ + local_experts_; }
+  // The micro-batch's top-k assignments per expert (this rank's tokens, all sparse
+  // layers summed; length E): what metrics.jsonl reports per step.
+  const std::vector<double>& assignments_per_expert() const { return stats_.assignments(); }
+
+  // --- expert parallelism (moe_expert_parallel.cpp) ---
+  // Sends sparse layer l's assignments' h2 rows [n, C] to their experts' holders.
+  void dispatch(int layer, Backend& be, ConstTypedPtr h2);
 
  private:
   struct LayerRouting {
@@ -84,6 +116,11 @@ class MoeExperts {
     TypedPtr gate_up;  // [n k, 2 I] per assignment, grouped by expert (recompute: shared, [n, 2 I])
     TypedPtr act;      // [n k, I] (recompute: shared, [n, I])
     TypedPtr kept_h2;  // recompute: [n, C]
+    // Expert parallelism: what this rank received for its experts (rows from peer j
+    // for held expert e, source-major) and keeps for the backward.
+    std::vector<int64_t> received;  // [P x E/P] rows
+    TypedPtr received_h2;           // [R, C] (R: the rows' capacity, ep_carve)
+    TypedPtr ep_gate_up, ep_act;    // [R, 2 I], [R, I]
   };
   // Where expert e's rows of g|u and silu(g) * u are (recompute: the shared set's start).
   int64_t activation_row(int64_t begin) const { return recompute_ ? 0 : begin; }
@@ -94,12 +131,29 @@ class MoeExperts {
   // Expert e's assignments [begin, end) in sparse layer l's grouping.
   std::pair<int64_t, int64_t> assignments(const LayerRouting& r, int e) const;
   void gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows, Backend& be);
+  bool parallel() const { return group_ != nullptr; }
+  void ep_carve(ArenaCarver& carver, int64_t n);
+  void ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row_by_row,
+                         const ExpertWeights& w, float* out);
+  void ep_expert_backward(LayerRouting& r, int e, Backend& be, const ParamRounding& rounding,
+                          const ExpertWeights& w, const float* dy, float* grad_gate_up,
+                          float* grad_down);
+  // Rows each peer of the group sends this rank for each held expert: the layer's
+  // counts [P x E/P]; the running sum over the peers' blocks (source-major) is where
+  // block (j, e) starts among the received rows.
+  int64_t received_rows(const LayerRouting& r, int peer, int local) const;
+  int64_t received_begin(const LayerRouting& r, int peer, int local) const;
+  // Elements per peer of this rank's assignments grouped by holder (`width` per row).
+  std::vector<size_t> sent_counts(const LayerRouting& r, int64_t width) const;
+  std::vector<size_t> received_counts(const LayerRouting& r, int64_t width) const;
   void meta_expert_backward(const LayerRouting& r, int64_t begin, int64_t rows, Backend& be,
                             const ParamRounding& rounding,
                             ConstTypedPtr h2, const ExpertWeights& w, float* grad_gate_up,
                             float* grad_down);
 
   int E_ = 0, k_ = 0;
+  Communicator* group_ = nullptr;  // null unless the expert group has more than one rank
+  int local_begin_ = 0, local_experts_ = 0;
   int64_t C_ = 0, I_ = 0;
   bool norm_topk_ = true;
   DType compute_ = DType::fp32;
@@ -126,6 +180,18 @@ class MoeExperts {
   float* dtop_ = nullptr;    // [n, k]
   float* dlogits_ = nullptr;  // [n, E]
   TypedPtr dlogits_c_;        // [n, E]
+  // Expert parallelism's exchange buffers (one layer at a time).
+  int64_t ep_capacity_ = 0;   // R: rows this rank can receive for its experts
+  TypedPtr ep_send_h2_;       // [n k, C] assignments' h2 rows, grouped by expert
+  float* ep_rows_ = nullptr;  // [R, C] held experts' outputs; backward: their dh2 rows
+  float* ep_back_ = nullptr;  // [n k, C] those rows back at their source; backward, first
+                              // the assignments' dy rows sent
+  float* ep_dy_ = nullptr;       // [R, C] the dy rows received
+  float* ep_send_w_ = nullptr;   // [n k] assignments' top-k weights
+  float* ep_w_ = nullptr;        // [R] received
+  float* ep_dot_ = nullptr;      // [R] top-k weight gradients of the received rows
+  float* ep_dot_back_ = nullptr;  // [n k] back at their source
+  float* ep_counts_ = nullptr;    // [2 E] counts exchanged (fp32: exact below 2^24 rows)
 };
 
 }  // namespace shardlm

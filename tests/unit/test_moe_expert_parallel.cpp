@@ -1,0 +1,124 @@
+// Expert parallelism in the model (MoeExperts' dispatch and combine over an expert
+// group, moe_expert_parallel.cpp), against the same model without it: P ranks (threads
+// of an InProcessJob), each with its own rows and every parameter, hold E/P experts
+// each. Each rank's loss, aux loss and every gradient of the units it computes alone
+// (embeddings, attention, routers, norms, head) must be bitwise those of a one-rank
+// model on its rows; each held expert's gradient is the sum of the one-rank models'
+// gradients of that expert over the group's rows (within float rounding of the
+// order: summed in one buffer here, rank by rank there); experts held elsewhere get
+// no gradient. Bad groups are one-line errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "llama_fixture_support.hpp"
+#include "relative_error.hpp"
+#include "shardlm/comm/in_process_communicator.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/model/family.hpp"
+
+using namespace shardlm;
+using namespace shardlm::testing;
+
+namespace {
+
+// Rank r's rows: the fixture's tokens shifted by r (another routing on every rank).
+std::vector<int32_t> tokens_of(const Reference& ref, int rank) {
+  std::vector<int32_t> t = ref.tokens;
+  for (auto& v : t) v = (v + 7 * rank) % ref.config.vocab_size;
+  return t;
+}
+
+struct RankRun {
+  double loss_sum = 0, aux = 0;
+  std::vector<std::vector<float>> grads;  // per flat unit
+};
+
+RankRun run_rank(const Reference& ref, const ParamLayout& layout, int rank,
+                 Communicator* expert_group) {
+  ModelOptions options;
+  options.parallel_groups.expert = expert_group;
+  auto model = make_model(ref, layout, ref.B, options);
+  UnitBuffers buf(layout, ref.file);
+  const std::vector<int32_t> tokens = tokens_of(ref, rank);
+  MicroBatch batch{tokens.data(), ref.targets.data(), ref.B, ref.T};
+  batch.aux_loss_share = 1.0f;
+  train_micro_batch(*model, buf, batch, 1.0f / static_cast<float>(ref.count));
+  return {model->last_loss_sum(), model->last_aux_loss(), buf.grads};
+}
+
+// Which layer-local expert a flat unit is ("model.layers.L.experts.E..."), or -1.
+int expert_of(const UnitLayout& u) {
+  const auto at = u.name.find(".experts.");
+  if (at == std::string::npos) return -1;
+  return std::stoi(u.name.substr(at + 9));
+}
+
+class MoeExpertParallel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(MoeExpertParallel, EachRankComputesWhatItWouldAloneAndHeldExpertsSumTheGroup) {
+  const auto& [family, P] = GetParam();
+  const Reference ref = load_reference(family);
+  const int E = ref.config.moe.num_experts;
+  ASSERT_EQ(E % P, 0);
+  const auto layout = ParamLayout::build(ref.config, 1);
+  std::vector<RankRun> alone;
+  for (int r = 0; r < P; ++r) alone.push_back(run_rank(ref, layout, r, nullptr));
+
+  std::vector<RankRun> parallel(static_cast<size_t>(P));
+  InProcessJob job(P);
+  const auto errors = job.run([&](Communicator& world) {
+    parallel[static_cast<size_t>(world.rank())] = run_rank(ref, layout, world.rank(), &world);
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+
+  int expert_units = 0;
+  for (int r = 0; r < P; ++r) {
+    const RankRun& a = alone[static_cast<size_t>(r)];
+    const RankRun& p = parallel[static_cast<size_t>(r)];
+    EXPECT_EQ(p.loss_sum, a.loss_sum) << "rank " << r;
+    EXPECT_EQ(p.aux, a.aux) << "rank " << r;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const auto& got = p.grads[static_cast<size_t>(u)];
+      const int e = expert_of(layout.units[static_cast<size_t>(u)]);
+      if (e < 0) {
+        EXPECT_EQ(got, a.grads[static_cast<size_t>(u)]) << layout.units[u].name << " rank " << r;
+      } else if (e / (E / P) != r) {
+        for (float g : got) ASSERT_EQ(g, 0.0f) << layout.units[u].name << " rank " << r;
+      } else {
+        ++expert_units;
+        std::vector<float> want(got.size(), 0.0f);
+        for (const RankRun& s : alone)
+          for (size_t i = 0; i < want.size(); ++i) want[i] += s.grads[static_cast<size_t>(u)][i];
+        EXPECT_LT(relative_to_max_error(got, want), 1e-6) << layout.units[u].name;
+        double norm = 0;
+        for (float g : want) norm += static_cast<double>(g) * g;
+        EXPECT_GT(norm, 0.0) << layout.units[u].name;  // the expert got tokens
+      }
+    }
+  }
+  // Every expert of every sparse layer is held by exactly one rank.
+  EXPECT_EQ(expert_units, E * ref.config.moe.sparse_layers(ref.config.n_layer));
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, MoeExpertParallel,
+                         ::testing::Combine(::testing::Values("qwen3_moe", "mixtral"),
+                                            ::testing::Values(2, 4)));
+
+TEST(MoeExpertParallelBadInput, ExpertsThatTheGroupCannotShareAreRefusedByName) {
+  const Reference ref = load_reference("qwen3_moe");
+  const auto layout = ParamLayout::build(ref.config, 1);
+  InProcessJob job(3);
+  const auto errors = job.run([&](Communicator& world) {
+    ModelOptions options;
+    options.parallel_groups.expert = &world;
+    make_model(ref, layout, ref.B, options);
+  });
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("--expert-parallel 3: the model has 8 experts per layer"), std::string::npos)
+        << e;
+}
+
+}  // namespace
