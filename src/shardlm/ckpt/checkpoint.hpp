@@ -59,7 +59,8 @@ class CheckpointReader {
   const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors() const {
     return tensors_;
   }
-  // Elements [begin, begin+count) of tensor `name`'s state `kind`.
+  // Elements [begin, begin+count) of tensor `name`'s state `kind` (the logical tensor's
+  // row-major elements: a tensor-parallel checkpoint's pieces are put together).
   void read(const std::string& name, StateKind kind, int64_t begin, int64_t count,
             float* out) const;
   // Loads the owned slices (any layout) from this checkpoint.
@@ -70,7 +71,13 @@ class CheckpointReader {
   std::string optimizer_digest() const;
 
  private:
-  const ManifestTensor& locate(const std::string& name) const;
+  // The entries of tensor `name`: one, or one piece per tensor rank (Error if none).
+  std::vector<const ManifestTensor*> locate(const std::string& name) const;
+  // Elements [begin, begin + count) of `piece` (a layout's parameter) from the tensor.
+  void read_piece(const ParamInfo& piece, StateKind kind, int64_t begin, int64_t count,
+                  float* out) const;
+  // Elements tensor `name` stores (an NF4 tensor's words; pieces: the whole tensor's).
+  int64_t stored_numel(const std::string& name) const;
   void read_unit_range(int unit, StateKind kind, int64_t begin, int64_t count, float* out) const;
 
   std::string dir_;

@@ -9,23 +9,32 @@
 
 #include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 
 namespace shardlm {
 
-nlohmann::json layout_to_manifest_units(const ParamLayout& layout) {
+nlohmann::json layout_to_manifest_units(const ParamLayout& layout, const ModelConfig& config) {
   nlohmann::json units = nlohmann::json::array();
-  for (const auto& unit : layout.units) {
-    nlohmann::json params = nlohmann::json::array();
-    for (const auto& p : unit.params) {
-      nlohmann::json entry = {{"name", p.name}, {"offset", p.offset}, {"shape", p.shape}};
-      // A quantized tensor's elements are its storage words (docs/checkpoint-format.md).
-      if (p.storage == ParamStorage::nf4) entry["storage"] = "nf4";
-      params.push_back(std::move(entry));
+  for (int t = 0; t < layout.tensor.size; ++t) {
+    const ParamLayout tensor_rank = layout_of_tensor_rank(layout, config, t);
+    for (const auto& unit : tensor_rank.units) {
+      nlohmann::json params = nlohmann::json::array();
+      for (const auto& p : unit.params) {
+        nlohmann::json entry = {{"name", p.name}, {"offset", p.offset}, {"shape", p.shape}};
+        // A quantized tensor's elements are its storage words (docs/checkpoint-format.md).
+        if (p.storage == ParamStorage::nf4) entry["storage"] = "nf4";
+        // A tensor-parallel piece: which rows or columns of the logical tensor these are.
+        if (!p.piece.whole())
+          entry["piece"] = {{"dim", p.piece.dim}, {"begin", p.piece.begin}, {"full", p.piece.full}};
+        params.push_back(std::move(entry));
+      }
+      nlohmann::json entry = {{"name", unit.name},
+                              {"numel", unit.numel},
+                              {"padded_numel", unit.padded_numel},
+                              {"params", params}};
+      if (layout.tensor.size > 1) entry["tensor_rank"] = t;
+      units.push_back(std::move(entry));
     }
-    units.push_back({{"name", unit.name},
-                     {"numel", unit.numel},
-                     {"padded_numel", unit.padded_numel},
-                     {"params", params}});
   }
   return units;
 }
@@ -104,6 +113,8 @@ void parse_units(const nlohmann::json& m, const ManifestFields& f, CheckpointMan
     unit.name = f.string(units[u], where, "name");
     unit.numel = f.integer(units[u], where, "numel", 1);
     unit.padded_numel = f.integer(units[u], where, "padded_numel", unit.numel);
+    if (units[u].contains("tensor_rank"))
+      unit.tensor_rank = static_cast<int>(f.integer(units[u], where, "tensor_rank", 0, 1 << 20));
     int64_t previous_end = 0;
     const auto& params = f.array(units[u], where, "params");
     for (size_t i = 0; i < params.size(); ++i) {
@@ -111,6 +122,7 @@ void parse_units(const nlohmann::json& m, const ManifestFields& f, CheckpointMan
       ManifestTensor t;
       t.name = f.string(params[i], pwhere, "name");
       t.unit = static_cast<int>(u);
+      t.tensor_rank = unit.tensor_rank;
       t.offset = f.integer(params[i], pwhere, "offset", previous_end, unit.numel);
       const auto& shape = f.at(params[i], pwhere, "shape");
       f.require(shape.is_array() && !shape.empty(), pwhere + ".shape is not a non-empty array");
@@ -135,6 +147,14 @@ void parse_units(const nlohmann::json& m, const ManifestFields& f, CheckpointMan
                               fmt::join(t.shape, ", "), unit.numel));
       }
       if (t.storage == ParamStorage::nf4) t.numel = cpu::nf4_storage_words(t.numel);
+      if (params[i].contains("piece")) {
+        const auto& piece = params[i].at("piece");
+        const std::string qwhere = pwhere + ".piece";
+        t.piece.dim = static_cast<int>(f.integer(piece, qwhere, "dim", 0, static_cast<int64_t>(t.shape.size()) - 1));
+        const int64_t extent = t.shape[static_cast<size_t>(t.piece.dim)];
+        t.piece.full = f.integer(piece, qwhere, "full", extent, int64_t{1} << 40);
+        t.piece.begin = f.integer(piece, qwhere, "begin", 0, t.piece.full - extent);
+      }
       f.require(t.offset + t.numel <= unit.numel,
                 fmt::format("{} '{}' ends at element {}, past its unit's {}", pwhere, t.name,
                             t.offset + t.numel, unit.numel));
@@ -147,14 +167,31 @@ void parse_units(const nlohmann::json& m, const ManifestFields& f, CheckpointMan
 
 // The recorded tensors must be exactly the recorded model's, in canonical order.
 void check_tensors_match_model(const CheckpointManifest& m, const ManifestFields& f) {
-  const ParamLayout layout = ParamLayout::build(m.info.model, 1);
-  const auto expected = layout.all_params();
+  // Tensor parallelism: the units of tensor ranks 0, 1, ... in turn.
+  f.require(m.units.front().tensor_rank == 0, "units[0] is not of tensor rank 0");
+  for (size_t u = 1; u < m.units.size(); ++u)
+    f.require(m.units[u].tensor_rank == m.units[u - 1].tensor_rank ||
+                  m.units[u].tensor_rank == m.units[u - 1].tensor_rank + 1,
+              fmt::format("units[{}] is of tensor rank {} after tensor rank {}", u,
+                          m.units[u].tensor_rank, m.units[u - 1].tensor_rank));
+  const int tensor_size = m.units.back().tensor_rank + 1;
+  std::vector<ParamLayout> layouts;
+  try {
+    for (int t = 0; t < tensor_size; ++t)
+      layouts.push_back(ParamLayout::build(m.info.model, 1, 0, {tensor_size, t}));
+  } catch (const Error& e) {
+    f.fail(fmt::format("its {} tensor ranks do not split the recorded model: {}", tensor_size, e.what()));
+  }
+  std::vector<const ParamInfo*> expected;
+  for (const ParamLayout& layout : layouts)
+    for (const ParamInfo* p : layout.all_params()) expected.push_back(p);
   f.require(expected.size() == m.tensors.size(),
             fmt::format("{} tensors listed, the recorded model has {}", m.tensors.size(),
                         expected.size()));
   for (size_t i = 0; i < expected.size(); ++i)
     f.require(expected[i]->name == m.tensors[i].name && expected[i]->shape == m.tensors[i].shape &&
-                  expected[i]->storage == m.tensors[i].storage,
+                  expected[i]->storage == m.tensors[i].storage &&
+                  expected[i]->piece == m.tensors[i].piece,
               fmt::format("tensor {} is '{}' [{}], the recorded model has '{}' [{}]", i,
                           m.tensors[i].name, fmt::join(m.tensors[i].shape, ", "),
                           expected[i]->name, fmt::join(expected[i]->shape, ", ")));

@@ -34,6 +34,7 @@ struct CheckpointInfo {
 
 struct ManifestUnit {
   std::string name;
+  int tensor_rank = 0;  // tensor parallelism: the tensor rank whose pieces the unit holds
   int64_t numel = 0;
   int64_t padded_numel = 0;
 };
@@ -45,6 +46,10 @@ struct ManifestTensor {
   int64_t offset = 0;  // elements into the unit's flat buffer
   int64_t numel = 0;   // elements it occupies (an NF4 tensor: its storage words)
   ParamStorage storage = ParamStorage::fp32;
+  // Tensor parallelism: which part of the logical tensor this entry's elements are
+  // (whole without it); the same name appears once per tensor rank.
+  TensorPiece piece;
+  int tensor_rank = 0;
 };
 
 // Elements [begin, end) of `unit`, stored from byte `file_offset` of the shard file:
@@ -71,8 +76,9 @@ struct CheckpointManifest {
   std::vector<ManifestShard> shards;
 };
 
-// The manifest's "units" array for a layout.
-nlohmann::json layout_to_manifest_units(const ParamLayout& layout);
+// The manifest's "units" array for a layout: with tensor parallelism, the units of every
+// tensor rank (layout_of_tensor_rank), rank after rank, each parameter with its piece.
+nlohmann::json layout_to_manifest_units(const ParamLayout& layout, const ModelConfig& config);
 nlohmann::json manifest_to_json(const CheckpointInfo& info, const nlohmann::json& units,
                                 const nlohmann::json& shards);
 

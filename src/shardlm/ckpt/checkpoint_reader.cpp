@@ -58,13 +58,17 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
                 dir, marker.step, manifest_.info.step);
   for (const auto& shard : manifest_.shards)
     verify_shard((fs::path(dir) / shard.file).string(), shard);
-  for (const auto& t : manifest_.tensors) tensors_.emplace_back(t.name, t.shape);
+  // The logical tensors, once each (tensor rank 0 holds a piece of every one).
+  for (const auto& t : manifest_.tensors)
+    if (t.tensor_rank == 0) tensors_.emplace_back(t.name, t.piece.full_shape(t.shape));
 }
 
-const ManifestTensor& CheckpointReader::locate(const std::string& name) const {
+std::vector<const ManifestTensor*> CheckpointReader::locate(const std::string& name) const {
+  std::vector<const ManifestTensor*> entries;
   for (const auto& t : manifest_.tensors)
-    if (t.name == name) return t;
-  throw Error(fmt::format("checkpoint '{}' has no tensor named '{}'", dir_, name));
+    if (t.name == name) entries.push_back(&t);
+  SHARDLM_CHECK(!entries.empty(), "checkpoint '{}' has no tensor named '{}'", dir_, name);
+  return entries;
 }
 
 void CheckpointReader::read_unit_range(int unit, StateKind kind, int64_t begin, int64_t count,
@@ -92,9 +96,36 @@ void CheckpointReader::read_unit_range(int unit, StateKind kind, int64_t begin, 
 
 void CheckpointReader::read(const std::string& name, StateKind kind, int64_t begin, int64_t count,
                             float* out) const {
-  const auto& t = locate(name);
-  SHARDLM_ASSERT(begin >= 0 && begin + count <= t.numel);
-  read_unit_range(t.unit, kind, t.offset + begin, count, out);
+  const std::vector<const ManifestTensor*> entries = locate(name);
+  const ManifestTensor& first = *entries.front();
+  if (first.piece.whole()) {  // one entry, or a tensor every tensor rank holds whole
+    SHARDLM_ASSERT(begin >= 0 && begin + count <= first.numel);
+    read_unit_range(first.unit, kind, first.offset + begin, count, out);
+    return;
+  }
+  // Pieces: each one's runs that fall in the range (replicated pieces, GQA's key/value
+  // heads over more tensor ranks, hold the same values: read again, harmlessly).
+  const int64_t end = begin + count;
+  for (const ManifestTensor* t : entries)
+    t->piece.for_each_run(t->shape, 0, t->numel, [&](int64_t full, int64_t local, int64_t n) {
+      const int64_t lo = std::max(begin, full), hi = std::min(end, full + n);
+      if (lo < hi) read_unit_range(t->unit, kind, t->offset + local + (lo - full), hi - lo, out + (lo - begin));
+    });
+}
+
+int64_t CheckpointReader::stored_numel(const std::string& name) const {
+  const ManifestTensor& t = *locate(name).front();
+  if (t.piece.whole()) return t.numel;
+  int64_t n = 1;
+  for (int64_t d : t.piece.full_shape(t.shape)) n *= d;
+  return n;
+}
+
+void CheckpointReader::read_piece(const ParamInfo& p, StateKind kind, int64_t begin, int64_t count,
+                                  float* out) const {
+  p.piece.for_each_run(p.shape, begin, begin + count, [&](int64_t full, int64_t local, int64_t n) {
+    read(p.name, kind, full, n, out + (local - begin));
+  });
 }
 
 void CheckpointReader::load_into(const ParamLayout& layout, OwnedState& state) const {
@@ -103,9 +134,10 @@ void CheckpointReader::load_into(const ParamLayout& layout, OwnedState& state) c
     for (const auto& t : manifest_.tensors) {
       if (t.name != p->name) continue;
       found = true;
-      SHARDLM_CHECK(t.shape == p->shape,
+      const std::vector<int64_t> shape = t.piece.full_shape(t.shape), expected = p->piece.full_shape(p->shape);
+      SHARDLM_CHECK(shape == expected,
                     "checkpoint '{}' tensor '{}' has shape [{}], the model expects [{}]", dir_,
-                    t.name, fmt::join(t.shape, ", "), fmt::join(p->shape, ", "));
+                    t.name, fmt::join(shape, ", "), fmt::join(expected, ", "));
       SHARDLM_CHECK(t.storage == p->storage,
                     "checkpoint '{}' tensor '{}' is stored as {}, the model expects {} "
                     "(--quantize-base must match the checkpoint's)", dir_, t.name,
@@ -126,7 +158,7 @@ void CheckpointReader::load_into(const ParamLayout& layout, OwnedState& state) c
       const int64_t hi = std::min(s.end, p.offset + p.numel);
       if (lo >= hi) continue;
       if (s.master != nullptr) {
-        read(p.name, StateKind::master, lo - p.offset, hi - lo, s.master + (lo - s.begin));
+        read_piece(p, StateKind::master, lo - p.offset, hi - lo, s.master + (lo - s.begin));
       } else {
         // A frozen unit stored in the compute type: rounded (to nearest even) piece by
         // piece, as its compute copy would have been.
@@ -134,13 +166,13 @@ void CheckpointReader::load_into(const ParamLayout& layout, OwnedState& state) c
         for (int64_t a = lo; a < hi; a += kPiece) {
           const int64_t b = std::min(hi, a + kPiece);
           staging.resize(static_cast<size_t>(b - a));
-          read(p.name, StateKind::master, a - p.offset, b - a, staging.data());
+          read_piece(p, StateKind::master, a - p.offset, b - a, staging.data());
           write_owned_params(s, a, b - a, staging.data());
         }
       }
       for (int k = 1; k < kCheckpointStates; ++k)
         if (moments[k - 1] != nullptr)
-          read(p.name, static_cast<StateKind>(k), lo - p.offset, hi - lo, moments[k - 1] + (lo - s.begin));
+          read_piece(p, static_cast<StateKind>(k), lo - p.offset, hi - lo, moments[k - 1] + (lo - s.begin));
     }
   }
   state.after_load();
@@ -150,9 +182,9 @@ std::string CheckpointReader::optimizer_digest() const {
   Sha256 hasher;
   std::vector<float> buffer;
   for (StateKind kind : {StateKind::adam_m, StateKind::adam_v}) {
-    for (const auto& t : manifest_.tensors) {
-      buffer.resize(static_cast<size_t>(t.numel));
-      read(t.name, kind, 0, t.numel, buffer.data());
+    for (const auto& [name, shape] : tensors_) {
+      buffer.resize(static_cast<size_t>(stored_numel(name)));
+      read(name, kind, 0, static_cast<int64_t>(buffer.size()), buffer.data());
       hasher.update(buffer.data(), buffer.size() * sizeof(float));
     }
   }
@@ -162,9 +194,9 @@ std::string CheckpointReader::optimizer_digest() const {
 std::string CheckpointReader::weights_digest() const {
   Sha256 hasher;
   std::vector<float> buffer;
-  for (const auto& t : manifest_.tensors) {
-    buffer.resize(static_cast<size_t>(t.numel));
-    read(t.name, StateKind::master, 0, t.numel, buffer.data());
+  for (const auto& [name, shape] : tensors_) {
+    buffer.resize(static_cast<size_t>(stored_numel(name)));
+    read(name, StateKind::master, 0, static_cast<int64_t>(buffer.size()), buffer.data());
     hasher.update(buffer.data(), buffer.size() * sizeof(float));
   }
   return hasher.hex_digest();

@@ -88,6 +88,8 @@ void hash_zeros(Sha256& hasher, size_t bytes) {
 
 // This rank's owned slices into DIR/rank_R.bin, and a sidecar describing them.
 void write_shard(const fs::path& tmp, const ParamLayout& layout, OwnedState& state, int rank) {
+  // Tensor rank t's units follow the units of the tensor ranks before it in the manifest.
+  const int first_unit = layout.tensor.rank * layout.num_units();
   const std::string file_name = shard_file_name(rank);
   nlohmann::json slices = nlohmann::json::array();
   Sha256 hasher;
@@ -113,7 +115,7 @@ void write_shard(const fs::path& tmp, const ParamLayout& layout, OwnedState& sta
         hash_zeros(hasher, bytes);
       }
     }
-    slices.push_back({{"unit", u}, {"begin", s.begin}, {"end", s.end}, {"offset", offset}});
+    slices.push_back({{"unit", first_unit + u}, {"begin", s.begin}, {"end", s.end}, {"offset", offset}});
     offset += static_cast<int64_t>(bytes) * kCheckpointStates;
   }
   file.sync();
@@ -167,7 +169,7 @@ std::string save_checkpoint(const std::string& run_dir, const ParamLayout& layou
     on_all_ranks(comm, "checkpoint: commit", [&] {
       if (comm.rank() != 0) return;
       const nlohmann::json manifest =
-          manifest_to_json(info, layout_to_manifest_units(layout), collect_shards(tmp, writers));
+          manifest_to_json(info, layout_to_manifest_units(layout, info.model), collect_shards(tmp, writers));
       const fs::path manifest_path = tmp / "manifest.json";
       // The checks every reader makes (coverage above all) before anything is committed.
       parse_checkpoint_manifest(manifest, manifest_path.string());

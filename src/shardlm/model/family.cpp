@@ -77,6 +77,7 @@ ParamInfo& UnitBuilder::add(std::string name, std::vector<int64_t> shape, ParamI
   p.numel = 1;
   for (auto d : p.shape) p.numel *= d;
   p.offset = pack_with_previous ? unit_.numel : round_up(unit_.numel, ParamLayout::kParamAlignment);
+  p.packed_with_previous = pack_with_previous;
   p.weight_decay = p.shape.size() == 2;
   p.init = init;
   p.init_std = init_std;
@@ -99,19 +100,36 @@ ParamInfo& UnitBuilder::add_nf4(std::string name, std::vector<int64_t> shape, Pa
 namespace {
 
 // Element i of p's fp32 init for i in [first, last) into out[i - first] (out zeroed).
+// A tensor-parallel piece draws the full tensor's stream and keeps its own elements, so
+// every rank's piece is the unsplit run's values there.
 void init_values(const ParamInfo& p, uint64_t seed, int64_t first, int64_t last, float* out) {
   if (p.init == ParamInit::ones) {
     std::fill(out, out + (last - first), 1.0f);
   } else if (p.init == ParamInit::normal || p.init == ParamInit::uniform) {
-    const int64_t n = p.logical_numel();
-    const int64_t count = p.valid_rows < 0 ? n : p.valid_rows * (n / std::max<int64_t>(p.shape[0], 1));
+    const std::vector<int64_t> full_shape = p.piece.full_shape(p.shape);
+    int64_t n = 1;
+    for (auto d : full_shape) n *= d;
+    const int64_t count = p.valid_rows < 0 ? n : p.valid_rows * (n / std::max<int64_t>(full_shape[0], 1));
     const bool normal = p.init == ParamInit::normal;
     // The stream is sequential: draw up to the range's end, keep what falls in it.
     Rng rng(splitmix64(seed ^ fnv1a64(p.name)));
-    for (int64_t i = 0; i < std::min(count, last); ++i) {
+    if (p.piece.whole()) {
+      for (int64_t i = 0; i < std::min(count, last); ++i) {
+        const double r = normal ? rng.normal() : 2.0 * rng.uniform() - 1.0;
+        const float value = static_cast<float>(r) * p.init_std;
+        if (i >= first) out[i - first] = value;
+      }
+      return;
+    }
+    // Full-tensor indices of the range's elements increase with the local index.
+    const int64_t stop = std::min(count, p.piece.full_index(p.shape, last - 1) + 1);
+    int64_t next = first;  // the next local element to fill
+    int64_t next_full = p.piece.full_index(p.shape, next);
+    for (int64_t i = 0; i < stop && next < last; ++i) {
       const double r = normal ? rng.normal() : 2.0 * rng.uniform() - 1.0;
-      const float value = static_cast<float>(r) * p.init_std;
-      if (i >= first) out[i - first] = value;
+      if (i != next_full) continue;
+      out[next - first] = static_cast<float>(r) * p.init_std;
+      if (++next < last) next_full = p.piece.full_index(p.shape, next);
     }
   }  // zeros: out is zeroed already
 }

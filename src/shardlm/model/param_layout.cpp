@@ -2,6 +2,7 @@
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/family.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 
 namespace shardlm {
 
@@ -23,12 +24,16 @@ const ParamInfo& UnitLayout::param(const std::string& param_name) const {
   throw Error("unit '" + name + "' has no parameter '" + param_name + "'");
 }
 
-ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_t min_unit_params) {
+ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_t min_unit_params,
+                               TensorSplit tensor) {
   config.validate();
   SHARDLM_CHECK(world_size > 0, "world size must be positive, got {}", world_size);
   SHARDLM_CHECK(min_unit_params >= 0, "--min-unit-params must be >= 0, got {}", min_unit_params);
-  // The model units, each laid out from offset 0.
-  const std::vector<UnitLayout> model_units = model_family(config.family).model_units(config);
+  SHARDLM_CHECK(tensor.size >= 1 && tensor.rank >= 0 && tensor.rank < tensor.size,
+                "tensor rank {} is outside a tensor dimension of {}", tensor.rank, tensor.size);
+  // The model units, each laid out from offset 0, as this tensor rank holds them.
+  const std::vector<UnitLayout> model_units =
+      split_for_tensor_rank(model_family(config.family).model_units(config), config, tensor);
 
   // Group consecutive model units of the same trainability until a group reaches
   // min_unit_params; a small last group joins the one before it when it can.
@@ -57,6 +62,7 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
 
   ParamLayout layout;
   layout.world_size = world_size;
+  layout.tensor = tensor;
   layout.model_units.resize(model_units.size());
   for (const auto& group : groups) {
     UnitLayout unit;

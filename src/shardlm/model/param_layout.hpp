@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardlm/model/config.hpp"
+#include "shardlm/model/tensor_parallel/tensor_piece.hpp"
 
 namespace shardlm {
 
@@ -43,6 +44,11 @@ struct ParamInfo {
   ParamInit init = ParamInit::zeros;
   float init_std = 0.0f;
   int64_t valid_rows = -1;     // -1: all rows are real
+  // Laid out right after the previous parameter, unaligned (q|k|v, gate|up: one matrix).
+  bool packed_with_previous = false;
+  // Tensor parallelism: the part of the logical tensor this rank holds (shape is the
+  // piece's; piece.full_shape(shape) the tensor's as checkpoints and Hugging Face name it).
+  TensorPiece piece;
   int64_t logical_numel() const;  // product of shape (values, whatever the storage)
   bool quantized() const { return storage != ParamStorage::fp32; }
 };
@@ -80,8 +86,11 @@ struct ParamLayout {
   std::vector<UnitLayout> units;                  // flat (communication) units
   std::vector<ModelUnitPlacement> model_units;    // indexed by model unit
   int world_size = 1;
+  // The tensor rank whose pieces these are (model/tensor_parallel/tensor_layout.hpp).
+  TensorSplit tensor;
 
-  static ParamLayout build(const ModelConfig& config, int world_size, int64_t min_unit_params = 0);
+  static ParamLayout build(const ModelConfig& config, int world_size, int64_t min_unit_params = 0,
+                           TensorSplit tensor = {});
 
   int num_units() const { return static_cast<int>(units.size()); }
   int num_model_units() const { return static_cast<int>(model_units.size()); }

@@ -6,12 +6,15 @@
 #include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/backend/cpu/rope.hpp"
 #include "shardlm/backend/backend.hpp"
+#include "shardlm/comm/communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/llama/llama_family.hpp"
 #include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/model_support.hpp"
 #include "shardlm/model/moe/moe_experts.hpp"
 #include "shardlm/model/moe/moe_names.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
+#include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
 
 namespace shardlm {
 
@@ -80,7 +83,12 @@ struct LlamaModel::Impl {
   ModelOptions options;
   int max_batch = 0, max_seq = 0;
   int L = 0, num_units = 0, final_unit = 0;
+  // H, KV and I are this tensor rank's (the whole model's without tensor parallelism).
   int64_t C = 0, H = 0, KV = 0, hd = 0, Q = 0, KVD = 0, QKV = 0, I = 0;
+  int tensor_size = 1;
+  TensorParallelBlock tp;                 // the tensor group's collectives (no-ops alone)
+  float* dkv_replicas = nullptr;          // [N, 2 KVD] key/value heads replicated over ranks
+  float* qk_norm_grad = nullptr;          // [2 hd] qwen3 under tensor parallelism
   int V = 0, Vp = 0;
   float eps = 1e-6f;
   DType compute = DType::fp32;
@@ -235,14 +243,16 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   L = config.n_layer;
   num_units = llama_num_units(config);
   final_unit = num_units - 1;
+  tensor_size = options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->size() : 1;
+  check_tensor_parallel(config, tensor_size);
   C = config.n_embd;
-  H = config.n_head;
-  KV = config.kv_heads();
+  H = config.n_head / tensor_size;
+  KV = tensor_local_kv_heads(config, tensor_size);
   hd = config.head_dim();
   Q = H * hd;
   KVD = KV * hd;
   QKV = Q + 2 * KVD;
-  I = config.mlp_width();
+  I = config.mlp_width() / tensor_size;
   V = config.vocab_size;
   Vp = config.padded_vocab_size();
   eps = config.norm_eps;
@@ -298,6 +308,8 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
   carver.request(&dmid, n * std::max(Q, I));
   carver.request(&dbig, n * std::max(QKV, 2 * I));
   if (config.qk_norm) carver.request(&dqk, n * (Q + KVD));
+  if (tensor_size > 1 && config.kv_heads() % tensor_size != 0) carver.request(&dkv_replicas, n * 2 * KVD);
+  if (tensor_size > 1 && config.qk_norm) carver.request(&qk_norm_grad, 2 * hd);
   carver.request(&default_positions, n);
   staged.carve(carver, n, !options.device.is_host());
   if (lora_width > 0) {
@@ -342,6 +354,17 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
                   "for now (routing is computed on the host); this run asks for {}",
                   to_string(options.device));
   }
+  SHARDLM_CHECK(layout.tensor.size == m.tensor_size &&
+                    (options.parallel_groups.tensor == nullptr ||
+                     layout.tensor.rank == options.parallel_groups.tensor->rank()),
+                "model: the layout holds tensor rank {} of {}, the model's tensor group is rank {} of {}",
+                layout.tensor.rank, layout.tensor.size,
+                options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->rank() : 0,
+                m.tensor_size);
+  SHARDLM_CHECK(m.tensor_size == 1 || options.device.is_host() ||
+                    (options.backend != nullptr && options.backend->is_meta()),
+                "model: tensor parallelism runs on the CPU for now; this run asks for {}",
+                to_string(options.device));
   SHARDLM_CHECK(layout.num_model_units() == m.num_units,
                 "model: layout has {} model units, the config needs {}", layout.num_model_units(),
                 m.num_units);
@@ -404,6 +427,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
+  m.tp = TensorParallelBlock(options.parallel_groups.tensor, config);
   m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
                                                m.vector_scratch_floats(), tracker);
   m.rope = std::make_unique<cpu::RopeTable>(static_cast<int>(m.hd), max_seq, config.rope_theta,
@@ -655,6 +679,7 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   gemm_forward(rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att, static_cast<int>(Q),
                w.o, 0.0f, branch, static_cast<int>(C));
   if (lora_o >= 0) lora_forward(static_cast<size_t>(lora_o), ad, a.att, branch);
+  tp.sum_partial(branch, n * C, "tensor.attention_out");  // o_proj is row-parallel
   be->residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
                                 static_cast<int>(C), eps);
   if (sparse(l)) {
@@ -678,6 +703,7 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   gemm_forward(rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act, static_cast<int>(I),
                w.down, 0.0f, branch, static_cast<int>(C));
   if (lora_down >= 0) lora_forward(static_cast<size_t>(lora_down), ad, a.act, branch);
+  tp.sum_partial(branch, n * C, "tensor.mlp_out");  // down_proj is row-parallel
   be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
                          static_cast<int>(C));
 }
@@ -731,6 +757,7 @@ void LlamaModel::Impl::mlp_backward(int l, const LayerVectors& v, const LayerWei
   float* dln2 = dsmall;
   be->gemm(false, false, rows, c, i2, 1.0f, dgu_g, i2, w.gate_up, c, 0.0f, dln2, c);
   if (lora_gu >= 0) lora_backward(static_cast<size_t>(lora_gu), ad, a.ln2, dgu_g, dln2);
+  tp.sum_partial(dln2, n * C, "tensor.mlp_in_grad");  // gate|up are column-parallel
   be->rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
                         /*accumulate_dx=*/true);
 }
@@ -762,13 +789,35 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
                      rope_view);
   be->rope_backward(dqkv + Q, QKV, dqkv + Q, QKV, n, static_cast<int>(KV), static_cast<int>(hd),
                      positions, rope_view);
-  if (config.qk_norm) qk_norm_backward(a, v, dqkv, grad(o.q_norm), grad(o.k_norm));
+  if (config.qk_norm) {
+    if (tp.active()) {
+      // Whole per-head norm weights that saw this rank's heads only: a partial sum.
+      be->fill_zero(qk_norm_grad, sizeof(float) * static_cast<size_t>(2 * hd));
+      qk_norm_backward(a, v, dqkv, qk_norm_grad, qk_norm_grad + hd);
+      tp.sum_partial(qk_norm_grad, 2 * hd, "tensor.qk_norm_grad");
+      if (trains) be->accumulate(g + o.q_norm, qk_norm_grad, hd);
+      if (trains) be->accumulate(g + o.k_norm, qk_norm_grad + hd, hd);
+    } else {
+      qk_norm_backward(a, v, dqkv, grad(o.q_norm), grad(o.k_norm));
+    }
+  }
+  float* dln1 = dsmall;
+  if (tp.replicates_kv()) {
+    // The input gradient takes this rank's own share of its replicated key/value head;
+    // the head's weight and bias gradients take every replica's.
+    const ConstTypedPtr own = rounding->for_gemm(dqkv, dbig_c, n * QKV);
+    be->gemm(false, false, rows, c, qkv, 1.0f, own, qkv, w.qkv, c, 0.0f, dln1, c);
+    be->convert_rows(dkv_replicas, 2 * KVD, dqkv + Q, QKV, n, 2 * KVD);
+    tp.sum_kv_replicas(dkv_replicas, n * 2 * KVD, "tensor.kv_replicas_grad");
+    be->convert_rows(dqkv + Q, QKV, dkv_replicas, 2 * KVD, n, 2 * KVD);
+  }
   if (trains && o.qkv_b >= 0) be->bias_backward(g + o.qkv_b, dqkv, n, qkv);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * QKV);
   if (trains) be->gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
-  float* dln1 = dsmall;
-  be->gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
+  if (!tp.replicates_kv())
+    be->gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
   if (lora_qkv >= 0) lora_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g, dln1);
+  tp.sum_partial(dln1, n * C, "tensor.attention_in_grad");  // q|k|v are column-parallel
   be->rmsnorm_backward(dres, C, grad(o.ln1), dln1, C, x, C, v.ln1, a.rstd1, {n, 1, c},
                         /*accumulate_dx=*/true);
 }

@@ -1,0 +1,54 @@
+// Tensor-parallel layout (Megatron-core's tensor_parallel/layers.py arithmetic): which
+// dimension and range of every logical parameter a tensor rank holds, as pure functions.
+//
+// Llama families (llama, qwen2, qwen3), per decoder layer:
+//   q_proj, k_proj, v_proj (weights and biases)  column-parallel: rows by attention head;
+//       key/value heads split like the query heads when T divides them, else (T a multiple
+//       of them) each rank holds the one key/value head its query heads read, the same
+//       head replicated over T / kv_heads ranks (GQA)
+//   gate_proj, up_proj                           column-parallel: rows by MLP channel
+//   o_proj, down_proj                            row-parallel: columns (their input)
+//   norms, o_proj's bias, embeddings, final norm, LM head: whole (replicated)
+// Each rank's flat units hold its pieces, laid out as the unsplit unit is (q|k|v and
+// gate|up still back to back), so ZeRO shards the local flat units as it shards any.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardlm/model/config.hpp"
+#include "shardlm/model/param_layout.hpp"
+#include "shardlm/model/tensor_parallel/tensor_piece.hpp"
+
+namespace shardlm {
+
+// One-line errors (naming --tensor-parallel, the value and what would divide) when
+// `config` cannot be split over `tensor_size` ranks: a family not split yet, LoRA or
+// QLoRA (not yet), attention heads, key/value heads or MLP width not divisible.
+void check_tensor_parallel(const ModelConfig& config, int tensor_size);
+
+// Key/value heads on each tensor rank (kv_heads / T, or 1 when they are replicated).
+int tensor_local_kv_heads(const ModelConfig& config, int tensor_size);
+
+// The piece of parameter `name` (full shape `full_shape`) on tensor rank `split.rank`,
+// and its extent along the piece's dimension (the full extent when whole).
+struct LocalPiece {
+  TensorPiece piece;
+  int64_t extent = 0;
+};
+LocalPiece tensor_piece_of(const ModelConfig& config, const std::string& name,
+                           const std::vector<int64_t>& full_shape, TensorSplit split);
+
+// The family's model units (each laid out from offset 0) as tensor rank split.rank holds
+// them: every parameter cut to its piece (ParamInfo::piece says which), offsets laid
+// out again with the same packing and alignment. split.size 1: unchanged.
+std::vector<UnitLayout> split_for_tensor_rank(std::vector<UnitLayout> units,
+                                              const ModelConfig& config, TensorSplit split);
+
+// The layout another tensor rank of the same run holds: the same units, offsets and
+// shapes (every rank's pieces are equally large), each piece moved to that rank's range.
+// What rank 0 writes into a checkpoint's manifest for every tensor rank.
+ParamLayout layout_of_tensor_rank(const ParamLayout& layout, const ModelConfig& config, int rank);
+
+}  // namespace shardlm

@@ -1,0 +1,39 @@
+#include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
+
+#include "shardlm/comm/communicator.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
+
+namespace shardlm {
+
+TensorParallelBlock::TensorParallelBlock(Communicator* tensor, const ModelConfig& config)
+    : tensor_(tensor) {
+  if (!active()) return;
+  check_tensor_parallel(config, size());
+  const int kv = config.kv_heads();
+  if (kv % size() != 0) {
+    // Ranks t with the same t / (T / kv) hold the same key/value head.
+    const int replicas = size() / kv;
+    kv_replicas_ = tensor_->split(rank() / replicas, rank(), tensor_->name() + ".kv_replicas");
+  }
+}
+
+TensorParallelBlock::~TensorParallelBlock() = default;
+TensorParallelBlock::TensorParallelBlock(TensorParallelBlock&&) noexcept = default;
+TensorParallelBlock& TensorParallelBlock::operator=(TensorParallelBlock&&) noexcept = default;
+
+int TensorParallelBlock::size() const { return tensor_ != nullptr ? tensor_->size() : 1; }
+int TensorParallelBlock::rank() const { return tensor_ != nullptr ? tensor_->rank() : 0; }
+
+void TensorParallelBlock::sum_partial(float* data, int64_t count, const std::string& label) const {
+  if (!active()) return;
+  tensor_->all_reduce(data, static_cast<size_t>(count), ReduceOp::sum, label).wait();
+}
+
+void TensorParallelBlock::sum_kv_replicas(float* data, int64_t count,
+                                          const std::string& label) const {
+  if (!replicates_kv()) return;
+  kv_replicas_->all_reduce(data, static_cast<size_t>(count), ReduceOp::sum, label).wait();
+}
+
+}  // namespace shardlm

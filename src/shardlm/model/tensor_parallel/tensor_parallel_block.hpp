@@ -1,0 +1,52 @@
+// TensorParallelBlock: the collectives a tensor-parallel decoder layer adds to its
+// computation (Megatron-core's column-/row-parallel linear layers), over the tensor group
+// of ModelOptions::parallel_groups. With no group (one tensor rank) every call is a no-op,
+// so the unsplit model runs exactly as before.
+//
+//   forward:  o_proj and down_proj (row-parallel) leave partial sums: sum_partial(branch)
+//             before the residual add (one all-reduce per block half)
+//   backward: the input gradients of q|k|v and gate|up (column-parallel) are partial
+//             sums: sum_partial(dln) before the norm's backward (one all-reduce per half);
+//             qwen3's per-head q/k norm weights are whole but see only this rank's heads:
+//             their gradient is summed too (sum_partial on a small scratch)
+//   GQA with more tensor ranks than key/value heads: each rank holds the head its queries
+//             read, replicated; the head's weight gradient is the sum of its replicas'
+//             (sum_kv_replicas over the ranks that hold the same head)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shardlm/model/config.hpp"
+
+namespace shardlm {
+
+class Communicator;
+
+class TensorParallelBlock {
+ public:
+  TensorParallelBlock() = default;
+  // `tensor`: the tensor group or null. Splits it (a collective over the group) into the
+  // key/value-head replica groups when the model has fewer key/value heads than ranks.
+  TensorParallelBlock(Communicator* tensor, const ModelConfig& config);
+  ~TensorParallelBlock();
+  TensorParallelBlock(TensorParallelBlock&&) noexcept;
+  TensorParallelBlock& operator=(TensorParallelBlock&&) noexcept;
+
+  int size() const;   // tensor ranks (1 without a group)
+  int rank() const;   // this rank's tensor coordinate
+  bool active() const { return tensor_ != nullptr && size() > 1; }
+  bool replicates_kv() const { return kv_replicas_ != nullptr; }
+
+  // data[0, count) becomes the sum over the tensor ranks (waited for: the next kernel reads it).
+  void sum_partial(float* data, int64_t count, const std::string& label) const;
+  // Sum over the ranks holding this rank's key/value head (no-op unless replicates_kv()).
+  void sum_kv_replicas(float* data, int64_t count, const std::string& label) const;
+
+ private:
+  Communicator* tensor_ = nullptr;
+  std::unique_ptr<Communicator> kv_replicas_;
+};
+
+}  // namespace shardlm
