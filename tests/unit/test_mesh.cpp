@@ -10,6 +10,7 @@
 #include "shardlm/comm/in_process_communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/parallel/mesh.hpp"
+#include "shardlm/parallel/placed_mesh.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
@@ -230,4 +231,37 @@ TEST(DeviceMesh, AGroupNotAskedForIsAnErrorAndAWrongWorldIsRefused) {
 }
 
 }  // namespace
+
+TEST(PlacedMesh, SplitsTheModelParallelGroupsTheModelTalksOver) {
+  // shard=2 x context=2 x tensor=2: the strategy's shard group, then context and tensor
+  // (expert has one rank, so no group and a null pointer).
+  const MeshShape shape = MeshShape::parse("shard=2,context=2,tensor=2");
+  const std::vector<MeshDims> expected = {{MeshDim::shard}, {MeshDim::context}, {MeshDim::tensor}};
+  EXPECT_EQ(run_mesh_groups(shape), expected);
+  EXPECT_EQ(run_mesh_groups(MeshShape::parse("shard=4")), std::vector<MeshDims>{{MeshDim::shard}});
+  InProcessJob job(8);
+  std::vector<std::string> seen(8);
+  expect_no_errors(job.run([&](Communicator& world) {
+    PlacedMesh placed(shape, Device{}, world);
+    const ModelParallelGroups groups = placed.model_groups();
+    ASSERT_NE(groups.context, nullptr);
+    ASSERT_NE(groups.tensor, nullptr);
+    EXPECT_EQ(groups.expert, nullptr);
+    EXPECT_EQ(groups.context, &placed.mesh().group({MeshDim::context}));
+    // Sum of 10^world rank over each group: names which ranks took part.
+    float c = 1.0f, t = 1.0f;
+    for (int i = 0; i < world.rank(); ++i) c *= 10.0f, t *= 10.0f;
+    groups.context->all_reduce(&c, 1, ReduceOp::sum, "context sum").wait();
+    groups.tensor->all_reduce(&t, 1, ReduceOp::sum, "tensor sum").wait();
+    seen[static_cast<size_t>(world.rank())] =
+        fmt::format("{} {}/{} {} | {} {}/{} {}", groups.context->name(), groups.context->rank(),
+                    groups.context->size(), c, groups.tensor->name(), groups.tensor->rank(),
+                    groups.tensor->size(), t);
+  }));
+  // Tensor is innermost (neighbouring ranks), context strides over it.
+  EXPECT_EQ(seen[0], "context group 0/2 101 | tensor group 0/2 11");
+  EXPECT_EQ(seen[3], "context group 1/2 1010 | tensor group 1/2 1100");
+  EXPECT_EQ(seen[5], "context group 0/2 10100000 | tensor group 1/2 110000");
+}
+
 }  // namespace shardlm

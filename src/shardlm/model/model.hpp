@@ -82,7 +82,7 @@ struct ModelOptions {
   // The backend the model's kernels run on instead of backend_for(device): `plan`'s
   // meta backend standing for `device` (backend/meta). Null: backend_for(device).
   Backend* backend = nullptr;
-  ModelParallelGroups parallel_groups;
+  ModelParallelGroups parallel_groups{};
 };
 
 // What a model allocates (bytes), for `shardlm plan`.

@@ -1,19 +1,15 @@
 #include "shardlm/parallel/placed_strategy.hpp"
 
 #include "shardlm/backend/cpu/gemm.hpp"
-#include "shardlm/comm/device_communicator.hpp"
 #include "shardlm/core/sha256.hpp"
 
 namespace shardlm {
 
 PlacedStrategy::PlacedStrategy(const ParamLayout& layout, std::vector<std::vector<int>> unit_needs,
-                               const MeshShape& mesh_shape, const StrategyOptions& options,
-                               Device device, Backend& backend, Communicator& world)
-    : layout_(layout), device_(device), backend_(backend) {
-  device_comm_ = make_device_communicator(device, world);
-  mesh_ = std::make_unique<DeviceMesh>(mesh_shape, device_comm_ ? *device_comm_ : world,
-                                       FlatUnitStrategy::mesh_groups(mesh_shape));
-  strategy_ = std::make_unique<FlatUnitStrategy>(layout, std::move(unit_needs), *mesh_, options,
+                               DeviceMesh& mesh, const StrategyOptions& options, Device device,
+                               Backend& backend)
+    : layout_(layout), device_(device), backend_(backend), mesh_(mesh) {
+  strategy_ = std::make_unique<FlatUnitStrategy>(layout, std::move(unit_needs), mesh_, options,
                                                  MemoryTracker::global(), backend);
   if (!device.is_host())
     host_state_ = std::make_unique<HostOwnedState>(

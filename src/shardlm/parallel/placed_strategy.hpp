@@ -1,7 +1,7 @@
 // PlacedStrategy: the run's strategy where its buffers live (--device). On the host
-// the FlatUnitStrategy is its own owned state. On a device it talks over the device's
-// communicator (NCCL, or the emulated device's) while the world communicator carries
-// the host's values, and a HostOwnedState keeps the owned state in host memory: a
+// the FlatUnitStrategy is its own owned state. On a device it talks over the groups of
+// the PlacedMesh (split from the device's communicator), and a HostOwnedState keeps the
+// owned state in host memory: a
 // mirror for checkpoints, initialisation and import, or, with --offload optimizer,
 // the truth (AdamW runs there). The trainer drives the step through strategy() and
 // reads and writes state through owned_state(), and never asks where it runs.
@@ -24,12 +24,13 @@ namespace shardlm {
 
 class PlacedStrategy {
  public:
-  // Collective over `world`. layout is built for the mesh's shard size; unit_needs as
-  // FlatUnitStrategy takes them; `backend` is the device's (backend_for(device)).
-  // layout and world must outlive this.
+  // Collective over the mesh's world. layout is built for the mesh's shard size;
+  // unit_needs as FlatUnitStrategy takes them; `mesh` is the run's PlacedMesh's (on
+  // `device`); `backend` is the device's (backend_for(device)). layout and mesh must
+  // outlive this.
   PlacedStrategy(const ParamLayout& layout, std::vector<std::vector<int>> unit_needs,
-                 const MeshShape& mesh_shape, const StrategyOptions& options, Device device,
-                 Backend& backend, Communicator& world);
+                 DeviceMesh& mesh, const StrategyOptions& options, Device device,
+                 Backend& backend);
   ~PlacedStrategy();
 
   Strategy& strategy() { return *strategy_; }
@@ -45,7 +46,7 @@ class PlacedStrategy {
   // which no collective in flight writes.
   void stage_for_host();
   // Read and reset the counters of the mesh's groups split from the world.
-  CommCounters take_group_counters() { return mesh_->take_group_counters(); }
+  CommCounters take_group_counters() { return mesh_.take_group_counters(); }
   // The first 64 bits of sha256 over the replicated parameters (ddp, zero1, zero2;
   // nothing for sharded units), for --check-replicas.
   uint64_t replicated_params_digest();
@@ -56,8 +57,7 @@ class PlacedStrategy {
   const ParamLayout& layout_;
   const Device device_;
   Backend& backend_;
-  std::unique_ptr<Communicator> device_comm_;  // null on the host
-  std::unique_ptr<DeviceMesh> mesh_;           // over device_comm_ when there is one
+  DeviceMesh& mesh_;
   std::unique_ptr<FlatUnitStrategy> strategy_;
   std::unique_ptr<HostOwnedState> host_state_;  // null on the host
 };

@@ -13,6 +13,7 @@
 #include "shardlm/parallel/flat_unit_strategy.hpp"
 #include "shardlm/parallel/host_owned_state.hpp"
 #include "shardlm/parallel/mesh.hpp"
+#include "shardlm/parallel/placed_mesh.hpp"
 #include "shardlm/train/model_runner.hpp"
 
 namespace shardlm {
@@ -125,7 +126,7 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
   meta::MetaBackend& host = on_device ? *host_backend : device;
 
   const MeshShape shape = strategy_mesh(r.strategy, n);
-  const std::vector<MeshDims> groups = FlatUnitStrategy::mesh_groups(shape);
+  const std::vector<MeshDims> groups = run_mesh_groups(shape);
   // DeviceMesh splits each group that does not span the world, in this order.
   std::vector<int> split_sizes;
   for (const MeshDims& dims : groups)
@@ -141,13 +142,14 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
     RecordingCommunicator world(n, recording, split_sizes, host, comm_options);
     const int partition = shape.size(MeshDim::shard);
     const ParamLayout layout = ParamLayout::build(r.config, partition, r.min_unit_params);
+    DeviceMesh mesh(shape, world, groups);
     ModelOptions model_options = r.model;
     model_options.backend = &device;
+    model_options.parallel_groups = model_parallel_groups(mesh);
     const std::unique_ptr<Model> run_model =
         model_family(r.config.family)
             .make_model(r.config, layout, r.micro_batch, r.seq_len, model_options, host.tracker());
     UnitWorkModel model(*run_model, recording, unit_work);
-    DeviceMesh mesh(shape, world, groups);
     FlatUnitStrategy strategy(layout, model.unit_needs(), mesh, r.strategy, host.tracker(), device);
     std::unique_ptr<HostOwnedState> host_state;
     if (on_device)

@@ -29,6 +29,7 @@
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/optim/optimizer.hpp"
 #include "shardlm/parallel/owned_params.hpp"
+#include "shardlm/parallel/placed_mesh.hpp"
 #include "shardlm/parallel/placed_strategy.hpp"
 #include "shardlm/train/batch_source.hpp"
 #include "shardlm/train/checkpoint_schedule.hpp"
@@ -122,6 +123,7 @@ class Trainer {
   Device device_{};
   Backend* backend_ = &cpu_backend();
   MeshShape mesh_shape_;
+  std::unique_ptr<PlacedMesh> placed_mesh_;  // before the model: it takes the model-parallel groups
   std::unique_ptr<PlacedStrategy> placed_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
@@ -475,7 +477,9 @@ std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
 void Trainer::build_model_and_strategy() {
   const int partition = mesh_shape_.size(MeshDim::shard);
   layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
-  const ModelOptions model_options = o_.model_options(device_);
+  placed_mesh_ = std::make_unique<PlacedMesh>(mesh_shape_, device_, comm_);
+  ModelOptions model_options = o_.model_options(device_);
+  model_options.parallel_groups = placed_mesh_->model_groups();
   model_ = model_family(config_.family)
                .make_model(config_, *layout_, o_.micro_batch, o_.seq_len, model_options,
                            MemoryTracker::global());
@@ -485,8 +489,8 @@ void Trainer::build_model_and_strategy() {
     scaler_config.growth_interval = o_.loss_scale_growth_interval;
     loss_scaler_.emplace(scaler_config);
   }
-  placed_ = std::make_unique<PlacedStrategy>(*layout_, model_->unit_needs(), mesh_shape_,
-                                             o_.strategy_options(), device_, *backend_, comm_);
+  placed_ = std::make_unique<PlacedStrategy>(*layout_, model_->unit_needs(), placed_mesh_->mesh(),
+                                             o_.strategy_options(), device_, *backend_);
   runner_ = std::make_unique<ModelRunner>(*model_, strategy());
 }
 
