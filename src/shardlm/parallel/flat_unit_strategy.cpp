@@ -121,7 +121,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
 }
 
 std::vector<MeshDims> FlatUnitStrategy::mesh_groups(const MeshShape& shape) {
-  std::vector<MeshDims> groups = {{MeshDim::shard}};
+  std::vector<MeshDims> groups = {partition_dims()};
   if (shape.size(MeshDim::replicate) > 1) groups.push_back({MeshDim::replicate});
   return groups;
 }
@@ -175,7 +175,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   SHARDLM_CHECK(mesh_.shape() == strategy_mesh(options, world_size()),
                 "internal: strategy {} runs on mesh {}, was given {}", to_string(options.kind),
                 strategy_mesh(options, world_size()).to_string(), mesh_.shape().to_string());
-  shard_ = &mesh_.group({MeshDim::shard});
+  shard_ = &mesh_.group(partition_dims());
   if (mesh_.shape().size(MeshDim::replicate) > 1) replica_ = &mesh_.group({MeshDim::replicate});
   SHARDLM_CHECK(layout.world_size == shard_->size(),
                 "internal: layout built for {} ranks, strategy partitions over {}",
@@ -456,7 +456,7 @@ double FlatUnitStrategy::global_grad_norm_squared() {
   double local = 0.0;
   for (auto& flat : units_)
     if (flat.trainable()) local += flat.reduced_grad_sum_of_squares();
-  // Replicas (hybrid) hold the same reduced values: sum over the shard group only.
+  // Replicas (hybrid) hold the same reduced values: sum over the partition only.
   shard_->all_reduce_blocking(std::span<double>(&local, 1), ReduceOp::sum, "grad norm");
   return local;
 }

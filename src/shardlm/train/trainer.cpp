@@ -475,7 +475,7 @@ std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
 }
 
 void Trainer::build_model_and_strategy() {
-  const int partition = mesh_shape_.size(MeshDim::shard);
+  const int partition = partition_size(mesh_shape_);
   layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
   placed_mesh_ = std::make_unique<PlacedMesh>(mesh_shape_, device_, comm_);
   ModelOptions model_options = o_.model_options(device_);
