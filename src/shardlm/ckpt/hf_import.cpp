@@ -38,7 +38,7 @@ fs::path config_path_of(const std::string& path) {
 
 // Shapes as Hugging Face stores them: vocabulary matrices without shardlm's padding rows.
 std::vector<int64_t> hf_shape(const ParamInfo& p) {
-  std::vector<int64_t> shape = p.shape;
+  std::vector<int64_t> shape = p.piece.full_shape(p.shape);  // a tensor-parallel piece's tensor
   if (p.valid_rows >= 0) shape[0] = p.valid_rows;
   return shape;
 }
@@ -245,13 +245,21 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
       safetensors::Reader& reader = *files.by_tensor.at(stored);
       const int64_t lo = std::max(s.begin, p.offset);
       // A QLoRA base weight is quantized on load; its elements are the NF4 words.
-      const int64_t numel = p.quantized() ? p.numel : safetensors::shape_numel(hf_shape(p));
+      const int64_t numel =
+          p.quantized() || !p.piece.whole() ? p.numel : safetensors::shape_numel(hf_shape(p));
       const int64_t hi = std::min(s.end, p.offset + numel);
       if (lo >= hi) continue;
       std::vector<float> values = reader.read(stored).to_f32();
       SHARDLM_CHECK(all_finite(values.data(), static_cast<int64_t>(values.size())),
                     "'{}' tensor '{}' holds non-finite values (NaN or infinity)", reader.path(),
                     stored);
+      if (!p.piece.whole()) {
+        // A tensor-parallel piece: its rows or columns of the logical tensor.
+        p.piece.for_each_run(p.shape, lo - p.offset, hi - p.offset, [&](int64_t full, int64_t local, int64_t n) {
+          write_owned_params(s, p.offset + local, n, values.data() + full);
+        });
+        continue;
+      }
       if (p.storage == ParamStorage::nf4) {
         std::vector<float> words(static_cast<size_t>(p.numel));
         cpu::nf4_quantize(values.data(), static_cast<int64_t>(values.size()), words.data());

@@ -91,6 +91,10 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   cmd->add_option("--mesh", opts->mesh,
                   "Layout of the ranks, outermost first, e.g. replicate=2,shard=4 (hybrid: "
                   "--shard-group-size 4 at 8 ranks); ddp and zero* run on shard=N");
+  cmd->add_option("--tensor-parallel", opts->tensor_parallel,
+                  "Split every transformer block over this many ranks (Megatron's tensor "
+                  "parallelism; llama, qwen2, qwen3; the mesh's innermost dimension)")
+      ->capture_default_str();
   cmd->add_option("--min-unit-params", opts->min_unit_params,
                   "Model units with fewer parameters are merged with a neighbour into one flat "
                   "unit (fewer, larger messages)")

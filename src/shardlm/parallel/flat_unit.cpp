@@ -1,5 +1,6 @@
 #include "shardlm/parallel/flat_unit.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "shardlm/core/error.hpp"
@@ -257,13 +258,19 @@ float* FlatUnit::reduced_grad_slice() {
 }
 
 double FlatUnit::reduced_grad_sum_of_squares() {
+  return reduced_grad_sum_of_squares(slice_begin_, slice_begin_ + slice_numel_);
+}
+
+double FlatUnit::reduced_grad_sum_of_squares(int64_t begin, int64_t end) {
   SHARDLM_ASSERT(trainable());
+  int64_t lo = std::max(begin, slice_begin_), hi = std::min(end, slice_begin_ + slice_numel_);
+  if (lo > hi) lo = hi = slice_begin_;  // outside the slice: nothing (the kernel runs on 0 elements)
   if (grads_on_host_) {
     SHARDLM_CHECK(host_gradients_ != nullptr, "internal: unit {} has no host gradients", name());
-    return host_gradients_->sum_of_squares(index_, whole_unit_owned_ ? slice_begin_ : 0,
-                                           slice_numel_);
+    return host_gradients_->sum_of_squares(index_, (whole_unit_owned_ ? slice_begin_ : 0) + (lo - slice_begin_),
+                                           hi - lo);
   }
-  return backend_.sum_of_squares(reduced_grad_slice(), slice_numel_);
+  return backend_.sum_of_squares(reduced_grad_slice() + (lo - slice_begin_), hi - lo);
 }
 
 }  // namespace shardlm

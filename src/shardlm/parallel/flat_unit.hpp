@@ -114,6 +114,8 @@ class FlatUnit {
   void zero_reduced_grads();
   // This rank's part of the squared global norm: its reduced slice (0 when frozen).
   double reduced_grad_sum_of_squares();
+  // The part of it within the unit's elements [begin, end) (a tensor-parallel piece).
+  double reduced_grad_sum_of_squares(int64_t begin, int64_t end);
 
  private:
   enum class GatherState { none, in_flight, ready };

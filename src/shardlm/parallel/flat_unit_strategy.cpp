@@ -121,7 +121,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
 }
 
 std::vector<MeshDims> FlatUnitStrategy::mesh_groups(const MeshShape& shape) {
-  std::vector<MeshDims> groups = {partition_dims()};
+  std::vector<MeshDims> groups = {{MeshDim::shard}};
   if (shape.size(MeshDim::replicate) > 1) groups.push_back({MeshDim::replicate});
   return groups;
 }
@@ -172,10 +172,18 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   unit_needs_ = flat_needs(layout, unit_needs);
   SHARDLM_CHECK(options.prefetch >= 0, "--prefetch must be >= 0, got {}", options.prefetch);
   SHARDLM_CHECK(options.bucket_mb > 0, "--bucket-mb must be positive, got {}", options.bucket_mb);
-  SHARDLM_CHECK(mesh_.shape() == strategy_mesh(options, world_size()),
+  // Tensor parallelism: the strategy's dimensions share out the world's other ranks.
+  const int tensor_size = mesh_.shape().size(MeshDim::tensor);
+  MeshShape expected_mesh = strategy_mesh(options, world_size() / tensor_size);
+  expected_mesh.set_size(MeshDim::tensor, tensor_size);
+  SHARDLM_CHECK(mesh_.shape() == expected_mesh,
                 "internal: strategy {} runs on mesh {}, was given {}", to_string(options.kind),
-                strategy_mesh(options, world_size()).to_string(), mesh_.shape().to_string());
-  shard_ = &mesh_.group(partition_dims());
+                expected_mesh.to_string(), mesh_.shape().to_string());
+  SHARDLM_CHECK(layout.tensor.size == tensor_size,
+                "internal: layout built for {} tensor rank(s), the mesh has {}", layout.tensor.size,
+                tensor_size);
+  if (tensor_size > 1) tensor_ = &mesh_.group({MeshDim::tensor});
+  shard_ = &mesh_.group({MeshDim::shard});
   if (mesh_.shape().size(MeshDim::replicate) > 1) replica_ = &mesh_.group({MeshDim::replicate});
   SHARDLM_CHECK(layout.world_size == shard_->size(),
                 "internal: layout built for {} ranks, strategy partitions over {}",
@@ -456,9 +464,31 @@ double FlatUnitStrategy::global_grad_norm_squared() {
   double local = 0.0;
   for (auto& flat : units_)
     if (flat.trainable()) local += flat.reduced_grad_sum_of_squares();
-  // Replicas (hybrid) hold the same reduced values: sum over the partition only.
-  shard_->all_reduce_blocking(std::span<double>(&local, 1), ReduceOp::sum, "grad norm");
-  return local;
+  // Replicas (hybrid) hold the same reduced values: sum over the shard group only.
+  if (tensor_ == nullptr) {
+    shard_->all_reduce_blocking(std::span<double>(&local, 1), ReduceOp::sum, "grad norm");
+    return local;
+  }
+  // Tensor parallelism: the pieces of split tensors differ between tensor ranks (summed
+  // over the tensor group too), whole tensors are the same on all of them (once).
+  // A piece held by several tensor ranks (GQA's key/value heads over more ranks than
+  // heads) counts on the first of them only.
+  double sums[2] = {0.0, local};  // pieces, whole
+  for (int u = 0; u < num_units_; ++u) {
+    FlatUnit& flat = units_[static_cast<size_t>(u)];
+    if (!flat.trainable()) continue;
+    for (const ParamInfo& p : layout_.units[static_cast<size_t>(u)].params) {
+      if (p.piece.whole()) continue;
+      const double piece = flat.reduced_grad_sum_of_squares(p.offset, p.offset + p.numel);
+      const int64_t pieces = p.piece.full / p.shape[static_cast<size_t>(p.piece.dim)];
+      const int64_t holders = layout_.tensor.size / pieces;
+      sums[1] -= piece;
+      if (layout_.tensor.rank % holders == 0) sums[0] += piece;
+    }
+  }
+  shard_->all_reduce_blocking(std::span<double>(sums, 2), ReduceOp::sum, "grad norm");
+  tensor_->all_reduce_blocking(std::span<double>(sums, 1), ReduceOp::sum, "grad norm (tensor)");
+  return sums[0] + sums[1];
 }
 
 void FlatUnitStrategy::after_step() {
@@ -507,7 +537,9 @@ void FlatUnitStrategy::synchronize() {
 }
 
 bool FlatUnitStrategy::writes_checkpoint() const {
-  if (options_.kind == StrategyKind::ddp) return mesh_.rank() == 0;
+  // (With tensor parallelism the first data rank of every tensor rank: it holds its pieces.)
+  if (options_.kind == StrategyKind::ddp)
+    return mesh_.coordinate(MeshDim::shard) == 0 && mesh_.coordinate(MeshDim::replicate) == 0;
   return mesh_.coordinate(MeshDim::replicate) == 0;  // the first replica writes
 }
 

@@ -74,9 +74,7 @@ class UnitWorkModel final : public Model {
 
 CommGroup comm_group(const std::string& communicator) {
   if (communicator == "world") return CommGroup::world;
-  // The partition (consecutive ranks): shard, or shard x context.
-  if (communicator == "shard group" || communicator == "shard x context group")
-    return CommGroup::shard;
+  if (communicator == "shard group") return CommGroup::shard;
   if (communicator == "replica group") return CommGroup::replica;
   throw Error(fmt::format("internal: the plan's time model has no place for communicator '{}'",
                           communicator));
@@ -142,7 +140,7 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
   TracedStep out;
   {
     RecordingCommunicator world(n, recording, split_sizes, host, comm_options);
-    const int partition = partition_size(shape);
+    const int partition = shape.size(MeshDim::shard);
     const ParamLayout layout = ParamLayout::build(r.config, partition, r.min_unit_params);
     DeviceMesh mesh(shape, world, groups);
     ModelOptions model_options = r.model;

@@ -15,6 +15,7 @@
 #include "shardlm/core/device.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
@@ -103,6 +104,7 @@ ModelConfig resolve_model_config(const TrainOptions& o, std::optional<int> data_
                 "--seq-len {} is longer than the model's context ({} positions; --context-len "
                 "sets it)",
                 o.seq_len, config.max_seq_len);
+  check_tensor_parallel(config, o.tensor_size());
   return config;
 }
 
@@ -145,7 +147,11 @@ void TrainOptions::validate_run_shape() const {
   SHARDLM_CHECK(hybrid || shard_group_size == 0,
                 "--shard-group-size applies to --strategy hybrid only (this run uses {})",
                 strategy);
+  check_at_least("--tensor-parallel", tensor_parallel, 1);
   if (!mesh.empty()) validate_mesh();
+  SHARDLM_CHECK(!check_replicas || tensor_size() == 1,
+                "--check-replicas compares every rank's replicated parameters, which tensor "
+                "ranks do not share (--tensor-parallel {}): leave one of them out", tensor_size());
   parse_dtype(precision, "--precision");
   const Device run_device = parse_device(device, "--device");
   SHARDLM_CHECK(offload == Offload::none || !run_device.is_host(),
@@ -157,13 +163,16 @@ void TrainOptions::validate_run_shape() const {
 
 void TrainOptions::validate_mesh() const {
   const MeshShape m = MeshShape::parse(mesh);
-  for (MeshDim d : {MeshDim::context, MeshDim::expert, MeshDim::tensor, MeshDim::pipeline})
+  for (MeshDim d : {MeshDim::context, MeshDim::expert, MeshDim::pipeline})
     SHARDLM_CHECK(m.size(d) == 1,
                   "--mesh {}: {} parallelism is not there yet (the dimensions today: replicate, "
                   "shard)",
                   mesh, mesh_dim_name(d));
   SHARDLM_CHECK(strategy != "auto",
                 "--mesh fixes the layout that --strategy auto chooses: give one of them");
+  SHARDLM_CHECK(tensor_parallel == 1 || tensor_parallel == m.size(MeshDim::tensor),
+                "--mesh {} has {} tensor rank(s), --tensor-parallel says {}", mesh,
+                m.size(MeshDim::tensor), tensor_parallel);
   const int replicas = m.size(MeshDim::replicate), shards = m.size(MeshDim::shard);
   if (parse_strategy_kind(strategy) == StrategyKind::hybrid) {
     SHARDLM_CHECK(shard_group_size == 0 || shard_group_size == shards,
@@ -219,12 +228,22 @@ int TrainOptions::shard_group() const {
   return shard_group_size;
 }
 
+int TrainOptions::tensor_size() const {
+  return mesh.empty() ? tensor_parallel : MeshShape::parse(mesh).size(MeshDim::tensor);
+}
+
 MeshShape TrainOptions::mesh_shape(int world_size) const {
   if (mesh.empty()) {
     StrategyOptions o;
     o.kind = parse_strategy_kind(strategy);
     o.shard_group_size = shard_group();
-    return strategy_mesh(o, world_size);
+    // The tensor dimension is innermost; the strategy's dimensions share out the rest.
+    SHARDLM_CHECK(world_size % tensor_parallel == 0,
+                  "--tensor-parallel {} does not divide the job's {} ranks (the tensor ranks "
+                  "are a factor of the world)", tensor_parallel, world_size);
+    MeshShape m = strategy_mesh(o, world_size / tensor_parallel);
+    m.set_size(MeshDim::tensor, tensor_parallel);
+    return m;
   }
   const MeshShape m = MeshShape::parse(mesh);
   m.check_world(world_size);

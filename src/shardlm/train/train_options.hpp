@@ -82,6 +82,9 @@ struct TrainOptions {
   // parallel/mesh_shape.hpp); empty: the strategy's (shard=N, or for hybrid
   // replicate=N/G x shard=G, for which --shard-group-size G is the shorthand).
   std::string mesh;
+  // --tensor-parallel T: every transformer block split over T ranks (the mesh's tensor
+  // dimension, innermost: model/tensor_parallel/); --mesh tensor=T says the same.
+  int tensor_parallel = 1;
   // Model units smaller than this are merged with a neighbour into one flat unit.
   int64_t min_unit_params = 65536;
   double comm_timeout = 300.0;  // seconds any wait on a collective may take
@@ -128,6 +131,8 @@ struct TrainOptions {
 
   // Hybrid's ranks per shard group: --shard-group-size, or --mesh's shard size.
   int shard_group() const;
+  // Tensor ranks: --tensor-parallel, or --mesh's tensor size.
+  int tensor_size() const;
   // What the flags say to the strategy, the model (on `device`) and AdamW: the one
   // place `train`, `plan` and `--strategy auto` assemble them. --strategy auto gives
   // ddp's (the planner's candidates vary it).

@@ -97,6 +97,9 @@ class Trainer {
   void save(int64_t step, const std::string& run_dir);
   Strategy& strategy() const { return placed_->strategy(); }
   int dp_rank() const { return mesh_shape_.data_parallel_rank(rank_); }
+  // Tensor parallelism: the ranks of a tensor group compute the same loss on the same
+  // rows; only the first counts its loss and targets into the sums over the world.
+  bool counts_loss() const { return mesh_shape_.coordinate(rank_, MeshDim::tensor) == 0; }
   void print(const std::string& text) const {
     if (is_root_) std::fputs(text.c_str(), stdout), std::fflush(stdout);
   }
@@ -314,6 +317,7 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
     runner_->backward(batch, k);
   }
   strategy().finish_gradients();
+  if (!counts_loss()) sums[0] = sums[1] = 0.0;
   comm_.all_reduce_blocking(std::span<double>(sums, 2), ReduceOp::sum, "loss sum");
   // The loss is the mean over the global batch's target tokens, not a mean of means.
   const double aux_loss = sums[1] / micro_batches;
@@ -355,7 +359,7 @@ UnpackedTargetCount Trainer::load_step_batches(int64_t step) {
   RunControl local;
   local.stop = stop_signal_received() != 0;
   local.save_now = is_root_ && checkpoints_.save_due(step, start_step_);
-  int64_t counts[1] = {pack_target_count(targets, local, world_)};
+  int64_t counts[1] = {pack_target_count(counts_loss() ? targets : 0, local, world_)};
   comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "target count");
   return unpack_target_count(counts[0]);
 }
@@ -475,8 +479,10 @@ std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
 }
 
 void Trainer::build_model_and_strategy() {
-  const int partition = partition_size(mesh_shape_);
-  layout_ = std::make_unique<ParamLayout>(ParamLayout::build(config_, partition, o_.min_unit_params));
+  const int partition = mesh_shape_.size(MeshDim::shard);
+  const TensorSplit tensor{mesh_shape_.size(MeshDim::tensor), mesh_shape_.coordinate(rank_, MeshDim::tensor)};
+  layout_ = std::make_unique<ParamLayout>(
+      ParamLayout::build(config_, partition, o_.min_unit_params, tensor));
   placed_mesh_ = std::make_unique<PlacedMesh>(mesh_shape_, device_, comm_);
   ModelOptions model_options = o_.model_options(device_);
   model_options.parallel_groups = placed_mesh_->model_groups();
@@ -587,8 +593,8 @@ double Trainer::evaluate() {
   rows.dp_size = mesh_shape_.data_parallel_size();
   const EvalLoss loss = evaluate_rows(
       *runner_, rows, [&](int64_t row, const RowBuffers& out, int at) { data_->fill_val(row, out, at); });
-  double sums[1] = {loss.loss_sum};
-  int64_t counts[1] = {loss.target_count};
+  double sums[1] = {counts_loss() ? loss.loss_sum : 0.0};
+  int64_t counts[1] = {counts_loss() ? loss.target_count : 0};
   comm_.all_reduce_blocking(std::span<double>(sums, 1), ReduceOp::sum, "eval loss sum");
   comm_.all_reduce_blocking(std::span<int64_t>(counts, 1), ReduceOp::sum, "eval target count");
   return counts[0] > 0 ? sums[0] / static_cast<double>(counts[0]) : std::nan("");

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Tensor parallelism (--tensor-parallel T, the mesh's innermost dimension) in fp32 at
+# N = 4 ranks, llama (GQA, 2 key/value heads) and qwen3 (q/k norms; its one key/value
+# head replicated over the 2 tensor ranks): ddp x T=2 and zero3 x T=2 give bitwise the
+# same weights (the same partition of the same local pieces), and equal the unsplit
+# ddp x 2 run on the same rows: loss and gradient norm of every step within 1e-5
+# relative, the weights within 1e-5 relative (L2 over the model) after 6 AdamW steps
+# with clipping (the all-reduce of T partial sums adds in another order than one GEMM,
+# ~1e-6 relative per gradient, which AdamW's normalised steps carry on). T = 4
+# (llama-tiny's 2 key/value heads replicated) against one process likewise. The T = 2
+# checkpoint loads bitwise at T = 1 and exports to Hugging Face; bad input is refused in
+# one line before a run directory exists.
+source "$(dirname "$0")/../cli/lib/common.sh" "$@"
+make_byte_data
+COMMON=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-batch 8
+        --steps 6 --eval-batches 0 --data "$WORK/data")
+
+# Each step's loss and gradient norm of two runs, within a relative tolerance.
+same_curves() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY' || fail "$1 and $2: loss or gradient norm differ"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+tol = float(sys.argv[3])
+assert len(a) == len(b) and a, (len(a), len(b))
+worst = 0.0
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        worst = max(worst, abs(x[k] - y[k]) / abs(y[k]))
+print(f"worst relative difference of loss and grad norm over {len(a)} steps: {worst:.3e}")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+
+train() {  # train N OUT FLAGS...
+  local n="$1" out="$2"; shift 2
+  run_mpi "$n" "$SHARDLM" train "${COMMON[@]}" --out "$out" "$@" > "$out.log" 2>&1 \
+    || { cat "$out.log"; fail "$out failed"; }
+}
+
+# (qwen2's q/k/v biases are held to the unsplit model in test_tensor_parallel_llama; its
+# key bias has no gradient but rounding noise, which AdamW turns into lr-sized steps of
+# either sign, so its weights are compared there, not after training.)
+for model in "llama-tiny" "qwen3-tiny --n-head 4"; do
+  name="${model%% *}"
+  # shellcheck disable=SC2086
+  train 2 "$WORK/${name}_t1" --model $model --micro-batch 4 --strategy ddp
+  for strategy in ddp zero3; do
+    # shellcheck disable=SC2086
+    train 4 "$WORK/${name}_t2_$strategy" --model $model --micro-batch 4 --strategy "$strategy" --tensor-parallel 2
+  done
+  [ "$(digest_of "$WORK/${name}_t2_ddp")" = "$(digest_of "$WORK/${name}_t2_zero3")" ] \
+    || fail "$name: ddp x T=2 and zero3 x T=2 differ"
+  same_curves "$WORK/${name}_t2_ddp" "$WORK/${name}_t1" 1e-5
+  "$SHARDLM" inspect "$WORK/${name}_t2_zero3" --compare "$WORK/${name}_t1" --tolerance 1e-5 \
+    --relative-to norm || fail "$name: T=2 weights differ from T=1's"
+  echo "$name: ddp x T=2 = zero3 x T=2 bitwise, = ddp x 2 (T=1) within 1e-5"
+done
+
+# T = 4 on one data-parallel rank against one process.
+train 1 "$WORK/t4_ref" --model llama-tiny --micro-batch 8
+train 4 "$WORK/t4" --model llama-tiny --micro-batch 8 --strategy zero3 --mesh shard=1,tensor=4
+same_curves "$WORK/t4" "$WORK/t4_ref" 1e-5
+"$SHARDLM" inspect "$WORK/t4" --compare "$WORK/t4_ref" --tolerance 1e-5 --relative-to norm \
+  || fail "T=4 weights differ from one process's"
+echo "llama-tiny: T=4 (key/value heads replicated) = one process within 1e-5"
+
+# The T = 2 checkpoint at T = 1: loaded bitwise (the loaded state saved again), trains on.
+want="$("$SHARDLM" inspect "$WORK/llama-tiny_t2_zero3" --quiet)"
+cp -r "$WORK/llama-tiny_t2_zero3" "$WORK/resume_t1"
+SHARDLM_FAULT="save_after_load=$WORK/loaded_t1" run_mpi 2 "$SHARDLM" train "${COMMON[@]}" \
+  --model llama-tiny --micro-batch 4 --steps 8 --resume --out "$WORK/resume_t1" \
+  > "$WORK/resume_t1.log" 2>&1 || { cat "$WORK/resume_t1.log"; fail "T=2 -> T=1 resume"; }
+[ "$("$SHARDLM" inspect "$WORK/loaded_t1" --quiet)" = "$want" ] \
+  || fail "the T=2 checkpoint loaded at T=1 is not the saved state"
+"$SHARDLM" export --checkpoint "$WORK/llama-tiny_t2_zero3" --out "$WORK/hf_t2" > "$WORK/export.log" 2>&1 \
+  || { cat "$WORK/export.log"; fail "export of the T=2 checkpoint"; }
+"$SHARDLM" export --checkpoint "$WORK/loaded_t1" --out "$WORK/hf_loaded_t1" > /dev/null 2>&1 || fail "export of the T=1 copy"
+cmp "$WORK/hf_t2/model.safetensors" "$WORK/hf_loaded_t1/model.safetensors" \
+  || fail "the T=2 checkpoint exports other weights than its T=1 copy"
+echo "T=2 checkpoint: loaded bitwise at T=1 (and trained on), exported to Hugging Face as its T=1 copy is"
+
+# Bad input: one line, non-zero exit, no run directory.
+refused() {  # refused N NEEDLE FLAGS...
+  local n="$1" needle="$2"; shift 2
+  local out="$WORK/refused"
+  rm -rf "$out"
+  local log
+  log="$(run_mpi "$n" "$SHARDLM" train "${COMMON[@]}" --out "$out" "$@" 2>&1)" && fail "accepted: $*"
+  echo "$log" | grep -q "error: .*$needle" || fail "expected '$needle' for $*; got: $log"
+  [ ! -e "$out" ] || fail "a run directory was created for: $*"
+}
+refused 2 "--tensor-parallel 4 does not divide the job's 2 ranks" --model llama-tiny --micro-batch 4 --tensor-parallel 4
+refused 4 "--tensor-parallel 3 must divide the 4 attention heads" --model llama-tiny --micro-batch 4 --tensor-parallel 3
+refused 2 "--tensor-parallel 2 must divide the 3 attention heads" --model qwen3-tiny --micro-batch 4 --tensor-parallel 2
+refused 2 "the gpt2 family is not split over tensor ranks yet" --model gpt2-tiny --micro-batch 4 --tensor-parallel 2
+refused 2 "--mesh shard=1,tensor=2 has 2 tensor rank(s), --tensor-parallel says 4" --model llama-tiny --micro-batch 4 --mesh shard=1,tensor=2 --tensor-parallel 4
+echo "bad input refused before a run directory exists"
+echo "1 passed, 0 failed"
