@@ -186,8 +186,51 @@ TEST(MeshShape, StrategiesRunOnTheObviousMeshes) {
             std::string::npos);
 }
 
+TEST(MeshShape, ContextParallelRanksJoinThePartition) {
+  // Context ranks split sequences: they read the same rows (data parallelism stays
+  // replicate x shard) and the unit partition spans shard x context.
+  StrategyOptions o;
+  o.kind = StrategyKind::zero3;
+  o.context_parallel = 2;
+  const MeshShape zero3 = strategy_mesh(o, 8);
+  EXPECT_EQ(zero3.to_string(), "replicate=1,shard=4,context=2");
+  EXPECT_EQ(partition_size(o, 8), 8);
+  EXPECT_EQ(zero3.data_parallel_size(), 4);
+  EXPECT_EQ(zero3.data_parallel_rank(2), zero3.data_parallel_rank(3));  // a context pair
+  EXPECT_NE(zero3.data_parallel_rank(1), zero3.data_parallel_rank(2));
+  o.kind = StrategyKind::hybrid;
+  o.shard_group_size = 2;
+  const MeshShape hybrid = strategy_mesh(o, 8);
+  EXPECT_EQ(hybrid.to_string(), "replicate=2,shard=2,context=2");
+  EXPECT_EQ(partition_size(hybrid), 4);
+  EXPECT_EQ(hybrid.group_ranks(5, partition_dims()), (std::vector<int>{4, 5, 6, 7}));
+  o.context_parallel = 3;
+  EXPECT_EQ(error_of([&] { strategy_mesh(o, 8); }),
+            "--context-parallel 3 must divide the world size 8 (each sequence is split over "
+            "that many ranks)");
+  o.context_parallel = 1;  // without context ranks: the meshes of before
+  EXPECT_EQ(strategy_mesh(o, 8).to_string(), "replicate=4,shard=2");
+}
+
 void expect_no_errors(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(DeviceMesh, ThePartitionIsTheShardGroupWithoutContextRanks) {
+  InProcessJob job(4);
+  std::vector<std::string> names(4);
+  expect_no_errors(job.run([&](Communicator& world) {
+    DeviceMesh plain(MeshShape::parse("replicate=2,shard=2"), world, {partition_dims()});
+    DeviceMesh context(MeshShape::parse("shard=2,context=2"), world,
+                       {partition_dims(), {MeshDim::context}});
+    names[static_cast<size_t>(world.rank())] =
+        plain.group(partition_dims()).name() + " | " +
+        (&context.group(partition_dims()) == &world ? "world" : "split") + " | " +
+        context.group({MeshDim::context}).name() + " " +
+        std::to_string(context.group({MeshDim::context}).rank());
+  }));
+  EXPECT_EQ(names[0], "shard group | world | context group 0");
+  EXPECT_EQ(names[3], "shard group | world | context group 1");
 }
 
 TEST(DeviceMesh, GroupsHoldTheirRanksAndSumOverThem) {
@@ -233,12 +276,12 @@ TEST(DeviceMesh, AGroupNotAskedForIsAnErrorAndAWrongWorldIsRefused) {
 }  // namespace
 
 TEST(PlacedMesh, SplitsTheModelParallelGroupsTheModelTalksOver) {
-  // shard=2 x context=2 x tensor=2: the strategy's shard group, then context and tensor
-  // (expert has one rank, so no group and a null pointer).
+  // shard=2 x context=2 x tensor=2: the strategy's partition (shard x context), then
+  // context and tensor (expert has one rank, so no group and a null pointer).
   const MeshShape shape = MeshShape::parse("shard=2,context=2,tensor=2");
-  const std::vector<MeshDims> expected = {{MeshDim::shard}, {MeshDim::context}, {MeshDim::tensor}};
+  const std::vector<MeshDims> expected = {partition_dims(), {MeshDim::context}, {MeshDim::tensor}};
   EXPECT_EQ(run_mesh_groups(shape), expected);
-  EXPECT_EQ(run_mesh_groups(MeshShape::parse("shard=4")), std::vector<MeshDims>{{MeshDim::shard}});
+  EXPECT_EQ(run_mesh_groups(MeshShape::parse("shard=4")), std::vector<MeshDims>{partition_dims()});
   InProcessJob job(8);
   std::vector<std::string> seen(8);
   expect_no_errors(job.run([&](Communicator& world) {

@@ -121,7 +121,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
 }
 
 std::vector<MeshDims> FlatUnitStrategy::mesh_groups(const MeshShape& shape) {
-  std::vector<MeshDims> groups = {{MeshDim::shard}};
+  std::vector<MeshDims> groups = {partition_dims()};
   if (shape.size(MeshDim::replicate) > 1) groups.push_back({MeshDim::replicate});
   return groups;
 }
@@ -183,7 +183,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
                 "internal: layout built for {} tensor rank(s), the mesh has {}", layout.tensor.size,
                 tensor_size);
   if (tensor_size > 1) tensor_ = &mesh_.group({MeshDim::tensor});
-  shard_ = &mesh_.group({MeshDim::shard});
+  shard_ = &mesh_.group(partition_dims());
   if (mesh_.shape().size(MeshDim::replicate) > 1) replica_ = &mesh_.group({MeshDim::replicate});
   SHARDLM_CHECK(layout.world_size == shard_->size(),
                 "internal: layout built for {} ranks, strategy partitions over {}",
@@ -464,7 +464,7 @@ double FlatUnitStrategy::global_grad_norm_squared() {
   double local = 0.0;
   for (auto& flat : units_)
     if (flat.trainable()) local += flat.reduced_grad_sum_of_squares();
-  // Replicas (hybrid) hold the same reduced values: sum over the shard group only.
+  // Replicas (hybrid) hold the same reduced values: sum over the partition only.
   if (tensor_ == nullptr) {
     shard_->all_reduce_blocking(std::span<double>(&local, 1), ReduceOp::sum, "grad norm");
     return local;

@@ -91,13 +91,13 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   static bool keeps_gathered(const std::vector<Step>& schedule, const FlatNeeds& needs,
                              size_t cursor, int v, bool keep_forward_units);
 
-  // The mesh groups the strategy talks over: shard (the partition), and replicate
-  // when there are replicas (hybrid). A DeviceMesh handed to the strategy must have
+  // The mesh groups the strategy talks over: shard x context (the partition,
+  // partition_dims()), and replicate when there are replicas (hybrid). A DeviceMesh handed to the strategy must have
   // them.
   static std::vector<MeshDims> mesh_groups(const MeshShape& shape);
 
-  // layout must be built for the mesh's shard size (partition_size(options, world
-  // size)) and the mesh must be strategy_mesh(options, world size). unit_needs[m]
+  // layout must be built for the mesh's partition size (partition_size(options, world
+  // size): shard x context) and the mesh must be strategy_mesh(options, world size). unit_needs[m]
   // lists the model units whose parameters model unit m reads
   // (Model::unit_needs()). Hooks take model units; buffers, collectives and
   // owned slices are per flat layout unit (one or more model units). Buffers are
@@ -183,7 +183,8 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   std::vector<int> first_model_unit_;         // flat unit -> its first model unit
   std::unique_ptr<DeviceMesh> owned_mesh_;  // the convenience constructor's
   DeviceMesh& mesh_;
-  Communicator* shard_;    // the partition: the mesh's shard group (the world unless hybrid)
+  // The partition: the mesh's shard x context group (the world unless hybrid).
+  Communicator* shard_;
   Communicator* replica_;  // the replicate group when it has more than one rank, else null
   // The tensor group (tensor parallelism, more than one rank), else null: its ranks
   // hold other pieces of the split tensors, so the gradient norm sums their pieces.

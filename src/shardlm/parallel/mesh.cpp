@@ -8,10 +8,14 @@ namespace shardlm {
 
 namespace {
 
-// The name messages and counters know a group by.
-std::string group_name(MeshDims dims) {
+// The name messages and counters know a group by. The partition (shard x context)
+// is the "shard group" while there is no context dimension, as it was before there
+// was one.
+std::string group_name(MeshDims dims, const MeshShape& shape) {
   if (dims == MeshDims{MeshDim::replicate}) return "replica group";
   if (dims == MeshShape::data_parallel()) return "data-parallel group";
+  if (dims == MeshDims{MeshDim::shard, MeshDim::context} && shape.size(MeshDim::context) == 1)
+    return "shard group";
   return dims.to_string() + " group";
 }
 
@@ -24,11 +28,11 @@ DeviceMesh::DeviceMesh(const MeshShape& shape, Communicator& world,
   for (const MeshDims& dims : groups) {
     SHARDLM_CHECK(std::none_of(groups_.begin(), groups_.end(),
                                [&](const Group& g) { return g.dims == dims; }),
-                  "internal: the mesh's {} asked for twice", group_name(dims));
+                  "internal: the mesh's {} asked for twice", group_name(dims, shape_));
     Group g{dims, &world_, nullptr};
     if (shape_.size(dims) != world.size()) {
       g.owned = world.split(shape_.group_index(world.rank(), dims),
-                            shape_.rank_in_group(world.rank(), dims), group_name(dims));
+                            shape_.rank_in_group(world.rank(), dims), group_name(dims, shape_));
       g.comm = g.owned.get();
     }
     groups_.push_back(std::move(g));
@@ -44,7 +48,7 @@ Communicator& DeviceMesh::group(MeshDims dims) {
   for (auto& g : groups_)
     if (g.dims == dims) return *g.comm;
   throw Error(fmt::format("internal: the mesh has no {} (it was not asked for when it was built)",
-                          group_name(dims)));
+                          group_name(dims, shape_)));
 }
 
 CommCounters DeviceMesh::take_group_counters() {

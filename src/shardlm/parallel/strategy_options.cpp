@@ -28,13 +28,25 @@ std::string to_string(StrategyKind kind) {
 }
 
 MeshShape strategy_mesh(const StrategyOptions& options, int world_size) {
-  if (options.kind == StrategyKind::hybrid)
-    return MeshShape::replicated_shards(world_size, options.shard_group_size);
-  return MeshShape::replicated_shards(world_size, world_size);
+  const int P = options.context_parallel;
+  SHARDLM_CHECK(P >= 1 && world_size % P == 0,
+                "--context-parallel {} must divide the world size {} (each sequence is split "
+                "over that many ranks)",
+                P, world_size);
+  const int data_ranks = world_size / P;
+  MeshShape shape = options.kind == StrategyKind::hybrid
+                        ? MeshShape::replicated_shards(data_ranks, options.shard_group_size)
+                        : MeshShape::replicated_shards(data_ranks, data_ranks);
+  shape.set_size(MeshDim::context, P);
+  return shape;
 }
 
+MeshDims partition_dims() { return {MeshDim::shard, MeshDim::context}; }
+
+int partition_size(const MeshShape& mesh) { return mesh.size(partition_dims()); }
+
 int partition_size(const StrategyOptions& options, int world_size) {
-  return strategy_mesh(options, world_size).size(MeshDim::shard);
+  return partition_size(strategy_mesh(options, world_size));
 }
 
 }  // namespace shardlm

@@ -34,6 +34,11 @@ struct StrategyOptions {
   // transient gradients; the fp32 master, the gradient's accumulation and AdamW state
   // are in host memory, where the update runs (parallel/host_owned_state.hpp).
   bool optimizer_on_host = false;
+  // --context-parallel: ranks that split each sequence (the mesh's context dimension).
+  // They read the same rows and hold the same parameters, so the partition (ZeRO's
+  // shards, every gradient reduction) spans shard x context, as DeepSpeed's ZeRO spans
+  // DP x SP: with P context ranks a unit is cut into shard x P slices.
+  int context_parallel = 1;
 };
 
 // Whether the kind shards parameters (zero3, and hybrid inside its shard groups):
@@ -46,10 +51,15 @@ inline bool shards_parameters(StrategyKind kind) {
 StrategyKind parse_strategy_kind(const std::string& name);
 std::string to_string(StrategyKind kind);
 
-// The mesh a strategy runs on (mesh_shape.hpp): shard=N for ddp/zero*, replicate=N/G
-// x shard=G for hybrid. Error if the world cannot be laid out that way.
+// The mesh a strategy runs on (mesh_shape.hpp), with P = context_parallel:
+// shard=N/P x context=P for ddp/zero*, replicate=N/(G P) x shard=G x context=P for
+// hybrid. Error if the world cannot be laid out that way.
 MeshShape strategy_mesh(const StrategyOptions& options, int world_size);
-// Ranks a unit is partitioned over: the mesh's shard dimension.
+// The mesh dimensions a unit is partitioned over (and its gradients reduced over):
+// shard x context.
+MeshDims partition_dims();
+// Ranks a unit is partitioned over: the size of partition_dims() in the strategy's mesh.
 int partition_size(const StrategyOptions& options, int world_size);
+int partition_size(const MeshShape& mesh);
 
 }  // namespace shardlm

@@ -14,7 +14,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   const int n = r.world_size;
   const MeshShape mesh = strategy_mesh(r.strategy, n);
   plan.world_size = n;
-  plan.partition = mesh.size(MeshDim::shard);
+  plan.partition = partition_size(mesh);
   const int global_batch = r.global_batch > 0 ? r.global_batch : r.micro_batch * n;
   plan.accumulation =
       BatchPartition(global_batch, mesh.data_parallel_size(), r.micro_batch).accumulation_steps();

@@ -74,7 +74,9 @@ class UnitWorkModel final : public Model {
 
 CommGroup comm_group(const std::string& communicator) {
   if (communicator == "world") return CommGroup::world;
-  if (communicator == "shard group") return CommGroup::shard;
+  // The partition (consecutive ranks): shard, or shard x context.
+  if (communicator == "shard group" || communicator == "shard x context group")
+    return CommGroup::shard;
   if (communicator == "replica group") return CommGroup::replica;
   throw Error(fmt::format("internal: the plan's time model has no place for communicator '{}'",
                           communicator));
@@ -140,7 +142,7 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
   TracedStep out;
   {
     RecordingCommunicator world(n, recording, split_sizes, host, comm_options);
-    const int partition = shape.size(MeshDim::shard);
+    const int partition = partition_size(shape);
     const ParamLayout layout = ParamLayout::build(r.config, partition, r.min_unit_params);
     DeviceMesh mesh(shape, world, groups);
     ModelOptions model_options = r.model;

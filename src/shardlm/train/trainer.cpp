@@ -479,7 +479,7 @@ std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
 }
 
 void Trainer::build_model_and_strategy() {
-  const int partition = mesh_shape_.size(MeshDim::shard);
+  const int partition = partition_size(mesh_shape_);
   const TensorSplit tensor{mesh_shape_.size(MeshDim::tensor), mesh_shape_.coordinate(rank_, MeshDim::tensor)};
   layout_ = std::make_unique<ParamLayout>(
       ParamLayout::build(config_, partition, o_.min_unit_params, tensor));
