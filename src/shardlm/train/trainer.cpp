@@ -460,16 +460,20 @@ std::unique_ptr<CheckpointReader> Trainer::find_checkpoint_to_resume() {
   // the rows each rank gets when it no longer splits them (accumulation takes the rest).
   const int recorded = resume_from->info().train.at("options").value("global_batch", 0);
   if (o_.global_batch == 0 && recorded > 0 && recorded != global_batch_) {
-    SHARDLM_CHECK(recorded % world_ == 0,
+    // The rows split over the data-parallel ranks (context and tensor ranks share theirs).
+    const int dp_size = mesh_shape_.data_parallel_size();
+    SHARDLM_CHECK(recorded % dp_size == 0,
                   "the run's global batch of {} sequences (from its checkpoint) does not split over {} "
-                  "ranks: resume on a world size that divides it, or pass --global-batch",
-                  recorded, world_);
-    const int per_rank = recorded / world_;
+                  "data-parallel ranks: resume on a mesh whose data-parallel size divides it, or pass "
+                  "--global-batch",
+                  recorded, dp_size);
+    const int per_rank = recorded / dp_size;
     int micro = std::min(o_.micro_batch, per_rank);
     while (per_rank % micro != 0) --micro;
     print(fmt::format("global batch {} from the run's checkpoint (--global-batch not given){}\n", recorded,
                       micro != o_.micro_batch
-                          ? fmt::format("; micro-batch {} -> {} so that {} ranks split it", o_.micro_batch, micro, world_)
+                          ? fmt::format("; micro-batch {} -> {} so that {} data-parallel ranks split it",
+                                        o_.micro_batch, micro, dp_size)
                           : ""));
     o_.micro_batch = micro;
     set_global_batch(recorded);
