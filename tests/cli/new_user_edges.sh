@@ -92,9 +92,19 @@ run_mpi 2 "$SHARDLM" train --data "$WORK/data" --out "$WORK/ws" "${TINY[@]}" --s
   || { cat "$WORK/ws.log"; fail "2-rank run"; }
 run_mpi 4 "$SHARDLM" train --data "$WORK/data" --out "$WORK/ws" "${TINY[@]}" --steps 3 --resume > "$WORK/ws4.log" 2>&1 \
   || { cat "$WORK/ws4.log"; fail "resume on 4 ranks without --global-batch"; }
-grep -q "global batch 8 from the run's checkpoint (--global-batch not given); micro-batch 4 -> 2" "$WORK/ws4.log" \
+grep -q "global batch 8 from the run's checkpoint (--global-batch not given); micro-batch 4 -> 2 so that 4 data-parallel ranks split it" "$WORK/ws4.log" \
   || { cat "$WORK/ws4.log"; fail "resume did not say it kept the run's global batch"; }
 [ "$(metric "$WORK/ws" step)" = 3 ] || fail "resumed run did not reach step 3"
+# Resume on 4 ranks at --tensor-parallel 2 of a 3-rank run: its global batch of 6 splits
+# over the 2 data-parallel ranks (tensor ranks share their rows), not over the 4 ranks.
+LLAMA=(--model llama-tiny --seq-len 32 --micro-batch 2 --threads 1 --eval-batches 0)
+run_mpi 3 "$SHARDLM" train --data "$WORK/data" --out "$WORK/wt" "${LLAMA[@]}" --steps 1 > "$WORK/wt.log" 2>&1 \
+  || { cat "$WORK/wt.log"; fail "3-rank llama run"; }
+run_mpi 4 "$SHARDLM" train --data "$WORK/data" --out "$WORK/wt" "${LLAMA[@]}" --steps 2 --resume \
+  --tensor-parallel 2 > "$WORK/wt4.log" 2>&1 || { cat "$WORK/wt4.log"; fail "resume at --tensor-parallel 2"; }
+grep -q "global batch 6 from the run's checkpoint (--global-batch not given); micro-batch 2 -> 1 so that 2 data-parallel ranks split it" \
+  "$WORK/wt4.log" || { cat "$WORK/wt4.log"; fail "resume did not split the run's global batch over the data-parallel ranks"; }
+[ "$(metric "$WORK/wt" step)" = 2 ] || fail "resumed tensor-parallel run did not reach step 2"
 
 # make demo's build: quiet when it works, the whole output when it fails.
 cat > "$WORK/fake-cmake" <<'SH'
