@@ -95,6 +95,15 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "Split every transformer block over this many ranks (Megatron's tensor "
                   "parallelism; llama, qwen2, qwen3; the mesh's innermost dimension)")
       ->capture_default_str();
+  cmd->add_option("--context-parallel", opts->context_parallel,
+                  "Split every sequence over this many ranks (a context group: same rows, T/P "
+                  "tokens each; world = replicas x shards x P); --mesh context=P says the same")
+      ->capture_default_str();
+  cmd->add_option("--context-parallel-kind", opts->context_parallel_kind,
+                  "How the context group's attention sees whole rows: ulysses (all-to-all to "
+                  "heads; the query and key/value heads must split over P or P be a multiple of "
+                  "the key/value heads)")
+      ->capture_default_str();
   cmd->add_option("--min-unit-params", opts->min_unit_params,
                   "Model units with fewer parameters are merged with a neighbour into one flat "
                   "unit (fewer, larger messages)")

@@ -537,9 +537,11 @@ void FlatUnitStrategy::synchronize() {
 }
 
 bool FlatUnitStrategy::writes_checkpoint() const {
-  // (With tensor parallelism the first data rank of every tensor rank: it holds its pieces.)
+  // (With tensor parallelism the first data rank of every tensor rank: it holds its pieces;
+  // context ranks hold the same as their group's first.)
   if (options_.kind == StrategyKind::ddp)
-    return mesh_.coordinate(MeshDim::shard) == 0 && mesh_.coordinate(MeshDim::replicate) == 0;
+    return mesh_.coordinate(MeshDim::shard) == 0 && mesh_.coordinate(MeshDim::replicate) == 0 &&
+           mesh_.coordinate(MeshDim::context) == 0;
   return mesh_.coordinate(MeshDim::replicate) == 0;  // the first replica writes
 }
 

@@ -15,7 +15,8 @@ RunPlan plan_run(const RunPlanRequest& r) {
   const MeshShape mesh = strategy_mesh(r.strategy, n);
   plan.world_size = n;
   plan.partition = partition_size(mesh);
-  const int global_batch = r.global_batch > 0 ? r.global_batch : r.micro_batch * n;
+  // Default: a micro-batch per data-parallel rank (context ranks share their rows).
+  const int global_batch = r.global_batch > 0 ? r.global_batch : r.micro_batch * mesh.data_parallel_size();
   plan.accumulation =
       BatchPartition(global_batch, mesh.data_parallel_size(), r.micro_batch).accumulation_steps();
   plan.device = r.model.device;

@@ -14,7 +14,7 @@
 
 namespace shardlm {
 
-enum class CommGroup { world, shard, replica };
+enum class CommGroup { world, shard, replica, context };
 
 struct PlannedCollective {
   CollectiveKind kind = CollectiveKind::all_reduce;

@@ -16,6 +16,10 @@ GroupPlacement place_group(CommGroup group, int world_size, int partition, int r
     case CommGroup::shard:  // consecutive ranks
       if (partition <= ranks_per_node && ranks_per_node % partition == 0) return {true, 1};
       return {false, 1};
+    case CommGroup::context:  // consecutive ranks inside the partition: on one node when
+                              // the partition is
+      if (partition <= ranks_per_node && ranks_per_node % partition == 0) return {true, 1};
+      return {false, 1};
     case CommGroup::replica:  // every partition-th rank: each node's link carries
                               // one ring per group with members on the node
       return {false, std::max(1, std::min(partition, ranks_per_node))};

@@ -78,6 +78,7 @@ CommGroup comm_group(const std::string& communicator) {
   if (communicator == "shard group" || communicator == "shard x context group")
     return CommGroup::shard;
   if (communicator == "replica group") return CommGroup::replica;
+  if (communicator == "context group") return CommGroup::context;
   throw Error(fmt::format("internal: the plan's time model has no place for communicator '{}'",
                           communicator));
 }
@@ -172,7 +173,8 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
     strategy.synchronize();
     recording.clear();
 
-    const int global_batch = r.global_batch > 0 ? r.global_batch : r.micro_batch * n;
+    const int global_batch =
+        r.global_batch > 0 ? r.global_batch : r.micro_batch * shape.data_parallel_size();
     const int accumulation =
         BatchPartition(global_batch, shape.data_parallel_size(), r.micro_batch).accumulation_steps();
     // The rows' contents do not matter on the meta device (nothing is computed); the

@@ -16,6 +16,7 @@
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
+#include "shardlm/model/context_parallel/context_split.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
@@ -140,6 +141,7 @@ void TrainOptions::validate_run_shape() const {
   check_finite("--bucket-mb", bucket_mb, bucket_mb > 0, "> 0 (MiB)");
   check_at_least("--prefetch", prefetch, 0);
   check_at_least("--min-unit-params", min_unit_params, int64_t{0});
+  validate_context_parallel();
   // `plan --strategy auto` considers hybrid among others.
   const bool hybrid = strategy == "auto" || parse_strategy_kind(strategy) == StrategyKind::hybrid;
   if (strategy != "auto" && hybrid && mesh.empty())
@@ -154,6 +156,9 @@ void TrainOptions::validate_run_shape() const {
                 "ranks do not share (--tensor-parallel {}): leave one of them out", tensor_size());
   parse_dtype(precision, "--precision");
   const Device run_device = parse_device(device, "--device");
+  SHARDLM_CHECK(context_parallel_size() == 1 || run_device.is_host(),
+                "--context-parallel runs on the CPU for now (this run asks for --device {})",
+                device);
   SHARDLM_CHECK(offload == Offload::none || !run_device.is_host(),
                 "--offload optimizer moves the optimizer state from the device into host "
                 "memory; with --device cpu it is in host memory already (use --device cuda)");
@@ -161,12 +166,32 @@ void TrainOptions::validate_run_shape() const {
                 "--reduce-dtype must be fp32 or bf16, got '{}'", reduce_dtype);
 }
 
+void TrainOptions::validate_context_parallel() const {
+  check_at_least("--context-parallel", context_parallel, 1);
+  SHARDLM_CHECK(context_parallel_kind == "ulysses",
+                "--context-parallel-kind must be ulysses (ring and hybrid are not there yet), got "
+                "'{}'",
+                context_parallel_kind);
+  if (!mesh.empty() && context_parallel > 1) {
+    const int in_mesh = MeshShape::parse(mesh).size(MeshDim::context);
+    SHARDLM_CHECK(in_mesh == context_parallel,
+                  "--context-parallel {} and --mesh {} (context={}) disagree: give one of them",
+                  context_parallel, mesh, in_mesh);
+  }
+  const int P = context_parallel_size();
+  if (P == 1) return;
+  SHARDLM_CHECK(strategy != "auto",
+                "--strategy auto does not choose a layout with --context-parallel yet: name the "
+                "strategy (ddp, zero1, zero2, zero3 or hybrid)");
+  ContextSplit(0, P, /*zigzag=*/false).check_seq_len(seq_len);
+}
+
 void TrainOptions::validate_mesh() const {
   const MeshShape m = MeshShape::parse(mesh);
-  for (MeshDim d : {MeshDim::context, MeshDim::expert, MeshDim::pipeline})
+  for (MeshDim d : {MeshDim::expert, MeshDim::pipeline})
     SHARDLM_CHECK(m.size(d) == 1,
                   "--mesh {}: {} parallelism is not there yet (the dimensions today: replicate, "
-                  "shard)",
+                  "shard, context)",
                   mesh, mesh_dim_name(d));
   SHARDLM_CHECK(strategy != "auto",
                 "--mesh fixes the layout that --strategy auto chooses: give one of them");
@@ -203,6 +228,7 @@ StrategyOptions TrainOptions::strategy_options() const {
   s.param_dtype = compute;
   s.reduce_dtype = parse_dtype(reduce_dtype, "--reduce-dtype");
   s.optimizer_on_host = offload == Offload::optimizer;
+  s.context_parallel = context_parallel_size();
   return s;
 }
 
@@ -232,11 +258,17 @@ int TrainOptions::tensor_size() const {
   return mesh.empty() ? tensor_parallel : MeshShape::parse(mesh).size(MeshDim::tensor);
 }
 
+int TrainOptions::context_parallel_size() const {
+  if (!mesh.empty()) return MeshShape::parse(mesh).size(MeshDim::context);
+  return context_parallel;
+}
+
 MeshShape TrainOptions::mesh_shape(int world_size) const {
   if (mesh.empty()) {
     StrategyOptions o;
     o.kind = parse_strategy_kind(strategy);
     o.shard_group_size = shard_group();
+    o.context_parallel = context_parallel;
     // The tensor dimension is innermost; the strategy's dimensions share out the rest.
     SHARDLM_CHECK(world_size % tensor_parallel == 0,
                   "--tensor-parallel {} does not divide the job's {} ranks (the tensor ranks "
@@ -285,6 +317,11 @@ void TrainOptions::validate() const {
   if (threads) check_at_least("--threads", *threads, 1);
   check_at_least("--log-every", log_every, int64_t{0});
   check_at_least("--sample-tokens", sample_tokens, 0);
+  SHARDLM_CHECK(sample_tokens == 0 || context_parallel_size() == 1,
+                "--sample-tokens generates with a KV cache on one rank; a run with "
+                "--context-parallel {} splits its sequences (sample afterwards with `shardlm "
+                "sample`)",
+                context_parallel_size());
   check_finite("sample temperature", sample_temperature, sample_temperature >= 0, ">= 0");
   check_at_least("sample top-k", sample_top_k, 0);
 }

@@ -85,6 +85,11 @@ struct TrainOptions {
   // --tensor-parallel T: every transformer block split over T ranks (the mesh's tensor
   // dimension, innermost: model/tensor_parallel/); --mesh tensor=T says the same.
   int tensor_parallel = 1;
+  // --context-parallel P: each sequence is split over P ranks of the mesh's context
+  // dimension (--mesh context=P says the same); they read the same rows. 1: none.
+  // --context-parallel-kind: how their attention sees the whole rows (ulysses).
+  int context_parallel = 1;
+  std::string context_parallel_kind = "ulysses";
   // Model units smaller than this are merged with a neighbour into one flat unit.
   int64_t min_unit_params = 65536;
   double comm_timeout = 300.0;  // seconds any wait on a collective may take
@@ -133,6 +138,8 @@ struct TrainOptions {
   int shard_group() const;
   // Tensor ranks: --tensor-parallel, or --mesh's tensor size.
   int tensor_size() const;
+  // Ranks per context group: --context-parallel, or --mesh's context size.
+  int context_parallel_size() const;
   // What the flags say to the strategy, the model (on `device`) and AdamW: the one
   // place `train`, `plan` and `--strategy auto` assemble them. --strategy auto gives
   // ddp's (the planner's candidates vary it).
@@ -150,7 +157,8 @@ struct TrainOptions {
   nlohmann::json trajectory_json() const;
 
  private:
-  void validate_mesh() const;  // --mesh's spelling, dimensions and agreement with --strategy
+  void validate_mesh() const;
+  void validate_context_parallel() const;  // --context-parallel against --mesh, --seq-len  // --mesh's spelling, dimensions and agreement with --strategy
 };
 
 inline constexpr const char* kDefaultModelPreset = "gpt2-small-30m";

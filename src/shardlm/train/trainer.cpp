@@ -24,6 +24,7 @@
 #include "shardlm/core/timer.hpp"
 #include "shardlm/data/sampler.hpp"
 #include "shardlm/data/tokenizer.hpp"
+#include "shardlm/model/context_parallel/context_attention.hpp"
 #include "shardlm/model/family.hpp"
 #include "shardlm/optim/loss_scaler.hpp"
 #include "shardlm/optim/lr_schedule.hpp"
@@ -355,7 +356,9 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
 }
 
 UnpackedTargetCount Trainer::load_step_batches(int64_t step) {
-  const int64_t targets = step_rows_->fill(*data_, step, dp_rank());
+  // The ranks of a context group hold the same rows: its first rank counts their targets.
+  const int64_t filled = step_rows_->fill(*data_, step, dp_rank());
+  const int64_t targets = mesh_shape_.coordinate(rank_, MeshDim::context) == 0 ? filled : 0;
   RunControl local;
   local.stop = stop_signal_received() != 0;
   local.save_now = is_root_ && checkpoints_.save_due(step, start_step_);
@@ -402,6 +405,7 @@ void Trainer::read_inputs() {
   data_ = open_batch_source(o_.data_dir, {o_.seq_len, o_.seed, o_.packing});
   meta_ = data_->meta();
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
+  check_context_parallel_model(config_, o_.context_parallel_size());
   if (!o_.init_from.empty()) check_hf_model_matches(o_.init_from, config_);
   device_ = rank_device(parse_device(o_.device, "--device"),
                         o_.device.find(':') != std::string::npos);

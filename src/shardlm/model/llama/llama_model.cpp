@@ -8,6 +8,7 @@
 #include "shardlm/backend/backend.hpp"
 #include "shardlm/comm/communicator.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/context_parallel/context_attention.hpp"
 #include "shardlm/model/llama/llama_family.hpp"
 #include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/model_support.hpp"
@@ -141,11 +142,28 @@ struct LlamaModel::Impl {
   StagedBatch staged;                     // the micro-batch's arrays on the device
   const int32_t* positions = nullptr;     // of the current micro-batch, where kernels read them
   const int32_t* key_begin = nullptr;
+  // Context parallelism (options.parallel_groups.context of more than one rank): this
+  // rank's tokens of each row, and the attention across the group's ranks.
+  std::unique_ptr<ContextSplit> split;
+  std::unique_ptr<ContextAttention> context;
   // During forward_unit_cached: the cache, and the step's positions (cache.length() + t).
   KvCache* kv = nullptr;
   std::vector<int32_t> kv_positions;
 
   int64_t N() const { return state.N(); }
+  // The micro-batch this rank computes on: `full`, or with context parallelism its
+  // slice, cut when the embeddings' forward starts the micro-batch.
+  const MicroBatch& local_batch(const MicroBatch& full, bool starts) {
+    if (!split) return full;
+    if (starts) {
+      split->slice(full);
+      context->begin_micro_batch(*be);
+    } else {
+      SHARDLM_CHECK(split->sliced_from(full), "model: a unit's call is for another micro-batch "
+                    "than the embeddings' forward saw");
+    }
+    return split->local();
+  }
   AttentionShape attention_shape() const {
     return {state.B, state.T, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(hd)};
   }
@@ -424,7 +442,18 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   if (!config.tie_embeddings) m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
 
   ArenaCarver carver;
-  m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
+  int local_seq = max_seq;
+  if (Communicator* group = options.parallel_groups.context; group != nullptr && group->size() > 1) {
+    SHARDLM_CHECK(!m.moe, "--context-parallel: mixture-of-experts models do not split sequences yet");
+    m.split = std::make_unique<ContextSplit>(group->rank(), group->size(), /*zigzag=*/false);
+    m.split->check_seq_len(max_seq);
+    local_seq = m.split->local_len(max_seq);
+    m.context = make_context_attention(
+        *group, *m.split,
+        {static_cast<int>(m.H), static_cast<int>(m.KV), static_cast<int>(m.hd)}, max_seq, m.compute);
+    m.context->carve(carver, options.activation_checkpointing ? 1 : m.L, max_batch);
+  }
+  m.carve_activations(carver, static_cast<int64_t>(max_batch) * local_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
   m.tp = TensorParallelBlock(options.parallel_groups.tensor, config);
@@ -674,6 +703,8 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   be->convert_rows(a.qkv.at(Q + KVD), QKV, qkv_f + Q + KVD, QKV, n, KVD);
   if (kv != nullptr)
     cached_attention(l, a);
+  else if (context)
+    context->forward(options.activation_checkpointing ? 0 : l, *be, a.qkv, a.att, state.B);
   else
     be->attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
   gemm_forward(rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att, static_cast<int>(Q),
@@ -784,7 +815,10 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   be->gemm(false, false, rows, q, c, 1.0f, dy, c, w.o, q, 0.0f, datt, q);
   if (lora_o >= 0) lora_backward(static_cast<size_t>(lora_o), ad, a.att, dy, datt);
   float* dqkv = dbig;
-  be->attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
+  if (context)
+    context->backward(options.activation_checkpointing ? 0 : l, *be, datt, dqkv, state.B);
+  else
+    be->attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
   be->rope_backward(dqkv, QKV, dqkv, QKV, n, static_cast<int>(H), static_cast<int>(hd), positions,
                      rope_view);
   be->rope_backward(dqkv + Q, QKV, dqkv + Q, QKV, n, static_cast<int>(KV), static_cast<int>(hd),
@@ -850,12 +884,13 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
 }
 
 void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads,
-                              const MicroBatch& batch, bool training, float grad_scale) {
+                              const MicroBatch& full, bool training, float grad_scale) {
   Impl& m = *impl_;
   check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
   const LlamaUnitRole role = m.role(unit);
+  const MicroBatch& batch = m.local_batch(full, role.kind == LlamaUnitRole::Kind::embeddings);
   if (role.kind == LlamaUnitRole::Kind::embeddings) {
-    check_micro_batch(batch, m.max_batch, m.max_seq, m.V);
+    check_micro_batch(full, m.max_batch, m.max_seq, m.V);  // the whole rows, as given
     m.state.start(batch);
     m.staged.stage(*m.be, batch, /*default_positions=*/true);
     if (m.be->device().is_host()) {
@@ -892,8 +927,9 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
 }
 
 void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grads,
-                               const MicroBatch& batch) {
+                               const MicroBatch& full) {
   Impl& m = *impl_;
+  const MicroBatch& batch = m.local_batch(full, /*starts=*/false);
   m.state.begin_backward(unit, batch);
   check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
   const LlamaUnitRole role = m.role(unit);
@@ -956,6 +992,8 @@ void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& ca
                                      const MicroBatch& batch) {
   Impl& m = *impl_;
   check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
+  SHARDLM_CHECK(!m.context, "model: generation with a KV cache runs on one rank; this model "
+                "splits its sequences over a context group");
   const LlamaUnitRole role = m.role(unit);
   switch (role.kind) {
     case LlamaUnitRole::Kind::embeddings: {

@@ -1,0 +1,40 @@
+#include "shardlm/model/context_parallel/context_attention.hpp"
+
+#include "shardlm/core/error.hpp"
+#include "shardlm/model/context_parallel/ulysses_attention.hpp"
+
+namespace shardlm {
+
+void check_context_parallel_model(const ModelConfig& config, int P) {
+  if (P == 1) return;
+  SHARDLM_CHECK(config.family != "gpt2",
+                "--context-parallel {}: gpt2 does not split sequences yet (the llama, qwen2 and "
+                "qwen3 families do)",
+                P);
+  SHARDLM_CHECK(!config.moe.enabled(),
+                "--context-parallel {}: mixture-of-experts models ({}) do not split sequences "
+                "yet (the dense llama, qwen2 and qwen3 families do)",
+                P, config.family);
+  check_context_heads(P, {config.n_head, config.kv_heads(), config.head_dim()});
+}
+
+void check_context_heads(int P, const ContextHeads& h) {
+  SHARDLM_CHECK(h.n_head % P == 0,
+                "--context-parallel {} (ulysses) splits the attention heads over the ranks: the "
+                "model's {} query heads do not divide by {}",
+                P, h.n_head, P);
+  SHARDLM_CHECK(h.n_kv_head % P == 0 || P % h.n_kv_head == 0,
+                "--context-parallel {} (ulysses): the model's {} key/value heads neither divide "
+                "by {} nor replicate evenly onto {} ranks ({} must divide the heads or be a "
+                "multiple of them)",
+                P, h.n_kv_head, P, P, P);
+}
+
+std::unique_ptr<ContextAttention> make_context_attention(Communicator& group,
+                                                         const ContextSplit& split,
+                                                         const ContextHeads& heads, int seq_len,
+                                                         DType compute) {
+  return std::make_unique<UlyssesAttention>(group, split, heads, seq_len, compute);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,60 @@
+// ContextAttention: causal attention over sequences split across a context group
+// (context_split.hpp), in place of the model's local attention kernel call. A model
+// holds one when its ModelParallelGroups::context has more than one rank; it keeps the
+// projections, norms and MLP on its own tokens and hands the attention its rows of q|k|v.
+//
+// The kinds (docs/parallelism.md "Context parallelism"):
+//   ulysses  all-to-all q|k|v to [T tokens, H/P heads], the usual kernel, all-to-all back
+//            (DeepSpeed-Ulysses); backward mirrors it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "shardlm/backend/backend.hpp"
+#include "shardlm/comm/communicator.hpp"
+#include "shardlm/model/context_parallel/context_split.hpp"
+#include "shardlm/model/config.hpp"
+#include "shardlm/model/model.hpp"
+#include "shardlm/model/model_support.hpp"
+
+namespace shardlm {
+
+// The attention heads of a layer as the model computes them.
+struct ContextHeads {
+  int n_head = 0, n_kv_head = 0, head_dim = 0;
+  int64_t q_columns() const { return static_cast<int64_t>(n_head) * head_dim; }
+  int64_t kv_columns() const { return static_cast<int64_t>(n_kv_head) * head_dim; }
+  int64_t qkv_columns() const { return q_columns() + 2 * kv_columns(); }
+};
+
+class ContextAttention {
+ public:
+  virtual ~ContextAttention() = default;
+  // Arrays for `slots` layers' saved attention state (one with activation
+  // checkpointing) and the exchange's scratch, for up to max_batch rows.
+  virtual void carve(ArenaCarver& carver, int slots, int max_batch) = 0;
+  // After the micro-batch was sliced (ContextSplit::slice): makes the full rows'
+  // key_begin readable where the kernels run.
+  virtual void begin_micro_batch(Backend& backend) = 0;
+  // qkv: this rank's tokens' q|k|v after RoPE, [B * local T, qkv_columns] (compute
+  // type); out: their attention output, [B * local T, q_columns]. The layer's state is
+  // kept in `slot` for backward.
+  virtual void forward(int slot, Backend& backend, ConstTypedPtr qkv, TypedPtr out, int B) = 0;
+  // dout: the gradient at this rank's attention output [B * local T, q_columns]; dqkv
+  // (written): at its q|k|v [B * local T, qkv_columns].
+  virtual void backward(int slot, Backend& backend, const float* dout, float* dqkv, int B) = 0;
+};
+
+// One-line errors when `heads` cannot be split over P ranks as the kind needs.
+void check_context_heads(int P, const ContextHeads& heads);
+// One-line errors when a model of `config` cannot split its sequences over P ranks (its
+// family, or its heads): what `train` and `sft` check before writing anything.
+void check_context_parallel_model(const ModelConfig& config, int P);
+// The model's context attention over `group` (size > 1) for rows of `seq_len` tokens.
+std::unique_ptr<ContextAttention> make_context_attention(Communicator& group,
+                                                         const ContextSplit& split,
+                                                         const ContextHeads& heads, int seq_len,
+                                                         DType compute);
+
+}  // namespace shardlm

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Context parallelism (--context-parallel P, Ulysses): P ranks that split every sequence
+# train the model one rank holding whole rows trains, on the same global batch, under
+# ddp and zero3, with the KV heads split (P = 2 over llama-tiny's 2) and replicated
+# (P = 4), padded text rows and packed SFT rows (documents' positions and key_begin
+# global). Per-step loss and gradient norm agree to 1e-5 relative and the final weights
+# to 1e-5 of the model's largest weight (inspect --relative-to model): not bitwise,
+# because each rank's weight gradients sum over its own tokens and the partial sums are
+# added by the reduction in another order than one GEMM over all tokens (fp32 rounding,
+# ~4e-7 of a unit's largest gradient, test_context_parallel). AdamW's m / sqrt(v) turns
+# such a difference in a gradient element near zero into up to a whole lr-sized step,
+# so the largest difference relative to each tensor's own largest weight is ~3e-5 after
+# 4 steps (llama-tiny, lr 3e-3), which is why the bound is the model's. Bad input is refused in one
+# line before a run directory exists.
+source "$(dirname "$0")/../cli/lib/common.sh" "$@"
+make_byte_data
+BASE=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-batch 4
+      --steps 4 --eval-batches 0 --data "$WORK/data")
+
+# close RUN_A RUN_B WHAT [RELATIVE_TO]: per-step loss and grad norm within 1e-5 relative,
+# weights within 1e-5 (of the model's largest weight, or RELATIVE_TO as inspect takes it).
+close() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY' || fail "$3: metrics differ"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
+worst = 0.0
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        worst = max(worst, abs(x[k] - y[k]) / abs(y[k]))
+print(f"{sys.argv[3]}: loss and grad norm within {worst:.2e} relative over {len(a)} steps")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+  "$SHARDLM" inspect "$1" --quiet --compare "$2" --tolerance 1e-5 --relative-to "${4:-model}" > "$WORK/compare.log" 2>&1 \
+    || { cat "$WORK/compare.log"; fail "$3: weights differ beyond 1e-5"; }
+  tail -n 1 "$WORK/compare.log"
+}
+
+for model in llama-tiny qwen2-tiny; do
+  ref="$WORK/${model}_ref"
+  "$SHARDLM" train --model "$model" "${BASE[@]}" --micro-batch 4 --out "$ref" > "$ref.log" 2>&1 \
+    || { cat "$ref.log"; fail "$model reference"; }
+  for run in "2 ddp 2 4" "2 zero3 2 4" "4 zero3 2 2" "4 ddp 4 4"; do
+    read -r n strategy P micro <<< "$run"
+    [ "$model" = qwen2-tiny ] && [ "$n" = 4 ] && continue  # llama-tiny covers the 4-rank meshes
+    out="$WORK/${model}_${strategy}_n${n}_p${P}"
+    run_mpi "$n" "$SHARDLM" train --model "$model" "${BASE[@]}" --micro-batch "$micro" \
+      --strategy "$strategy" --context-parallel "$P" --out "$out" > "$out.log" 2>&1 \
+      || { cat "$out.log"; fail "$model $strategy n=$n P=$P"; }
+    grep -q "context=$P" "$out.log" || { cat "$out.log"; fail "$model: no context=$P in the mesh line"; }
+    close "$out" "$ref" "$model $strategy n=$n --context-parallel $P vs one rank"
+  done
+done
+
+# LoRA: only the adapters train, their gradients reduced over shard x context.
+LORA=(--lora-rank 4 --lora-targets q_proj,v_proj,down_proj)
+"$SHARDLM" train --model qwen2-tiny "${BASE[@]}" "${LORA[@]}" --micro-batch 4 --out "$WORK/lora_ref" \
+  > "$WORK/lora_ref.log" 2>&1 || { cat "$WORK/lora_ref.log"; fail "LoRA reference"; }
+run_mpi 2 "$SHARDLM" train --model qwen2-tiny "${BASE[@]}" "${LORA[@]}" --micro-batch 4 --strategy zero3 \
+  --context-parallel 2 --out "$WORK/lora_cp" > "$WORK/lora_cp.log" 2>&1 || { cat "$WORK/lora_cp.log"; fail "LoRA P=2"; }
+close "$WORK/lora_cp" "$WORK/lora_ref" "qwen2-tiny LoRA zero3 --context-parallel 2 vs one rank"
+
+# --mesh context=2 is the same run as --context-parallel 2.
+run_mpi 2 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --strategy zero3 \
+  --mesh shard=1,context=2 --out "$WORK/mesh" > "$WORK/mesh.log" 2>&1 || { cat "$WORK/mesh.log"; fail "--mesh context=2"; }
+[ "$(digest_of "$WORK/mesh")" = "$(digest_of "$WORK/llama-tiny_zero3_n2_p2")" ] \
+  || fail "--mesh shard=1,context=2 and --context-parallel 2 differ"
+echo "--mesh shard=1,context=2 = --context-parallel 2 (bitwise)"
+
+# Resume and reshard: the P = 2 zero3 checkpoint loads bitwise with P = 1 (one rank) and
+# P = 4 (ddp, 4 ranks), and training continues (the checkpoint format knows no context).
+want="$("$SHARDLM" inspect "$WORK/llama-tiny_zero3_n2_p2" --quiet)"
+for resume in "1 1 4" "4 4 4"; do
+  read -r n P micro <<< "$resume"
+  dir="$WORK/resume_p$P"
+  cp -r "$WORK/llama-tiny_zero3_n2_p2" "$dir"
+  SHARDLM_FAULT="save_after_load=$WORK/loaded_p$P" run_mpi "$n" "$SHARDLM" train --model llama-tiny \
+    "${BASE[@]}" --micro-batch "$micro" --context-parallel "$P" --steps 6 --resume --out "$dir" \
+    > "$dir.log" 2>&1 || { cat "$dir.log"; fail "resume with --context-parallel $P"; }
+  [ "$("$SHARDLM" inspect "$WORK/loaded_p$P" --quiet)" = "$want" ] \
+    || fail "the P=2 checkpoint loaded with P=$P is not the saved state"
+  [ "$(metric "$dir" step)" = 6 ] || fail "resume with P=$P did not reach step 6"
+done
+echo "the --context-parallel 2 checkpoint loads bitwise with P=1 and P=4 and trains on"
+
+# Packed SFT rows (several conversations per row, positions and key_begin per document).
+head -n 24 "$SHARED_DATA/sft/gsm8k_train.jsonl" > "$WORK/gsm.jsonl"
+SFT=(--model qwen2-tiny --tokenizer "gpt2:$SHARED_DATA/gpt2" --dataset "$WORK/gsm.jsonl" --max-len 256
+     --packing --threads 1 --lr 3e-3 --warmup 1 --eval-batches 0 --micro-batch 2 --global-batch 2 --steps 3)
+"$SHARDLM" sft "${SFT[@]}" --out "$WORK/sft_ref" > "$WORK/sft_ref.log" 2>&1 || { cat "$WORK/sft_ref.log"; fail "sft reference"; }
+run_mpi 2 "$SHARDLM" sft "${SFT[@]}" --strategy zero3 --context-parallel 2 --out "$WORK/sft_cp" \
+  > "$WORK/sft_cp.log" 2>&1 || { cat "$WORK/sft_cp.log"; fail "sft --context-parallel 2"; }
+# qwen2's k_proj bias has a gradient of zero in exact arithmetic (it adds q.b_k to every
+# score of a query, which the softmax ignores), so its values are rounding noise that
+# AdamW turns into lr-sized steps: ~3e-5 of the model's largest weight after 3 steps.
+# The weights are held to the L2 norm of the difference relative to the weights'.
+close "$WORK/sft_cp" "$WORK/sft_ref" "qwen2-tiny sft packed zero3 --context-parallel 2 vs one rank" norm
+
+# Bad input: one line, nothing written.
+refused() {
+  local needle="$1" n="$2"; shift 2
+  local out="$WORK/refused"
+  rm -rf "$out"
+  local rc=0
+  run_mpi "$n" "$SHARDLM" train "${BASE[@]}" --out "$out" "$@" > "$WORK/refused.log" 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] || { cat "$WORK/refused.log"; fail "accepted: $*"; }
+  grep -q "^\(rank [0-9]*: \)\?error: .*$needle" "$WORK/refused.log" || { cat "$WORK/refused.log"; fail "expected '$needle' for: $*"; }
+  [ ! -e "$out" ] || fail "a refused run left $out behind: $*"
+}
+refused "--context-parallel 4 must divide the world size 2" 2 --model llama-tiny --micro-batch 4 --context-parallel 4
+refused "the model's 3 query heads do not divide by 2" 2 --model qwen3-tiny --micro-batch 4 --context-parallel 2
+refused "--seq-len 30 does not split over --context-parallel 4" 1 --model llama-tiny --micro-batch 4 --context-parallel 4 --seq-len 30
+refused "--context-parallel 2 and --mesh shard=2 (context=1) disagree" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --mesh shard=2
+refused "gpt2 does not split sequences" 2 --model gpt2-tiny --micro-batch 4 --context-parallel 2
+refused "--context-parallel-kind must be ulysses" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --context-parallel-kind zigzag
+echo "bad --context-parallel input refused in one line before a run directory exists"
+echo "1 passed, 0 failed"

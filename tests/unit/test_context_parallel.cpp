@@ -1,0 +1,190 @@
+// Context parallelism in the model (model/context_parallel/): P ranks that each hold
+// T / P tokens of every row give the loss and every gradient of one rank holding the
+// whole rows, summed over the ranks, for padded and packed rows (documents with their
+// own positions and key_begin), with the KV heads split (P divides them) and replicated
+// (P a multiple of them), with and without activation checkpointing. The reference is
+// the same model without a context group on the whole micro-batch (itself held to
+// float64 transformers by test_llama_fixture). Not bitwise: each rank's weight
+// gradients sum over its own tokens, and those partial sums are added across ranks,
+// in another order than one GEMM over all tokens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "shardlm/comm/in_process_communicator.hpp"
+#include "shardlm/core/rng.hpp"
+#include "shardlm/model/context_parallel/context_attention.hpp"
+#include "shardlm/model/family.hpp"
+#include "tiny_family_config.hpp"
+
+namespace shardlm {
+namespace {
+
+struct Weights {
+  std::vector<std::vector<float>> params, grads;
+  std::vector<float*> param_ptrs, grad_ptrs;
+  Weights(const Model& model, const ParamLayout& layout) {
+    for (int u = 0; u < layout.num_units(); ++u) {
+      params.emplace_back(layout.units[static_cast<size_t>(u)].padded_numel, 0.0f);
+      grads.emplace_back(layout.units[static_cast<size_t>(u)].padded_numel, 0.0f);
+      model.init_unit(u, 7, params.back().data());
+      Rng rng(100 + static_cast<uint64_t>(u));
+      for (float& p : params.back()) p += 0.02f * (static_cast<float>(rng.uniform()) - 0.5f);
+    }
+    for (const auto& place : layout.model_units) {
+      param_ptrs.push_back(params[static_cast<size_t>(place.unit)].data() + place.base);
+      grad_ptrs.push_back(grads[static_cast<size_t>(place.unit)].data() + place.base);
+    }
+  }
+};
+
+double run(Model& model, Weights& w, const MicroBatch& batch) {
+  for (int u = 0; u < model.num_units(); ++u)
+    model.forward_unit(u, w.param_ptrs, w.grad_ptrs, batch, true, 1.0f);
+  for (int u = model.num_units() - 1; u >= 0; --u) model.backward_unit(u, w.param_ptrs, w.grad_ptrs, batch);
+  return model.last_loss_sum();
+}
+
+struct Rows {
+  std::vector<int32_t> tokens, targets, positions, key_begin;
+  MicroBatch batch(int B, int T, bool packed) const {
+    MicroBatch m;
+    m.tokens = tokens.data();
+    m.targets = targets.data();
+    m.B = B;
+    m.T = T;
+    if (packed) {
+      m.positions = positions.data();
+      m.key_begin = key_begin.data();
+    }
+    return m;
+  }
+};
+
+// B rows of T tokens; packed: each row holds documents of 11 and T - 11 tokens.
+Rows make_rows(int B, int T, int vocab) {
+  Rows r;
+  Rng rng(5);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      r.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+      r.targets.push_back(t % 7 == 3 ? kIgnoreIndex : static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+      const int doc_start = t < 11 ? 0 : 11;
+      r.positions.push_back(t - doc_start);
+      r.key_begin.push_back(doc_start);
+    }
+  return r;
+}
+
+struct Case {
+  std::string preset;
+  int P;
+  bool packed;
+  bool checkpointing;
+};
+
+void expect_context_parallel_matches(const Case& c) {
+  SCOPED_TRACE(c.preset + " P=" + std::to_string(c.P) + (c.packed ? " packed" : " padded") +
+               (c.checkpointing ? " checkpointing" : ""));
+  const ModelConfig config = tiny_family_config(c.preset);
+  const int B = 2, T = 24;
+  const ParamLayout layout = ParamLayout::build(config, 1, 0);
+  const Rows rows = make_rows(B, T, config.vocab_size);
+  ModelOptions options;
+  options.activation_checkpointing = c.checkpointing;
+  auto reference_model = model_family(config.family).make_model(config, layout, B, T, options,
+                                                                MemoryTracker::global());
+  Weights reference(*reference_model, layout);
+  const double want_loss = run(*reference_model, reference, rows.batch(B, T, c.packed));
+  const int64_t want_count = reference_model->last_target_count();
+
+  std::vector<Weights> per_rank;
+  std::vector<double> losses(static_cast<size_t>(c.P));
+  std::vector<int64_t> counts(static_cast<size_t>(c.P));
+  std::mutex mutex;
+  CommOptions comm_options;
+  comm_options.timeout_seconds = 20;  // a rank that fails leaves the others waiting no longer
+  InProcessJob job(c.P, comm_options);
+  const auto errors = job.run([&](Communicator& world) {
+    ModelOptions o = options;
+    o.parallel_groups.context = &world;
+    auto model = model_family(config.family).make_model(config, layout, B, T, o, MemoryTracker::global());
+    Weights w(*model, layout);
+    const size_t r = static_cast<size_t>(world.rank());
+    losses[r] = run(*model, w, rows.batch(B, T, c.packed));
+    counts[r] = model->last_target_count();
+    std::lock_guard lock(mutex);
+    per_rank.push_back(std::move(w));
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  double loss = 0.0;
+  int64_t count = 0;
+  for (size_t r = 0; r < losses.size(); ++r) loss += losses[r], count += counts[r];
+  EXPECT_EQ(count, want_count);
+  EXPECT_NEAR(loss, want_loss, 1e-6 * std::abs(want_loss));
+  double worst = 0.0;  // the largest |difference| / max |gradient| of a unit, reported
+  for (size_t u = 0; u < reference.grads.size(); ++u) {
+    double max_abs = 0.0, max_diff = 0.0;
+    for (size_t i = 0; i < reference.grads[u].size(); ++i) {
+      double sum = 0.0;  // the ranks' partial gradients, as the strategy's reduction adds them
+      for (const Weights& w : per_rank) sum += w.grads[u][i];
+      max_abs = std::max(max_abs, std::abs(static_cast<double>(reference.grads[u][i])));
+      max_diff = std::max(max_diff, std::abs(sum - reference.grads[u][i]));
+    }
+    ASSERT_GT(max_abs, 0.0) << "flat unit " << u;
+    worst = std::max(worst, max_diff / max_abs);
+    EXPECT_LE(max_diff, 1e-5 * max_abs) << "flat unit " << u << ": max |diff| " << max_diff
+                                        << " of max |grad| " << max_abs;
+  }
+  std::printf("%s P=%d %s%s: loss rel diff %.1e, gradients within %.1e of each unit's largest\n",
+              c.preset.c_str(), c.P, c.packed ? "packed" : "padded", c.checkpointing ? " checkpointing" : "",
+              std::abs(loss - want_loss) / std::abs(want_loss), worst);
+}
+
+TEST(ContextParallel, UlyssesSplitsKvHeadsLikeOneRank) {
+  // llama-tiny and qwen2-tiny: 4 query heads, 2 KV heads; P = 2 gives each rank one KV head.
+  for (const char* preset : {"llama-tiny", "qwen2-tiny"})
+    for (bool packed : {false, true}) expect_context_parallel_matches({preset, 2, packed, false});
+  expect_context_parallel_matches({"llama-tiny", 2, true, true});
+}
+
+TEST(ContextParallel, UlyssesReplicatesKvHeadsLikeOneRank) {
+  // P = 4 over 2 KV heads, and qwen3-tiny's 3 query heads over one KV head at P = 3.
+  expect_context_parallel_matches({"llama-tiny", 4, true, false});
+  expect_context_parallel_matches({"qwen3-tiny", 3, false, false});
+  expect_context_parallel_matches({"qwen3-tiny", 3, true, true});
+}
+
+TEST(ContextParallel, HeadsThatDoNotSplitAreOneLineErrors) {
+  auto error_of = [](int P, ContextHeads h) {
+    try {
+      check_context_heads(P, h);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of(2, {4, 2, 24}), "");
+  EXPECT_EQ(error_of(4, {4, 2, 24}), "");
+  EXPECT_EQ(error_of(2, {3, 1, 40}),
+            "--context-parallel 2 (ulysses) splits the attention heads over the ranks: the "
+            "model's 3 query heads do not divide by 2");
+  EXPECT_NE(error_of(4, {12, 3, 24}).find("the model's 3 key/value heads neither divide by 4"),
+            std::string::npos);
+  ContextSplit split(0, 4, false);
+  try {
+    split.check_seq_len(30);
+    ADD_FAILURE() << "30 tokens split over 4 ranks";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--seq-len 30 does not split over --context-parallel 4: the split needs a multiple of 4");
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
