@@ -222,7 +222,8 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
   if (vary_checkpointing && !base.model.activation_checkpointing) checkpointing.push_back(true);
   std::vector<Candidate> out;
   for (bool ckpt : checkpointing)
-    for (const Choice& choice : strategy_choices(base.world_size)) {
+    // Hybrid groups share out the data-parallel ranks (context ranks split sequences).
+    for (const Choice& choice : strategy_choices(base.world_size / base.strategy.context_parallel)) {
       Candidate c;
       c.label = choice.label + (ckpt && !base.model.activation_checkpointing ? " + ckpt" : "");
       c.request = base;

@@ -156,9 +156,6 @@ void TrainOptions::validate_run_shape() const {
                 "ranks do not share (--tensor-parallel {}): leave one of them out", tensor_size());
   parse_dtype(precision, "--precision");
   const Device run_device = parse_device(device, "--device");
-  SHARDLM_CHECK(context_parallel_size() == 1 || run_device.is_host(),
-                "--context-parallel runs on the CPU for now (this run asks for --device {})",
-                device);
   SHARDLM_CHECK(offload == Offload::none || !run_device.is_host(),
                 "--offload optimizer moves the optimizer state from the device into host "
                 "memory; with --device cpu it is in host memory already (use --device cuda)");
@@ -316,6 +313,10 @@ void TrainOptions::validate() const {
   check_at_least("--loss-scale-growth-interval", loss_scale_growth_interval, int64_t{1});
   if (threads) check_at_least("--threads", *threads, 1);
   check_at_least("--log-every", log_every, int64_t{0});
+  // (plan may plan a device run with it: the traced step runs on the meta device.)
+  SHARDLM_CHECK(context_parallel_size() == 1 || parse_device(device, "--device").is_host(),
+                "--context-parallel runs on the CPU for now (this run asks for --device {})",
+                device);
   check_at_least("--sample-tokens", sample_tokens, 0);
   SHARDLM_CHECK(sample_tokens == 0 || context_parallel_size() == 1,
                 "--sample-tokens generates with a KV cache on one rank; a run with "
