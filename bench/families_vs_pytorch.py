@@ -66,12 +66,13 @@ def hf_config_of(shardlm, preset, data, work):
     return config
 
 
-def run_pytorch(python, config_json, data, name, dtype, compiled, args):
+def run_pytorch(python, config_json, data, name, dtype, compiled, args, extra=()):
     _, batch, seq = CONFIGS[name]
     cmd = [python, os.path.join(ROOT, "tools", "pytorch_llama_ref.py"), "--config", config_json,
            "--tokens", os.path.join(data, "train.bin"), "--batch", str(batch), "--seq-len",
            str(seq), "--dtype", dtype, "--threads", str(args.threads), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--lora-rank", str(args.lora_rank)] + (["--compile"] if compiled else [])
+           "--warmup", str(args.warmup), "--lora-rank", str(args.lora_rank)] + (
+               ["--compile"] if compiled else []) + list(extra)
     result = run([sys.executable, "-c", MEASURE] + cmd, "PyTorch")
     lines = result.stdout.strip().splitlines()
     out = json.loads(lines[-2])

@@ -6,7 +6,7 @@
 // compare a training step's achieved model GFLOP/s with the library's own rate
 // (docs/profiling.md).
 //
-//   step_gemm_rate [--model gpt2-small-30m|smollm2-135m|...] [--batch 8] [--seq 256] [--precision fp32]
+//   step_gemm_rate [--model gpt2-small-30m|smollm2-135m|...|HF-DIR] [--batch 8] [--seq 256] [--precision fp32]
 //                  [--threads 2] [--min-time 0.3] [--passes 3] [--quiet-wait 0] [--flush-mb 96]
 //
 // Each distinct call shape is timed through cpu::gemm (the model's entry point: fp32
@@ -45,6 +45,7 @@
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/gemm.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
+#include "shardlm/ckpt/hf_import.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
@@ -187,7 +188,7 @@ int main(int argc, char** argv) {
   int B = 8, T = 256, threads = 2, passes = 3;
   double min_time = 0.3, quiet_wait = 0.0, flush_mb = 96.0;
   CLI::App app{"GEMM library rate on one training step's GEMM calls (one JSON line)"};
-  app.add_option("--model", preset, "model preset");
+  app.add_option("--model", preset, "model preset, or a directory with a Hugging Face config.json");
   app.add_option("--batch", B, "micro-batch size")->check(CLI::PositiveNumber);
   app.add_option("--seq", T, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--precision", precision_name, "fp32, bf16 or fp16 (the step's compute type)");
@@ -203,7 +204,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const shardlm::ModelConfig config = shardlm::model_preset(preset);
+    const shardlm::ModelConfig config = shardlm::is_hf_model_path(preset)
+                                            ? shardlm::read_hf_model_config(preset)
+                                            : shardlm::model_preset(preset);
     const DType precision = shardlm::parse_dtype(precision_name, "--precision");
     omp_set_num_threads(threads);
     int chunk_rows = 0;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/{qwen3_moe,mixtral}_fixture.safetensors: independent references
-for shardlm's mixture-of-experts forward, backward and AdamW step, computed by Hugging
-Face transformers' own Qwen3MoeForCausalLM / MixtralForCausalLM in float64 (stored as
+"""Writes tests/fixtures/{qwen3_moe,mixtral,qwen2_moe}_fixture.safetensors: independent
+references for shardlm's mixture-of-experts forward, backward and AdamW step, computed by
+Hugging Face transformers' own Qwen3MoeForCausalLM / MixtralForCausalLM /
+Qwen2MoeForCausalLM in float64 (stored as
 float32), with the load-balancing loss (output_router_logits) added as transformers adds
 it: loss = mean cross-entropy + router_aux_loss_coef * aux_loss, aux over all B x T
 tokens (no attention mask) and all sparse layers.
@@ -15,6 +16,10 @@ The models (odd on purpose; a large aux coefficient so that its gradient shows):
   qwen3_moe  3 layers x 64, GQA 4:2, head_dim 16, q/k norms, untied head; 8 experts of
              width 32, top-2, norm_topk_prob; layer 1 dense (mlp_only_layers, width 96)
   mixtral    2 layers x 64, GQA 4:2, 4 experts of width 48, top-2, untied head
+  qwen2_moe  4 layers x 64, GQA 4:2, q/k/v biases; 8 experts of width 32, top-3, top-k
+             weights not renormalised (norm_topk_prob false); a shared expert of width
+             40 with its sigmoid gate; decoder_sparse_step 2 (layers 1 and 3 sparse,
+             0 and 2 dense of width 96)
 The batch is checked to have no near-tie at the k-th routing choice (a float32 flip
 there would be a different model, not an error).
 
@@ -23,10 +28,16 @@ down_proj [E, C, I]) and save_pretrained writes them back one tensor per expert,
 the names every published checkpoint has; this fixture stores them so:
   qwen3_moe  model.layers.L.mlp.experts.N.{gate_proj,up_proj,down_proj}.weight
   mixtral    model.layers.L.block_sparse_moe.experts.N.{w1,w3,w2}.weight, block_sparse_moe.gate
+  qwen2_moe  as qwen3_moe, plus model.layers.L.mlp.shared_expert.{gate,up,down}_proj.weight
+             and mlp.shared_expert_gate.weight [1, C] (plain nn.Linear modules)
 Contents as tools/make_llama_fixture.py's fixtures, plus
   aux_loss               [1] the load-balancing loss (before the coefficient)
   ce_loss                [1] the mean cross-entropy alone
-Also writes tests/fixtures/hf/{qwen3_moe,mixtral}/ (save_pretrained, fp32) and their
+  NAME.adamw_least_moment_fraction  per element, min over the three AdamW steps of
+                         |m| / max |m of its tensor| (m: AdamW's first moment after the
+                         step; which elements the weight check can hold tightly:
+                         llama_fixture_support.hpp)
+Also writes tests/fixtures/hf/{qwen3_moe,mixtral,qwen2_moe}/ (save_pretrained, fp32) and their
 float64 logits on make_llama_fixture's token sequence in hf/moe_logits.safetensors,
 and prints the tensor names save_pretrained wrote.
 
@@ -40,7 +51,8 @@ import numpy as np
 import torch
 import transformers
 from safetensors import safe_open
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from make_gpt2_fixture import write_safetensors
 from make_llama_fixture import ADAMW, B, HF_TOKENS, IGNORED, T, VOCAB, make_float64_rotary
@@ -65,6 +77,17 @@ FAMILIES = {
                 num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.25,
                 sliding_window=None),
         experts=4, top_k=2, width=48, block="block_sparse_moe", modules=("w1", "w3", "w2")),
+    "qwen2_moe": dict(
+        cls=(Qwen2MoeConfig, Qwen2MoeForCausalLM),
+        hf=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                qkv_bias=True, hidden_act="silu", rope_theta=1000000.0,
+                use_sliding_window=False, num_experts=8, num_experts_per_tok=3,
+                moe_intermediate_size=32, shared_expert_intermediate_size=40,
+                norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
+                output_router_logits=True, router_aux_loss_coef=0.25),
+        experts=8, top_k=3, width=32, block="mlp", modules=("gate_proj", "up_proj", "down_proj")),
 }
 
 
@@ -76,15 +99,22 @@ def shardlm_config(family, spec):
         "init_std": 0.02, "tie_embeddings": False, "n_kv_head": hf["num_key_value_heads"],
         "head_dim": hf["head_dim"], "intermediate_size": hf["intermediate_size"],
         "rope_theta": hf["rope_theta"], "rope_scaling": {"type": "default"},
-        "norm_eps": hf["rms_norm_eps"], "qkv_bias": False, "o_bias": False,
+        "norm_eps": hf["rms_norm_eps"], "qkv_bias": hf.get("qkv_bias", False), "o_bias": False,
         "qk_norm": family == "qwen3_moe",
         "moe": {"num_experts": spec["experts"], "top_k": spec["top_k"],
                 "expert_intermediate_size": spec["width"],
-                "norm_topk_prob": True, "decoder_sparse_step": 1,
+                "norm_topk_prob": hf.get("norm_topk_prob", True),
+                "decoder_sparse_step": hf.get("decoder_sparse_step", 1),
                 "mlp_only_layers": hf.get("mlp_only_layers", []),
                 "router_aux_loss_coef": hf["router_aux_loss_coef"],
                 "output_router_logits": True},
     }
+
+
+def with_shared_expert(config, hf):
+    if "shared_expert_intermediate_size" in hf:
+        config["moe"]["shared_expert_intermediate_size"] = hf["shared_expert_intermediate_size"]
+    return config
 
 
 def randomize(model, gen):
@@ -182,7 +212,7 @@ def main():
             [{"params": decay, "weight_decay": ADAMW["weight_decay"]},
              {"params": no_decay, "weight_decay": 0.0}],
             lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"])
-        grad_norms, step_losses = [], []
+        grad_norms, step_losses, step_moments = [], [], []
         for _ in range(ADAMW["steps"]):
             opt.zero_grad()
             l, _, _, _, _ = step_loss(model, tokens, targets, coef)
@@ -192,6 +222,7 @@ def main():
             grad_norms.append(norm.item())
             step_losses.append(l.item())
             opt.step()
+            step_moments.append({n: opt.state[params[n]]["exp_avg"].detach().clone() for n in names})
 
         f32 = lambda t: t.detach().to(torch.float32).contiguous().numpy()
         tensors = [("tokens", tokens.to(torch.int32).numpy()),
@@ -203,15 +234,23 @@ def main():
                    ("adamw.grad_norms", np.array(grad_norms, dtype=np.float32)),
                    ("adamw.losses", np.array(step_losses, dtype=np.float32))]
         for n in names:
-            for (name, w0), (_, g), (_, w3) in zip(per_expert(spec, n, initial[n]),
-                                                   per_expert(spec, n, grads[n]),
-                                                   per_expert(spec, n, params[n])):
+            # Each element's smallest share of its tensor's largest first moment (AdamW's m,
+            # the numerator of its step) over the three steps: where m is tiny at any step
+            # (a gradient that starts tiny, or one that turns against the earlier ones),
+            # float32's rounding noise moves m / sqrt(v) by a visible part of a step.
+            fractions = [[(m.abs() / m.abs().max().clamp_min(1e-300)) for _, m in per_expert(spec, n, sm[n])]
+                         for sm in step_moments]
+            for i, ((name, w0), (_, g), (_, w3)) in enumerate(zip(per_expert(spec, n, initial[n]),
+                                                                  per_expert(spec, n, grads[n]),
+                                                                  per_expert(spec, n, params[n]))):
                 tensors.append((name, f32(w0)))
                 tensors.append((name + ".grad", f32(g)))
                 tensors.append((name + ".after_3_steps", f32(w3)))
+                least = torch.stack([f[i] for f in fractions]).min(dim=0).values
+                tensors.append((name + ".adamw_least_moment_fraction", f32(least)))
         adamw = dict(ADAMW, decay="2-D tensors (every expert's matrices too)")
         metadata = {
-            "config": json.dumps(shardlm_config(family, spec)),
+            "config": json.dumps(with_shared_expert(shardlm_config(family, spec), spec["hf"])),
             "hf_config": config.to_json_string(use_diff=False),
             "batch": json.dumps({"B": B, "T": T, "ignore_index": -1}),
             "adamw": json.dumps(adamw),
@@ -235,6 +274,12 @@ HF_DIRS = {
                     num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                     max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
                     rope_theta=1000000.0, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      rope_theta=1000000.0, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=24, shared_expert_intermediate_size=36,
+                      norm_topk_prob=False, mlp_only_layers=[1], qkv_bias=True),
 }
 
 

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """PyTorch reference trainer for bench/families_vs_pytorch.py: Hugging Face transformers'
-own LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM of a given config.json,
+own LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM (or a mixture of experts:
+Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM) of a given config.json,
 random init, trained with torch.optim.AdamW (lr 6e-4, betas 0.9/0.95, weight decay 0.1
 on 2-D weights, eps 1e-8, fused=False, foreach) and global-norm clipping at 1.0 on
 windows of a shardlm token file, as a user of PyPI torch 2.x + transformers would:
 attn_implementation "sdpa", bf16 autocast for --dtype bf16, --compile for
 torch.compile. With --lora-rank R, PEFT's LoRA (r=R, lora_alpha, target_modules
 "all-linear", dropout 0) on the frozen model, as `peft` users fine-tune; AdamW then
-sees only the adapters. Prints one line per step and, last, one JSON line: median step ms after
+sees only the adapters. A mixture of experts adds router_aux_loss_coef x its load-balancing
+loss when the config sets output_router_logits (as transformers' own loss does, and
+shardlm), and runs its experts with --experts-implementation (transformers 5's eager loop
+over experts, batched_mm or grouped_mm). Prints one line per step and, last, one JSON line: median step ms after
 the warm-up steps, tokens/s and the peak RSS of the process.
 
 Run with the PyPI venv's python (torch 2.x, transformers). Benchmark only: never
@@ -50,12 +54,18 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--lora-rank", type=int, default=0)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
+    ap.add_argument("--experts-implementation", default="eager",
+                    choices=["eager", "batched_mm", "grouped_mm"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     hf = json.load(open(args.config))
     config = transformers.AutoConfig.for_model(**hf)
+    moe = getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0)
+    if moe:
+        config._experts_implementation = args.experts_implementation
+    aux_coef = getattr(config, "router_aux_loss_coef", 0.0) if getattr(config, "output_router_logits", False) else 0.0
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
                                                           torch_dtype=torch.float32)
     if args.lora_rank > 0:
@@ -74,9 +84,13 @@ def main():
     tokens = read_tokens(args.tokens, (args.steps + 1) * n + 1)
 
     def loss_of(inputs, targets):
-        logits = model(input_ids=inputs).logits
-        return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
+        out = model(input_ids=inputs)
+        logits = out.logits
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
                                                  targets.reshape(-1))
+        if aux_coef:
+            loss = loss + aux_coef * out.aux_loss
+        return loss
 
     step_fn = torch.compile(loss_of) if args.compile else loss_of
     times = []
@@ -101,7 +115,8 @@ def main():
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "torch": torch.__version__, "transformers": transformers.__version__,
                       "compile": args.compile, "dtype": args.dtype, "threads": args.threads,
-                      "lora_rank": args.lora_rank}))
+                      "lora_rank": args.lora_rank,
+                      "experts_implementation": model.config._experts_implementation if moe else None}))
 
 
 if __name__ == "__main__":

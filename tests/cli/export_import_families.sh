@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama, Qwen2, Qwen3 and the mixtures of experts Qwen3-MoE and Mixtral through the command line: train a few steps, export a Hugging
+# Llama, Qwen2, Qwen3 and the mixtures of experts Qwen3-MoE, Mixtral and Qwen2-MoE through the command line: train a few steps, export a Hugging
 # Face directory (fp32; bf16 sharded), start a run from it (--init-from takes the model
 # from its config.json) with bitwise the same weights; transformers loads the export
 # and computes shardlm's eval loss (where a python with transformers is available:
@@ -8,7 +8,7 @@ source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 REF_PYTHON="${SHARDLM_REF_PYTHON:-/usr/bin/python3}"
 COMMON=(--seq-len 32 --micro-batch 4 --threads 1 --eval-batches 0 --data "$WORK/data")
-for model in llama-tiny qwen2-tiny qwen3-tiny qwen3-moe-tiny mixtral-tiny; do
+for model in llama-tiny qwen2-tiny qwen3-tiny qwen3-moe-tiny mixtral-tiny qwen2-moe-tiny; do
   model_type="${model%-tiny}"
   model_type="${model_type//-/_}"
   "$SHARDLM" train --model "$model" "${COMMON[@]}" --steps 3 --out "$WORK/$model" > /dev/null

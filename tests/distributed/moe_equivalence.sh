@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixture-of-experts models (qwen3-moe-tiny, mixtral-tiny: the load-balancing loss on)
+# Mixture-of-experts models (qwen3-moe-tiny, mixtral-tiny, qwen2-moe-tiny: the load-balancing loss on)
 # under every strategy: without gradient accumulation ddp, zero1, zero2 and zero3 give
 # bitwise-identical weights at N = 2 (each expert its own unit: zero3 gathers and frees
 # one expert at a time), in fp32 and bf16, with activation checkpointing too;
@@ -10,7 +10,7 @@ source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 FAMILY=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-batch 8
         --steps 4 --eval-batches 0 --data "$WORK/data")
-for model in qwen3-moe-tiny mixtral-tiny; do
+for model in qwen3-moe-tiny mixtral-tiny qwen2-moe-tiny; do
   for precision in fp32 bf16; do
     reference=""
     for strategy in "ddp" "zero1" "zero2" "zero3 --prefetch 1" "zero3 --activation-checkpointing"; do

@@ -103,6 +103,14 @@ inline void train_micro_batch(Model& model, UnitBuffers& buf, const MicroBatch& 
 // k biases along RoPE's slowest frequencies, nearly invariant like GPT-2's key bias)
 // the rounding noise takes a full step of its own: those elements are only held to the
 // step bound 3 lr (1 + weight decay). At least min_tight_percent of them are checked tightly.
+// A fixture that stores NAME.adamw_least_moment_fraction (tools/make_moe_fixture.py: the
+// element's smallest |m| / max |m of the tensor| over the three steps, m AdamW's first
+// moment, whose first value is (1 - beta1) grad) is classified by m at every step, not
+// by the first gradient alone: where a later gradient turns against the earlier ones m
+// cancels, and the step is as noise-bound as one whose gradient starts tiny. m after
+// step 3 carries three gradients' float32 noise (~6e-7 of the largest each, summed with
+// cancellation), so its threshold is 2e-3 of the tensor's largest m (first step:
+// 1e-3 of its largest gradient, as above); below it the step bound holds.
 inline void expect_weights_after_three_steps(const ParamLayout& layout, OwnedState& state,
                                              const st::File& ref, float lr, float weight_decay,
                                              int64_t min_tight_percent) {
@@ -117,9 +125,13 @@ inline void expect_weights_after_three_steps(const ParamLayout& layout, OwnedSta
     float max_grad = 0.0f;
     for (float g : grad) max_grad = std::max(max_grad, std::fabs(g));
     const float* got = state.owned(unit).master + info->offset;
+    const std::string least_name = p->name + ".adamw_least_moment_fraction";
+    const std::vector<float> least =
+        ref.tensors.count(least_name) ? ref.at(least_name).to_f32() : std::vector<float>{};
     for (size_t i = 0; i < want.size(); ++i) {
       ++total;
-      if (std::fabs(grad[i]) >= 1e-3f * max_grad) {
+      const bool well_conditioned = least.empty() ? std::fabs(grad[i]) >= 1e-3f * max_grad : least[i] >= 2e-3f;
+      if (well_conditioned) {
         ++checked_tightly;
         ASSERT_NEAR(got[i], want[i], tight) << p->name << "[" << i << "]";
       } else {

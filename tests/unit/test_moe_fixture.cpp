@@ -1,5 +1,7 @@
-// The mixture-of-experts families (qwen3_moe, mixtral) against transformers' own
-// Qwen3MoeForCausalLM / MixtralForCausalLM in float64 (tools/make_moe_fixture.py):
+// The mixture-of-experts families (qwen3_moe, qwen2_moe, mixtral) against transformers'
+// own Qwen3MoeForCausalLM / Qwen2MoeForCausalLM / MixtralForCausalLM in float64
+// (tools/make_moe_fixture.py; qwen2_moe with its gated shared expert, q/k/v biases,
+// un-renormalised top-3 weights and decoder_sparse_step 2):
 // loss with the load-balancing loss, logits at every position, every gradient (the
 // routers' included) within 1e-5 of each tensor's scale, three AdamW steps with
 // clipping through the real strategy and optimizer; Hugging Face directories written by
@@ -207,7 +209,7 @@ TEST_P(MoeFixture, ThreeAdamWStepsWithClippingMatchPyTorch) {
   expect_weights_after_three_steps(layout, strategy, ref.file, lr, hp.at("weight_decay").get<float>(), 90);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, MoeFixture, ::testing::Values("qwen3_moe", "mixtral"),
+INSTANTIATE_TEST_SUITE_P(Families, MoeFixture, ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe"),
                          [](const auto& info) { return info.param; });
 
 // --- Hugging Face directories (save_pretrained, one tensor per expert) ---------------
@@ -286,7 +288,7 @@ TEST_P(MoeHfInterchange, LoadsWithTransformersLogitsAndExportsBackBitwise) {
   for (int u = 0; u < loaded.layout.num_units(); ++u) EXPECT_EQ(loaded.master(u), again.master(u));
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, MoeHfInterchange, ::testing::Values("qwen3_moe", "mixtral"),
+INSTANTIATE_TEST_SUITE_P(Families, MoeHfInterchange, ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe"),
                          [](const auto& info) { return info.param; });
 
 // --- routing and bad input -------------------------------------------------------------
@@ -357,11 +359,42 @@ TEST(MoeBadInput, RouterVariantsShardlmDoesNotComputeAreRefusedByName) {
             std::string::npos);
 }
 
+TEST(MoeBadInput, Qwen2MoeFieldsThatChangeTheComputationAreHonouredOrRefusedByName) {
+  const nlohmann::json base = hf_config("qwen2_moe");
+  const ModelConfig c = model_family_for_hf("qwen2_moe").config_from_hf(base);
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 36);
+  EXPECT_FALSE(c.moe.norm_topk_prob);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_EQ(c.moe.mlp_only_layers, std::vector<int>{1});
+  nlohmann::json j = base;
+  j["qkv_bias"] = false;
+  EXPECT_FALSE(model_family_for_hf("qwen2_moe").config_from_hf(j).qkv_bias);
+  j = base;
+  j["decoder_sparse_step"] = 2;
+  EXPECT_EQ(model_family_for_hf("qwen2_moe").config_from_hf(j).moe.sparse_layers(2), 0);
+  j = base;
+  j["shared_expert_intermediate_size"] = 0;
+  EXPECT_NE(error_of([&] { model_family_for_hf("qwen2_moe").config_from_hf(j); })
+                .find("qwen2_moe: shared_expert_intermediate_size must be positive"),
+            std::string::npos);
+  j = base;
+  j["use_sliding_window"] = true;
+  EXPECT_NE(error_of([&] { model_family_for_hf("qwen2_moe").config_from_hf(j); }).find("use_sliding_window"),
+            std::string::npos);
+  j = base;
+  j["router_jitter_noise"] = 0.1;
+  EXPECT_NE(error_of([&] { model_family_for_hf("qwen2_moe").config_from_hf(j); }).find("router_jitter_noise"),
+            std::string::npos);
+  ModelConfig shared = model_preset("qwen3-moe-tiny");
+  shared.moe.shared_expert_intermediate_size = 16;
+  EXPECT_NE(error_of([&] { shared.validate(); }).find("is qwen2_moe's; qwen3_moe has none"), std::string::npos);
+}
+
 TEST(MoePlan, TheTracedStepOnTheMetaDevicePlansTheStrategysAndTheModelsBytes) {
   // plan_run runs the real step on the meta device (traced_step, where routing has no
   // contents: every expert gets an equal share); its memory per category must be the
   // arithmetic the strategy and the model allocate by (plan_buffers, plan_memory).
-  for (const char* preset : {"qwen3-moe-tiny", "mixtral-tiny"})
+  for (const char* preset : {"qwen3-moe-tiny", "mixtral-tiny", "qwen2-moe-tiny"})
     for (const StrategyKind kind : {StrategyKind::ddp, StrategyKind::zero3})
       for (const DType precision : {DType::fp32, DType::bf16})
         for (const bool checkpointing : {false, true}) {
@@ -393,10 +426,21 @@ TEST(MoePlan, TheTracedStepOnTheMetaDevicePlansTheStrategysAndTheModelsBytes) {
 }
 
 TEST(MoePresets, PlanningShapesHaveThePublishedParameterCounts) {
-  // Qwen3-30B-A3B: 30.5B parameters, 3.3B active; Mixtral-8x7B: 46.7B, 12.9B active
-  // (their model cards).
+  // Qwen3-30B-A3B: 30.5B parameters, 3.3B active; Mixtral-8x7B: 46.7B, 12.9B active;
+  // Qwen1.5-MoE-A2.7B: 14.3B, 2.7B active (their model cards).
   EXPECT_NEAR(static_cast<double>(model_preset("qwen3-30b-a3b").num_parameters()), 30.53e9, 0.01e9);
   EXPECT_NEAR(static_cast<double>(model_preset("mixtral-8x7b").num_parameters()), 46.70e9, 0.01e9);
+  const ModelConfig qwen15 = model_preset("qwen1.5-moe-a2.7b");
+  EXPECT_NEAR(static_cast<double>(qwen15.num_parameters()), 14.3e9, 0.05e9);
+  // Its published config.json: 60 experts of 1408, top-4 not renormalised, a shared
+  // expert of 5632, q/k/v biases, every layer sparse.
+  EXPECT_EQ(qwen15.moe.num_experts, 60);
+  EXPECT_EQ(qwen15.moe.top_k, 4);
+  EXPECT_EQ(qwen15.moe.expert_intermediate_size, 1408);
+  EXPECT_EQ(qwen15.moe.shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(qwen15.moe.norm_topk_prob);
+  EXPECT_TRUE(qwen15.qkv_bias);
+  EXPECT_EQ(qwen15.moe.sparse_layers(qwen15.n_layer), 24);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ void apply_threads_flag(const std::optional<int>& threads) {
 
 namespace {
 
-// "GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral": the families model/family.hpp registers, as their
+// "GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral": the families model/family.hpp registers, as their
 // model cards spell them.
 std::string trained_families_text() {
   std::string names;
@@ -34,6 +34,7 @@ std::string trained_families_text() {
                              : family == "qwen2" ? "Qwen2"
                              : family == "qwen3" ? "Qwen3"
                              : family == "qwen3_moe" ? "Qwen3-MoE"
+                             : family == "qwen2_moe" ? "Qwen2-MoE"
                              : family == "mixtral"   ? "Mixtral"
                                                      : family;
     names += (names.empty() ? "" : ", ") + name;

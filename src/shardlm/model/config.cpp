@@ -177,8 +177,10 @@ ModelConfig make_llama(const LlamaShape& s) {
 
 // A mixture-of-experts shape on a Llama-family one (its intermediate the dense MLP's).
 ModelConfig make_moe(ModelConfig c, int experts, int top_k, int expert_width, bool norm_topk,
-                     double aux_coef, bool output_router_logits, std::vector<int> mlp_only = {}) {
+                     double aux_coef, bool output_router_logits, std::vector<int> mlp_only = {},
+                     int shared_expert_width = 0) {
   c.qk_norm = c.family == "qwen3_moe";
+  c.qkv_bias = c.family == "qwen2_moe";  // Qwen2MoeConfig's qkv_bias defaults to true
   c.moe.num_experts = experts;
   c.moe.top_k = top_k;
   c.moe.expert_intermediate_size = expert_width;
@@ -186,6 +188,7 @@ ModelConfig make_moe(ModelConfig c, int experts, int top_k, int expert_width, bo
   c.moe.router_aux_loss_coef = aux_coef;
   c.moe.output_router_logits = output_router_logits;
   c.moe.mlp_only_layers = std::move(mlp_only);
+  c.moe.shared_expert_intermediate_size = shared_expert_width;
   return c;
 }
 
@@ -197,7 +200,8 @@ struct Preset {
 // Shapes checked against the published config.json of each model (HF hub:
 // HuggingFaceTB/SmolLM2-135M, Qwen/Qwen2.5-0.5B, Qwen/Qwen3-0.6B,
 // meta-llama/Llama-3.2-1B, Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-7B,
-// meta-llama/Llama-3.1-70B, Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1). The tiny ones are for tests: odd sizes on purpose.
+// meta-llama/Llama-3.1-70B, Qwen/Qwen3-30B-A3B, Qwen/Qwen1.5-MoE-A2.7B,
+// mistralai/Mixtral-8x7B-v0.1). The tiny ones are for tests: odd sizes on purpose.
 const Preset kPresets[] = {
     {"gpt2-tiny", [] { return make_gpt2(4, 4, 128, 256); }},
     {"gpt2-small-30m", [] { return make_gpt2(6, 6, 384, 1024); }},
@@ -217,6 +221,14 @@ const Preset kPresets[] = {
        return make_moe(make_llama({"qwen3_moe", 3, 64, 128, 4, 2, 16, 512, 1024, 1e6, 1e-6f, false, 0}),
                        8, 2, 32, true, 0.001, true, {0});
      }},
+    // Qwen2-MoE's own defaults: top-k weights not renormalised; a shared expert; the
+    // experts in every other layer (decoder_sparse_step 2: layers 1, 3).
+    {"qwen2-moe-tiny", [] {
+       ModelConfig c = make_moe(make_llama({"qwen2_moe", 4, 64, 96, 4, 2, 16, 512, 1024, 1e6, 1e-6f, false, 0}),
+                                8, 2, 32, false, 0.001, true, {}, 48);
+       c.moe.decoder_sparse_step = 2;
+       return c;
+     }},
     {"mixtral-tiny", [] {
        return make_moe(make_llama({"mixtral", 2, 64, 96, 4, 2, 16, 512, 1024, 1e6, 1e-5f, false, 0}),
                        4, 2, 96, true, 0.02, true);
@@ -232,6 +244,10 @@ const Preset kPresets[] = {
     {"qwen3-30b-a3b", [] {
        return make_moe(make_llama({"qwen3_moe", 48, 2048, 6144, 32, 4, 128, 151936, 40960, 1e6, 1e-6f, false, 0}),
                        128, 8, 768, true, 0.001, false);
+     }},
+    {"qwen1.5-moe-a2.7b", [] {
+       return make_moe(make_llama({"qwen2_moe", 24, 2048, 5632, 16, 16, 128, 151936, 8192, 1e6, 1e-6f, false, 0}),
+                       60, 4, 1408, false, 0.001, false, {}, 5632);
      }},
     {"mixtral-8x7b", [] {
        return make_moe(make_llama({"mixtral", 32, 4096, 14336, 32, 8, 128, 32000, 32768, 1e6, 1e-5f, false, 0}),

@@ -34,11 +34,12 @@ enum class BaseQuant { none, nf4 };
 const char* base_quant_name(BaseQuant q);
 BaseQuant parse_base_quant(const std::string& name);  // Error naming --quantize-base
 
-// Mixture-of-experts feed-forward (qwen3_moe, mixtral; docs/models.md): in a sparse
-// layer a linear router (softmax over num_experts, top_k kept, renormalised when
+// Mixture-of-experts feed-forward (qwen3_moe, qwen2_moe, mixtral; docs/models.md): in a
+// sparse layer a linear router (softmax over num_experts, top_k kept, renormalised when
 // norm_topk_prob) sends each token to top_k SwiGLU experts whose outputs are summed
-// with those weights. Dense layers (mlp_only_layers, or not a multiple of
-// decoder_sparse_step) keep the ordinary MLP of intermediate_size.
+// with those weights; qwen2_moe adds a shared expert (a SwiGLU MLP over every token)
+// scaled per token by sigmoid(h2 . shared_expert_gate). Dense layers (mlp_only_layers,
+// or not a multiple of decoder_sparse_step) keep the ordinary MLP of intermediate_size.
 struct MoeConfig {
   int num_experts = 0;  // 0: a dense model
   int top_k = 0;        // num_experts_per_tok
@@ -50,7 +51,9 @@ struct MoeConfig {
   // when output_router_logits is set (its default is off).
   double router_aux_loss_coef = 0.0;
   bool output_router_logits = false;
+  int shared_expert_intermediate_size = 0;  // qwen2_moe's shared expert; 0: none
 
+  bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   bool enabled() const { return num_experts > 0; }
   bool sparse_layer(int layer) const;
   int sparse_layers(int n_layer) const;
@@ -59,7 +62,7 @@ struct MoeConfig {
 };
 
 struct ModelConfig {
-  std::string family = "gpt2";  // gpt2, llama, qwen2, qwen3, qwen3_moe, mixtral
+  std::string family = "gpt2";  // gpt2, llama, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral
   int n_layer = 0;
   int n_head = 0;
   int n_embd = 0;
@@ -80,7 +83,7 @@ struct ModelConfig {
   bool o_bias = false;        // the output projection has a bias (llama/qwen3 attention_bias)
   bool qk_norm = false;       // per-head RMSNorm of q and k before RoPE (qwen3)
 
-  MoeConfig moe;              // experts (qwen3_moe, mixtral); moe.num_experts 0: dense
+  MoeConfig moe;              // experts (qwen3_moe, qwen2_moe, mixtral); moe.num_experts 0: dense
 
   LoraConfig lora;            // adapters on a frozen base (LoRA fine-tuning)
   BaseQuant quantize_base = BaseQuant::none;  // needs lora; JSON "quantize_base" when not none
@@ -120,9 +123,9 @@ struct ModelConfig {
 
 // Presets with the shapes of public models: gpt2-tiny (tests), gpt2-small-30m, gpt2
 // (124M), gpt2-medium (350M); llama-tiny, qwen2-tiny, qwen3-tiny, qwen3-moe-tiny,
-// mixtral-tiny (tests);
+// qwen2-moe-tiny, mixtral-tiny (tests);
 // smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b; for planning qwen3-8b,
-// llama-3.1-8b, qwen2.5-7b, llama-3.1-70b, qwen3-30b-a3b, mixtral-8x7b. GPT-2 presets default to GPT-2's 50257-token
+// llama-3.1-8b, qwen2.5-7b, llama-3.1-70b, qwen3-30b-a3b, qwen1.5-moe-a2.7b, mixtral-8x7b. GPT-2 presets default to GPT-2's 50257-token
 // vocabulary, which `train` replaces with the data's when the flag is not given.
 ModelConfig model_preset(const std::string& name);  // throws Error on unknown name
 std::vector<std::string> model_preset_names();

@@ -38,6 +38,7 @@ const Registered kFamilies[] = {
     {"qwen2", "qwen2", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen2); }},
     {"qwen3", "qwen3", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen3); }},
     {"qwen3_moe", "qwen3_moe", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen3_moe); }},
+    {"qwen2_moe", "qwen2_moe", [] () -> const ModelFamily& { return llama_family(LlamaVariant::qwen2_moe); }},
     {"mixtral", "mixtral", [] () -> const ModelFamily& { return llama_family(LlamaVariant::mixtral); }},
 };
 

@@ -44,7 +44,7 @@ LoraConfig lora_config(const TrainOptions& o, const std::string& family) {
     // transformers 5 holds a mixture of experts' experts as fused parameters and its
     // routers as parameters, not nn.Linear modules, so PEFT's all-linear adapts their
     // attention (and the dense MLPs of mlp_only_layers, which shardlm cannot adapt yet).
-    if (family == "qwen3_moe" || family == "mixtral")
+    if (family == "qwen3_moe" || family == "qwen2_moe" || family == "mixtral")
       lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
     else if (family != "gpt2")
       lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};

@@ -23,6 +23,7 @@ const char* variant_name(LlamaVariant v) {
     case LlamaVariant::qwen2: return "qwen2";
     case LlamaVariant::qwen3: return "qwen3";
     case LlamaVariant::qwen3_moe: return "qwen3_moe";
+    case LlamaVariant::qwen2_moe: return "qwen2_moe";
     case LlamaVariant::mixtral: return "mixtral";
   }
   return "?";
@@ -34,12 +35,15 @@ const char* architecture(LlamaVariant v) {
     case LlamaVariant::qwen2: return "Qwen2ForCausalLM";
     case LlamaVariant::qwen3: return "Qwen3ForCausalLM";
     case LlamaVariant::qwen3_moe: return "Qwen3MoeForCausalLM";
+    case LlamaVariant::qwen2_moe: return "Qwen2MoeForCausalLM";
     case LlamaVariant::mixtral: return "MixtralForCausalLM";
   }
   return "?";
 }
 
-bool is_moe(LlamaVariant v) { return v == LlamaVariant::qwen3_moe || v == LlamaVariant::mixtral; }
+bool is_moe(LlamaVariant v) {
+  return v == LlamaVariant::qwen3_moe || v == LlamaVariant::qwen2_moe || v == LlamaVariant::mixtral;
+}
 
 class LlamaFamily final : public ModelFamily {
  public:
@@ -71,7 +75,7 @@ class LlamaFamily final : public ModelFamily {
     if (is_moe(variant_)) {
       validate_moe(c, name_);
     } else {
-      SHARDLM_CHECK(!c.moe.enabled(), "{} is a dense family: experts are qwen3_moe's and mixtral's",
+      SHARDLM_CHECK(!c.moe.enabled(), "{} is a dense family: experts are qwen3_moe's, qwen2_moe's and mixtral's",
                     name_);
     }
     for (const auto& target : c.lora.targets) {
@@ -96,6 +100,10 @@ class LlamaFamily final : public ModelFamily {
       case LlamaVariant::qwen3_moe:
         SHARDLM_CHECK(c.qk_norm && c.qkv_bias == c.o_bias,
                       "{} has q/k norms; its attention_bias sets q/k/v and o biases together", name_);
+        break;
+      case LlamaVariant::qwen2_moe:
+        SHARDLM_CHECK(!c.o_bias && !c.qk_norm,
+                      "qwen2_moe has no o_proj bias and no q/k norms (its q/k/v biases follow qkv_bias)");
         break;
       case LlamaVariant::mixtral:
         SHARDLM_CHECK(!c.qk_norm && !c.qkv_bias && !c.o_bias,
@@ -200,6 +208,14 @@ class LlamaFamily final : public ModelFamily {
         // The router here; each expert is a unit of its own, after the layer.
         const MoeNames& moe = moe_names(c);
         b.add(name(moe.router_suffix().c_str()), {c.moe.num_experts, C}, ParamInit::normal, std);
+        if (c.moe.has_shared_expert()) {
+          // qwen2_moe's shared expert (every token) and its gate: dense, in the layer's unit.
+          const int64_t Is = c.moe.shared_expert_intermediate_size;
+          b.add(name("mlp.shared_expert.gate_proj.weight"), {Is, C}, ParamInit::normal, std);
+          b.add(name("mlp.shared_expert.up_proj.weight"), {Is, C}, ParamInit::normal, std, /*pack_with_previous=*/true);
+          b.add(name("mlp.shared_expert.down_proj.weight"), {C, Is}, ParamInit::normal, std);
+          b.add(name("mlp.shared_expert_gate.weight"), {1, C}, ParamInit::normal, std);
+        }
         units.push_back(b.finish());
         const int64_t Ie = c.moe.expert_intermediate_size;
         for (int e = 0; e < c.moe.num_experts; ++e) {
@@ -253,7 +269,8 @@ class LlamaFamily final : public ModelFamily {
     // A sparse layer multiplies each token by its router and top_k experts.
     const int sparse = c.moe.sparse_layers(c.n_layer);
     const double attention_params = C * (Q + 2 * KV) + Q * C;
-    const double sparse_mlp = C * c.moe.num_experts + c.moe.top_k * 3.0 * C * c.moe.expert_intermediate_size;
+    const double sparse_mlp = C * c.moe.num_experts + c.moe.top_k * 3.0 * C * c.moe.expert_intermediate_size +
+                              3.0 * C * c.moe.shared_expert_intermediate_size + (c.moe.has_shared_expert() ? C : 0);
     const double matmul_params = (c.n_layer - sparse) * (attention_params + 3.0 * C * I) +
                                  sparse * (attention_params + sparse_mlp) +
                                  static_cast<double>(c.padded_vocab_size()) * C;
@@ -316,6 +333,10 @@ class LlamaFamily final : public ModelFamily {
         read_sliding_window(f, hf, c);
         f.expect_bool("use_mrope", false);
         break;
+      case LlamaVariant::qwen2_moe:
+        c.qkv_bias = f.optional_bool("qkv_bias", true);
+        read_sliding_window(f, hf, c);
+        break;
       case LlamaVariant::qwen3:
       case LlamaVariant::qwen3_moe:
         c.qk_norm = true;
@@ -372,6 +393,7 @@ class LlamaFamily final : public ModelFamily {
       j["sliding_window"] = nullptr;
       if (variant_ == LlamaVariant::qwen3 || variant_ == LlamaVariant::qwen3_moe)
         j["attention_bias"] = c.qkv_bias;
+      if (variant_ == LlamaVariant::qwen2_moe) j["qkv_bias"] = c.qkv_bias;
     }
     if (variant_ == LlamaVariant::mixtral) j.erase("use_sliding_window");
     if (is_moe(variant_)) moe_to_hf(c, j);
@@ -461,12 +483,14 @@ class LlamaFamily final : public ModelFamily {
 
 const ModelFamily& llama_family(LlamaVariant variant) {
   static const LlamaFamily llama(LlamaVariant::llama), qwen2(LlamaVariant::qwen2),
-      qwen3(LlamaVariant::qwen3), qwen3_moe(LlamaVariant::qwen3_moe), mixtral(LlamaVariant::mixtral);
+      qwen3(LlamaVariant::qwen3), qwen3_moe(LlamaVariant::qwen3_moe), qwen2_moe(LlamaVariant::qwen2_moe),
+      mixtral(LlamaVariant::mixtral);
   switch (variant) {
     case LlamaVariant::llama: return llama;
     case LlamaVariant::qwen2: return qwen2;
     case LlamaVariant::qwen3: return qwen3;
     case LlamaVariant::qwen3_moe: return qwen3_moe;
+    case LlamaVariant::qwen2_moe: return qwen2_moe;
     case LlamaVariant::mixtral: return mixtral;
   }
   return llama;

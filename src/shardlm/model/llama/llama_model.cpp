@@ -14,6 +14,7 @@
 #include "shardlm/model/model_support.hpp"
 #include "shardlm/model/moe/moe_experts.hpp"
 #include "shardlm/model/moe/moe_names.hpp"
+#include "shardlm/model/moe/moe_shared_expert.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 #include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
 
@@ -31,6 +32,8 @@ struct LayerOffsets {
   int64_t router_w = -1;  // a sparse layer's router (it has no gu_w, down_w)
   // A sparse layer's experts: gate_proj|up_proj and down_proj in each expert's unit.
   std::vector<std::pair<int64_t, int64_t>> experts;
+  // qwen2_moe's shared expert (in the layer's unit): gate_proj|up_proj, down_proj, its gate.
+  int64_t shared_gu = -1, shared_down = -1, shared_gate = -1;
 };
 
 // What a layer's backward reads, saved by its forward (one set per layer, or one shared
@@ -54,6 +57,7 @@ struct LayerActivations {
 struct LayerWeights {
   ConstTypedPtr qkv, o, gate_up, down;
   ConstTypedPtr router;  // sparse layers (no gate_up, down)
+  SharedExpertWeights shared;  // qwen2_moe's sparse layers
 };
 
 // fp32 values of the compute type; null where the parameter does not exist.
@@ -102,6 +106,7 @@ struct LlamaModel::Impl {
   std::vector<std::vector<int>> needs;
   // Mixture of experts (config.moe): the sparse layers' experts and routing.
   std::unique_ptr<MoeExperts> moe;
+  std::unique_ptr<MoeSharedExpert> shared_expert;  // qwen2_moe
   double aux_loss = 0.0;
   // LoRA: the groups' targets, per layer and group the A and B offsets in the adapter
   // unit, the scale alpha / r and scratch for x A^T and its gradient ([N, 3 r] at most).
@@ -178,7 +183,9 @@ struct LlamaModel::Impl {
   }
   int64_t base_weight_elements() const {
     const int64_t attention = QKV * C + C * Q;
-    const int64_t sparse = moe ? attention + static_cast<int64_t>(moe->experts()) * C : 0;
+    const int64_t sparse = moe ? attention + static_cast<int64_t>(moe->experts()) * C +
+                                     (shared_expert ? shared_expert->weight_elements() : 0)
+                               : 0;
     const int64_t dense = config.moe.sparse_layers(L) == L ? 0 : attention + 2 * I * C + C * I;
     return std::max(sparse, dense);
   }
@@ -287,6 +294,9 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
             ? std::make_unique<MoeExperts>(config, compute, false, options.activation_checkpointing,
                                            options.parallel_groups.expert)
             : nullptr;
+  shared_expert = config.moe.has_shared_expert()
+                      ? std::make_unique<MoeSharedExpert>(config, compute, false, options.activation_checkpointing)
+                      : nullptr;
 }
 
 void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
@@ -317,6 +327,7 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
     carver.request(&a.act, ct, n * I);
   }
   if (moe) moe->carve(carver, n);
+  if (shared_expert) shared_expert->carve(carver, n);
   carver.request(&branch, n * C);
   carver.request(&lnf, ct, n * C);
   carver.request(&lnf_rstd, n);
@@ -368,6 +379,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
     // Expert parallelism: the experts held elsewhere read nothing here.
     for (int u = 0; u < m.num_units; ++u)
       if (!m.holds(m.roles[static_cast<size_t>(u)])) m.needs[static_cast<size_t>(u)].clear();
+    if (m.shared_expert)
+      m.shared_expert = std::make_unique<MoeSharedExpert>(config, m.compute, meta, options.activation_checkpointing);
     SHARDLM_CHECK(options.device.is_host() || meta, "model: mixture-of-experts models run on the CPU "
                   "for now (routing is computed on the host); this run asks for {}",
                   to_string(options.device));
@@ -419,6 +432,13 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
         SHARDLM_ASSERT(layout.offset_in_model_unit(eu, names.up) ==
                        gu + config.moe.expert_intermediate_size * m.C);
         o.experts.emplace_back(gu, layout.offset_in_model_unit(eu, names.down));
+      }
+      if (m.shared_expert) {
+        o.shared_gu = off("mlp.shared_expert.gate_proj.weight");
+        SHARDLM_ASSERT(off("mlp.shared_expert.up_proj.weight") ==
+                       o.shared_gu + config.moe.shared_expert_intermediate_size * m.C);
+        o.shared_down = off("mlp.shared_expert.down_proj.weight");
+        o.shared_gate = off("mlp.shared_expert_gate.weight");
       }
     } else {
       o.gu_w = off("mlp.gate_proj.weight");
@@ -547,6 +567,12 @@ LayerWeights LlamaModel::Impl::layer_weights(int l, ConstTypedPtr p) const {
   w.o = weight(o.o_w, C * Q);
   if (o.router_w >= 0) {
     w.router = weight(o.router_w, static_cast<int64_t>(moe->experts()) * C);
+    if (o.shared_gu >= 0) {
+      const int64_t Is = config.moe.shared_expert_intermediate_size;
+      w.shared.gate_up = weight(o.shared_gu, 2 * Is * C);
+      w.shared.down = weight(o.shared_down, C * Is);
+      w.shared.gate = weight(o.shared_gate, C);
+    }
     return w;
   }
   w.gate_up = weight(o.gu_w, 2 * I * C);
@@ -617,7 +643,7 @@ LayerAdapters LlamaModel::Impl::layer_adapters(int l, ParamPointers params,
   float* g = grads.empty() ? nullptr : grads[unit];
   const int64_t r = config.lora.rank;
   // The adapters' converted copies follow the layer's own weights in the weight scratch.
-  int64_t at = QKV * C + C * Q + 2 * I * C + C * I;
+  int64_t at = base_weight_elements();
   const auto& offsets_l = adapter_offsets[static_cast<size_t>(l)];
   for (size_t gi = 0; gi < lora_groups.size(); ++gi) {
     const LoraGroup& group = lora_groups[gi];
@@ -714,15 +740,21 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   be->residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
                                 static_cast<int>(C), eps);
   if (sparse(l)) {
-    // Recomputation (activation checkpointing) needs r and h2 again; the routing is kept.
-    if (recompute) return;
-    // The router; the experts' units add their outputs to y = r (MoeExperts).
+    // Recomputation (activation checkpointing) needs r and h2 again, and the shared
+    // expert's activations; the routing is kept.
+    if (recompute) {
+      if (shared_expert) shared_expert->forward(l, *be, options.row_by_row_gemm, a.ln2, w.shared, n, nullptr);
+      return;
+    }
+    // The router; the experts' units add their outputs to y = r (+ the shared expert's).
     gemm_forward(rows, moe->experts(), static_cast<int>(C), 1.0f, a.ln2, static_cast<int>(C),
                  w.router, 0.0f, moe->router_logits(), moe->experts());
     moe->route(l, n);
     moe->dispatch(l, *be, a.ln2);
     if (options.activation_checkpointing) moe->keep_h2(l, *be, a.ln2);
-    be->convert_rows(residual[static_cast<size_t>(l) + 1], C, a.res2, C, n, C);
+    float* y = residual[static_cast<size_t>(l) + 1];
+    be->convert_rows(y, C, a.res2, C, n, C);
+    if (shared_expert) shared_expert->forward(l, *be, options.row_by_row_gemm, a.ln2, w.shared, n, y);
     return;
   }
   float* gu_f = compute == DType::fp32 ? a.gate_up.f32() : dbig;
@@ -769,6 +801,9 @@ void LlamaModel::Impl::mlp_backward(int l, const LayerVectors& v, const LayerWei
     if (trains) be->gemm(true, false, e, c, rows, 1.0f, dz, e, a.ln2, c, 1.0f, g + o.router_w, c);
     float* dln2 = moe->h2_gradient();
     be->gemm(false, false, rows, c, e, 1.0f, dz, e, w.router, c, 1.0f, dln2, c);
+    if (shared_expert)
+      shared_expert->backward(l, *be, *rounding, a.ln2, w.shared, dres, grad(o.shared_gu),
+                              grad(o.shared_down), grad(o.shared_gate), dln2);
     be->rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
                           /*accumulate_dx=*/true);
     return;

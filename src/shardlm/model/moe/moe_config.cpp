@@ -23,6 +23,13 @@ void validate_moe(const ModelConfig& c, const std::string& family) {
   if (family == "mixtral")
     SHARDLM_CHECK(m.norm_topk_prob && m.decoder_sparse_step == 1 && m.mlp_only_layers.empty(),
                   "mixtral renormalises its top-k weights and has every layer sparse");
+  if (family == "qwen2_moe")
+    SHARDLM_CHECK(m.has_shared_expert(), "qwen2_moe: shared_expert_intermediate_size must be "
+                  "positive (every sparse layer has a shared expert), got {}",
+                  m.shared_expert_intermediate_size);
+  else
+    SHARDLM_CHECK(!m.has_shared_expert(), "{}: a shared expert (shared_expert_intermediate_size "
+                  "{}) is qwen2_moe's; {} has none", family, m.shared_expert_intermediate_size, family);
   for (const auto& target : c.lora.targets)
     SHARDLM_CHECK(target == "q_proj" || target == "k_proj" || target == "v_proj" || target == "o_proj",
                   "--lora-targets: '{}' in a {} model: LoRA on the MLP and expert projections of "
@@ -41,7 +48,8 @@ nlohmann::json moe_to_json(const MoeConfig& m) {
           {"decoder_sparse_step", m.decoder_sparse_step},
           {"mlp_only_layers", m.mlp_only_layers},
           {"router_aux_loss_coef", m.router_aux_loss_coef},
-          {"output_router_logits", m.output_router_logits}};
+          {"output_router_logits", m.output_router_logits},
+          {"shared_expert_intermediate_size", m.shared_expert_intermediate_size}};
 }
 
 MoeConfig moe_from_json(const nlohmann::json& j) {
@@ -54,6 +62,8 @@ MoeConfig moe_from_json(const nlohmann::json& j) {
   m.mlp_only_layers = j.at("mlp_only_layers").get<std::vector<int>>();
   m.router_aux_loss_coef = j.at("router_aux_loss_coef").get<double>();
   m.output_router_logits = j.at("output_router_logits").get<bool>();
+  // Configs written before qwen2_moe have no shared expert.
+  m.shared_expert_intermediate_size = j.value("shared_expert_intermediate_size", 0);
   return m;
 }
 
@@ -75,7 +85,8 @@ int expert_count(HfConfigFields& f, const std::string& family, int fallback) {
 MoeConfig moe_from_hf(HfConfigFields& f, const std::string& family, int intermediate_size) {
   MoeConfig m;
   // Absent fields take the defaults of transformers' config classes.
-  m.top_k = f.optional_int("num_experts_per_tok", family == "mixtral" ? 2 : 8);
+  const bool qwen2 = family == "qwen2_moe";
+  m.top_k = f.optional_int("num_experts_per_tok", family == "mixtral" ? 2 : qwen2 ? 4 : 8);
   m.output_router_logits = f.optional_bool("output_router_logits", false);
   m.router_aux_loss_coef = f.optional_number("router_aux_loss_coef", 0.001);
   if (family == "mixtral") {
@@ -86,8 +97,9 @@ MoeConfig moe_from_hf(HfConfigFields& f, const std::string& family, int intermed
     f.expect_number("router_jitter_noise", 0.0);
     return m;
   }
-  m.num_experts = expert_count(f, family, 128);
-  m.expert_intermediate_size = f.optional_int("moe_intermediate_size", 768);
+  m.num_experts = expert_count(f, family, qwen2 ? 60 : 128);
+  m.expert_intermediate_size = f.optional_int("moe_intermediate_size", qwen2 ? 1408 : 768);
+  if (qwen2) m.shared_expert_intermediate_size = f.optional_int("shared_expert_intermediate_size", 5632);
   m.norm_topk_prob = f.optional_bool("norm_topk_prob", false);
   m.decoder_sparse_step = f.optional_int("decoder_sparse_step", 1);
   const nlohmann::json& only = f.optional("mlp_only_layers");
@@ -118,6 +130,7 @@ void moe_to_hf(const ModelConfig& c, nlohmann::json& j) {
   j["norm_topk_prob"] = m.norm_topk_prob;
   j["decoder_sparse_step"] = m.decoder_sparse_step;
   j["mlp_only_layers"] = m.mlp_only_layers;
+  if (m.has_shared_expert()) j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
 }
 
 }  // namespace shardlm

@@ -1,5 +1,5 @@
 // MoeConfig (model/config.hpp) checked, written and read: in shardlm's own config
-// JSON and in Hugging Face config.json (qwen3_moe's and mixtral's field names).
+// JSON and in Hugging Face config.json (qwen3_moe's, qwen2_moe's and mixtral's field names).
 #pragma once
 
 #include <string>
@@ -11,7 +11,7 @@
 
 namespace shardlm {
 
-// Throws Error naming the field; family is "qwen3_moe" or "mixtral".
+// Throws Error naming the field; family is "qwen3_moe", "qwen2_moe" or "mixtral".
 void validate_moe(const ModelConfig& config, const std::string& family);
 
 nlohmann::json moe_to_json(const MoeConfig& moe);
