@@ -39,7 +39,7 @@ refused() {  # refused "<error>" flags...: train refuses them and writes nothing
 refused "--mesh replicate=2,shard=2 replicates over 2 groups of 2 sharded ranks, which is --strategy hybrid (this run uses ddp, whose mesh is shard=N)" --mesh replicate=2,shard=2
 refused "--mesh replicate=2,shard=2 has shard groups of 2 ranks, --shard-group-size says 4" --strategy hybrid --mesh replicate=2,shard=2 --shard-group-size 4
 refused "--mesh fixes the layout that --strategy auto chooses: give one of them" --strategy auto --mesh shard=1
-refused "--mesh shard=1,context=2: context parallelism is not there yet" --mesh shard=1,context=2
+refused "--mesh shard=1,pipeline=2: pipeline parallelism is not there yet" --mesh shard=1,pipeline=2
 refused "--mesh 'shard=2,replicate=1': 'replicate' comes out of order" --mesh shard=2,replicate=1
 refused "--mesh 'rows=2': unknown dimension 'rows'" --mesh rows=2
 refused "--mesh replicate=1,shard=2 lays out 2 rank(s) (2), the job has 1" --strategy zero3 --mesh shard=2

@@ -96,7 +96,10 @@ void write_shard(const fs::path& tmp, const ParamLayout& layout, OwnedState& sta
   int64_t offset = 0;
   File file = File::create_write((tmp / file_name).string());
   for (int u = 0; u < layout.num_units(); ++u) {
+    // An expert held elsewhere (expert parallelism) owns nothing here.
+    if (!state.writes_unit(u)) continue;
     OwnedSlice s = state.owned(u);
+    if (s.size() == 0) continue;
     const size_t bytes = static_cast<size_t>(s.size()) * sizeof(float);
     // The parameters as fp32 values (a frozen unit stored in the compute type widened
     // exactly: the checkpoint holds the values the run computes with).

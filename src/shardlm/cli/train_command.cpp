@@ -90,7 +90,8 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "hybrid: ranks per shard group (parameters sharded inside, replicated across)");
   cmd->add_option("--mesh", opts->mesh,
                   "Layout of the ranks, outermost first, e.g. replicate=2,shard=4 (hybrid: "
-                  "--shard-group-size 4 at 8 ranks); ddp and zero* run on shard=N");
+                  "--shard-group-size 4 at 8 ranks), shard=2,expert=4 (--expert-parallel 4 at 8 "
+                  "ranks); ddp and zero* run on shard=N");
   cmd->add_option("--tensor-parallel", opts->tensor_parallel,
                   "Split every transformer block over this many ranks (Megatron's tensor "
                   "parallelism; llama, qwen2, qwen3; the mesh's innermost dimension)")
@@ -103,6 +104,11 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "How the context group's attention sees whole rows: ulysses (all-to-all to "
                   "heads; the query and key/value heads must split over P or P be a multiple of "
                   "the key/value heads)")
+      ->capture_default_str();
+  cmd->add_option("--expert-parallel", opts->expert_parallel,
+                  "Mixture of experts: spread each layer's experts over this many ranks (an "
+                  "expert mesh dimension carved out of data parallelism; tokens move by "
+                  "all-to-all)")
       ->capture_default_str();
   cmd->add_option("--min-unit-params", opts->min_unit_params,
                   "Model units with fewer parameters are merged with a neighbour into one flat "

@@ -44,9 +44,11 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
     const UnitLayout& u = model_units[static_cast<size_t>(m)];
     return std::pair<bool, bool>(u.trainable, u.raw);
   };
+  // An expert is a flat unit of its own (expert parallelism places it alone).
+  auto expert = [&](int m) { return model_units[static_cast<size_t>(m)].expert >= 0; };
   for (int m = 0; m < static_cast<int>(model_units.size()); ++m) {
     if (groups.empty() || group_numel >= min_unit_params ||
-        kind(groups.back().back()) != kind(m)) {
+        kind(groups.back().back()) != kind(m) || expert(m) || expert(groups.back().back())) {
       groups.emplace_back();
       group_numel = 0;
     }
@@ -54,7 +56,8 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
     group_numel += model_units[static_cast<size_t>(m)].numel;
   }
   if (groups.size() > 1 && group_numel < min_unit_params &&
-      kind(groups.back().front()) == kind(groups[groups.size() - 2].front())) {
+      kind(groups.back().front()) == kind(groups[groups.size() - 2].front()) &&
+      !expert(groups.back().front()) && !expert(groups[groups.size() - 2].back())) {
     auto last = groups.back();
     groups.pop_back();
     groups.back().insert(groups.back().end(), last.begin(), last.end());
@@ -68,6 +71,8 @@ ParamLayout ParamLayout::build(const ModelConfig& config, int world_size, int64_
     UnitLayout unit;
     unit.trainable = model_units[static_cast<size_t>(group.front())].trainable;
     unit.raw = model_units[static_cast<size_t>(group.front())].raw;
+    unit.expert = model_units[static_cast<size_t>(group.front())].expert;
+    unit.experts = model_units[static_cast<size_t>(group.front())].experts;
     for (int m : group) {
       const UnitLayout& part = model_units[static_cast<size_t>(m)];
       const int64_t base = round_up(unit.numel, kParamAlignment);

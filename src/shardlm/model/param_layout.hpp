@@ -67,6 +67,11 @@ struct UnitLayout {
   // The share of a micro-batch's tokens its matrices multiply, on average: 1, or
   // top_k / num_experts for a mixture-of-experts expert (plan's FLOPs).
   double token_fraction = 1.0;
+  // A mixture-of-experts expert's unit: its index among its layer's `experts` (-1:
+  // not an expert). Expert parallelism places it on one coordinate of the expert
+  // dimension (FlatUnitStrategy::expert_holder); experts are never merged.
+  int expert = -1;
+  int experts = 0;
   int64_t numel = 0;         // end of the last parameter (before padding)
   int64_t padded_numel = 0;  // multiple of world_size * kParamAlignment
   int64_t shard_numel(int world_size) const { return padded_numel / world_size; }

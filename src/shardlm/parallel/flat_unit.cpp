@@ -18,12 +18,13 @@ TrackedBuffer elements(MemCategory category, DType type, int64_t count, MemoryTr
 }  // namespace
 
 FlatUnit::FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPlan& plan,
-                   int shard_rank, MemoryTracker& tracker, Backend& backend)
+                   int shard_rank, MemoryTracker& tracker, Backend& backend,
+                   int partition_size, bool held)
     : layout_(layout.units[static_cast<size_t>(index)]),
       index_(index),
       backend_(backend),
-      numel_(layout_.padded_numel),
-      slice_numel_(layout_.shard_numel(layout.world_size)),
+      numel_(held ? layout_.padded_numel : 0),
+      slice_numel_(numel_ / (partition_size > 0 ? partition_size : layout.world_size)),
       slice_begin_(shard_rank * slice_numel_),
       shared_(plan.shared_unit[static_cast<size_t>(index)]),
       shard_params_(plan.shard_params),

@@ -35,9 +35,13 @@ namespace shardlm {
 class FlatUnit {
  public:
   // Allocates the unit's own buffers as `plan` says (unit `index` of the layout the
-  // plan was made for), counted by `tracker`; kernels run on `backend`.
+  // plan was made for), counted by `tracker`; kernels run on `backend`. It is
+  // partitioned over `partition_size` ranks (0: the layout's world size; an expert's
+  // partition under expert parallelism is smaller), this rank being `shard_rank`; a
+  // unit not `held` here (an expert held elsewhere) has no buffers and owns nothing.
   FlatUnit(const ParamLayout& layout, int index, const StrategyBufferPlan& plan,
-           int shard_rank, MemoryTracker& tracker, Backend& backend);
+           int shard_rank, MemoryTracker& tracker, Backend& backend, int partition_size = 0,
+           bool held = true);
 
   const std::string& name() const { return layout_.name; }
   bool trainable() const { return layout_.trainable; }

@@ -48,9 +48,14 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
   const int64_t pb = static_cast<int64_t>(dtype_bytes(plan.param_type));
   int private_trainable_units = 0;
   int64_t largest_owned = 0;  // optimizer on the host: the staging slice's elements
+  // Expert parallelism: the rank holds the experts of its expert coordinate (0 here:
+  // every coordinate holds as many, of the same sizes), partitioned over shard.
+  const int E = options.expert_parallel;
   for (size_t u = 0; u < U; ++u) {
+    const int holder = expert_holder(layout.units[u], E);
+    if (holder > 0) continue;
     const int64_t P = layout.units[u].padded_numel;
-    const int64_t S = P / layout.world_size;
+    const int64_t S = P / (holder < 0 ? layout.world_size : layout.world_size / E);
     const bool trains = layout.units[u].trainable;
     const bool raw = layout.units[u].raw;
     const int64_t ub = raw ? 4 : pb;  // bytes per element as the model reads it
@@ -123,7 +128,13 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
 std::vector<MeshDims> FlatUnitStrategy::mesh_groups(const MeshShape& shape) {
   std::vector<MeshDims> groups = {partition_dims()};
   if (shape.size(MeshDim::replicate) > 1) groups.push_back({MeshDim::replicate});
+  if (shape.size(MeshDim::expert) > 1) groups.push_back(expert_partition_dims());
   return groups;
+}
+
+int FlatUnitStrategy::expert_holder(const UnitLayout& unit, int expert_parallel) {
+  if (unit.expert < 0 || expert_parallel <= 1) return -1;
+  return unit.expert / (unit.experts / expert_parallel);
 }
 
 FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
@@ -184,7 +195,18 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
                 tensor_size);
   if (tensor_size > 1) tensor_ = &mesh_.group({MeshDim::tensor});
   shard_ = &mesh_.group(partition_dims());
+  const int E = options.expert_parallel;
   if (mesh_.shape().size(MeshDim::replicate) > 1) replica_ = &mesh_.group({MeshDim::replicate});
+  for (const UnitLayout& u : layout.units) {
+    const int holder = expert_holder(u, E);
+    if (holder >= 0)
+      SHARDLM_CHECK(u.experts % E == 0,
+                    "--expert-parallel {}: the model has {} experts per layer, which {} ranks "
+                    "cannot share equally (expected a divisor of {})", E, u.experts, E, u.experts);
+    partition_.push_back(holder < 0 ? shard_
+                         : holder == mesh_.coordinate(MeshDim::expert) ? &mesh_.group(expert_partition_dims())
+                                                                       : nullptr);
+  }
   SHARDLM_CHECK(layout.world_size == shard_->size(),
                 "internal: layout built for {} ranks, strategy partitions over {}",
                 layout.world_size, shard_->size());
@@ -197,7 +219,9 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
     model_units_of_[static_cast<size_t>(layout_.model_units[static_cast<size_t>(m)].unit)].push_back(m);
   units_.reserve(static_cast<size_t>(num_units_));
   for (int u = 0; u < num_units_; ++u) {
-    units_.emplace_back(layout, u, plan, shard_->rank(), tracker, backend);
+    const Communicator* p = partition_[static_cast<size_t>(u)];
+    units_.emplace_back(layout, u, plan, p != nullptr ? p->rank() : 0, tracker, backend,
+                        p != nullptr ? p->size() : 0, p != nullptr);
     units_.back().report_moves_to(&params_moved_, &grads_moved_);
     params_moved_.push_back(u);  // the buffers the constructor set
     grads_moved_.push_back(u);
@@ -212,9 +236,19 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   train_schedule_ = training_schedule(num_model_units_);
   for (int m = 0; m < num_model_units_; ++m) eval_schedule_.push_back({false, m});
 
+  // A bucket reduces over one partition: split where backward moves between the dense
+  // units and experts (expert parallelism), leaving out experts held elsewhere.
   if (!transient_grads_)
-    for (auto& units : plan_buckets(layout, options.bucket_mb))
-      buckets_.emplace_back(std::move(units));
+    for (auto& units : plan_buckets(layout, options.bucket_mb)) {
+      std::vector<int> part;
+      for (int u : units) {
+        if (!holds(u)) continue;
+        if (!part.empty() && partition_[static_cast<size_t>(part.back())] != partition_[static_cast<size_t>(u)])
+          buckets_.emplace_back(std::exchange(part, {}));
+        part.push_back(u);
+      }
+      if (!part.empty()) buckets_.emplace_back(std::move(part));
+    }
 }
 
 std::vector<std::vector<int>> FlatUnitStrategy::plan_buckets(const ParamLayout& layout,
@@ -351,7 +385,7 @@ bool FlatUnitStrategy::keeps_gathered(const std::vector<Step>& schedule, const F
 
 void FlatUnitStrategy::ensure_gathered(int index) {
   FlatUnit& flat = unit(index);
-  if (!flat.gathered()) flat.start_gather(gather_buffers_, *shard_);
+  if (!flat.gathered()) flat.start_gather(gather_buffers_, partition(index));
   flat.finish_gather();
 }
 
@@ -362,7 +396,7 @@ void FlatUnitStrategy::prefetch_after(size_t cursor) {
       FlatUnit& flat = unit(v);
       if (flat.gathered()) continue;
       if (!flat.shared() && !gather_buffers_.has_free()) return;
-      flat.start_gather(gather_buffers_, *shard_);
+      flat.start_gather(gather_buffers_, partition(v));
       if (++issued == options_.prefetch) return;
     }
   }
@@ -439,16 +473,17 @@ void FlatUnitStrategy::after_backward(int model_unit, int micro_batch) {
   FlatUnit& flat = unit(index);
   // A flat unit's gradient is complete once backward reached its first model unit.
   const bool complete =
-      first_model_unit_[static_cast<size_t>(index)] == model_unit && flat.trainable();
+      first_model_unit_[static_cast<size_t>(index)] == model_unit && flat.trainable() &&
+      holds(index);
   if (complete && transient_grads_) {
-    flat.start_reduce(*shard_, reduce_wire_);
+    flat.start_reduce(partition(index), reduce_wire_);
     pending_reduces_.push_back(index);
   } else if (complete && micro_batch == num_micro_batches_ - 1) {
     // no_sync: only the last micro-batch communicates; a bucket goes as soon as its
     // last unit (in backward order) has its gradient.
     for (auto& bucket : buckets_)
       if (bucket.last_unit() == index)
-        bucket.start_reduce(units_, *shard_, reduce_wire_,
+        bucket.start_reduce(units_, partition(index), reduce_wire_,
                             /*all_gather_after=*/options_.kind == StrategyKind::ddp);
   }
   if (shard_params_) release_after(schedule_index(true, model_unit));
@@ -464,7 +499,9 @@ double FlatUnitStrategy::global_grad_norm_squared() {
   double local = 0.0;
   for (auto& flat : units_)
     if (flat.trainable()) local += flat.reduced_grad_sum_of_squares();
-  // Replicas (hybrid) hold the same reduced values: sum over the partition only.
+  // Replicas (hybrid) hold the same reduced values: sum over the partition only (with
+  // expert parallelism the dense one, shard x expert: each expert's slices are owned in
+  // the one expert coordinate that holds it).
   if (tensor_ == nullptr) {
     shard_->all_reduce_blocking(std::span<double>(&local, 1), ReduceOp::sum, "grad norm");
     return local;
@@ -508,8 +545,8 @@ void FlatUnitStrategy::gather_updated_params(bool frozen_too) {
   if (options_.kind == StrategyKind::zero1 || options_.kind == StrategyKind::zero2) {
     // Owners updated their slices in place; gather them back, waited for lazily
     // before each unit's next forward.
-    for (auto& flat : units_)
-      if (frozen_too || flat.trainable()) flat.start_param_sync(*shard_);
+    for (int u = 0; u < num_units_; ++u)
+      if (holds(u) && (frozen_too || unit(u).trainable())) unit(u).start_param_sync(partition(u));
   }
 }
 
@@ -517,7 +554,8 @@ void FlatUnitStrategy::after_load() {
   for (auto& flat : units_) flat.mark_compute_copy_stale();
   if (options_.kind == StrategyKind::ddp) {
     // sync_module_states: every replica starts from rank 0's weights.
-    for (auto& flat : units_) flat.broadcast_params(*shard_, /*root=*/0);
+    for (int u = 0; u < num_units_; ++u)
+      if (holds(u)) unit(u).broadcast_params(partition(u), /*root=*/0);
   } else if (!shard_params_) {
     gather_updated_params(/*frozen_too=*/true);
     synchronize();
@@ -538,11 +576,20 @@ void FlatUnitStrategy::synchronize() {
 
 bool FlatUnitStrategy::writes_checkpoint() const {
   // (With tensor parallelism the first data rank of every tensor rank: it holds its pieces;
-  // context ranks hold the same as their group's first.)
+  // context ranks hold the same as their group's first; with expert parallelism the first
+  // rank of each expert coordinate, which writes its experts: OwnedState::writes_unit.)
   if (options_.kind == StrategyKind::ddp)
     return mesh_.coordinate(MeshDim::shard) == 0 && mesh_.coordinate(MeshDim::replicate) == 0 &&
            mesh_.coordinate(MeshDim::context) == 0;
   return mesh_.coordinate(MeshDim::replicate) == 0;  // the first replica writes
+}
+
+bool FlatUnitStrategy::writes_unit(int index) const {
+  if (partition_[static_cast<size_t>(index)] == nullptr) return false;  // held elsewhere
+  if (options_.kind != StrategyKind::ddp) return true;
+  // ddp: each rank owns its units whole; a dense unit is written by rank 0 alone.
+  return partition_[static_cast<size_t>(index)] != shard_ ||
+         mesh_.coordinate(MeshDim::expert) == 0;
 }
 
 CommCounters FlatUnitStrategy::take_group_counters() { return mesh_.take_group_counters(); }

@@ -91,10 +91,16 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   static bool keeps_gathered(const std::vector<Step>& schedule, const FlatNeeds& needs,
                              size_t cursor, int v, bool keep_forward_units);
 
-  // The mesh groups the strategy talks over: shard x context (the partition,
-  // partition_dims()), and replicate when there are replicas (hybrid). A DeviceMesh handed to the strategy must have
-  // them.
+  // The mesh groups the strategy talks over: the partition (partition_dims(): shard x
+  // context, with an expert dimension shard x context x expert, the dense units'), the
+  // experts' partition (expert_partition_dims()) when there is an expert dimension, and
+  // replicate when there are replicas (hybrid). A DeviceMesh handed to the strategy must
+  // have them.
   static std::vector<MeshDims> mesh_groups(const MeshShape& shape);
+  // Expert parallelism over `expert_parallel` ranks: the expert coordinate that holds
+  // flat unit `unit` (experts / E consecutive experts each), or -1 for a dense unit,
+  // which every rank holds.
+  static int expert_holder(const UnitLayout& unit, int expert_parallel);
 
   // layout must be built for the mesh's partition size (partition_size(options, world
   // size): shard x context) and the mesh must be strategy_mesh(options, world size). unit_needs[m]
@@ -140,6 +146,9 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   void after_load() override;
   void synchronize() override;
   bool writes_checkpoint() const override;
+  bool writes_unit(int unit) const override;
+  // Whether this rank holds flat unit `unit` (all but the experts held elsewhere).
+  bool holds(int unit) const { return partition_[static_cast<size_t>(unit)] != nullptr; }
 
   // Read and reset the counters of the mesh's groups split from the world (hybrid's
   // shard and replica groups; empty otherwise), which the world's counters do not see.
@@ -159,6 +168,8 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   static bool step_needs(const std::vector<Step>& schedule, const FlatNeeds& needs, size_t step,
                          int unit);
   FlatUnit& unit(int index) { return units_[static_cast<size_t>(index)]; }
+  // The ranks flat unit `index` is partitioned over (held here).
+  Communicator& partition(int index) { return *partition_[static_cast<size_t>(index)]; }
 
   // zero3/hybrid: gathered parameters, per the schedule.
   void ensure_gathered(int unit);
@@ -183,8 +194,12 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   std::vector<int> first_model_unit_;         // flat unit -> its first model unit
   std::unique_ptr<DeviceMesh> owned_mesh_;  // the convenience constructor's
   DeviceMesh& mesh_;
-  // The partition: the mesh's shard x context group (the world unless hybrid).
+  // The dense units' partition: the mesh's partition_dims() group (the world unless
+  // hybrid).
   Communicator* shard_;
+  // Per flat unit: its partition (shard_, or the experts' expert_partition_dims() group),
+  // null for an expert held on another expert coordinate.
+  std::vector<Communicator*> partition_;
   Communicator* replica_;  // the replicate group when it has more than one rank, else null
   // The tensor group (tensor parallelism, more than one rank), else null: its ranks
   // hold other pieces of the split tensors, so the gradient norm sums their pieces.

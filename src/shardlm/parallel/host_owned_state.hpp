@@ -67,6 +67,7 @@ class HostOwnedState final : public OwnedState, public HostGradients {
     device_.after_load();
   }
   bool writes_checkpoint() const override { return device_.writes_checkpoint(); }
+  bool writes_unit(int unit) const override { return device_.writes_unit(unit); }
 
  private:
   struct HostSlice {

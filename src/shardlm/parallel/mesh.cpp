@@ -8,14 +8,19 @@ namespace shardlm {
 
 namespace {
 
-// The name messages and counters know a group by. The partition (shard x context)
-// is the "shard group" while there is no context dimension, as it was before there
-// was one.
+// The name messages and counters know a group by. A partition (shard and the
+// dimensions it spans beyond it: context, expert) is named by shard and those of its
+// other dimensions that have more than one rank, so without them it is the "shard
+// group", as it was before they existed.
 std::string group_name(MeshDims dims, const MeshShape& shape) {
   if (dims == MeshDims{MeshDim::replicate}) return "replica group";
   if (dims == MeshShape::data_parallel()) return "data-parallel group";
-  if (dims == MeshDims{MeshDim::shard, MeshDim::context} && shape.size(MeshDim::context) == 1)
-    return "shard group";
+  if (dims.contains(MeshDim::shard) && !dims.contains(MeshDim::replicate)) {
+    std::string name = "shard";
+    for (MeshDim d : {MeshDim::context, MeshDim::expert, MeshDim::tensor, MeshDim::pipeline})
+      if (dims.contains(d) && shape.size(d) > 1) name += std::string(" x ") + mesh_dim_name(d);
+    return name + " group";
+  }
   return dims.to_string() + " group";
 }
 

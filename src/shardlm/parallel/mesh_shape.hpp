@@ -10,8 +10,8 @@
 //                              strategies bitwise equal; what is replicated is the strategy's
 //                              business, not the mesh's)
 //   hybrid                     replicate=N/G x shard=G
-// The data-parallel ranks (which rows a rank reads) are replicate x shard; the
-// dimensions after them will read the same rows on every rank of their group.
+// The data-parallel ranks (which rows a rank reads) are replicate x shard x expert;
+// context and tensor read the same rows on every rank of their group.
 //
 // MeshShape is the layout arithmetic alone (no communicator: `plan`, the sampler and
 // tests use it); DeviceMesh (mesh.hpp) adds the sub-communicators over a world.
@@ -74,8 +74,10 @@ class MeshShape {
   int rank_in_group(int rank, MeshDims dims) const;
   int group_index(int rank, MeshDims dims) const;
 
-  // Data parallelism: ranks that read different rows (replicate x shard).
-  static MeshDims data_parallel() { return {MeshDim::replicate, MeshDim::shard}; }
+  // Data parallelism: ranks that read different rows (replicate x shard x expert: the
+  // expert dimension is carved out of data parallelism, as Megatron's expert
+  // parallelism is; its ranks hold different experts and exchange tokens).
+  static MeshDims data_parallel() { return {MeshDim::replicate, MeshDim::shard, MeshDim::expert}; }
   int data_parallel_size() const { return size(data_parallel()); }
   int data_parallel_rank(int rank) const { return rank_in_group(rank, data_parallel()); }
 

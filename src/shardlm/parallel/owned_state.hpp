@@ -45,6 +45,12 @@ class OwnedState {
   virtual void after_load() = 0;
   // Whether this rank writes its owned slices into checkpoints (replicas do not).
   virtual bool writes_checkpoint() const { return true; }
+  // Which units' owned parts it writes (ddp with expert parallelism: each expert by
+  // the first rank that holds it, the dense units by rank 0).
+  virtual bool writes_unit(int unit) const {
+    (void)unit;
+    return true;
+  }
 };
 
 }  // namespace shardlm

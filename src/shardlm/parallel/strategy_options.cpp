@@ -33,6 +33,22 @@ MeshShape strategy_mesh(const StrategyOptions& options, int world_size) {
                 "--context-parallel {} must divide the world size {} (each sequence is split "
                 "over that many ranks)",
                 P, world_size);
+  const int E = options.expert_parallel;
+  if (E != 1) {
+    SHARDLM_CHECK(E >= 1 && world_size % E == 0,
+                  "--expert-parallel {} does not divide the job's {} ranks (expected a divisor "
+                  "of {})", E, world_size, world_size);
+    SHARDLM_CHECK(options.kind != StrategyKind::hybrid,
+                  "--expert-parallel {} with --strategy hybrid is not supported yet (use ddp, "
+                  "zero1, zero2 or zero3)", E);
+    SHARDLM_CHECK(P == 1,
+                  "--expert-parallel {} with --context-parallel {} is not supported yet (use one "
+                  "of them)", E, P);
+    MeshShape shape;
+    shape.set_size(MeshDim::shard, world_size / E);
+    shape.set_size(MeshDim::expert, E);
+    return shape;
+  }
   const int data_ranks = world_size / P;
   MeshShape shape = options.kind == StrategyKind::hybrid
                         ? MeshShape::replicated_shards(data_ranks, options.shard_group_size)
@@ -41,7 +57,9 @@ MeshShape strategy_mesh(const StrategyOptions& options, int world_size) {
   return shape;
 }
 
-MeshDims partition_dims() { return {MeshDim::shard, MeshDim::context}; }
+MeshDims partition_dims() { return {MeshDim::shard, MeshDim::context, MeshDim::expert}; }
+
+MeshDims expert_partition_dims() { return {MeshDim::shard, MeshDim::context}; }
 
 int partition_size(const MeshShape& mesh) { return mesh.size(partition_dims()); }
 

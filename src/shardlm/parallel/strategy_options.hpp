@@ -39,6 +39,11 @@ struct StrategyOptions {
   // shards, every gradient reduction) spans shard x context, as DeepSpeed's ZeRO spans
   // DP x SP: with P context ranks a unit is cut into shard x P slices.
   int context_parallel = 1;
+  // --expert-parallel E: the mesh's expert dimension. Its ranks read different rows
+  // and each holds experts / E of every sparse layer's experts; dense units are
+  // partitioned over shard x expert, expert units over shard (the expert-data-parallel
+  // group of the ranks that hold the same experts).
+  int expert_parallel = 1;
 };
 
 // Whether the kind shards parameters (zero3, and hybrid inside its shard groups):
@@ -51,14 +56,19 @@ inline bool shards_parameters(StrategyKind kind) {
 StrategyKind parse_strategy_kind(const std::string& name);
 std::string to_string(StrategyKind kind);
 
-// The mesh a strategy runs on (mesh_shape.hpp), with P = context_parallel:
-// shard=N/P x context=P for ddp/zero*, replicate=N/(G P) x shard=G x context=P for
-// hybrid. Error if the world cannot be laid out that way.
+// The mesh a strategy runs on (mesh_shape.hpp), with P = context_parallel and E =
+// expert_parallel: shard=N/P x context=P for ddp/zero*, replicate=N/(G P) x shard=G x
+// context=P for hybrid, shard=N/E x expert=E with expert parallelism (not yet with
+// P > 1 or hybrid). Error if the world cannot be laid out that way.
 MeshShape strategy_mesh(const StrategyOptions& options, int world_size);
-// The mesh dimensions a unit is partitioned over (and its gradients reduced over):
-// shard x context.
+// The mesh dimensions a dense unit is partitioned over (and its gradients reduced
+// over): shard x context x expert.
 MeshDims partition_dims();
-// Ranks a unit is partitioned over: the size of partition_dims() in the strategy's mesh.
+// An expert unit's: shard x context, the ranks that hold the same experts (Megatron's
+// expert-data-parallel group).
+MeshDims expert_partition_dims();
+// Ranks a dense unit is partitioned over: the size of partition_dims() in the
+// strategy's mesh (the layout is built for it; an expert unit's partition divides it).
 int partition_size(const StrategyOptions& options, int world_size);
 int partition_size(const MeshShape& mesh);
 

@@ -150,6 +150,7 @@ void TrainOptions::validate_run_shape() const {
                 "--shard-group-size applies to --strategy hybrid only (this run uses {})",
                 strategy);
   check_at_least("--tensor-parallel", tensor_parallel, 1);
+  check_at_least("--expert-parallel", expert_parallel, 1);
   if (!mesh.empty()) validate_mesh();
   SHARDLM_CHECK(!check_replicas || tensor_size() == 1,
                 "--check-replicas compares every rank's replicated parameters, which tensor "
@@ -185,11 +186,14 @@ void TrainOptions::validate_context_parallel() const {
 
 void TrainOptions::validate_mesh() const {
   const MeshShape m = MeshShape::parse(mesh);
-  for (MeshDim d : {MeshDim::expert, MeshDim::pipeline})
+  for (MeshDim d : {MeshDim::pipeline})
     SHARDLM_CHECK(m.size(d) == 1,
                   "--mesh {}: {} parallelism is not there yet (the dimensions today: replicate, "
-                  "shard, context)",
+                  "shard, context, expert, tensor)",
                   mesh, mesh_dim_name(d));
+  SHARDLM_CHECK(expert_parallel == 1 || expert_parallel == m.size(MeshDim::expert),
+                "--mesh {} has an expert dimension of {}, --expert-parallel says {}", mesh,
+                m.size(MeshDim::expert), expert_parallel);
   SHARDLM_CHECK(strategy != "auto",
                 "--mesh fixes the layout that --strategy auto chooses: give one of them");
   SHARDLM_CHECK(tensor_parallel == 1 || tensor_parallel == m.size(MeshDim::tensor),
@@ -226,7 +230,12 @@ StrategyOptions TrainOptions::strategy_options() const {
   s.reduce_dtype = parse_dtype(reduce_dtype, "--reduce-dtype");
   s.optimizer_on_host = offload == Offload::optimizer;
   s.context_parallel = context_parallel_size();
+  s.expert_parallel = expert_parallel_size();
   return s;
+}
+
+int TrainOptions::expert_parallel_size() const {
+  return mesh.empty() ? expert_parallel : MeshShape::parse(mesh).size(MeshDim::expert);
 }
 
 ModelOptions TrainOptions::model_options(Device device) const {
@@ -266,6 +275,7 @@ MeshShape TrainOptions::mesh_shape(int world_size) const {
     o.kind = parse_strategy_kind(strategy);
     o.shard_group_size = shard_group();
     o.context_parallel = context_parallel;
+    o.expert_parallel = expert_parallel;
     // The tensor dimension is innermost; the strategy's dimensions share out the rest.
     SHARDLM_CHECK(world_size % tensor_parallel == 0,
                   "--tensor-parallel {} does not divide the job's {} ranks (the tensor ranks "

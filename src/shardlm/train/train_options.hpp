@@ -78,6 +78,9 @@ struct TrainOptions {
   int prefetch = 1;
   bool reshard_after_forward = true;
   int shard_group_size = 0;
+  // --expert-parallel E: experts spread over an expert mesh dimension of E ranks, carved
+  // out of data parallelism (StrategyOptions::expert_parallel); also --mesh expert=E.
+  int expert_parallel = 1;
   // --mesh: the layout of the ranks, outermost first ("replicate=2,shard=4", see
   // parallel/mesh_shape.hpp); empty: the strategy's (shard=N, or for hybrid
   // replicate=N/G x shard=G, for which --shard-group-size G is the shorthand).
@@ -90,6 +93,8 @@ struct TrainOptions {
   // --context-parallel-kind: how their attention sees the whole rows (ulysses).
   int context_parallel = 1;
   std::string context_parallel_kind = "ulysses";
+  // The expert dimension's size: --mesh's expert=, else --expert-parallel.
+  int expert_parallel_size() const;
   // Model units smaller than this are merged with a neighbour into one flat unit.
   int64_t min_unit_params = 65536;
   double comm_timeout = 300.0;  // seconds any wait on a collective may take

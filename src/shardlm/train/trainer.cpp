@@ -411,6 +411,19 @@ void Trainer::read_inputs() {
                         o_.device.find(':') != std::string::npos);
   backend_ = &backend_for(device_);  // a clear error now when the device is absent
   mesh_shape_ = o_.mesh_shape(world_);
+  if (const int E = mesh_shape_.size(MeshDim::expert); E > 1) {
+    SHARDLM_CHECK(config_.moe.enabled(),
+                  "--expert-parallel {}: {} is a dense model (expert parallelism spreads a "
+                  "mixture of experts' experts: qwen3_moe, mixtral)", E, config_.family);
+    SHARDLM_CHECK(config_.moe.num_experts % E == 0,
+                  "--expert-parallel {}: the model has {} experts per layer, which {} ranks cannot "
+                  "share equally (expected a divisor of {})", E, config_.moe.num_experts, E,
+                  config_.moe.num_experts);
+    SHARDLM_CHECK(!o_.activation_checkpointing, "--expert-parallel {} with "
+                  "--activation-checkpointing is not supported yet (run without one of them)", E);
+    SHARDLM_CHECK(!config_.lora.enabled(), "--expert-parallel {} with LoRA is not supported yet "
+                  "(train the full model, or run without --expert-parallel)", E);
+  }
   set_global_batch(o_.global_batch > 0 ? o_.global_batch
                                        : o_.micro_batch * mesh_shape_.data_parallel_size() *
                                              std::max(1, o_.grad_accum));

@@ -226,6 +226,8 @@ class LlamaFamily final : public ModelFamily {
           expert.add(n.down, {C, Ie}, ParamInit::normal, std);
           UnitLayout u = expert.finish();
           u.token_fraction = static_cast<double>(c.moe.top_k) / c.moe.num_experts;
+          u.expert = e;
+          u.experts = c.moe.num_experts;
           units.push_back(std::move(u));
         }
         continue;

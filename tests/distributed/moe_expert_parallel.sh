@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Expert parallelism (--expert-parallel E, --mesh shard=N/E,expert=E) at N = 4 on
+# qwen3-moe-tiny (8 experts, top-2, a dense layer among the sparse ones), E in {1, 2, 4}
+# x {ddp, zero3}:
+# - at each E, ddp and zero3 give bitwise the same weights (the same partitions);
+# - every step's loss and the final weights agree with E = 1 within float rounding:
+#   forward values and the dense gradients are bitwise those of E = 1 (the model's
+#   test, test_moe_expert_parallel); an expert's weight gradient sums its sources'
+#   GEMMs in one buffer where E = 1 reduces them across ranks in rank order, so the
+#   weights differ in rounding only where those orders differ (E = 2 here: (g0+g1) +
+#   (g2+g3) against ((g0+g1)+g2)+g3; E = 4 holds each expert on one rank, whose GEMMs
+#   accumulate its 4 sources in rank order, which this model's small blocks make
+#   bitwise E = 1's); held to 1e-5 of each tensor's largest weight after 4 steps (measured:
+#   2.8e-6 in an expert at E = 2; 2e-8 of the L2 norm), the losses to 1e-6 relative;
+# - a checkpoint written at E = 2 loads bitwise at E = 1 and E = 4 (its experts resharded
+#   over other holders) and both continue one more step to the same digest (E = 4:
+#   ddp = zero3);
+# - --mesh expert=2 is --expert-parallel 2;
+# - bad input is one line before anything is written: E not dividing the world,
+#   experts not divisible by E, a dense model, E with hybrid.
+source "$(dirname "$0")/../cli/lib/common.sh" "$@"
+make_byte_data
+BASE=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --micro-batch 2
+      --eval-batches 0 --data "$WORK/data")
+RUN=(--model qwen3-moe-tiny --global-batch 8 "${BASE[@]}")
+# expect_ranks_error "<substring>" cmd...: an mpirun job fails with "rank R: error: ..." lines.
+expect_ranks_error() {
+  local needle="$1"; shift
+  local out rc=0
+  out="$("$@" 2>&1)" || rc=$?
+  [ "$rc" -ne 0 ] || fail "expected failure for: $* (exit 0)"
+  echo "$out" | grep -qF -- "error: " || fail "no error line for: $*; got: $out"
+  echo "$out" | grep "error: " | grep -qF -- "$needle" || fail "expected 'error: ...$needle' for: $*; got: $out"
+}
+for E in 1 2 4; do
+  reference=""
+  for strategy in ddp zero3; do
+    out="$WORK/e${E}_$strategy"
+    run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy "$strategy" --expert-parallel "$E" \
+      --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "E=$E $strategy failed"; }
+    d="$(digest_of "$out")"
+    [ -n "$reference" ] || reference="$d"
+    [ "$d" = "$reference" ] || fail "E=$E: zero3 digest $d differs from ddp's $reference"
+  done
+  echo "E=$E: ddp, zero3 bitwise identical at N=4 ($reference)"
+done
+python3 - "$WORK"/e{1,2,4}_ddp/metrics.jsonl <<'PY' || fail "losses at E=2/4 differ from E=1"
+import json, sys
+runs = [[json.loads(l) for l in open(p) if '"step"' in l] for p in sys.argv[1:]]
+for run in runs[1:]:
+    assert len(run) == len(runs[0]) == 4, [len(r) for r in runs]
+    for a, b in zip(runs[0], run):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), (a["step"], a["loss"], b["loss"])
+        assert a["aux_loss"] > 0 and abs(a["aux_loss"] - b["aux_loss"]) <= 1e-6 * a["aux_loss"]
+# Step 1's forward runs before any update: bitwise at every E.
+assert len({r[0]["loss"] for r in runs}) == 1, [r[0]["loss"] for r in runs]
+print("losses per step, E=1:", [r["loss"] for r in runs[0]])
+PY
+for E in 2 4; do
+  "$SHARDLM" inspect "$WORK/e${E}_ddp" --compare "$WORK/e1_ddp" --tolerance 1e-5 --quiet \
+    > "$WORK/compare$E.log" 2>&1 || { cat "$WORK/compare$E.log"; fail "E=$E weights differ from E=1's"; }
+  echo "E=$E vs E=1 weights after 4 steps: $(tail -1 "$WORK/compare$E.log")"
+done
+# --mesh expert=2 is the same layout as --expert-parallel 2.
+run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --mesh shard=2,expert=2 \
+  --out "$WORK/mesh" > "$WORK/mesh.log" 2>&1 || { cat "$WORK/mesh.log"; fail "--mesh shard=2,expert=2 failed"; }
+[ "$(digest_of "$WORK/mesh")" = "$(digest_of "$WORK/e2_zero3")" ] || fail "--mesh expert=2 differs from --expert-parallel 2"
+echo "--mesh shard=2,expert=2 = --expert-parallel 2 bitwise"
+# A checkpoint written at E = 2 loads bitwise at E = 1 and E = 4 and continues.
+want="$("$SHARDLM" inspect "$WORK/e2_zero3" --quiet)"
+for to in "1 ddp" "4 ddp" "4 zero3"; do
+  set -- $to
+  out="$WORK/resume_e$1_$2"
+  cp -r "$WORK/e2_zero3" "$out"
+  SHARDLM_FAULT="save_after_load=${out}_loaded" run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 5 \
+    --resume --strategy "$2" --expert-parallel "$1" --out "$out" > "$out.log" 2>&1 \
+    || { cat "$out.log"; fail "resume at E=$1 $2 failed"; }
+  [ "$("$SHARDLM" inspect "${out}_loaded" --quiet)" = "$want" ] \
+    || fail "the E=2 checkpoint loaded at E=$1 ($2) is not bitwise the saved state"
+done
+[ "$(digest_of "$WORK/resume_e4_ddp")" = "$(digest_of "$WORK/resume_e4_zero3")" ] \
+  || fail "E=4 continuations differ between ddp and zero3"
+# E = 4 sums each expert's sources in E = 1's rank order (see above): the same digest.
+[ "$(digest_of "$WORK/resume_e4_ddp")" = "$(digest_of "$WORK/resume_e1_ddp")" ] \
+  || fail "the E=4 and E=1 continuations of the E=2 checkpoint differ"
+"$SHARDLM" inspect "$WORK/resume_e4_ddp" --compare "$WORK/resume_e1_ddp" --tolerance 1e-5 --quiet \
+  > "$WORK/compare_resume.log" 2>&1 || { cat "$WORK/compare_resume.log"; fail "E=4 and E=1 continuations differ"; }
+echo "E=2 checkpoint loaded bitwise at E=1 and E=4, one more step (E=4 ddp = zero3; vs E=1: $(tail -1 "$WORK/compare_resume.log"))"
+# Bad input: one line, nothing written.
+expect_ranks_error "--expert-parallel 3 does not divide the job's 4 ranks" \
+  run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 1 --expert-parallel 3 --out "$WORK/bad1"
+expect_ranks_error "the model has 8 experts per layer, which 3 ranks cannot share equally" \
+  run_mpi 3 "$SHARDLM" train --model qwen3-moe-tiny --global-batch 6 "${BASE[@]}" --steps 1 --expert-parallel 3 --out "$WORK/bad2"
+expect_ranks_error "is a dense model" \
+  run_mpi 2 "$SHARDLM" train --model qwen3-tiny --global-batch 4 "${BASE[@]}" --steps 1 --expert-parallel 2 --out "$WORK/bad3"
+expect_ranks_error "with --strategy hybrid is not supported yet" \
+  run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 1 --strategy hybrid --shard-group-size 2 \
+  --expert-parallel 2 --out "$WORK/bad4"
+for b in bad1 bad2 bad3 bad4; do [ ! -e "$WORK/$b" ] || fail "a refused run wrote $WORK/$b"; done
+echo "expert parallelism bad input: refused by name, nothing written"
