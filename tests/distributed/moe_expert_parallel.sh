@@ -54,6 +54,13 @@ for run in runs[1:]:
         assert a["aux_loss"] > 0 and abs(a["aux_loss"] - b["aux_loss"]) <= 1e-6 * a["aux_loss"]
 # Step 1's forward runs before any update: bitwise at every E.
 assert len({r[0]["loss"] for r in runs}) == 1, [r[0]["loss"] for r in runs]
+# expert_tokens: the global batch's top-k assignments per expert, every step: 8 rows x
+# 32 tokens x top-2 x 2 sparse layers in all; step 1's routing is the same at every E.
+for run in runs:
+    for r in run:
+        assert len(r["expert_tokens"]) == 8 and sum(r["expert_tokens"]) == 8 * 32 * 2 * 2, r["expert_tokens"]
+assert len({tuple(r[0]["expert_tokens"]) for r in runs}) == 1, [r[0]["expert_tokens"] for r in runs]
+print("expert_tokens at step 1:", runs[0][0]["expert_tokens"])
 print("losses per step, E=1:", [r["loss"] for r in runs[0]])
 PY
 for E in 2 4; do

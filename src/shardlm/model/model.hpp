@@ -124,6 +124,9 @@ class Model {
   // experts models, transformers' load_balancing_loss_func over its B x T tokens and
   // sparse layers, before the coefficient); 0 for dense models.
   virtual double last_aux_loss() const { return 0.0; }
+  // Mixture of experts: the last training forward's top-k assignments per expert (its
+  // tokens routed to each, summed over the sparse layers; empty for a dense model).
+  virtual std::vector<double> last_expert_tokens() const { return {}; }
 
   // After forward of the last unit with targets == null: logits of position t of each
   // row, [B, vocab_size] (padded columns excluded), for sampling.

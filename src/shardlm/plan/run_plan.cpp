@@ -3,6 +3,7 @@
 #include "shardlm/data/sampler.hpp"
 #include "shardlm/model/family.hpp"
 #include "shardlm/model/param_layout.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 #include "shardlm/plan/traced_step.hpp"
 #include "shardlm/plan/unit_work.hpp"
@@ -35,6 +36,17 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.unit_work = model_unit_work(r.config, family.model_units(r.config),
                                    family.unit_needs(r.config), flops_per_token, r.micro_batch,
                                    r.seq_len, r.model);
+  // Expert parallelism: the planned rank (expert coordinate 0) runs its E/ep experts
+  // over the tokens of its ep group's ranks, and none of the others.
+  if (const int E = r.strategy.expert_parallel; E > 1) {
+    const std::vector<UnitLayout> units = family.model_units(r.config);
+    for (size_t m = 0; m < units.size(); ++m) {
+      const int holder = FlatUnitStrategy::expert_holder(units[m], E);
+      if (holder < 0) continue;
+      UnitWork& w = plan.unit_work[m];
+      w = holder == 0 ? UnitWork{w.forward * E, w.backward * E} : UnitWork{};
+    }
+  }
 
   TracedStep traced = trace_step(r, kPlannedSteps, plan.unit_work);
   const auto device = [&](MemCategory c) { return traced.device_peak(c); };

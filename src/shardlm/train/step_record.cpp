@@ -30,6 +30,7 @@ nlohmann::json step_record(const StepOutcome& o, const StepContext& c, const Com
     record["device_mem"] = MemoryTracker::for_device(c.device).to_json();
   }
   if (o.aux_loss) record["aux_loss"] = *o.aux_loss;
+  if (!o.expert_tokens.empty()) record["expert_tokens"] = o.expert_tokens;
   record["phase_ms"] = phase_ms_json(phases, o.seconds, comm.exposed_seconds);
   if (c.loss_scale) {
     record["loss_scale"] = *c.loss_scale;  // the scale this step ran with

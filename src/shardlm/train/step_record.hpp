@@ -26,6 +26,9 @@ struct StepOutcome {
   // Mixture-of-experts models: the load-balancing loss (mean over the step's micro-
   // batches, before router_aux_loss_coef; `loss` includes coef x it when it is on).
   std::optional<double> aux_loss;
+  // Mixture-of-experts models: the step's top-k assignments per expert over the global
+  // batch (tokens routed to each, summed over the sparse layers): its load imbalance.
+  std::vector<double> expert_tokens;
 };
 
 struct StepContext {

@@ -310,16 +310,26 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
   const double aux_coef = model_->config().moe.aux_loss_coef();
   strategy().begin_step(accumulation_);
   double sums[2] = {0.0, 0.0};  // cross-entropy, load-balancing loss
+  std::vector<double> expert_tokens;  // per expert, this rank's micro-batches
   for (int k = 0; k < accumulation_; ++k) {
     MicroBatch batch = step_rows_->micro_batch(k);
     batch.aux_loss_share = static_cast<float>(loss_scale / micro_batches);
     sums[0] += runner_->forward(batch, /*training=*/true, grad_scale);
     sums[1] += model_->last_aux_loss();
+    const std::vector<double> routed = model_->last_expert_tokens();
+    expert_tokens.resize(routed.size(), 0.0);
+    for (size_t e = 0; e < routed.size(); ++e) expert_tokens[e] += routed[e];
     runner_->backward(batch, k);
   }
   strategy().finish_gradients();
   if (!counts_loss()) sums[0] = sums[1] = 0.0;
   comm_.all_reduce_blocking(std::span<double>(sums, 2), ReduceOp::sum, "loss sum");
+  if (!expert_tokens.empty()) {
+    comm_.all_reduce_blocking(std::span<double>(expert_tokens), ReduceOp::sum, "expert tokens");
+    // Ranks outside data parallelism (context, tensor) routed the same rows.
+    const double copies = static_cast<double>(world_) / mesh_shape_.data_parallel_size();
+    for (double& t : expert_tokens) t /= copies;
+  }
   // The loss is the mean over the global batch's target tokens, not a mean of means.
   const double aux_loss = sums[1] / micro_batches;
   const double loss = sums[0] / static_cast<double>(target_count) + aux_coef * aux_loss;
@@ -352,7 +362,8 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
   if (o_.check_replicas) check_replicas(step + 1);
   const int64_t tokens = static_cast<int64_t>(global_batch_) * o_.seq_len;
   return {step + 1, loss, lr, grad_norm, clock.seconds(), tokens, apply, loss_scale,
-          model_->config().moe.enabled() ? std::optional<double>(aux_loss) : std::nullopt};
+          model_->config().moe.enabled() ? std::optional<double>(aux_loss) : std::nullopt,
+          std::move(expert_tokens)};
 }
 
 UnpackedTargetCount Trainer::load_step_batches(int64_t step) {

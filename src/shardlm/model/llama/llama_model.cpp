@@ -108,6 +108,7 @@ struct LlamaModel::Impl {
   std::unique_ptr<MoeExperts> moe;
   std::unique_ptr<MoeSharedExpert> shared_expert;  // qwen2_moe
   double aux_loss = 0.0;
+  std::vector<double> expert_tokens;  // the last forward's assignments per expert
   // LoRA: the groups' targets, per layer and group the A and B offsets in the adapter
   // unit, the scale alpha / r and scratch for x A^T and its gradient ([N, 3 r] at most).
   std::vector<LoraGroup> lora_groups;
@@ -906,6 +907,7 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
   }
   state.target_count = count_targets(batch.targets, n, V);
   aux_loss = moe ? moe->aux_loss() : 0.0;
+  if (moe) expert_tokens = moe->assignments_per_expert();
   float* dhead = nullptr;  // stays null for a frozen head (LoRA): dlnf is still needed
   if (training && !config.lora.enabled()) {
     const int head_unit = lm_head < 0 ? 0 : final_unit;
@@ -1074,6 +1076,7 @@ void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& ca
 
 double LlamaModel::last_loss_sum() const { return impl_->state.loss_sum; }
 double LlamaModel::last_aux_loss() const { return impl_->aux_loss; }
+std::vector<double> LlamaModel::last_expert_tokens() const { return impl_->expert_tokens; }
 int64_t LlamaModel::last_target_count() const { return impl_->state.target_count; }
 
 void LlamaModel::logits_at(ParamPointers params, int t, float* out) const {

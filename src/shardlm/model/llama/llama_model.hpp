@@ -62,6 +62,7 @@ class LlamaModel final : public Model {
                            const MicroBatch& batch) override;
   double last_loss_sum() const override;
   double last_aux_loss() const override;
+  std::vector<double> last_expert_tokens() const override;
   int64_t last_target_count() const override;
   void logits_at(ParamPointers params, int t, float* out) const override;
 
