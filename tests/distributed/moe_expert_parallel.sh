@@ -68,6 +68,22 @@ for E in 2 4; do
     > "$WORK/compare$E.log" 2>&1 || { cat "$WORK/compare$E.log"; fail "E=$E weights differ from E=1's"; }
   echo "E=$E vs E=1 weights after 4 steps: $(tail -1 "$WORK/compare$E.log")"
 done
+# plan's traced step runs the exchange on the meta device: its memory per category is
+# the measured peak, except the activations, where plan sizes the experts' receive
+# buffers for balanced routing and the run for the worst routing (E x min(top_k,
+# experts per rank) rows per token); the run's are at least plan's.
+"$SHARDLM" plan --model qwen3-moe-tiny -n 4 --strategy zero3 --expert-parallel 2 --data "$WORK/data" \
+  --seq-len 32 --micro-batch 2 --global-batch 8 --json > "$WORK/e2.plan.json" || fail "plan --expert-parallel 2 failed"
+python3 - "$WORK/e2.plan.json" "$WORK/e2_zero3/metrics.jsonl" <<'PY' || fail "plan differs from the measured peak memory at E=2"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+peak = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l][-1]["mem"]["peak"]
+for k in ("params", "grads", "optimizer", "comm", "frozen"):
+    assert plan[k] == peak[k], (k, plan[k], peak[k])
+assert 0 < plan["activations"] <= peak["activations"], (plan["activations"], peak["activations"])
+print("plan = measured at E=2 zero3 (params, grads, optimizer, comm, frozen); activations plan",
+      plan["activations"], "run", peak["activations"])
+PY
 # --mesh expert=2 is the same layout as --expert-parallel 2.
 run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --mesh shard=2,expert=2 \
   --out "$WORK/mesh" > "$WORK/mesh.log" 2>&1 || { cat "$WORK/mesh.log"; fail "--mesh shard=2,expert=2 failed"; }

@@ -180,7 +180,7 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
     changes.push_back({fmt::format("-n {}", n), on_ranks(base, n)});
   // All of them together, naming only the flags that change something (a bf16 run
   // is not told to use bf16).
-  RunPlanRequest all = with_micro_batch(in_bf16(with_checkpointing(base)), 1);
+  RunPlanRequest all = with_micro_batch(in_bf16(checkpointing_tried ? base : with_checkpointing(base)), 1);
   std::string all_flags;
   if (!checkpointing_tried) all_flags += "--activation-checkpointing ";
   if (base.model.precision == DType::fp32) all_flags += "--precision bf16 ";
@@ -219,11 +219,15 @@ std::string candidate_flags(const Candidate& c) {
 std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
                                        const ClusterShape& cluster, bool vary_checkpointing) {
   std::vector<bool> checkpointing = {base.model.activation_checkpointing};
-  if (vary_checkpointing && !base.model.activation_checkpointing) checkpointing.push_back(true);
+  // Expert parallelism runs without hybrid and activation checkpointing (for now).
+  const bool experts_spread = base.strategy.expert_parallel > 1;
+  if (vary_checkpointing && !base.model.activation_checkpointing && !experts_spread)
+    checkpointing.push_back(true);
   std::vector<Candidate> out;
   for (bool ckpt : checkpointing)
     // Hybrid groups share out the data-parallel ranks (context ranks split sequences).
     for (const Choice& choice : strategy_choices(base.world_size / base.strategy.context_parallel)) {
+      if (experts_spread && choice.kind == StrategyKind::hybrid) continue;
       Candidate c;
       c.label = choice.label + (ckpt && !base.model.activation_checkpointing ? " + ckpt" : "");
       c.request = base;
@@ -277,7 +281,7 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
       "nothing fits in {} per rank (the smallest, {}, needs {}): {}", gib(budget_bytes.per_rank),
       candidates.empty() ? "-" : candidates[smallest].label,
       candidates.empty() ? "-" : gib(candidates[smallest].plan.total()),
-      smallest_change(base, checkpointing_tried, profile, cluster, budget_bytes));
+      smallest_change(base, checkpointing_tried || base.strategy.expert_parallel > 1, profile, cluster, budget_bytes));
   return out;
 }
 

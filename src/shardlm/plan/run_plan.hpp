@@ -43,6 +43,7 @@ struct RunPlanRequest {
 struct RunPlan {
   int world_size = 1;
   int partition = 1;      // ranks a unit is sharded over
+  int expert_parallel = 1;  // the mesh's expert dimension
   int accumulation = 1;   // micro-batches per rank and step
   int64_t parameters = 0; // padded parameter count (Psi)
   // Peak bytes per rank.

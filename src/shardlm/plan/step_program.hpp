@@ -14,7 +14,9 @@
 
 namespace shardlm {
 
-enum class CommGroup { world, shard, replica, context };
+// expert: the expert group (E consecutive ranks); expert_data: the ranks that hold the
+// same experts (every E-th rank: the mesh's shard group under expert parallelism).
+enum class CommGroup { world, shard, replica, context, expert, expert_data };
 
 struct PlannedCollective {
   CollectiveKind kind = CollectiveKind::all_reduce;

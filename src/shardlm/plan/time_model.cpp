@@ -8,7 +8,8 @@
 
 namespace shardlm {
 
-GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node) {
+GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node,
+                           int expert_parallel) {
   if (world_size <= ranks_per_node) return {true, 1};
   switch (group) {
     case CommGroup::world:
@@ -23,6 +24,12 @@ GroupPlacement place_group(CommGroup group, int world_size, int partition, int r
     case CommGroup::replica:  // every partition-th rank: each node's link carries
                               // one ring per group with members on the node
       return {false, std::max(1, std::min(partition, ranks_per_node))};
+    case CommGroup::expert:  // expert_parallel consecutive ranks
+      if (expert_parallel <= ranks_per_node && ranks_per_node % expert_parallel == 0) return {true, 1};
+      return {false, 1};
+    case CommGroup::expert_data:  // every expert_parallel-th rank, as replica groups
+      if (world_size / expert_parallel == 1) return {true, 1};
+      return {false, std::max(1, std::min(expert_parallel, ranks_per_node))};
   }
   return {false, 1};
 }
@@ -62,7 +69,7 @@ StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile&
   StepTimePrediction out;
   std::vector<double> comm_seconds, shares;
   for (const PlannedCollective& c : program.collectives) {
-    const GroupPlacement place = place_group(c.group, n, plan.partition, ranks_per_node);
+    const GroupPlacement place = place_group(c.group, n, plan.partition, ranks_per_node, plan.expert_parallel);
     const TransportFigures& t = place.within_node ? profile.intra_node : inter;
     // Across nodes the slower of the node's own transport and its link sets the pace.
     CollectiveRate rate = t.rate(c.kind);

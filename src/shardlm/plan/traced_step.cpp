@@ -72,22 +72,26 @@ class UnitWorkModel final : public Model {
   const std::vector<UnitWork>& work_;
 };
 
-CommGroup comm_group(const std::string& communicator) {
+CommGroup comm_group(const std::string& communicator, bool expert_parallel) {
   if (communicator == "world") return CommGroup::world;
-  // The partition (consecutive ranks): shard, or shard x context.
-  if (communicator == "shard group" || communicator == "shard x context group")
-    return CommGroup::shard;
+  if (communicator == "expert group") return CommGroup::expert;
+  // The partition (consecutive ranks): shard, or shard x context; under expert
+  // parallelism the shard group is the experts' (every E-th rank; the dense units'
+  // partition is the world).
+  if (communicator == "shard group")
+    return expert_parallel ? CommGroup::expert_data : CommGroup::shard;
+  if (communicator == "shard x context group") return CommGroup::shard;
   if (communicator == "replica group") return CommGroup::replica;
   if (communicator == "context group") return CommGroup::context;
   throw Error(fmt::format("internal: the plan's time model has no place for communicator '{}'",
                           communicator));
 }
 
-StepProgram program_of(const StepRecording& recording, size_t scratch_bytes) {
+StepProgram program_of(const StepRecording& recording, size_t scratch_bytes, bool expert_parallel) {
   StepProgram program;
   for (const RecordedCollective& c : recording.collectives())
     program.collectives.push_back(
-        {c.kind, comm_group(c.group), static_cast<double>(c.bus_bytes),
+        {c.kind, comm_group(c.group, expert_parallel), static_cast<double>(c.bus_bytes),
          collective_messages(c.kind, static_cast<double>(c.bytes), c.group_size, scratch_bytes,
                              c.element_bytes),
          c.label});
@@ -204,7 +208,7 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
     out.device = peaks_of(device.tracker());
     if (on_device) out.host = peaks_of(host.tracker());
   }
-  out.program = program_of(recording, r.comm_scratch_bytes);
+  out.program = program_of(recording, r.comm_scratch_bytes, shape.size(MeshDim::expert) > 1);
   // The last step: after the next-to-last step_end.
   const auto& ops = recording.ops();
   size_t first = 0;

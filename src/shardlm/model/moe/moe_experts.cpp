@@ -50,7 +50,7 @@ void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
     carver.request(&l.routing.slot, nk);
     if (recompute_) {
       carver.request(&l.kept_h2, ct, n * C_);
-    } else {
+    } else if (!parallel()) {  // expert parallelism keeps its own (ep_carve)
       carver.request(&l.gate_up, ct, nk * 2 * I_);
       carver.request(&l.act, ct, nk * I_);
     }
