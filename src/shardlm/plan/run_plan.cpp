@@ -49,6 +49,11 @@ RunPlan plan_run(const RunPlanRequest& r) {
     }
   }
 
+  // Context parallelism: a rank computes T/P of every row's tokens (Ulysses runs the
+  // attention over whole rows for H/P heads), 1/P of a micro-batch's work.
+  if (const int P = r.strategy.context_parallel; P > 1)
+    for (UnitWork& w : plan.unit_work)
+      w = UnitWork{w.forward * (1.0 / P), w.backward * (1.0 / P)};
   TracedStep traced = trace_step(r, kPlannedSteps, plan.unit_work);
   const auto device = [&](MemCategory c) { return traced.device_peak(c); };
   const auto host = [&](MemCategory c) { return traced.host_peak(c); };
