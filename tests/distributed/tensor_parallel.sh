@@ -8,8 +8,11 @@
 # with clipping (the all-reduce of T partial sums adds in another order than one GEMM,
 # ~1e-6 relative per gradient, which AdamW's normalised steps carry on). T = 4
 # (llama-tiny's 2 key/value heads replicated) against one process likewise. The T = 2
-# checkpoint loads bitwise at T = 1 and exports to Hugging Face; bad input is refused in
-# one line before a run directory exists.
+# checkpoint loads bitwise at T = 1 and exports to Hugging Face. The embedding and LM
+# head are vocabulary-parallel (llama-tiny's untied head, qwen3-tiny's tied one). LoRA
+# on every module at T = 2 (adapters split with their base) equals the unsplit LoRA run,
+# and its T = 2 checkpoint exports the adapter its T = 1 copy exports. Bad input is
+# refused in one line before a run directory exists.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 COMMON=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-batch 8
@@ -79,6 +82,25 @@ SHARDLM_FAULT="save_after_load=$WORK/loaded_t1" run_mpi 2 "$SHARDLM" train "${CO
 cmp "$WORK/hf_t2/model.safetensors" "$WORK/hf_loaded_t1/model.safetensors" \
   || fail "the T=2 checkpoint exports other weights than its T=1 copy"
 echo "T=2 checkpoint: loaded bitwise at T=1 (and trained on), exported to Hugging Face as its T=1 copy is"
+
+# LoRA under tensor parallelism: zero3 x T=2 against the unsplit ddp x 2.
+LORA=(--lora-rank 4 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
+train 2 "$WORK/lora_t1" --model llama-tiny --micro-batch 4 --strategy ddp "${LORA[@]}"
+train 4 "$WORK/lora_t2" --model llama-tiny --micro-batch 4 --strategy zero3 --tensor-parallel 2 "${LORA[@]}"
+same_curves "$WORK/lora_t2" "$WORK/lora_t1" 1e-5
+"$SHARDLM" inspect "$WORK/lora_t2" --compare "$WORK/lora_t1" --tolerance 1e-5 --relative-to norm \
+  || fail "LoRA T=2 weights differ from T=1's"
+cp -r "$WORK/lora_t2" "$WORK/lora_resume_t1"
+SHARDLM_FAULT="save_after_load=$WORK/lora_loaded_t1" run_mpi 2 "$SHARDLM" train "${COMMON[@]}" \
+  --model llama-tiny --micro-batch 4 "${LORA[@]}" --steps 8 --resume --out "$WORK/lora_resume_t1" \
+  > "$WORK/lora_resume_t1.log" 2>&1 || { cat "$WORK/lora_resume_t1.log"; fail "LoRA T=2 -> T=1 resume"; }
+[ "$("$SHARDLM" inspect "$WORK/lora_loaded_t1" --quiet)" = "$("$SHARDLM" inspect "$WORK/lora_t2" --quiet)" ] \
+  || fail "the LoRA T=2 checkpoint loaded at T=1 is not the saved state"
+"$SHARDLM" export --checkpoint "$WORK/lora_t2" --out "$WORK/adapter_t2" > /dev/null 2>&1 || fail "adapter export at T=2"
+"$SHARDLM" export --checkpoint "$WORK/lora_loaded_t1" --out "$WORK/adapter_t1" > /dev/null 2>&1 || fail "adapter export of the T=1 copy"
+cmp "$WORK/adapter_t2/adapter_model.safetensors" "$WORK/adapter_t1/adapter_model.safetensors" \
+  || fail "the LoRA T=2 checkpoint exports another adapter than its T=1 copy"
+echo "LoRA: zero3 x T=2 = ddp x 2 (T=1) within 1e-5; the T=2 adapter exports as its T=1 copy's"
 
 # Bad input: one line, non-zero exit, no run directory.
 refused() {  # refused N NEEDLE FLAGS...

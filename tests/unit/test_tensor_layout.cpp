@@ -1,7 +1,8 @@
 // Tensor-parallel layout (model/tensor_parallel/tensor_layout.hpp): every parameter's
 // piece on each tensor rank, checked against row and column ranges written out here
 // from Megatron's rules (column-parallel q/k/v by head and gate/up by channel,
-// row-parallel o_proj/down_proj, the rest whole); each rank's init equals the unsplit
+// row-parallel o_proj/down_proj, vocabulary-parallel embed_tokens/lm_head by rows of
+// the padded vocabulary, the rest whole); each rank's init equals the unsplit
 // init on its piece, bitwise; packing survives; bad shapes get one-line errors.
 #include <gtest/gtest.h>
 
@@ -57,7 +58,7 @@ void expect_megatron_pieces(const ModelConfig& config, int T) {
   SCOPED_TRACE(config.family + " T=" + std::to_string(T));
   const uint64_t seed = 1234;
   const Values full = init_values_of(config, {}, seed);
-  const int64_t C = config.n_embd, hd = config.head_dim(), I = config.mlp_width();
+  const int64_t hd = config.head_dim(), I = config.mlp_width();
   const int64_t H = config.n_head, KV = config.kv_heads();
   for (int t = 0; t < T; ++t) {
     SCOPED_TRACE("tensor rank " + std::to_string(t));
@@ -84,21 +85,28 @@ void expect_megatron_pieces(const ModelConfig& config, int T) {
           shape = {n, cols};
         }
       };
-      if (ends_with(name, "q_proj.weight") || ends_with(name, "q_proj.bias")) {
+      if (ends_with(name, "q_proj.weight") || ends_with(name, "q_proj.bias") ||
+          ends_with(name, "q_proj.lora_B.weight")) {
         rows_of(t * (H / T) * hd, (H / T) * hd);
       } else if (ends_with(name, "k_proj.weight") || ends_with(name, "v_proj.weight") ||
-                 ends_with(name, "k_proj.bias") || ends_with(name, "v_proj.bias")) {
+                 ends_with(name, "k_proj.bias") || ends_with(name, "v_proj.bias") ||
+                 ends_with(name, "k_proj.lora_B.weight") || ends_with(name, "v_proj.lora_B.weight")) {
         rows_of(kv_first * hd, kv_local * hd);
-      } else if (ends_with(name, "gate_proj.weight") || ends_with(name, "up_proj.weight")) {
+      } else if (ends_with(name, "gate_proj.weight") || ends_with(name, "up_proj.weight") ||
+                 ends_with(name, "gate_proj.lora_B.weight") || ends_with(name, "up_proj.lora_B.weight")) {
         rows_of(t * (I / T), I / T);
-      } else if (ends_with(name, "o_proj.weight")) {
+      } else if (ends_with(name, "o_proj.weight") || ends_with(name, "o_proj.lora_A.weight")) {
         expected = block(whole, cols, 0, rows, t * (H / T) * hd, (H / T) * hd);
-        shape = {C, (H / T) * hd};
-      } else if (ends_with(name, "down_proj.weight")) {
+        shape = {rows, (H / T) * hd};  // C rows, or the adapter's rank
+      } else if (ends_with(name, "down_proj.weight") || ends_with(name, "down_proj.lora_A.weight")) {
         expected = block(whole, cols, 0, rows, t * (I / T), I / T);
-        shape = {C, I / T};
+        shape = {rows, I / T};
+      } else if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+        const int64_t vp = config.padded_vocab_size();  // padding rows on the last ranks
+        EXPECT_EQ(rows, vp);
+        rows_of(t * (vp / T), vp / T);
       } else {
-        expected = whole;  // norms, o_proj's bias, embeddings, LM head: whole
+        expected = whole;  // norms, o_proj's bias, the final norm, the other adapters: whole
         shape = f.shape;
         EXPECT_TRUE(p.piece.whole());
       }
@@ -116,6 +124,9 @@ TEST(TensorLayout, LlamaPiecesFollowMegatronAndInitEqualsTheUnsplitRun) {
   c.max_seq_len = 32;
   expect_megatron_pieces(c, 2);
   expect_megatron_pieces(c, 4);  // kv heads replicated over 2 ranks each
+  c.lora.rank = 4;
+  c.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  expect_megatron_pieces(c, 2);
 }
 
 TEST(TensorLayout, Qwen2BiasesAndQwen3NormsSplitAsTheirProjections) {
@@ -155,7 +166,7 @@ TEST(TensorLayout, PackedProjectionsStayOneMatrixAndUnitsShrink) {
     }
     EXPECT_EQ(layer.padded_numel % (4 * ParamLayout::kParamAlignment), 0);
     EXPECT_LT(layer.numel, full.units[1].numel);
-    EXPECT_EQ(local.units[0].numel, full.units[0].numel);  // embeddings whole
+    EXPECT_EQ(local.units[0].numel, full.units[0].numel / T);  // rows of the vocabulary
   }
 }
 
@@ -187,8 +198,20 @@ TEST(TensorLayout, ShapesThatDoNotSplitGetOneLineErrors) {
   expect_error(model_preset("qwen3-moe-tiny"), 2, "the qwen3_moe family is not split");
   ModelConfig lora = llama;
   lora.lora.rank = 4;
-  lora.lora.targets = {"q_proj"};
-  expect_error(lora, 2, "LoRA and QLoRA runs are not split over tensor ranks yet");
+  lora.lora.targets = {"q_proj", "v_proj"};
+  EXPECT_NO_THROW(check_tensor_parallel(lora, 2));
+  expect_error(lora, 4, "--tensor-parallel 4: LoRA on k_proj/v_proj needs the model's 2 key/value "
+               "heads split over the tensor ranks");
+  lora.quantize_base = BaseQuant::nf4;
+  expect_error(lora, 2, "--tensor-parallel 2: QLoRA runs (NF4 base weights) are not split");
+  ModelConfig by3 = llama;  // 6 heads, 3 key/value heads, MLP 162: only the vocabulary
+  by3.n_head = 6;
+  by3.head_dim_override = 8;
+  by3.n_kv_head = 3;
+  by3.intermediate_size = 162;
+  by3.vocab_size = 97;
+  expect_error(by3, 3, "--tensor-parallel 3 must divide the model's vocabulary of 128 rows "
+               "(97 tokens padded to a multiple of 64); use a divisor of 128");
   EXPECT_NO_THROW(check_tensor_parallel(model_preset("gpt2-tiny"), 1));
   EXPECT_NO_THROW(check_tensor_parallel(model_preset("llama-3.1-70b"), 8));
   // The layout refuses a rank outside the dimension.

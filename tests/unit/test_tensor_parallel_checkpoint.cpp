@@ -3,7 +3,10 @@
 // reader puts the logical tensors together. A checkpoint saved at T = 2 (alone, and as
 // shard 2 x tensor 2 with ZeRO-style owned slices) has the weight and optimizer digests
 // of the same values saved at T = 1, loads at T = 1 and at T = 4 with every element in
-// its place, and a T = 1 checkpoint loads at T = 2.
+// its place, and a T = 1 checkpoint loads at T = 2. The vocabulary-parallel embedding
+// and LM head are pieces too (rows of the padded vocabulary: 97 tokens in 128 rows, the
+// padding on the last ranks), and a Hugging Face export (unpadded rows) imports into
+// the pieces of T = 2 and T = 4 with every real row in its place and padding zero.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -13,6 +16,8 @@
 #include <vector>
 
 #include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/ckpt/hf_export.hpp"
+#include "shardlm/ckpt/hf_import.hpp"
 #include "shardlm/comm/in_process_communicator.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
 #include "shardlm/model/family.hpp"
@@ -139,6 +144,35 @@ TEST_F(TensorParallelCheckpoint, SavedAtTwoTensorRanksReadsAsTheLogicalTensors) 
     expect_loads_at(c, ckpt, 1, 4);  // key/value heads replicated over 2 ranks each
   }
   expect_loads_at(c, one, 2, 2);  // and an unsplit checkpoint loads split
+}
+
+TEST_F(TensorParallelCheckpoint, HuggingFaceExportImportsIntoVocabularyPieces) {
+  const ModelConfig c = tiny();
+  const CheckpointReader one(save_from(c, 1, 1, dir_ / "t1"));
+  HfExportOptions options;
+  options.out_dir = (dir_ / "hf").string();
+  export_hugging_face(one, options);
+  for (int tensor : {2, 4})
+    for (int t = 0; t < tensor; ++t) {
+      SCOPED_TRACE(fmt::format("tensor rank {} of {}", t, tensor));
+      const ParamLayout layout = ParamLayout::build(c, 1, 0, {tensor, t});
+      SliceState imported(layout, 0), expected(layout, 0);
+      import_hugging_face(options.out_dir, c, layout, imported);
+      fill(layout, expected);
+      int64_t padding_rows = 0;
+      for (size_t u = 0; u < layout.units.size(); ++u)
+        for (const ParamInfo& p : layout.units[u].params) {
+          if (p.valid_rows < 0) continue;
+          const int64_t cols = p.shape[1];
+          for (int64_t i = 0; i < p.numel; ++i)
+            if (p.piece.full_index(p.shape, i) / cols >= p.valid_rows) {
+              expected.master_[u][static_cast<size_t>(p.offset + i)] = 0.0f;
+              padding_rows += i % cols == 0;
+            }
+        }
+      EXPECT_EQ(padding_rows, t == tensor - 1 ? 2 * (128 - 97) : 0);  // embedding and head
+      EXPECT_EQ(imported.master_, expected.master_);
+    }
 }
 
 }  // namespace

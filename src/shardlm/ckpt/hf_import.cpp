@@ -254,9 +254,12 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
                     "'{}' tensor '{}' holds non-finite values (NaN or infinity)", reader.path(),
                     stored);
       if (!p.piece.whole()) {
-        // A tensor-parallel piece: its rows or columns of the logical tensor.
+        // A tensor-parallel piece: its rows or columns of the logical tensor. A
+        // vocabulary piece's rows past the stored ones are padding (left zero).
+        const int64_t stored_numel = static_cast<int64_t>(values.size());
         p.piece.for_each_run(p.shape, lo - p.offset, hi - p.offset, [&](int64_t full, int64_t local, int64_t n) {
-          write_owned_params(s, p.offset + local, n, values.data() + full);
+          const int64_t count = std::clamp<int64_t>(stored_numel - full, 0, n);
+          if (count > 0) write_owned_params(s, p.offset + local, count, values.data() + full);
         });
         continue;
       }

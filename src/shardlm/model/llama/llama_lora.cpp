@@ -2,6 +2,7 @@
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/llama/llama_family.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 
 namespace shardlm {
 
@@ -11,9 +12,10 @@ const std::vector<std::string>& llama_lora_modules() {
   return modules;
 }
 
-std::vector<LoraGroup> llama_lora_groups(const ModelConfig& c) {
-  const int64_t C = c.n_embd, hd = c.head_dim(), Q = c.n_head * hd, KV = c.kv_heads() * hd;
-  const int64_t I = c.mlp_width();
+std::vector<LoraGroup> llama_lora_groups(const ModelConfig& c, int tensor_size) {
+  const int64_t C = c.n_embd, hd = c.head_dim(), Q = c.n_head / tensor_size * hd;
+  const int64_t KV = tensor_local_kv_heads(c, tensor_size) * hd;
+  const int64_t I = c.mlp_width() / tensor_size;
   std::vector<LoraGroup> all = {
       {LoraGroup::Input::ln1, C, Q + 2 * KV,
        {{"q_proj", "self_attn", Q, 0}, {"k_proj", "self_attn", KV, Q}, {"v_proj", "self_attn", KV, Q + KV}}},

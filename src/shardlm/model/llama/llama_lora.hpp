@@ -41,8 +41,11 @@ struct LoraGroup {
 // Every module name LoRA can target in these families, in layer order.
 const std::vector<std::string>& llama_lora_modules();
 
-// The layer's groups with their targeted modules (groups without a target omitted).
-std::vector<LoraGroup> llama_lora_groups(const ModelConfig& config);
+// The layer's groups with their targeted modules (groups without a target omitted), as
+// one of `tensor_size` tensor ranks computes them (model/tensor_parallel/tensor_layout.hpp):
+// q|k|v and gate|up narrowed to the rank's output columns, o's and down's input to its
+// input columns.
+std::vector<LoraGroup> llama_lora_groups(const ModelConfig& config, int tensor_size = 1);
 
 // Names of a target's matrices in layer l ("model.layers.3.self_attn.q_proj.lora_A.weight").
 std::string lora_a_name(int layer, const LoraTarget& t);

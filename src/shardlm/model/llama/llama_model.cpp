@@ -17,6 +17,7 @@
 #include "shardlm/model/moe/moe_shared_expert.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 #include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
+#include "shardlm/model/tensor_parallel/vocab_parallel.hpp"
 
 namespace shardlm {
 
@@ -95,6 +96,11 @@ struct LlamaModel::Impl {
   float* dkv_replicas = nullptr;          // [N, 2 KVD] key/value heads replicated over ranks
   float* qk_norm_grad = nullptr;          // [2 hd] qwen3 under tensor parallelism
   int V = 0, Vp = 0;
+  // Under tensor parallelism the embedding and the LM head are vocabulary-parallel:
+  // this rank's rows of them, its lookup and its loss (vocab_parallel.hpp).
+  VocabShard vocab;
+  VocabParallelEmbedding vocab_embedding;
+  VocabParallelHead vocab_head;
   float eps = 1e-6f;
   DType compute = DType::fp32;
 
@@ -197,8 +203,13 @@ struct LlamaModel::Impl {
   DType rounding_weight_type() const { return compute == DType::fp16 ? DType::fp32 : compute; }
   int64_t weight_scratch_elements() const {
     const int64_t expert = moe ? moe->expert_weight_elements() : 0;
-    return std::max<int64_t>({layer_weight_elements(), static_cast<int64_t>(V) * C, expert});
+    // (Every tensor rank sizes it for its whole share of rows: the same on each.)
+    const int64_t head = vocab_parallel() ? vocab.rows : V;
+    return std::max<int64_t>({layer_weight_elements(), head * C, expert});
   }
+  bool vocab_parallel() const { return tensor_size > 1; }
+  // Rows of the head weight the GEMMs read: the real vocabulary, or this rank's real rows.
+  int64_t head_rows() const { return vocab_parallel() ? vocab.real : V; }
   int64_t vector_scratch_floats() const { return 3 * C + QKV + 2 * hd; }
 
   void set_shape(const ModelConfig& model_config, const ModelOptions& run_options);
@@ -214,7 +225,7 @@ struct LlamaModel::Impl {
   LayerVectors layer_vectors(int l, ConstTypedPtr p) const;
   ConstTypedPtr head_weights(ParamPointers params) const {
     const ConstTypedPtr w = lm_head < 0 ? params[0].at(embed) : params[final_unit].at(lm_head);
-    return rounding->gemm_weight(w, 0, static_cast<int64_t>(V) * C);
+    return rounding->gemm_weight(w, 0, head_rows() * C);
   }
 
   LayerAdapters layer_adapters(int l, ParamPointers params, UnitPointers grads) const;
@@ -240,6 +251,15 @@ struct LlamaModel::Impl {
                         float* dq_norm, float* dk_norm);
   void final_forward(ParamPointers params, UnitPointers grads, const MicroBatch& batch,
                      bool training, float grad_scale);
+  // residual[0] = the staged tokens' embedding rows (B x T of them).
+  void embed_forward(ConstTypedPtr p, int B, int T) {
+    if (vocab_parallel())
+      vocab_embedding.forward(*be, tp, residual[0], staged.tokens, p.at(embed), B, T,
+                              static_cast<int>(C), compute);
+    else
+      be->embedding_forward(residual[0], staged.tokens, p.at(embed), ConstTypedPtr(), B, T,
+                            static_cast<int>(C), compute, nullptr);
+  }
   const LlamaUnitRole& role(int unit) const {
     SHARDLM_CHECK(unit >= 0 && unit < num_units, "model: unit {} out of range [0, {})", unit,
                   num_units);
@@ -281,9 +301,10 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   I = config.mlp_width() / tensor_size;
   V = config.vocab_size;
   Vp = config.padded_vocab_size();
+  vocab = VocabShard::of(V, Vp, {tensor_size, tensor_size > 1 ? options.parallel_groups.tensor->rank() : 0});
   eps = config.norm_eps;
   nf4 = config.quantize_base == BaseQuant::nf4;
-  lora_groups = config.lora.enabled() ? llama_lora_groups(config) : std::vector<LoraGroup>{};
+  lora_groups = config.lora.enabled() ? llama_lora_groups(config, tensor_size) : std::vector<LoraGroup>{};
   lora_scale = config.lora.enabled() ? config.lora.scale() : 0.0f;
   lora_width = 0;
   for (const auto& g : lora_groups)
@@ -350,7 +371,12 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
       carver.request(&lora_du_c, ct, n * lora_width);
     }
   }
-  head.carve(carver, n, V, Vp, static_cast<int>(C), ct);
+  if (vocab_parallel()) {
+    vocab_embedding.carve(carver, n, vocab);
+    vocab_head.carve(carver, n, vocab, Vp, static_cast<int>(C), ct);
+  } else {
+    head.carve(carver, n, V, Vp, static_cast<int>(C), ct);
+  }
   if (ct != DType::fp32) {
     carver.request(&dres_c, ct, n * C);
     carver.request(&dbig_c, ct, n * std::max(QKV, 2 * I));
@@ -520,7 +546,9 @@ ModelMemoryPlan LlamaModel::plan_memory(const ModelConfig& config, int max_batch
 const ModelConfig& LlamaModel::config() const { return impl_->config; }
 const ParamLayout& LlamaModel::layout() const { return impl_->layout; }
 const ModelOptions& LlamaModel::options() const { return impl_->options; }
-int LlamaModel::logits_chunk_rows() const { return impl_->head.chunk_rows(); }
+int LlamaModel::logits_chunk_rows() const {
+  return impl_->vocab_parallel() ? impl_->vocab_head.chunk_rows() : impl_->head.chunk_rows();
+}
 int LlamaModel::num_units() const { return impl_->num_units; }
 
 std::vector<int> LlamaModel::Impl::needed_units(int unit) const {
@@ -681,13 +709,20 @@ void LlamaModel::Impl::lora_forward(size_t gi, const LayerAdapters& ad, ConstTyp
 }
 
 // y += s u B^T, u = x A^T: dB += s dy^T u; du = s dy B; dA += du^T x; dx += du A.
+// Under tensor parallelism a row-parallel base's (o, down) x and A are this rank's
+// input columns: u is a partial sum (summed here before dB; the forward's s u B^T joins
+// the base's partial sum instead). A column-parallel base's (q|k|v, gate|up) dy and B
+// are its output columns: du is a partial sum, which dx takes as it is (dx is summed
+// over the group after the layer's GEMMs) and dA after the sum.
 void LlamaModel::Impl::lora_backward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
                                      ConstTypedPtr dy, float* dx) {
   const LoraGroup& g = lora_groups[gi];
   const GroupAdapters& w = ad[gi];
   const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
   const int width = static_cast<int>(g.targets.size()) * r, out_w = static_cast<int>(g.out_width);
+  const bool row_parallel = g.input == LoraGroup::Input::attention || g.input == LoraGroup::Input::act;
   be->gemm(false, true, rows, width, in, 1.0f, x, in, w.a, in, 0.0f, lora_u, width);  // recomputed
+  if (row_parallel) tp.sum_partial(lora_u, N() * width, "tensor.lora_u");
   const ConstTypedPtr u = rounding->for_gemm(lora_u, lora_u_c, N() * width);
   for (size_t ti = 0; ti < g.targets.size(); ++ti) {
     const LoraTarget& tg = g.targets[ti];
@@ -698,9 +733,17 @@ void LlamaModel::Impl::lora_backward(size_t gi, const LayerAdapters& ad, ConstTy
     be->gemm(false, false, rows, r, out, lora_scale, dy_t, out_w, w.b[ti], r, 0.0f,
          lora_du + static_cast<int64_t>(ti) * r, width);
   }
+  if (row_parallel || !tp.active()) {
+    const ConstTypedPtr du = rounding->for_gemm(lora_du, lora_du_c, N() * width);
+    be->gemm(true, false, width, in, rows, 1.0f, du, width, x, in, 1.0f, w.grad_a, in);
+    be->gemm(false, false, rows, in, width, 1.0f, du, width, w.a, in, 1.0f, dx, in);
+    return;
+  }
+  const ConstTypedPtr own = rounding->for_gemm(lora_du, lora_du_c, N() * width);
+  be->gemm(false, false, rows, in, width, 1.0f, own, width, w.a, in, 1.0f, dx, in);
+  tp.sum_partial(lora_du, N() * width, "tensor.lora_du");
   const ConstTypedPtr du = rounding->for_gemm(lora_du, lora_du_c, N() * width);
   be->gemm(true, false, width, in, rows, 1.0f, du, width, x, in, 1.0f, w.grad_a, in);
-  be->gemm(false, false, rows, in, width, 1.0f, du, width, w.a, in, 1.0f, dx, in);
 }
 
 void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWeights& w,
@@ -915,8 +958,11 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
     check_grad_pointer(grads, num_units, final_unit);
     dhead = grads[head_unit] + (lm_head < 0 ? embed : lm_head);
   }
-  state.loss_sum = head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
-                             training ? dlnf : nullptr, dhead);
+  state.loss_sum = vocab_parallel()
+                       ? vocab_head.loss(*be, tp, lnf, head_weights(params), staged.targets, n,
+                                         grad_scale, training ? dlnf : nullptr, dhead)
+                       : head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
+                                   training ? dlnf : nullptr, dhead);
   state.finish_forward(training);
 }
 
@@ -940,9 +986,7 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
       m.positions = m.staged.positions;
     }
     m.key_begin = m.staged.key_begin;
-    m.be->embedding_forward(m.residual[0], m.staged.tokens, params[0].at(m.embed),
-                            ConstTypedPtr(), batch.B, batch.T, static_cast<int>(m.C), m.compute,
-                            nullptr);
+    m.embed_forward(params[0], batch.B, batch.T);
     return;
   }
   m.state.check_forward(unit, batch);
@@ -1010,7 +1054,11 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
     case LlamaUnitRole::Kind::adapters:
       return;  // its gradients came from its layer's backward
     case LlamaUnitRole::Kind::embeddings:
-      if (g != nullptr)
+      if (g == nullptr) return;
+      if (m.vocab_parallel())
+        m.vocab_embedding.backward(*m.be, g + m.embed, m.dres, m.staged.tokens, m.state.B,
+                                   m.state.T, static_cast<int>(m.C));
+      else
         m.be->embedding_backward(g + m.embed, nullptr, m.dres, m.staged.tokens, m.state.B,
                                  m.state.T, static_cast<int>(m.C), nullptr);
       return;
@@ -1041,9 +1089,7 @@ void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& ca
       m.staged.stage(*m.be, batch, /*default_positions=*/true);
       m.positions = m.kv_positions.data();
       m.key_begin = nullptr;
-      m.be->embedding_forward(m.residual[0], m.staged.tokens, params[0].at(m.embed),
-                              ConstTypedPtr(), 1, batch.T, static_cast<int>(m.C), m.compute,
-                              nullptr);
+      m.embed_forward(params[0], 1, batch.T);
       return;
     }
     case LlamaUnitRole::Kind::adapters:
@@ -1084,8 +1130,12 @@ void LlamaModel::logits_at(ParamPointers params, int t, float* out) const {
   m.state.check_logits_at(t);
   check_param_pointers(params, m.num_units, m.needed_units(m.final_unit), m.final_unit, m.compute);
   // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
-  m.head.logits(*m.be, m.lnf.at(static_cast<int64_t>(t) * m.C), static_cast<int64_t>(m.state.T) * m.C,
-                m.state.B, m.head_weights(params), out);
+  const ConstTypedPtr x = m.lnf.at(static_cast<int64_t>(t) * m.C);
+  const int64_t ld = static_cast<int64_t>(m.state.T) * m.C;
+  if (m.vocab_parallel())
+    m.vocab_head.logits(*m.be, m.tp, x, ld, m.state.B, m.head_weights(params), out);
+  else
+    m.head.logits(*m.be, x, ld, m.state.B, m.head_weights(params), out);
 }
 
 }  // namespace shardlm

@@ -27,9 +27,9 @@ void check_tensor_parallel(const ModelConfig& config, int tensor_size) {
   SHARDLM_CHECK(splits_llama_family(config),
                 "--tensor-parallel {}: the {} family is not split over tensor ranks yet (llama, "
                 "qwen2 and qwen3 are); use --tensor-parallel 1", T, config.family);
-  SHARDLM_CHECK(!config.lora.enabled() && config.quantize_base == BaseQuant::none,
-                "--tensor-parallel {}: LoRA and QLoRA runs are not split over tensor ranks yet; "
-                "use --tensor-parallel 1", T);
+  SHARDLM_CHECK(config.quantize_base == BaseQuant::none,
+                "--tensor-parallel {}: QLoRA runs (NF4 base weights) are not split over tensor "
+                "ranks yet; use --tensor-parallel 1 or LoRA without --quantize-base", T);
   SHARDLM_CHECK(config.n_head % T == 0,
                 "--tensor-parallel {} must divide the {} attention heads of the model ({}); "
                 "use a divisor of {}", T, config.n_head, config.shape_description(), config.n_head);
@@ -40,6 +40,15 @@ void check_tensor_parallel(const ModelConfig& config, int tensor_size) {
   SHARDLM_CHECK(config.mlp_width() % T == 0,
                 "--tensor-parallel {} must divide the MLP width {} of the model ({})", T,
                 config.mlp_width(), config.shape_description());
+  SHARDLM_CHECK(!config.lora.enabled() || kv % T == 0 ||
+                    !(config.lora.targets_module("k_proj") || config.lora.targets_module("v_proj")),
+                "--tensor-parallel {}: LoRA on k_proj/v_proj needs the model's {} key/value heads "
+                "split over the tensor ranks (a multiple of {}), not replicated; use a divisor of {} "
+                "or leave k_proj and v_proj out of the targets", T, kv, T, kv);
+  SHARDLM_CHECK(config.padded_vocab_size() % T == 0,
+                "--tensor-parallel {} must divide the model's vocabulary of {} rows ({} tokens "
+                "padded to a multiple of {}); use a divisor of {}", T, config.padded_vocab_size(),
+                config.vocab_size, ModelConfig::kVocabPadMultiple, config.padded_vocab_size());
 }
 
 int tensor_local_kv_heads(const ModelConfig& config, int tensor_size) {
@@ -73,6 +82,20 @@ LocalPiece tensor_piece_of(const ModelConfig& config, const std::string& name,
     for (const char* gu : {"mlp.gate_proj.weight", "mlp.up_proj.weight"})
       if (ends_with(name, gu)) return piece(0, t * mlp, mlp);
     if (ends_with(name, "mlp.down_proj.weight")) return piece(1, t * mlp, mlp);
+    // LoRA: a column-parallel base's B by its output rows (A whole), a row-parallel
+    // base's A by its input columns (B whole).
+    if (ends_with(name, "self_attn.q_proj.lora_B.weight")) return piece(0, t * q_rows, q_rows);
+    for (const char* kv : {"self_attn.k_proj.lora_B.weight", "self_attn.v_proj.lora_B.weight"})
+      if (ends_with(name, kv)) return piece(0, kv_first * hd, kv_local * hd);
+    for (const char* gu : {"mlp.gate_proj.lora_B.weight", "mlp.up_proj.lora_B.weight"})
+      if (ends_with(name, gu)) return piece(0, t * mlp, mlp);
+    if (ends_with(name, "self_attn.o_proj.lora_A.weight")) return piece(1, t * q_rows, q_rows);
+    if (ends_with(name, "mlp.down_proj.lora_A.weight")) return piece(1, t * mlp, mlp);
+    // Vocabulary-parallel: rows of the (padded) vocabulary, the padding on the last ranks.
+    if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+      const int64_t rows = full_shape.front() / T;
+      return piece(0, t * rows, rows);
+    }
   }
   return LocalPiece{TensorPiece{}, full_shape.empty() ? 1 : full_shape.front()};
 }

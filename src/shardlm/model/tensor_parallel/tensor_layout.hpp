@@ -8,7 +8,12 @@
 //       head replicated over T / kv_heads ranks (GQA)
 //   gate_proj, up_proj                           column-parallel: rows by MLP channel
 //   o_proj, down_proj                            row-parallel: columns (their input)
-//   norms, o_proj's bias, embeddings, final norm, LM head: whole (replicated)
+//   LoRA on them (lora_A, lora_B)                column-parallel base (q, k, v, gate, up):
+//       A whole, B by the base's output rows; row-parallel base (o, down): A by the
+//       base's input columns, B whole
+//   embed_tokens, lm_head                        vocabulary-parallel: rows of the padded
+//       vocabulary (padded_vocab / T each; the padding rows fall on the last ranks)
+//   norms, o_proj's bias, final norm: whole (replicated)
 // Each rank's flat units hold its pieces, laid out as the unsplit unit is (q|k|v and
 // gate|up still back to back), so ZeRO shards the local flat units as it shards any.
 #pragma once
@@ -24,8 +29,9 @@
 namespace shardlm {
 
 // One-line errors (naming --tensor-parallel, the value and what would divide) when
-// `config` cannot be split over `tensor_size` ranks: a family not split yet, LoRA or
-// QLoRA (not yet), attention heads, key/value heads or MLP width not divisible.
+// `config` cannot be split over `tensor_size` ranks: a family not split yet, QLoRA
+// (not yet), LoRA on replicated key/value heads (not yet), attention heads, key/value
+// heads, MLP width or the padded vocabulary not divisible.
 void check_tensor_parallel(const ModelConfig& config, int tensor_size);
 
 // Key/value heads on each tensor rank (kv_heads / T, or 1 when they are replicated).

@@ -1,5 +1,7 @@
 #include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
 
+#include <algorithm>
+
 #include "shardlm/comm/communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
@@ -28,6 +30,20 @@ int TensorParallelBlock::rank() const { return tensor_ != nullptr ? tensor_->ran
 void TensorParallelBlock::sum_partial(float* data, int64_t count, const std::string& label) const {
   if (!active()) return;
   tensor_->all_reduce(data, static_cast<size_t>(count), ReduceOp::sum, label).wait();
+}
+
+void TensorParallelBlock::max_partial(float* data, int64_t count, const std::string& label) const {
+  if (!active()) return;
+  tensor_->all_reduce(data, static_cast<size_t>(count), ReduceOp::max, label).wait();
+}
+
+void TensorParallelBlock::gather(const float* send, float* recv, int64_t count,
+                                 const std::string& label) const {
+  if (!active()) {
+    std::copy(send, send + count, recv);
+    return;
+  }
+  tensor_->all_gather(send, recv, static_cast<size_t>(count), label).wait();
 }
 
 void TensorParallelBlock::sum_kv_replicas(float* data, int64_t count,

@@ -9,6 +9,8 @@
 //             sums: sum_partial(dln) before the norm's backward (one all-reduce per half);
 //             qwen3's per-head q/k norm weights are whole but see only this rank's heads:
 //             their gradient is summed too (sum_partial on a small scratch)
+//   vocabulary-parallel embedding and head (vocab_parallel.hpp): the lookup's sum, the
+//             softmax's row maxima (max_partial) and sums, the head's input gradient
 //   GQA with more tensor ranks than key/value heads: each rank holds the head its queries
 //             read, replicated; the head's weight gradient is the sum of its replicas'
 //             (sum_kv_replicas over the ranks that hold the same head)
@@ -41,6 +43,11 @@ class TensorParallelBlock {
 
   // data[0, count) becomes the sum over the tensor ranks (waited for: the next kernel reads it).
   void sum_partial(float* data, int64_t count, const std::string& label) const;
+  // data[0, count) becomes the maximum over the tensor ranks (the vocabulary-parallel
+  // softmax's row maxima).
+  void max_partial(float* data, int64_t count, const std::string& label) const;
+  // recv [size() x count] holds every rank's send [count], in rank order (alone: a copy).
+  void gather(const float* send, float* recv, int64_t count, const std::string& label) const;
   // Sum over the ranks holding this rank's key/value head (no-op unless replicates_kv()).
   void sum_kv_replicas(float* data, int64_t count, const std::string& label) const;
 
