@@ -102,6 +102,22 @@ cmp "$WORK/adapter_t2/adapter_model.safetensors" "$WORK/adapter_t1/adapter_model
   || fail "the LoRA T=2 checkpoint exports another adapter than its T=1 copy"
 echo "LoRA: zero3 x T=2 = ddp x 2 (T=1) within 1e-5; the T=2 adapter exports as its T=1 copy's"
 
+# bf16 once: zero3 x T=2 against the unsplit bf16 ddp x 2, within the 1e-2 relative
+# that bf16 has against fp32 elsewhere in the project (test_moe_fixture's losses): bf16
+# rounds the GEMM inputs, and T partial sums round where one GEMM did not.
+train 2 "$WORK/bf16_t1" --model llama-tiny --micro-batch 4 --strategy ddp --precision bf16
+train 4 "$WORK/bf16_t2" --model llama-tiny --micro-batch 4 --strategy zero3 --tensor-parallel 2 --precision bf16
+same_curves "$WORK/bf16_t2" "$WORK/bf16_t1" 1e-2
+echo "bf16: zero3 x T=2 = ddp x 2 (T=1) within 1e-2"
+
+# 3-D: shard 2 x context 2 x tensor 2 = 8 ranks against one process, fp32.
+train 1 "$WORK/mesh3d_ref" --model llama-tiny --micro-batch 8
+train 8 "$WORK/mesh3d" --model llama-tiny --micro-batch 4 --strategy zero3 --mesh shard=2,context=2,tensor=2
+same_curves "$WORK/mesh3d" "$WORK/mesh3d_ref" 1e-5
+"$SHARDLM" inspect "$WORK/mesh3d" --compare "$WORK/mesh3d_ref" --tolerance 1e-5 --relative-to norm \
+  || fail "the shard 2 x context 2 x tensor 2 weights differ from one process's"
+echo "3-D: zero3 over shard 2 x context 2 x tensor 2 (8 ranks) = one process within 1e-5"
+
 # Bad input: one line, non-zero exit, no run directory.
 refused() {  # refused N NEEDLE FLAGS...
   local n="$1" needle="$2"; shift 2

@@ -199,6 +199,54 @@ TEST(TensorParallelLlama, VocabularyParallelLogitsChunkIsATthOfTheUnsplitOne) {
   }
 }
 
+// A rank's activation arena (what the model allocates, by the tracker) shrinks by the
+// logits' share: llama-tiny's shape with Llama 2's 32000-token vocabulary, 2 x 32 tokens.
+// And as plan_memory counts it, for qwen2.5-0.5b at 1 x 4096 tokens (T = 2; its 14 heads
+// do not split 4 ways).
+TEST(TensorParallelLlama, ActivationsPerRankShrinkByTheLogitsShare) {
+  ModelConfig c = tiny("llama-tiny");
+  c.vocab_size = 32000;
+  const ModelConfig qwen = model_preset("qwen2.5-0.5b");
+  auto activations = [&](int T) {
+    std::vector<int64_t> bytes(2);
+    auto measure = [&](Communicator* tensor, int rank) {
+      ModelOptions options;
+      options.parallel_groups.tensor = tensor;
+      MemoryTracker tracker;
+      const ParamLayout layout = ParamLayout::build(c, 1, 0, {T, rank});
+      auto model = model_family(c.family).make_model(c, layout, 2, 32, options, tracker);
+      if (rank != 0) return;
+      bytes[0] = static_cast<int64_t>(tracker.current(MemCategory::activations));
+      // (qwen2.5-0.5b's 14 heads do not split 4 ways.)
+      if (qwen.n_head % T == 0)
+        bytes[1] = model_family(qwen.family).plan_memory(qwen, 1, 4096, options, false).activations;
+    };
+    if (T == 1) {
+      measure(nullptr, 0);
+    } else {
+      InProcessJob job(T);
+      for (const std::string& e : job.run([&](Communicator& comm) { measure(&comm, comm.rank()); }))
+        EXPECT_EQ(e, "");
+    }
+    return bytes;
+  };
+  const std::vector<int64_t> one = activations(1);
+  const int64_t logits = static_cast<int64_t>(LmHead::chunk_rows_for(64, c.padded_vocab_size())) *
+                         c.padded_vocab_size() * 4;
+  for (int T : {2, 4}) {
+    const std::vector<int64_t> split = activations(T);
+    EXPECT_GE(one[0] - split[0], logits * (T - 1) / T) << "T=" << T;
+    std::printf("activations per rank at T=%d: llama-tiny-shaped (vocab 32000, 64 tokens) %.2f MiB "
+                "(T=1: %.2f MiB, logits chunk %.2f MiB)\n",
+                T, split[0] / 1048576.0, one[0] / 1048576.0, logits / 1048576.0);
+    if (T == 2) {
+      EXPECT_LT(split[1], one[1]);
+      std::printf("activations per rank at T=2 as planned: qwen2.5-0.5b 4096 tokens %.1f MiB (T=1: %.1f MiB)\n",
+                  split[1] / 1048576.0, one[1] / 1048576.0);
+    }
+  }
+}
+
 TEST(TensorParallelLlama, ALayoutOfAnotherSplitIsRefused) {
   const ModelConfig c = tiny("llama-tiny");
   const ParamLayout unsplit = ParamLayout::build(c, 1, 0);
