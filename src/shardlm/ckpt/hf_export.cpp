@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -21,6 +22,8 @@
 #include "shardlm/core/finite.hpp"
 #include "shardlm/data/tokenizer.hpp"
 #include "shardlm/model/family.hpp"
+#include "shardlm/model/llama/llama_lora.hpp"
+#include "shardlm/model/moe/moe_expert_lora.hpp"
 
 namespace fs = std::filesystem;
 
@@ -72,6 +75,14 @@ struct ExportTensor {
   std::vector<std::byte> bytes;
 };
 
+ExportTensor export_tensor(const std::string& name, std::vector<int64_t> shape,
+                           const std::vector<float>& values, DType dtype) {
+  const int64_t numel = safetensors::shape_numel(shape);
+  ExportTensor t{name, std::move(shape), std::vector<std::byte>(static_cast<size_t>(numel) * dtype_bytes(dtype))};
+  cpu::convert(TypedPtr(t.bytes.data(), dtype), values.data(), numel);
+  return t;
+}
+
 // Vocabulary matrices are stored padded; padded rows come last, so the real rows are
 // a prefix of the stored tensor.
 ExportTensor read_tensor(const CheckpointReader& ckpt, const ParamInfo& param, DType dtype) {
@@ -91,9 +102,7 @@ ExportTensor read_tensor(const CheckpointReader& ckpt, const ParamInfo& param, D
                 "checkpoint '{}' tensor '{}' holds non-finite values (NaN or infinity); refusing "
                 "to export it",
                 ckpt.dir(), name);
-  ExportTensor t{name, shape, std::vector<std::byte>(static_cast<size_t>(numel) * dtype_bytes(dtype))};
-  cpu::convert(TypedPtr(t.bytes.data(), dtype), values.data(), numel);
-  return t;
+  return export_tensor(name, shape, values, dtype);
 }
 
 class TempDirectory {
@@ -196,13 +205,32 @@ void write_peft_adapter(const CheckpointReader& ckpt, const ParamLayout& layout,
                         const HfExportOptions& options, const fs::path& dir,
                         const fs::path& source) {
   const ModelConfig& config = ckpt.info().model;
+  // The experts' adapters go out fused, as PEFT holds transformers' fused experts.
+  const std::vector<PeftExpertTensor> fused = peft_expert_adapters(config);
+  std::set<std::string> per_expert;
+  for (const auto& t : fused) per_expert.insert(t.sources.begin(), t.sources.end());
   std::vector<ExportTensor> tensors;
   for (const auto& [name, shape] : ckpt.tensors()) {
-    if (layout.units[static_cast<size_t>(layout.find(name).first)].trainable) {
+    if (layout.units[static_cast<size_t>(layout.find(name).first)].trainable && !per_expert.count(name)) {
       tensors.push_back(read_tensor(ckpt, *layout.find(name).second, options.dtype));
       tensors.back().name = "base_model.model." + name;
     }
   }
+  for (const auto& t : fused) {
+    std::vector<std::vector<float>> experts;
+    for (const auto& source : t.sources) {
+      const ExportTensor e = read_tensor(ckpt, *layout.find(source).second, DType::fp32);
+      experts.emplace_back(e.bytes.size() / sizeof(float));
+      std::memcpy(experts.back().data(), e.bytes.data(), e.bytes.size());
+    }
+    std::vector<float> values;
+    fuse_expert_adapter(t, experts, values);
+    tensors.push_back(export_tensor(t.name, t.shape, values, options.dtype));
+  }
+  // PEFT's target_modules are modules; the experts are its target_parameters.
+  std::vector<std::string> modules;
+  for (const auto& target : config.lora.targets)
+    if (target.rfind("experts.", 0) != 0) modules.push_back(target);
   write_weights(dir, tensors, options.dtype, std::numeric_limits<int64_t>::max(),
                 "adapter_model.safetensors");
   const nlohmann::json adapter = {{"peft_type", "LORA"},
@@ -211,7 +239,7 @@ void write_peft_adapter(const CheckpointReader& ckpt, const ParamLayout& layout,
                                   {"r", config.lora.rank},
                                   {"lora_alpha", config.lora.alpha},
                                   {"lora_dropout", 0.0},
-                                  {"target_modules", config.lora.targets},
+                                  {"target_modules", modules},
                                   {"bias", "none"},
                                   {"fan_in_fan_out", false},
                                   {"use_rslora", false},
@@ -219,7 +247,10 @@ void write_peft_adapter(const CheckpointReader& ckpt, const ParamLayout& layout,
                                   {"init_lora_weights", true},
                                   {"inference_mode", true},
                                   {"modules_to_save", nullptr}};
-  write_file_atomic((dir / "adapter_config.json").string(), adapter.dump(2) + "\n");
+  nlohmann::json with_parameters = adapter;
+  const std::vector<std::string> parameters = peft_target_parameters(config);
+  if (!parameters.empty()) with_parameters["target_parameters"] = parameters;
+  write_file_atomic((dir / "adapter_config.json").string(), with_parameters.dump(2) + "\n");
 }
 
 void write_export(const CheckpointReader& checkpoint, const HfExportOptions& options,
@@ -300,6 +331,10 @@ void export_hugging_face(const CheckpointReader& checkpoint, const HfExportOptio
                                                         : "adapter-only",
                 checkpoint.dir());
   SHARDLM_CHECK(options.max_shard_bytes > 0, "--max-shard-size must be positive");
+  SHARDLM_CHECK(options.lora != LoraExport::merge || !llama_expert_lora(checkpoint.info().model),
+                "--merge-lora: checkpoint '{}' adapts the experts (experts.gate_up_proj, "
+                "experts.down_proj), which shardlm does not merge yet (export the PEFT adapter, the "
+                "default, or --base-only)", checkpoint.dir());
   // The export must not write into the checkpoint it reads (it would change a committed one).
   const fs::path checkpoint_dir = fs::weakly_canonical(checkpoint.dir());
   const fs::path out_resolved = fs::weakly_canonical(fs::absolute(out));

@@ -41,9 +41,9 @@ LoraConfig lora_config(const TrainOptions& o, const std::string& family) {
   lora.alpha = o.lora_alpha;
   if (o.lora_targets == "all-linear") {
     // Every linear layer of the decoder (PEFT's "all-linear" leaves the LM head out too).
-    // transformers 5 holds a mixture of experts' experts as fused parameters and its
-    // routers as parameters, not nn.Linear modules, so PEFT's all-linear adapts their
-    // attention (and the dense MLPs of mlp_only_layers, which shardlm cannot adapt yet).
+    // Of a mixture of experts, the attention: PEFT 0.21's all-linear adds family-specific
+    // choices there (routers, experts at rank 2 r, shared experts; docs/models.md), so
+    // the experts are named explicitly (experts.gate_up_proj, experts.down_proj).
     if (family == "qwen3_moe" || family == "qwen2_moe" || family == "mixtral")
       lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
     else if (family != "gpt2")

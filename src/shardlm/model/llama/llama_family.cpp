@@ -7,6 +7,7 @@
 #include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/llama/llama_model.hpp"
 #include "shardlm/model/moe/moe_config.hpp"
+#include "shardlm/model/moe/moe_expert_lora.hpp"
 #include "shardlm/model/moe/moe_names.hpp"
 
 namespace shardlm {
@@ -78,11 +79,14 @@ class LlamaFamily final : public ModelFamily {
       SHARDLM_CHECK(!c.moe.enabled(), "{} is a dense family: experts are qwen3_moe's, qwen2_moe's and mixtral's",
                     name_);
     }
+    std::vector<std::string> modules = llama_lora_modules();
+    if (is_moe(variant_))
+      modules.insert(modules.end(), moe_expert_lora_modules().begin(), moe_expert_lora_modules().end());
     for (const auto& target : c.lora.targets) {
       bool known = false;
-      for (const auto& m : llama_lora_modules()) known = known || m == target;
+      for (const auto& m : modules) known = known || m == target;
       std::string list;
-      for (const auto& m : llama_lora_modules()) list += (list.empty() ? "" : ", ") + m;
+      for (const auto& m : modules) list += (list.empty() ? "" : ", ") + m;
       SHARDLM_CHECK(known, "--lora-targets: '{}' is not a linear layer of a {} model (expected "
                     "all-linear or some of: {})", target, name_, list);
     }
@@ -174,7 +178,7 @@ class LlamaFamily final : public ModelFamily {
     embeddings.add("model.embed_tokens.weight", {V, C}, ParamInit::normal, std).valid_rows = c.vocab_size;
     units.push_back(embeddings.finish());
     for (int l = 0; l < c.n_layer; ++l) {
-      if (c.lora.enabled()) units.push_back(adapter_unit(c, l));
+      if (llama_layer_adapters(c)) units.push_back(adapter_unit(c, l));
       UnitBuilder b("layers." + std::to_string(l), base_trains);
       auto name = [&](const char* suffix) { return llama_param_name(l, suffix); };
       b.add(name("input_layernorm.weight"), {C}, ParamInit::ones);
@@ -219,6 +223,7 @@ class LlamaFamily final : public ModelFamily {
         units.push_back(b.finish());
         const int64_t Ie = c.moe.expert_intermediate_size;
         for (int e = 0; e < c.moe.num_experts; ++e) {
+          if (llama_expert_lora(c)) units.push_back(expert_adapter_unit(c, l, e));
           UnitBuilder expert("layers." + std::to_string(l) + ".experts." + std::to_string(e), base_trains);
           const MoeNames::Expert n = moe.expert(l, e);
           expert.add(n.gate, {Ie, C}, ParamInit::normal, std);
@@ -253,8 +258,10 @@ class LlamaFamily final : public ModelFamily {
       const LlamaUnitRole& role = roles[static_cast<size_t>(u)];
       if (role.kind == LlamaUnitRole::Kind::final && c.tie_embeddings) {
         needs.push_back({0, u});
-      } else if (role.kind == LlamaUnitRole::Kind::layer && c.lora.enabled()) {
+      } else if (role.kind == LlamaUnitRole::Kind::layer && llama_layer_adapters(c)) {
         needs.push_back({llama_adapter_unit(c, role.layer), u});
+      } else if (role.kind == LlamaUnitRole::Kind::expert && llama_expert_lora(c)) {
+        needs.push_back({llama_expert_adapter_unit(c, role.layer, role.expert), u});
       } else {
         needs.push_back({u});
       }
@@ -283,7 +290,13 @@ class LlamaFamily final : public ModelFamily {
     double adapter_params = 0;
     for (const auto& g : llama_lora_groups(c))
       for (const auto& t : g.targets) adapter_params += c.lora.rank * static_cast<double>(g.in + t.out);
-    return 4.0 * matmul_params + 6.0 * c.n_layer * adapter_params + attention;
+    // The experts' adapters see the top_k experts' tokens: top_k pairs per token.
+    double expert_adapter_params = 0;
+    const double Ie = c.moe.expert_intermediate_size;
+    if (c.lora.targets_module("experts.gate_up_proj")) expert_adapter_params += c.lora.rank * (C + 2 * Ie);
+    if (c.lora.targets_module("experts.down_proj")) expert_adapter_params += c.lora.rank * (Ie + C);
+    return 4.0 * matmul_params + 6.0 * c.n_layer * adapter_params +
+           6.0 * sparse * c.moe.top_k * expert_adapter_params + attention;
   }
 
   std::unique_ptr<Model> make_model(const ModelConfig& config, const ParamLayout& layout,
@@ -475,6 +488,26 @@ class LlamaFamily final : public ModelFamily {
       for (const auto& t : g.targets) b.add(lora_b_name(l, t), {t.out, r}, ParamInit::zeros);
     }
     return b.finish();
+  }
+
+  // Expert e of sparse layer l's adapters (llama_lora.hpp): gate_up_proj's A, B, then
+  // down_proj's, as targeted; placed and partitioned with the expert.
+  static UnitLayout expert_adapter_unit(const ModelConfig& c, int l, int e) {
+    UnitBuilder b("layers." + std::to_string(l) + ".experts." + std::to_string(e) + ".lora",
+                  /*trainable=*/true);
+    const int64_t r = c.lora.rank, C = c.n_embd, Ie = c.moe.expert_intermediate_size;
+    auto pair = [&](const char* projection, int64_t in, int64_t out) {
+      b.add(expert_lora_name(l, e, projection, 'A'), {r, in}, ParamInit::uniform,
+            1.0f / std::sqrt(static_cast<float>(in)));
+      b.add(expert_lora_name(l, e, projection, 'B'), {out, r}, ParamInit::zeros);
+    };
+    if (c.lora.targets_module("experts.gate_up_proj")) pair("gate_up_proj", C, 2 * Ie);
+    if (c.lora.targets_module("experts.down_proj")) pair("down_proj", Ie, C);
+    UnitLayout u = b.finish();
+    u.token_fraction = static_cast<double>(c.moe.top_k) / c.moe.num_experts;
+    u.expert = e;
+    u.experts = c.moe.num_experts;
+    return u;
   }
 
   LlamaVariant variant_;

@@ -12,6 +12,22 @@ const std::vector<std::string>& llama_lora_modules() {
   return modules;
 }
 
+const std::vector<std::string>& moe_expert_lora_modules() {
+  static const std::vector<std::string> modules = {"experts.gate_up_proj", "experts.down_proj"};
+  return modules;
+}
+
+bool llama_expert_lora(const ModelConfig& c) {
+  if (!c.lora.enabled() || !c.moe.enabled()) return false;
+  for (const auto& m : moe_expert_lora_modules())
+    if (c.lora.targets_module(m)) return true;
+  return false;
+}
+
+bool llama_layer_adapters(const ModelConfig& c) {
+  return c.lora.enabled() && !llama_lora_groups(c).empty();
+}
+
 std::vector<LoraGroup> llama_lora_groups(const ModelConfig& c, int tensor_size) {
   const int64_t C = c.n_embd, hd = c.head_dim(), Q = c.n_head / tensor_size * hd;
   const int64_t KV = tensor_local_kv_heads(c, tensor_size) * hd;
@@ -44,9 +60,13 @@ std::string lora_b_name(int layer, const LoraTarget& t) {
 
 namespace {
 
+// Model units per expert: itself, after its adapters when LoRA adapts the experts.
+int units_per_expert(const ModelConfig& c) { return llama_expert_lora(c) ? 2 : 1; }
+
 // Model units of layer l: its adapters (LoRA), itself, its experts (sparse layers).
 int units_of_layer(const ModelConfig& c, int layer) {
-  return (c.lora.enabled() ? 1 : 0) + 1 + (c.moe.sparse_layer(layer) ? c.moe.num_experts : 0);
+  return (llama_layer_adapters(c) ? 1 : 0) + 1 +
+         (c.moe.sparse_layer(layer) ? c.moe.num_experts * units_per_expert(c) : 0);
 }
 
 int first_unit_of_layer(const ModelConfig& c, int layer) {
@@ -61,26 +81,34 @@ int first_unit_of_layer(const ModelConfig& c, int layer) {
 int llama_num_units(const ModelConfig& c) { return first_unit_of_layer(c, c.n_layer) + 1; }
 
 int llama_adapter_unit(const ModelConfig& c, int layer) {
-  return c.lora.enabled() ? first_unit_of_layer(c, layer) : -1;
+  return llama_layer_adapters(c) ? first_unit_of_layer(c, layer) : -1;
 }
 
 int llama_layer_unit(const ModelConfig& c, int layer) {
-  return first_unit_of_layer(c, layer) + (c.lora.enabled() ? 1 : 0);
+  return first_unit_of_layer(c, layer) + (llama_layer_adapters(c) ? 1 : 0);
 }
 
 int llama_expert_unit(const ModelConfig& c, int layer, int expert) {
   SHARDLM_CHECK(c.moe.sparse_layer(layer) && expert >= 0 && expert < c.moe.num_experts,
                 "model: layer {} has no expert {}", layer, expert);
-  return llama_layer_unit(c, layer) + 1 + expert;
+  return llama_layer_unit(c, layer) + (expert + 1) * units_per_expert(c);
+}
+
+int llama_expert_adapter_unit(const ModelConfig& c, int layer, int expert) {
+  SHARDLM_CHECK(llama_expert_lora(c), "model: the experts of layer {} have no adapters", layer);
+  return llama_expert_unit(c, layer, expert) - 1;
 }
 
 std::vector<LlamaUnitRole> llama_unit_roles(const ModelConfig& c) {
   std::vector<LlamaUnitRole> roles = {{LlamaUnitRole::Kind::embeddings, -1}};
   for (int l = 0; l < c.n_layer; ++l) {
-    if (c.lora.enabled()) roles.push_back({LlamaUnitRole::Kind::adapters, l});
+    if (llama_layer_adapters(c)) roles.push_back({LlamaUnitRole::Kind::adapters, l});
     roles.push_back({LlamaUnitRole::Kind::layer, l});
     if (c.moe.sparse_layer(l))
-      for (int e = 0; e < c.moe.num_experts; ++e) roles.push_back({LlamaUnitRole::Kind::expert, l, e});
+      for (int e = 0; e < c.moe.num_experts; ++e) {
+        if (llama_expert_lora(c)) roles.push_back({LlamaUnitRole::Kind::expert_adapters, l, e});
+        roles.push_back({LlamaUnitRole::Kind::expert, l, e});
+      }
   }
   roles.push_back({LlamaUnitRole::Kind::final, -1});
   return roles;
@@ -92,7 +120,7 @@ LlamaUnitRole llama_unit_role(const ModelConfig& c, int unit) {
   if (unit == 0) return {LlamaUnitRole::Kind::embeddings, -1};
   if (unit == n - 1) return {LlamaUnitRole::Kind::final, -1};
   if (!c.moe.enabled()) {
-    if (!c.lora.enabled()) return {LlamaUnitRole::Kind::layer, unit - 1};
+    if (!llama_layer_adapters(c)) return {LlamaUnitRole::Kind::layer, unit - 1};
     return {unit % 2 == 1 ? LlamaUnitRole::Kind::adapters : LlamaUnitRole::Kind::layer, (unit - 1) / 2};
   }
   return llama_unit_roles(c)[static_cast<size_t>(unit)];

@@ -15,6 +15,16 @@
 //   down     down_proj                input silu(g)u [N, I] output [N, C]
 // The targeted modules' A matrices of a group are packed back to back ([n r, in], one
 // GEMM gives every target's x A^T); each B [out, r] adds into its columns of the output.
+//
+// Mixture-of-experts models: LoRA on the routed experts as PEFT 0.21 adapts transformers
+// 5's fused expert parameters (`target_parameters`, lora.ParamWrapper): targets
+// `experts.gate_up_proj` and `experts.down_proj`. Each expert e gets its own pair
+//   gate_up_proj  A_e [r, C] (one A for gate and up), B_e [2 I, r]: g|u += s (x A_e^T) B_e^T
+//   down_proj     A_e [r, I],                          B_e [C, r]: y   += s (a A_e^T) B_e^T
+// with s = alpha / r, in an adapter unit of its own right before the expert's unit
+// (model/moe/moe_expert_lora.hpp), so that it is gathered, reduced and placed with it:
+//   [..., layer l, (expert adapters l.0), expert l.0, (expert adapters l.1), expert l.1, ...]
+// Export fuses them into PEFT's tensors (moe_expert_lora.hpp: peft_expert_adapters).
 #pragma once
 
 #include <string>
@@ -40,6 +50,13 @@ struct LoraGroup {
 
 // Every module name LoRA can target in these families, in layer order.
 const std::vector<std::string>& llama_lora_modules();
+// The mixture-of-experts families' expert targets: experts.gate_up_proj, experts.down_proj.
+const std::vector<std::string>& moe_expert_lora_modules();
+// Whether the run adapts the routed experts (and so has expert adapter units).
+bool llama_expert_lora(const ModelConfig& config);
+// Whether every layer has an adapter unit: LoRA on attention or MLP modules (a run
+// that adapts only the experts has none).
+bool llama_layer_adapters(const ModelConfig& config);
 
 // The layer's groups with their targeted modules (groups without a target omitted), as
 // one of `tensor_size` tensor ranks computes them (model/tensor_parallel/tensor_layout.hpp):
@@ -56,9 +73,9 @@ std::string lora_b_name(int layer, const LoraTarget& t);
 // is gathered, reduced and (later) placed on an expert-parallel rank on its own:
 //   [embed, (adapters 0), layer 0, (expert 0.0, ..., expert 0.E-1), ..., final]
 struct LlamaUnitRole {
-  enum class Kind { embeddings, adapters, layer, expert, final } kind;
+  enum class Kind { embeddings, adapters, layer, expert_adapters, expert, final } kind;
   int layer = -1;
-  int expert = -1;  // Kind::expert only
+  int expert = -1;  // Kind::expert and Kind::expert_adapters only
 };
 LlamaUnitRole llama_unit_role(const ModelConfig& config, int unit);
 // Every model unit's role, in step order.
@@ -69,5 +86,7 @@ int llama_num_units(const ModelConfig& config);
 int llama_adapter_unit(const ModelConfig& config, int layer);
 int llama_layer_unit(const ModelConfig& config, int layer);
 int llama_expert_unit(const ModelConfig& config, int layer, int expert);
+// The model unit of expert e's adapters (llama_expert_lora only).
+int llama_expert_adapter_unit(const ModelConfig& config, int layer, int expert);
 
 }  // namespace shardlm

@@ -35,6 +35,12 @@ struct LayerOffsets {
   std::vector<std::pair<int64_t, int64_t>> experts;
   // qwen2_moe's shared expert (in the layer's unit): gate_proj|up_proj, down_proj, its gate.
   int64_t shared_gu = -1, shared_down = -1, shared_gate = -1;
+  // LoRA on the experts: per expert its A and B of gate_up_proj and down_proj in the
+  // expert's adapter unit (-1: not targeted).
+  struct ExpertAdapterOffsets {
+    int64_t gate_up_a = -1, gate_up_b = -1, down_a = -1, down_b = -1;
+  };
+  std::vector<ExpertAdapterOffsets> expert_adapters;
 };
 
 // What a layer's backward reads, saved by its forward (one set per layer, or one shared
@@ -201,8 +207,15 @@ struct LlamaModel::Impl {
     return nf4 ? base_weight_elements() * static_cast<int64_t>(dtype_bytes(rounding_weight_type())) : 0;
   }
   DType rounding_weight_type() const { return compute == DType::fp16 ? DType::fp32 : compute; }
+  // An expert's adapters' elements (they follow its weights in the weight scratch).
+  int64_t expert_adapter_elements() const {
+    if (!llama_expert_lora(config)) return 0;
+    const int64_t r = config.lora.rank, Ie = config.moe.expert_intermediate_size;
+    return (config.lora.targets_module("experts.gate_up_proj") ? r * (C + 2 * Ie) : 0) +
+           (config.lora.targets_module("experts.down_proj") ? r * (Ie + C) : 0);
+  }
   int64_t weight_scratch_elements() const {
-    const int64_t expert = moe ? moe->expert_weight_elements() : 0;
+    const int64_t expert = moe ? moe->expert_weight_elements() + expert_adapter_elements() : 0;
     // (Every tensor rank sizes it for its whole share of rows: the same on each.)
     const int64_t head = vocab_parallel() ? vocab.rows : V;
     return std::max<int64_t>({layer_weight_elements(), head * C, expert});
@@ -216,7 +229,10 @@ struct LlamaModel::Impl {
   void carve_activations(ArenaCarver& carver, int64_t n);
   std::vector<int> needed_units(int unit) const;
   LayerWeights layer_weights(int l, ConstTypedPtr p) const;
-  ExpertWeights expert_weights(int l, int e, ConstTypedPtr p) const;
+  // Expert e's weights from its unit's parameters p, with its adapters (LoRA on the
+  // experts) from params and their gradients into grads (empty: none computed).
+  ExpertWeights expert_weights(int l, int e, ConstTypedPtr p, ParamPointers params = {},
+                               UnitPointers grads = {}) const;
   bool sparse(int l) const { return config.moe.sparse_layer(l); }
   // The dense MLP's backward or a sparse layer's router's, ending with the gradient
   // through the post-attention norm into dres.
@@ -273,11 +289,13 @@ struct LlamaModel::Impl {
   // Whether this rank holds (and computes) the unit: all but the experts held elsewhere
   // under expert parallelism.
   bool holds(const LlamaUnitRole& r) const {
-    return r.kind != LlamaUnitRole::Kind::expert || moe->holds(r.expert);
+    return (r.kind != LlamaUnitRole::Kind::expert && r.kind != LlamaUnitRole::Kind::expert_adapters) ||
+           moe->holds(r.expert);
   }
-  void expert_forward(const LlamaUnitRole& r, ConstTypedPtr p) {
+  void expert_forward(const LlamaUnitRole& r, ParamPointers params) {
+    const ConstTypedPtr p = params[llama_expert_unit(config, r.layer, r.expert)];
     moe->expert_forward(r.layer, r.expert, *be, options.row_by_row_gemm, expert_input(r.layer),
-                        holds(r) ? expert_weights(r.layer, r.expert, p) : ExpertWeights{},
+                        holds(r) ? expert_weights(r.layer, r.expert, p, params) : ExpertWeights{},
                         residual[static_cast<size_t>(r.layer) + 1]);
   }
 };
@@ -459,6 +477,22 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
         SHARDLM_ASSERT(layout.offset_in_model_unit(eu, names.up) ==
                        gu + config.moe.expert_intermediate_size * m.C);
         o.experts.emplace_back(gu, layout.offset_in_model_unit(eu, names.down));
+        if (llama_expert_lora(config)) {
+          const int au = llama_expert_adapter_unit(config, l, e);
+          LayerOffsets::ExpertAdapterOffsets a;
+          auto at = [&](const char* projection, char matrix) {
+            return layout.offset_in_model_unit(au, expert_lora_name(l, e, projection, matrix));
+          };
+          if (config.lora.targets_module("experts.gate_up_proj")) {
+            a.gate_up_a = at("gate_up_proj", 'A');
+            a.gate_up_b = at("gate_up_proj", 'B');
+          }
+          if (config.lora.targets_module("experts.down_proj")) {
+            a.down_a = at("down_proj", 'A');
+            a.down_b = at("down_proj", 'B');
+          }
+          o.expert_adapters.push_back(a);
+        }
       }
       if (m.shared_expert) {
         o.shared_gu = off("mlp.shared_expert.gate_proj.weight");
@@ -473,7 +507,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
       o.down_w = off("mlp.down_proj.weight");
     }
     m.offsets.push_back(o);
-    if (config.lora.enabled()) {
+    if (llama_layer_adapters(config)) {
       const int adapters = llama_adapter_unit(config, l);
       std::vector<std::pair<int64_t, std::vector<int64_t>>> groups;
       for (const auto& g : m.lora_groups) {
@@ -609,12 +643,36 @@ LayerWeights LlamaModel::Impl::layer_weights(int l, ConstTypedPtr p) const {
   return w;
 }
 
-ExpertWeights LlamaModel::Impl::expert_weights(int l, int e, ConstTypedPtr p) const {
-  const auto [gu, down] = offsets[static_cast<size_t>(l)].experts[static_cast<size_t>(e)];
+ExpertWeights LlamaModel::Impl::expert_weights(int l, int e, ConstTypedPtr p, ParamPointers params,
+                                              UnitPointers grads) const {
+  const LayerOffsets& o = offsets[static_cast<size_t>(l)];
+  const auto [gu, down] = o.experts[static_cast<size_t>(e)];
   const int64_t count = moe->expert_weight_elements() / 3;
   ExpertWeights w;
   w.gate_up = rounding->gemm_weight(p.at(gu), 0, 2 * count);
   w.down = rounding->gemm_weight(p.at(down), 2 * count, count);
+  if (o.expert_adapters.empty()) return w;
+  // The adapters' converted copies follow the expert's weights in the weight scratch.
+  const int unit = llama_expert_adapter_unit(config, l, e);
+  const ConstTypedPtr a = params[unit];
+  float* g = grads.empty() ? nullptr : grads[unit];
+  const LayerOffsets::ExpertAdapterOffsets& ao = o.expert_adapters[static_cast<size_t>(e)];
+  const int64_t r = config.lora.rank, Ie = config.moe.expert_intermediate_size;
+  int64_t at = 3 * count;
+  auto factor = [&](int64_t a_off, int64_t b_off, int64_t in, int64_t out) {
+    ExpertLoraFactor f;
+    f.a = rounding->gemm_weight(a.at(a_off), at, r * in);
+    at += r * in;
+    f.b = rounding->gemm_weight(a.at(b_off), at, out * r);
+    at += out * r;
+    if (g != nullptr) {
+      f.grad_a = g + a_off;
+      f.grad_b = g + b_off;
+    }
+    return f;
+  };
+  if (ao.gate_up_a >= 0) w.lora.gate_up = factor(ao.gate_up_a, ao.gate_up_b, C, 2 * Ie);
+  if (ao.down_a >= 0) w.lora.down = factor(ao.down_a, ao.down_b, Ie, C);
   return w;
 }
 
@@ -666,7 +724,7 @@ static int group_index(const std::vector<LoraGroup>& groups, LoraGroup::Input in
 LayerAdapters LlamaModel::Impl::layer_adapters(int l, ParamPointers params,
                                                UnitPointers grads) const {
   LayerAdapters ad;
-  if (!config.lora.enabled()) return ad;
+  if (!llama_layer_adapters(config)) return ad;
   const int unit = llama_adapter_unit(config, l);
   const ConstTypedPtr p = params[unit];
   float* g = grads.empty() ? nullptr : grads[unit];
@@ -992,9 +1050,10 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
   m.state.check_forward(unit, batch);
   switch (role.kind) {
     case LlamaUnitRole::Kind::adapters:
-      return;  // read by its layer
+    case LlamaUnitRole::Kind::expert_adapters:
+      return;  // read by its layer or expert
     case LlamaUnitRole::Kind::expert:
-      m.expert_forward(role, params[unit]);
+      m.expert_forward(role, params);
       return;
     case LlamaUnitRole::Kind::layer: {
       const ConstTypedPtr p = params[unit];
@@ -1016,7 +1075,8 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
   const LlamaUnitRole role = m.role(unit);
   const bool base_trains = !m.config.lora.enabled();
   // A frozen unit has no gradient buffer; a trainable one must have one.
-  if ((base_trains && m.holds(role)) || role.kind == LlamaUnitRole::Kind::adapters)
+  if ((base_trains && m.holds(role)) || role.kind == LlamaUnitRole::Kind::adapters ||
+      (role.kind == LlamaUnitRole::Kind::expert_adapters && m.holds(role)))
     check_grad_pointer(grads, m.num_units, unit);
   float* g = base_trains ? grads[unit] : nullptr;
   const int64_t n = m.N();
@@ -1032,7 +1092,8 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
       return;
     }
     case LlamaUnitRole::Kind::layer: {
-      if (!base_trains) check_grad_pointer(grads, m.num_units, llama_adapter_unit(m.config, role.layer));
+      if (llama_layer_adapters(m.config))
+        check_grad_pointer(grads, m.num_units, llama_adapter_unit(m.config, role.layer));
       // One conversion serves the recompute and the backward.
       const LayerVectors v = m.layer_vectors(role.layer, p);
       const LayerWeights w = m.layer_weights(role.layer, p);
@@ -1044,7 +1105,9 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
     }
     case LlamaUnitRole::Kind::expert: {
       const bool held = m.holds(role);
-      const ExpertWeights w = held ? m.expert_weights(role.layer, role.expert, p) : ExpertWeights{};
+      if (held && llama_expert_lora(m.config))
+        check_grad_pointer(grads, m.num_units, llama_expert_adapter_unit(m.config, role.layer, role.expert));
+      const ExpertWeights w = held ? m.expert_weights(role.layer, role.expert, p, params, grads) : ExpertWeights{};
       if (!held) g = nullptr;
       const auto [gu, down] = m.offsets[static_cast<size_t>(role.layer)].experts[static_cast<size_t>(role.expert)];
       m.moe->expert_backward(role.layer, role.expert, *m.be, *m.rounding, m.expert_input(role.layer), w,
@@ -1052,7 +1115,8 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
       return;
     }
     case LlamaUnitRole::Kind::adapters:
-      return;  // its gradients came from its layer's backward
+    case LlamaUnitRole::Kind::expert_adapters:
+      return;  // its gradients came from its layer's (expert's) backward
     case LlamaUnitRole::Kind::embeddings:
       if (g == nullptr) return;
       if (m.vocab_parallel())
@@ -1093,11 +1157,12 @@ void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& ca
       return;
     }
     case LlamaUnitRole::Kind::adapters:
+    case LlamaUnitRole::Kind::expert_adapters:
       m.state.check_forward(unit, batch);
-      return;  // read by its layer
+      return;  // read by its layer or expert
     case LlamaUnitRole::Kind::expert:
       m.state.check_forward(unit, batch);
-      m.expert_forward(role, params[unit]);
+      m.expert_forward(role, params);
       return;
     case LlamaUnitRole::Kind::layer: {
       m.state.check_forward(unit, batch);

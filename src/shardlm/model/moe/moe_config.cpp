@@ -30,11 +30,17 @@ void validate_moe(const ModelConfig& c, const std::string& family) {
   else
     SHARDLM_CHECK(!m.has_shared_expert(), "{}: a shared expert (shared_expert_intermediate_size "
                   "{}) is qwen2_moe's; {} has none", family, m.shared_expert_intermediate_size, family);
+  // The routed experts take PEFT's target_parameters names (model/llama/llama_lora.hpp).
+  // The dense MLP's and the shared expert's gate_proj/up_proj/down_proj are not adapted
+  // yet; PEFT 0.21 maps those names to the fused experts of qwen3_moe and mixtral anyway.
   for (const auto& target : c.lora.targets)
-    SHARDLM_CHECK(target == "q_proj" || target == "k_proj" || target == "v_proj" || target == "o_proj",
-                  "--lora-targets: '{}' in a {} model: LoRA on the MLP and expert projections of "
-                  "mixture-of-experts models is not supported yet (expected some of q_proj, "
-                  "k_proj, v_proj, o_proj)", target, family);
+    SHARDLM_CHECK(target == "q_proj" || target == "k_proj" || target == "v_proj" ||
+                      target == "o_proj" || target == "experts.gate_up_proj" ||
+                      target == "experts.down_proj",
+                  "--lora-targets: '{}' in a {} model: LoRA on the dense MLP and shared-expert "
+                  "projections of mixture-of-experts models is not supported yet (expected some "
+                  "of q_proj, k_proj, v_proj, o_proj, experts.gate_up_proj, experts.down_proj)",
+                  target, family);
   SHARDLM_CHECK(c.quantize_base == BaseQuant::none,
                 "--quantize-base {}: QLoRA of mixture-of-experts models is not supported yet",
                 base_quant_name(c.quantize_base));

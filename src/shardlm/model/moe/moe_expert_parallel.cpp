@@ -121,9 +121,14 @@ void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row
       float* gu_f = compute_ == DType::fp32 ? gate_up.f32() : gu_f_;
       forward_gemm(be, row_by_row, true, m, 2 * i1, c, 1.0f, r.received_h2.at(b * C_), c,
                    w.gate_up, c, 0.0f, gu_f, 2 * i1);
+      if (w.lora.gate_up.targeted())
+        lora_->forward(be, row_by_row, w.lora.gate_up, m, c, 2 * i1, r.received_h2.at(b * C_), gu_f,
+                       2 * i1);
       be.swiglu_forward(act, gate_up, gu_f, rows, i1);
       forward_gemm(be, row_by_row, true, m, c, i1, 1.0f, act, i1, w.down, i1, 0.0f,
                    ep_rows_ + b * C_, c);
+      if (w.lora.down.targeted())
+        lora_->forward(be, row_by_row, w.lora.down, m, i1, c, act, ep_rows_ + b * C_, c);
     }
   }
   if (e != E_ - 1) return;
@@ -180,6 +185,7 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
       if (!meta_) std::copy_n(ep_dy_ + b * C_, rows * C_, out_);
       const ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
       be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
+      if (w.lora.down.targeted()) lora_->input_gradient(be, w.lora.down, m, i1, c, dy_e, g_);
       if (!meta_) {
         float* act_f = dgu_;  // act as fp32, before dgu_ is written
         be.convert_rows(act_f, I_, act, I_, rows, I_);
@@ -192,17 +198,22 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
           for (int64_t x = 0; x < C_; ++x) out_[i * C_ + x] *= weight;
         }
       }
-      if (grad_down != nullptr) {
+      if (grad_down != nullptr || w.lora.down.targeted()) {
         const ConstTypedPtr dyw = rounding.for_gemm(out_, out_c_, rows * C_);
-        be.gemm(true, false, c, i1, m, 1.0f, dyw, c, act, i1, 1.0f, grad_down, i1);
+        if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dyw, c, act, i1, 1.0f, grad_down, i1);
+        if (w.lora.down.targeted()) lora_->weight_gradients(be, w.lora.down, m, i1, c, act, dyw);
       }
       be.swiglu_backward(dgu_, g_, gate_up, rows, i1);
       const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, rows * 2 * I_);
+      const ConstTypedPtr x = r.received_h2.at(b * C_);
       if (grad_gate_up != nullptr)
-        be.gemm(true, false, 2 * i1, c, m, 1.0f, dgu, 2 * i1, r.received_h2.at(b * C_), c, 1.0f,
-                grad_gate_up, c);
+        be.gemm(true, false, 2 * i1, c, m, 1.0f, dgu, 2 * i1, x, c, 1.0f, grad_gate_up, c);
       be.gemm(false, false, m, c, 2 * i1, 1.0f, dgu, 2 * i1, w.gate_up, c, 0.0f, ep_rows_ + b * C_,
               c);
+      if (w.lora.gate_up.targeted()) {
+        lora_->weight_gradients(be, w.lora.gate_up, m, c, 2 * i1, x, dgu);
+        lora_->input_gradient(be, w.lora.gate_up, m, c, 2 * i1, dgu, ep_rows_ + b * C_);
+      }
     }
   }
   if (e != 0) return;

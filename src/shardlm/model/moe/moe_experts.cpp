@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/llama/llama_lora.hpp"
 
 namespace shardlm {
 
@@ -24,6 +25,7 @@ MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool reco
   }
   layers_.resize(static_cast<size_t>(sparse));
   stats_.reset(E_);
+  if (llama_expert_lora(c)) lora_ = std::make_unique<ExpertLora>(c.lora.rank, c.lora.scale(), compute);
   local_experts_ = E_;
   if (expert_group != nullptr && expert_group->size() > 1) {
     const int P = expert_group->size();
@@ -74,6 +76,7 @@ void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
   carver.request(&dh2_, n * C_);
   carver.request(&dtop_, nk);
   carver.request(&dlogits_, n * E_);
+  if (lora_) lora_->carve(carver, n);
   if (parallel()) ep_carve(carver, n);
 }
 
@@ -116,6 +119,8 @@ void MoeExperts::expert_activations(LayerRouting& r, int64_t begin, int64_t rows
   const TypedPtr act = (recompute_ ? shared_act_ : r.act).at(at * I_);
   float* gu_f = compute_ == DType::fp32 ? gate_up.f32() : gu_f_;
   forward_gemm(be, row_by_row, true, m, 2 * i1, c, 1.0f, xe_, c, w.gate_up, c, 0.0f, gu_f, 2 * i1);
+  if (w.lora.gate_up.targeted())
+    lora_->forward(be, row_by_row, w.lora.gate_up, m, c, 2 * i1, xe_, gu_f, 2 * i1);
   be.swiglu_forward(act, gate_up, gu_f, rows, i1);
 }
 
@@ -137,6 +142,7 @@ void MoeExperts::expert_forward(int l, int e, Backend& be, bool row_by_row, Cons
   expert_activations(r, begin, rows, be, row_by_row, h2, w);
   const TypedPtr act = (recompute_ ? shared_act_ : r.act).at(activation_row(begin) * I_);
   forward_gemm(be, row_by_row, true, m, c, i1, 1.0f, act, i1, w.down, i1, 0.0f, out_, c);
+  if (w.lora.down.targeted()) lora_->forward(be, row_by_row, w.lora.down, m, i1, c, act, out_, c);
   if (meta_) return;
   for (int64_t i = 0; i < rows; ++i) {
     const float weight = r.routing.top_weight[static_cast<int64_t>(tokens[i]) * k_ + r.routing.slot[begin + i]];
@@ -178,6 +184,7 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
     std::copy_n(dy + static_cast<int64_t>(tokens[i]) * C_, C_, out_ + i * C_);
   ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
   be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
+  if (w.lora.down.targeted()) lora_->input_gradient(be, w.lora.down, m, i1, c, dy_e, g_);
   float* act_f = dgu_;  // act as fp32, before dgu_ is written
   be.convert_rows(act_f, I_, act, I_, rows, I_);
   for (int64_t i = 0; i < rows; ++i) {
@@ -187,17 +194,21 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
     for (int64_t j = 0; j < I_; ++j) g_[i * I_ + j] *= weight[static_cast<size_t>(i)];
     for (int64_t j = 0; j < C_; ++j) out_[i * C_ + j] *= weight[static_cast<size_t>(i)];
   }
-  if (grad_down != nullptr) {
+  if (grad_down != nullptr || w.lora.down.targeted()) {
     const ConstTypedPtr dyw = rounding.for_gemm(out_, out_c_, rows * C_);
-    be.gemm(true, false, c, i1, m, 1.0f, dyw, c, act, i1, 1.0f, grad_down, i1);
+    if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dyw, c, act, i1, 1.0f, grad_down, i1);
+    if (w.lora.down.targeted()) lora_->weight_gradients(be, w.lora.down, m, i1, c, act, dyw);
   }
   be.swiglu_backward(dgu_, g_, gate_up, rows, i1);
   const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, rows * 2 * I_);
-  if (grad_gate_up != nullptr) {
-    gather_h2(h2, tokens, rows, be);
+  if (grad_gate_up != nullptr || w.lora.gate_up.targeted()) gather_h2(h2, tokens, rows, be);
+  if (grad_gate_up != nullptr)
     be.gemm(true, false, 2 * i1, c, m, 1.0f, dgu, 2 * i1, xe_, c, 1.0f, grad_gate_up, c);
-  }
   be.gemm(false, false, m, c, 2 * i1, 1.0f, dgu, 2 * i1, w.gate_up, c, 0.0f, dx_, c);
+  if (w.lora.gate_up.targeted()) {
+    lora_->weight_gradients(be, w.lora.gate_up, m, c, 2 * i1, xe_, dgu);
+    lora_->input_gradient(be, w.lora.gate_up, m, c, 2 * i1, dgu, dx_);
+  }
   for (int64_t i = 0; i < rows; ++i) {
     float* d = dh2_ + static_cast<int64_t>(tokens[i]) * C_;
     const float* x = dx_ + i * C_;
@@ -213,15 +224,23 @@ void MoeExperts::meta_expert_backward(const LayerRouting& r, int64_t begin, int6
   const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   const ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
   be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
-  if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dy_e, c, (recompute_ ? shared_act_ : r.act).at(activation_row(begin) * I_), i1, 1.0f, grad_down, i1);
+  const ConstTypedPtr act = (recompute_ ? shared_act_ : r.act).at(activation_row(begin) * I_);
+  if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dy_e, c, act, i1, 1.0f, grad_down, i1);
+  if (w.lora.down.targeted()) {
+    lora_->input_gradient(be, w.lora.down, m, i1, c, dy_e, g_);
+    lora_->weight_gradients(be, w.lora.down, m, i1, c, act, dy_e);
+  }
   be.swiglu_backward(dgu_, g_, (recompute_ ? shared_gate_up_ : r.gate_up).at(activation_row(begin) * 2 * I_),
                      rows, i1);
   const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, rows * 2 * I_);
-  if (grad_gate_up != nullptr) {
-    gather_h2(h2, nullptr, rows, be);
+  if (grad_gate_up != nullptr || w.lora.gate_up.targeted()) gather_h2(h2, nullptr, rows, be);
+  if (grad_gate_up != nullptr)
     be.gemm(true, false, 2 * i1, c, m, 1.0f, dgu, 2 * i1, xe_, c, 1.0f, grad_gate_up, c);
-  }
   be.gemm(false, false, m, c, 2 * i1, 1.0f, dgu, 2 * i1, w.gate_up, c, 0.0f, dx_, c);
+  if (w.lora.gate_up.targeted()) {
+    lora_->weight_gradients(be, w.lora.gate_up, m, c, 2 * i1, xe_, dgu);
+    lora_->input_gradient(be, w.lora.gate_up, m, c, 2 * i1, dgu, dx_);
+  }
 }
 
 ConstTypedPtr MoeExperts::router_backward(int l, double aux_weight, const ParamRounding& rounding) {

@@ -47,12 +47,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "shardlm/backend/backend.hpp"
 #include "shardlm/comm/communicator.hpp"
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/model_support.hpp"
+#include "shardlm/model/moe/moe_expert_lora.hpp"
 #include "shardlm/model/moe/moe_routing.hpp"
 
 namespace shardlm {
@@ -60,6 +62,7 @@ namespace shardlm {
 struct ExpertWeights {
   ConstTypedPtr gate_up;  // [2 I, C]: gate_proj rows, then up_proj rows
   ConstTypedPtr down;     // [C, I]
+  ExpertAdapters lora;    // LoRA on the expert (moe_expert_lora.hpp); none by default
 };
 
 class MoeExperts {
@@ -180,6 +183,7 @@ class MoeExperts {
   float* dtop_ = nullptr;    // [n, k]
   float* dlogits_ = nullptr;  // [n, E]
   TypedPtr dlogits_c_;        // [n, E]
+  std::unique_ptr<ExpertLora> lora_;  // LoRA on the experts' projections (else null)
   // Expert parallelism's exchange buffers (one layer at a time).
   int64_t ep_capacity_ = 0;   // R: rows this rank can receive for its experts
   TypedPtr ep_send_h2_;       // [n k, C] assignments' h2 rows, grouped by expert

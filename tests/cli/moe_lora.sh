@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# LoRA on a mixture of experts through the command line: a qwen3_moe base exported by
+# shardlm, LoRA on its attention and its routed experts (experts.gate_up_proj,
+# experts.down_proj: PEFT's target_parameters), export as a PEFT adapter with
+# target_parameters and PEFT's fused expert tensors; where a python with transformers
+# and peft is available ($SHARDLM_REF_PYTHON), PEFT on the base computes shardlm's
+# eval loss. Merging expert adapters and dense-MLP targets are one-line errors.
+source "$(dirname "$0")/lib/common.sh" "$@"
+make_byte_data
+REF_PYTHON="${SHARDLM_REF_PYTHON:-/usr/bin/python3}"
+TOOLS="$(dirname "$0")/../../tools"
+COMMON=(--seq-len 32 --micro-batch 4 --threads 1 --eval-batches 0 --data "$WORK/data")
+"$SHARDLM" train --model qwen3-moe-tiny "${COMMON[@]}" --steps 2 --out "$WORK/base_run" > /dev/null
+"$SHARDLM" export --checkpoint "$WORK/base_run" --out "$WORK/base" > /dev/null
+LORA=(--init-from "$WORK/base" --lora-rank 4 --lora-alpha 8 --lr 1e-2)
+"$SHARDLM" train "${COMMON[@]}" "${LORA[@]}" --lora-targets q_proj,v_proj,experts.gate_up_proj,experts.down_proj \
+  --steps 3 --out "$WORK/lora" > "$WORK/lora.log" || { cat "$WORK/lora.log"; fail "LoRA on the experts"; }
+"$SHARDLM" export --checkpoint "$WORK/lora" --out "$WORK/adapter" > /dev/null
+python3 - "$WORK/adapter/adapter_config.json" <<'PY' || fail "adapter_config.json does not name the experts as target_parameters"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert sorted(c["target_modules"]) == ["q_proj", "v_proj"], c["target_modules"]
+assert c["target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], c["target_parameters"]
+PY
+ours="$("$SHARDLM" eval --checkpoint "$WORK/lora" --data "$WORK/data" --seq-len 32 --windows 8 | awk '/^loss:/ {print $2}')"
+rc=0
+peft="$(cd "$TOOLS" && "$REF_PYTHON" check_peft_export.py "$WORK/base" "$WORK/adapter" "$WORK/data/val.bin" 32 8 2>&1)" || rc=$?
+if [ "$rc" -eq 77 ] || [ ! -x "$REF_PYTHON" ]; then
+  echo "PEFT check skipped (${peft:-no $REF_PYTHON})"
+else
+  [ "$rc" -eq 0 ] || { echo "$peft"; fail "peft could not load the adapter"; }
+  theirs="$(echo "$peft" | awk '/^loss:/ {print $2}')"
+  python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 1e-5*abs(b) else 1)" \
+    "$ours" "$theirs" || fail "PEFT loss $theirs differs from shardlm's $ours"
+  echo "shardlm loss $ours, PEFT on the base $theirs ($(echo "$peft" | grep 'adapter tensors'))"
+fi
+expect_error "does not merge yet" "$SHARDLM" export --checkpoint "$WORK/lora" --out "$WORK/merged" --merge-lora
+[ ! -e "$WORK/merged/model.safetensors" ] || fail "a refused merge wrote a model"
+expect_error "dense MLP and shared-expert projections" "$SHARDLM" train "${COMMON[@]}" "${LORA[@]}" \
+  --lora-targets q_proj,down_proj --steps 1 --out "$WORK/x1"
+[ ! -e "$WORK/x1" ] || fail "a refused run wrote $WORK/x1"
+echo "1 passed, 0 failed"

@@ -1,0 +1,251 @@
+// LoRA on mixture-of-experts models against PyPI PEFT 0.21 on transformers' own MoE
+// models in float64 (tools/make_moe_lora_fixture.py): the routed experts adapted as
+// PEFT's target_parameters adapts transformers 5's fused experts (one A for gate and up
+// per expert), next to attention adapters. Loss with the aux loss, logits, every adapter
+// gradient within 1e-5 of its tensor's scale, the frozen base untouched; three AdamW
+// steps through the real strategy and optimizer; the PEFT export gives back PEFT's own
+// fused tensors bitwise with its target_parameters; bad input refused by name.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "llama_fixture_support.hpp"
+#include "relative_error.hpp"
+#include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/ckpt/hf_export.hpp"
+#include "shardlm/comm/single_process_communicator.hpp"
+#include "shardlm/core/error.hpp"
+#include "shardlm/model/llama/llama_lora.hpp"
+#include "shardlm/optim/optimizer.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
+#include "shardlm/train/model_runner.hpp"
+
+namespace fs = std::filesystem;
+using namespace shardlm;
+using namespace shardlm::testing;
+
+namespace {
+
+bool is_adapter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+MicroBatch fixture_batch(const Reference& ref) {
+  MicroBatch batch{ref.tokens.data(), ref.targets.data(), ref.B, ref.T};
+  batch.aux_loss_share = 1.0f;
+  return batch;
+}
+
+class MoeLora : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MoeLora, LossLogitsAndEveryAdapterGradientMatchPeft) {
+  const Reference ref = load_reference("lora_" + GetParam());
+  ASSERT_TRUE(llama_expert_lora(ref.config));
+  const auto layout = ParamLayout::build(ref.config, 1);
+  auto model = make_model(ref, layout, ref.B);
+  UnitBuffers buf(layout, ref.file);
+  train_micro_batch(*model, buf, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  const double ce = model->last_loss_sum() / static_cast<double>(ref.count);
+  EXPECT_NEAR(ce, ref.file.at("ce_loss").to_f32()[0], 1e-5 * ce);
+  const double aux = model->last_aux_loss();
+  EXPECT_NEAR(aux, ref.file.at("aux_loss").to_f32()[0], 1e-5 * aux);
+  const double loss = ce + ref.config.moe.aux_loss_coef() * aux;
+  EXPECT_NEAR(loss, ref.file.at("loss").to_f32()[0], 1e-5 * loss);
+  int adapters = 0, expert_adapters = 0;
+  for (const auto* p : layout.all_params()) {
+    const auto [unit, info] = layout.find(p->name);
+    if (!is_adapter(p->name)) {
+      ASSERT_FALSE(layout.units[unit].trainable) << p->name << " belongs to the frozen base";
+      continue;
+    }
+    ++adapters;
+    ASSERT_TRUE(layout.units[unit].trainable) << p->name;
+    if (p->name.find(".experts.") != std::string::npos) {
+      ++expert_adapters;
+      EXPECT_GE(layout.units[unit].expert, 0) << p->name << " travels with its expert";
+    }
+    EXPECT_LT(relative_to_max_error(buf.grad(layout, p->name), ref.file.at(p->name + ".grad").to_f32()),
+              1e-5)
+        << p->name;
+  }
+  int fixture_adapters = 0;
+  for (const auto& [name, t] : ref.file.tensors)
+    fixture_adapters += is_adapter(name) && name.rfind("peft.", 0) != 0 && name.find(".lora_") + 14 == name.size();
+  EXPECT_EQ(adapters, fixture_adapters);
+  EXPECT_GT(expert_adapters, 0);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    if (layout.units[u].trainable) continue;
+    for (float g : buf.grads[u]) ASSERT_EQ(g, 0.0f) << layout.units[u].name;
+  }
+
+  const MicroBatch sample{ref.tokens.data(), nullptr, ref.B, ref.T};
+  for (int u = 0; u < model->num_units(); ++u) model->forward_unit(u, buf.param_ptrs, {}, sample, false, 1.0f);
+  const auto want = ref.file.at("logits").to_f32();
+  const size_t V = static_cast<size_t>(ref.config.vocab_size);
+  std::vector<float> got(want.size()), at_t(static_cast<size_t>(ref.B) * V);
+  for (int t = 0; t < ref.T; ++t) {
+    model->logits_at(buf.param_ptrs, t, at_t.data());
+    for (int b = 0; b < ref.B; ++b)
+      std::copy_n(at_t.begin() + static_cast<long>(b * V), V,
+                  got.begin() + static_cast<long>((static_cast<size_t>(b) * ref.T + t) * V));
+  }
+  EXPECT_LT(relative_to_max_error(got, want), 1e-5);
+}
+
+TEST_P(MoeLora, CheckpointingAndBf16ChangeNoBitOfTheRecompute) {
+  // Activation checkpointing recomputes each expert's g|u with its adapter: the
+  // gradients are bitwise those without it, in fp32 and bf16.
+  const Reference ref = load_reference("lora_" + GetParam());
+  const auto layout = ParamLayout::build(ref.config, 1);
+  for (const DType precision : {DType::fp32, DType::bf16}) {
+    auto plain = make_model(ref, layout, ref.B, {precision, false});
+    auto recompute = make_model(ref, layout, ref.B, {precision, true});
+    UnitBuffers a(layout, ref.file), b(layout, ref.file);
+    train_micro_batch(*plain, a, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+    train_micro_batch(*recompute, b, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+    EXPECT_EQ(plain->last_loss_sum(), recompute->last_loss_sum());
+    for (const auto* p : layout.all_params())
+      if (is_adapter(p->name)) {
+        EXPECT_EQ(a.grad(layout, p->name), b.grad(layout, p->name)) << p->name;
+      }
+  }
+}
+
+TEST_P(MoeLora, ThreeAdamWStepsOnTheAdaptersMatchPeft) {
+  const Reference ref = load_reference("lora_" + GetParam());
+  const auto hp = nlohmann::json::parse(ref.file.metadata.at("adamw"));
+  const ParamLayout layout = ParamLayout::build(ref.config, 1);
+  auto model = make_model(ref, layout, ref.B);
+  MemoryTracker tracker;
+  SingleProcessCommunicator comm;
+  FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{}, tracker);
+  for (const auto* p : layout.all_params()) {
+    const auto [unit, info] = layout.find(p->name);
+    const auto values = padded(*info, ref.file.at(p->name).to_f32());
+    std::copy(values.begin(), values.end(), strategy.owned(unit).master + info->offset);
+  }
+  strategy.after_load();
+  int64_t adapter_elements = 0;
+  for (const auto& unit : layout.units)
+    if (unit.trainable) adapter_elements += unit.padded_numel;
+  EXPECT_EQ(tracker.peak(MemCategory::optimizer), static_cast<size_t>(8 * adapter_elements));
+  ModelRunner runner(*model, strategy);
+  AdamWOptimizer optimizer(layout, strategy,
+                           {hp.at("beta1").get<float>(), hp.at("beta2").get<float>(),
+                            hp.at("eps").get<float>(), hp.at("weight_decay").get<float>()});
+  const float lr = hp.at("lr").get<float>(), clip = hp.at("grad_clip").get<float>();
+  const auto ref_norms = ref.file.at("adamw.grad_norms").to_f32();
+  const auto ref_losses = ref.file.at("adamw.losses").to_f32();
+  const MicroBatch batch = fixture_batch(ref);
+  for (int step = 0; step < 3; ++step) {
+    strategy.begin_step(1);
+    const double ce = runner.forward(batch, true, 1.0f / static_cast<float>(ref.count)) /
+                      static_cast<double>(ref.count);
+    const double loss = ce + ref.config.moe.aux_loss_coef() * model->last_aux_loss();
+    runner.backward(batch, 0);
+    strategy.finish_gradients();
+    const double norm = std::sqrt(strategy.global_grad_norm_squared());
+    EXPECT_NEAR(loss, ref_losses[step], 1e-5 * std::fabs(ref_losses[0]));
+    EXPECT_NEAR(norm, ref_norms[step], 1e-5 * ref_norms[step]);
+    ASSERT_GT(norm, clip) << "the fixture must exercise clipping";
+    optimizer.step(lr, clip_multiplier(norm, clip), step + 1);
+    strategy.after_step();
+  }
+  expect_weights_after_three_steps(layout, strategy, ref.file, lr, hp.at("weight_decay").get<float>(), 90,
+                                   is_adapter);
+  for (const auto* p : layout.all_params()) {
+    if (is_adapter(p->name)) continue;
+    const auto [unit, info] = layout.find(p->name);
+    const auto start = padded(*info, ref.file.at(p->name).to_f32());
+    const float* got = strategy.owned(unit).master + info->offset;
+    for (size_t i = 0; i < start.size(); ++i) ASSERT_EQ(got[i], start[i]) << p->name << " is frozen";
+  }
+}
+
+TEST_P(MoeLora, PeftExportIsPeftsOwnFusedTensors) {
+  const Reference ref = load_reference("lora_" + GetParam());
+  const fs::path work = fs::temp_directory_path() / ("shardlm-moe-lora-" + GetParam() + "-" + std::to_string(::getpid()));
+  fs::remove_all(work);
+  const ParamLayout layout = ParamLayout::build(ref.config, 1);
+  SingleProcessCommunicator comm;
+  auto model = make_model(ref, layout, ref.B);
+  FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{});
+  for (const auto* p : layout.all_params()) {
+    const auto [unit, info] = layout.find(p->name);
+    const auto values = padded(*info, ref.file.at(p->name).to_f32());
+    std::copy(values.begin(), values.end(), strategy.owned(unit).master + info->offset);
+  }
+  strategy.after_load();
+  CheckpointInfo info{0, 0, ref.config, "byte", "ddp", 1, {{"options", nlohmann::json::object()}}};
+  const std::string ckpt = save_checkpoint((work / "run").string(), layout, strategy, info, 0, comm);
+  HfExportOptions options;
+  options.out_dir = (work / "adapter").string();
+  options.dtype = DType::fp32;
+  options.max_shard_bytes = 5'000'000'000;
+  export_hugging_face(CheckpointReader(ckpt), options);
+  const st::File exported = st::read_file((work / "adapter" / "adapter_model.safetensors").string());
+  int peft_tensors = 0;
+  for (const auto& [name, tensor] : ref.file.tensors) {
+    if (name.rfind("peft.", 0) != 0) continue;
+    ++peft_tensors;
+    const std::string saved = name.substr(5);
+    ASSERT_TRUE(exported.tensors.count(saved)) << saved << " missing from the export";
+    EXPECT_EQ(exported.at(saved).shape, tensor.shape) << saved;
+    EXPECT_EQ(exported.at(saved).to_f32(), tensor.to_f32()) << saved;
+  }
+  EXPECT_EQ(static_cast<int>(exported.tensors.size()), peft_tensors) << "exactly PEFT's tensors";
+  const auto config = nlohmann::json::parse(std::ifstream(work / "adapter" / "adapter_config.json"));
+  const auto peft = nlohmann::json::parse(ref.file.metadata.at("peft_config"));
+  auto sorted = [](const nlohmann::json& j) {
+    std::vector<std::string> v = j.get<std::vector<std::string>>();
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(config.at("target_modules")), sorted(peft.at("target_modules")));
+  EXPECT_EQ(sorted(config.at("target_parameters")), sorted(peft.at("target_parameters")));
+  EXPECT_EQ(config.at("r"), peft.at("r"));
+  EXPECT_EQ(config.at("lora_alpha").get<double>(), peft.at("lora_alpha").get<double>());
+  // Merging the experts' adapters into the base is refused before anything is written.
+  options.out_dir = (work / "merged").string();
+  options.lora = LoraExport::merge;
+  try {
+    export_hugging_face(CheckpointReader(ckpt), options);
+    ADD_FAILURE() << "--merge-lora of expert adapters should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--merge-lora"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(work / "merged" / "model.safetensors"));
+  fs::remove_all(work);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MoeLora, ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe"),
+                         [](const auto& info) { return info.param; });
+
+TEST(MoeLoraBadInput, DenseMlpTargetsOfAnMoeModelAreRefusedByName) {
+  ModelConfig c = model_preset("qwen3-moe-tiny");
+  c.lora.rank = 4;
+  c.lora.targets = {"q_proj", "gate_proj"};
+  try {
+    c.validate();
+    ADD_FAILURE() << "gate_proj in an MoE model should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'gate_proj'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("experts.gate_up_proj"), std::string::npos) << e.what();
+  }
+  ModelConfig dense = model_preset("qwen3-tiny");
+  dense.lora.rank = 4;
+  dense.lora.targets = {"experts.down_proj"};
+  try {
+    dense.validate();
+    ADD_FAILURE() << "expert targets in a dense model should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'experts.down_proj'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
