@@ -37,6 +37,7 @@ struct RankRun {
   double loss_sum = 0.0;
   std::map<std::string, std::vector<float>> grads;  // by parameter name, this rank's piece
   std::map<std::string, ParamInfo> info;
+  std::vector<float> logits;  // [kB, V] at the last position of an inference forward
 };
 
 // Trains two micro-batches (gradients accumulate) on tensor rank split.rank.
@@ -77,6 +78,12 @@ RankRun train(const ModelConfig& config, TensorSplit split, Communicator* tensor
       model->forward_unit(u, param_ptrs, grad_ptrs, batch, true, 1.0f / 40.0f);
     run.loss_sum += model->last_loss_sum();
     for (int u = model->num_units() - 1; u >= 0; --u) model->backward_unit(u, param_ptrs, grad_ptrs, batch);
+    if (micro == 1) {  // the same rows again, without targets: logits (gathered over the group)
+      const MicroBatch rows{tokens.data(), nullptr, kB, kT};
+      for (int u = 0; u < model->num_units(); ++u) model->forward_unit(u, param_ptrs, {}, rows, false, 1.0f);
+      run.logits.resize(static_cast<size_t>(kB) * config.vocab_size);
+      model->logits_at(param_ptrs, kT - 1, run.logits.data());
+    }
   }
   for (size_t u = 0; u < layout.units.size(); ++u)
     for (const ParamInfo& p : layout.units[u].params) {
@@ -99,6 +106,15 @@ void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bo
   for (int t = 0; t < T; ++t) {
     const RankRun& r = ranks[static_cast<size_t>(t)];
     EXPECT_NEAR(r.loss_sum, whole.loss_sum, 1e-6 * std::abs(whole.loss_sum)) << "rank " << t;
+    double logit_diff = 0.0, logit_norm = 0.0;
+    for (size_t i = 0; i < whole.logits.size(); ++i) {
+      logit_diff += (r.logits[i] - whole.logits[i]) * (r.logits[i] - whole.logits[i]);
+      logit_norm += whole.logits[i] * whole.logits[i];
+    }
+    EXPECT_LT(std::sqrt(logit_diff / logit_norm), 1e-5) << "logits on tensor rank " << t;
+    if (t > 0) {
+      EXPECT_EQ(r.logits, ranks[0].logits) << "every tensor rank gathers the same logits";
+    }
     for (const auto& [name, piece] : r.grads) {
       const ParamInfo& p = r.info.at(name);
       const std::vector<float>& full = whole.grads.at(name);
