@@ -185,9 +185,10 @@ TEST(TensorParallelLlama, LoraAdaptersEqualOneRank) {
   c.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   expect_tensor_parallel_equals_one_rank(c, 2, false);
   expect_tensor_parallel_equals_one_rank(c, 2, true);
-  // 2 key/value heads over 4 ranks are replicated: LoRA leaves k_proj and v_proj out.
-  c.lora.targets = {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  // 2 key/value heads over 4 ranks are replicated: k_proj's and v_proj's B take every
+  // replica's gradient, the input gradient this rank's share.
   expect_tensor_parallel_equals_one_rank(c, 4, false);
+  expect_tensor_parallel_equals_one_rank(c, 4, true);
   ModelConfig q2 = tiny("qwen2-tiny");  // tied head, q/k/v biases (frozen)
   q2.lora.rank = 2;
   q2.lora.targets = {"q_proj", "v_proj", "down_proj"};

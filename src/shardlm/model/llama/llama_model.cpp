@@ -254,7 +254,15 @@ struct LlamaModel::Impl {
   // Adapter gradients from the group output's gradient dy (as the base GEMMs read it),
   // and dx += its share of the input gradient.
   void lora_backward(size_t group, const LayerAdapters& ad, ConstTypedPtr x, ConstTypedPtr dy,
-                     float* dx);
+                     float* dx) {
+    lora_b_backward(group, ad, x, dy);
+    lora_input_backward(group, ad, x, dy, dx);
+  }
+  // Its two halves: B's gradient, and A's with dx's share (the same dy but where key/value
+  // heads are replicated over tensor ranks: B's takes every replica's, dx this rank's).
+  void lora_b_backward(size_t group, const LayerAdapters& ad, ConstTypedPtr x, ConstTypedPtr dy);
+  void lora_input_backward(size_t group, const LayerAdapters& ad, ConstTypedPtr x,
+                           ConstTypedPtr dy, float* dx);
   // Attention of the step's rows over the KV cache, after adding their keys and values.
   void cached_attention(int l, LayerActivations& a);
   void gemm_forward(int rows, int n, int k, float alpha, ConstTypedPtr x, int ldx,
@@ -772,8 +780,8 @@ void LlamaModel::Impl::lora_forward(size_t gi, const LayerAdapters& ad, ConstTyp
 // the base's partial sum instead). A column-parallel base's (q|k|v, gate|up) dy and B
 // are its output columns: du is a partial sum, which dx takes as it is (dx is summed
 // over the group after the layer's GEMMs) and dA after the sum.
-void LlamaModel::Impl::lora_backward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
-                                     ConstTypedPtr dy, float* dx) {
+void LlamaModel::Impl::lora_b_backward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
+                                       ConstTypedPtr dy) {
   const LoraGroup& g = lora_groups[gi];
   const GroupAdapters& w = ad[gi];
   const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
@@ -784,12 +792,22 @@ void LlamaModel::Impl::lora_backward(size_t gi, const LayerAdapters& ad, ConstTy
   const ConstTypedPtr u = rounding->for_gemm(lora_u, lora_u_c, N() * width);
   for (size_t ti = 0; ti < g.targets.size(); ++ti) {
     const LoraTarget& tg = g.targets[ti];
-    const int out = static_cast<int>(tg.out);
-    const ConstTypedPtr dy_t = dy.at(tg.out_offset);
-    be->gemm(true, false, out, r, rows, lora_scale, dy_t, out_w, u.at(static_cast<int64_t>(ti) * r), width,
-         1.0f, w.grad_b[ti], r);
-    be->gemm(false, false, rows, r, out, lora_scale, dy_t, out_w, w.b[ti], r, 0.0f,
-         lora_du + static_cast<int64_t>(ti) * r, width);
+    be->gemm(true, false, static_cast<int>(tg.out), r, rows, lora_scale, dy.at(tg.out_offset), out_w,
+             u.at(static_cast<int64_t>(ti) * r), width, 1.0f, w.grad_b[ti], r);
+  }
+}
+
+void LlamaModel::Impl::lora_input_backward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
+                                           ConstTypedPtr dy, float* dx) {
+  const LoraGroup& g = lora_groups[gi];
+  const GroupAdapters& w = ad[gi];
+  const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
+  const int width = static_cast<int>(g.targets.size()) * r, out_w = static_cast<int>(g.out_width);
+  const bool row_parallel = g.input == LoraGroup::Input::attention || g.input == LoraGroup::Input::act;
+  for (size_t ti = 0; ti < g.targets.size(); ++ti) {
+    const LoraTarget& tg = g.targets[ti];
+    be->gemm(false, false, rows, r, static_cast<int>(tg.out), lora_scale, dy.at(tg.out_offset), out_w,
+             w.b[ti], r, 0.0f, lora_du + static_cast<int64_t>(ti) * r, width);
   }
   if (row_parallel || !tp.active()) {
     const ConstTypedPtr du = rounding->for_gemm(lora_du, lora_du_c, N() * width);
@@ -978,6 +996,7 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
     // the head's weight and bias gradients take every replica's.
     const ConstTypedPtr own = rounding->for_gemm(dqkv, dbig_c, n * QKV);
     be->gemm(false, false, rows, c, qkv, 1.0f, own, qkv, w.qkv, c, 0.0f, dln1, c);
+    if (lora_qkv >= 0) lora_input_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, own, dln1);
     be->convert_rows(dkv_replicas, 2 * KVD, dqkv + Q, QKV, n, 2 * KVD);
     tp.sum_kv_replicas(dkv_replicas, n * 2 * KVD, "tensor.kv_replicas_grad");
     be->convert_rows(dqkv + Q, QKV, dkv_replicas, 2 * KVD, n, 2 * KVD);
@@ -987,7 +1006,10 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   if (trains) be->gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
   if (!tp.replicates_kv())
     be->gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
-  if (lora_qkv >= 0) lora_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g, dln1);
+  if (lora_qkv >= 0 && tp.replicates_kv())
+    lora_b_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g);
+  else if (lora_qkv >= 0)
+    lora_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g, dln1);
   tp.sum_partial(dln1, n * C, "tensor.attention_in_grad");  // q|k|v are column-parallel
   be->rmsnorm_backward(dres, C, grad(o.ln1), dln1, C, x, C, v.ln1, a.rstd1, {n, 1, c},
                         /*accumulate_dx=*/true);

@@ -40,11 +40,6 @@ void check_tensor_parallel(const ModelConfig& config, int tensor_size) {
   SHARDLM_CHECK(config.mlp_width() % T == 0,
                 "--tensor-parallel {} must divide the MLP width {} of the model ({})", T,
                 config.mlp_width(), config.shape_description());
-  SHARDLM_CHECK(!config.lora.enabled() || kv % T == 0 ||
-                    !(config.lora.targets_module("k_proj") || config.lora.targets_module("v_proj")),
-                "--tensor-parallel {}: LoRA on k_proj/v_proj needs the model's {} key/value heads "
-                "split over the tensor ranks (a multiple of {}), not replicated; use a divisor of {} "
-                "or leave k_proj and v_proj out of the targets", T, kv, T, kv);
   SHARDLM_CHECK(config.padded_vocab_size() % T == 0,
                 "--tensor-parallel {} must divide the model's vocabulary of {} rows ({} tokens "
                 "padded to a multiple of {}); use a divisor of {}", T, config.padded_vocab_size(),

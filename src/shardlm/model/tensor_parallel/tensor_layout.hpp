@@ -30,8 +30,8 @@ namespace shardlm {
 
 // One-line errors (naming --tensor-parallel, the value and what would divide) when
 // `config` cannot be split over `tensor_size` ranks: a family not split yet, QLoRA
-// (not yet), LoRA on replicated key/value heads (not yet), attention heads, key/value
-// heads, MLP width or the padded vocabulary not divisible.
+// (not yet), attention heads, key/value heads, MLP width or the padded vocabulary not
+// divisible.
 void check_tensor_parallel(const ModelConfig& config, int tensor_size);
 
 // Key/value heads on each tensor rank (kv_heads / T, or 1 when they are replicated).
