@@ -57,10 +57,15 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
                       {"total", p.total()},
                       {"wire_bytes_per_step", p.wire_bytes_per_step},
                       {"partition", p.partition},
+                      {"tensor_parallel", p.tensor_parallel},
                       {"accumulation", p.accumulation},
                       {"parameters", p.parameters},
                       {"flops_per_step", p.flops_per_step},
                       {"tokens_per_step", p.tokens_per_step}};
+  if (p.tensor_parallel > 1) {
+    const GroupTraffic t = last_step_traffic(p, CommGroup::tensor);
+    j["tensor_group"] = {{"calls", t.calls}, {"bus_bytes", t.bus_bytes}};
+  }
   j["device"] = to_string(p.device);
   if (!p.device.is_host())
     j["host"] = {{"params", p.host.params}, {"grads", p.host.grads},
@@ -239,7 +244,18 @@ void run_plan(const PlanFlags& f) {
               in.cluster.nodes, run.device.c_str(), run.micro_batch, run.seq_len, any.accumulation,
               run.precision.c_str(),
               run.reduce_dtype == "bf16" ? ", gradients reduced in bf16" : "");
-  std::printf("model FLOPs per rank and step: %.1f GFLOP\n\n", any.flops_per_step / 1e9);
+  std::printf("model FLOPs per rank and step: %.1f GFLOP\n", any.flops_per_step / 1e9);
+  if (any.tensor_parallel > 1) {
+    // The layers' partial sums, the model's (the first candidate's: checkpointing adds the
+    // recomputed forward's).
+    const GroupTraffic t = last_step_traffic(any, CommGroup::tensor);
+    std::printf("tensor group of %d ranks (innermost): %lld all-reduces per rank and step (%.1f per "
+                "layer and micro-batch), %s on the wire\n",
+                any.tensor_parallel, static_cast<long long>(t.calls),
+                static_cast<double>(t.calls) / (in.config.n_layer * any.accumulation),
+                gib(t.bus_bytes).c_str());
+  }
+  std::printf("\n");
   print_memory_table(candidates, budget, in.request, automatic);
   std::printf("\nBytes are what the run allocates per rank (to the byte; plus a few KiB for "
               "the data order). Traffic is bus bytes per rank and step.\n");

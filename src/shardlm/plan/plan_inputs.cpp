@@ -18,6 +18,7 @@ RunPlanRequest plan_request(const TrainOptions& o, const ModelConfig& config, in
   r.micro_batch = o.micro_batch;
   r.seq_len = o.seq_len;
   r.global_batch = o.global_batch;
+  r.tensor_parallel = o.tensor_size();
   r.min_unit_params = o.min_unit_params;
   return r;
 }
@@ -32,10 +33,6 @@ std::optional<HardwareProfile> resolve_profile(const std::string& flag) {
 PlanInputs resolve_plan_inputs(const TrainOptions& o, int world_size, const ProfileOptions& p) {
   SHARDLM_CHECK(world_size >= 1, "-n must be at least 1, got {}", world_size);
   o.validate_run_shape();
-  SHARDLM_CHECK(o.tensor_size() == 1,
-                "plan --tensor-parallel {}: planning tensor parallelism is not there yet (train "
-                "runs it; plan and --strategy auto predict tensor-parallel size 1 only)",
-                o.tensor_size());
   SHARDLM_CHECK(p.nodes >= 1 && world_size % p.nodes == 0,
                 "--nodes {} must divide the {} ranks (the same number of ranks on every node)",
                 p.nodes, world_size);

@@ -212,6 +212,7 @@ std::string candidate_flags(const Candidate& c) {
   if (s.kind == StrategyKind::hybrid) flags += fmt::format(" --shard-group-size {}", s.shard_group_size);
   if (shards_parameters(s.kind) && !s.reshard_after_forward)
     flags += " --reshard-after-forward false";
+  if (c.request.tensor_parallel > 1) flags += fmt::format(" --tensor-parallel {}", c.request.tensor_parallel);
   if (c.request.model.activation_checkpointing) flags += " --activation-checkpointing";
   return flags;
 }
@@ -225,8 +226,10 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
     checkpointing.push_back(true);
   std::vector<Candidate> out;
   for (bool ckpt : checkpointing)
-    // Hybrid groups share out the data-parallel ranks (context ranks split sequences).
-    for (const Choice& choice : strategy_choices(base.world_size / base.strategy.context_parallel)) {
+    // Hybrid groups share out the data-parallel ranks (context ranks split sequences,
+    // tensor ranks the layers).
+    for (const Choice& choice : strategy_choices(base.world_size / base.strategy.context_parallel /
+                                                 base.tensor_parallel)) {
       if (experts_spread && choice.kind == StrategyKind::hybrid) continue;
       Candidate c;
       c.label = choice.label + (ckpt && !base.model.activation_checkpointing ? " + ckpt" : "");

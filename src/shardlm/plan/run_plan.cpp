@@ -1,5 +1,6 @@
 #include "shardlm/plan/run_plan.hpp"
 
+#include "shardlm/core/error.hpp"
 #include "shardlm/data/sampler.hpp"
 #include "shardlm/model/family.hpp"
 #include "shardlm/model/param_layout.hpp"
@@ -10,13 +11,24 @@
 
 namespace shardlm {
 
+MeshShape plan_mesh(const RunPlanRequest& r) {
+  const int T = r.tensor_parallel;
+  SHARDLM_CHECK(T >= 1 && r.world_size % T == 0,
+                "--tensor-parallel {} does not divide the job's {} ranks (the tensor ranks are a "
+                "factor of the world)", T, r.world_size);
+  MeshShape mesh = strategy_mesh(r.strategy, r.world_size / T);
+  mesh.set_size(MeshDim::tensor, T);
+  return mesh;
+}
+
 RunPlan plan_run(const RunPlanRequest& r) {
   RunPlan plan;
   const int n = r.world_size;
-  const MeshShape mesh = strategy_mesh(r.strategy, n);
+  const MeshShape mesh = plan_mesh(r);
   plan.world_size = n;
   plan.partition = partition_size(mesh);
   plan.expert_parallel = r.strategy.expert_parallel;
+  plan.tensor_parallel = r.tensor_parallel;
   // Default: a micro-batch per data-parallel rank (context ranks share their rows).
   const int global_batch = r.global_batch > 0 ? r.global_batch : r.micro_batch * mesh.data_parallel_size();
   plan.accumulation =
@@ -34,9 +46,12 @@ RunPlan plan_run(const RunPlanRequest& r) {
   const double flops_per_token = r.config.train_flops_per_token(r.seq_len);
   plan.flops_per_step = flops_per_token * static_cast<double>(global_batch) / n * r.seq_len;
   plan.tokens_per_step = static_cast<double>(global_batch) * r.seq_len;
+  // Tensor parallelism: the planned rank (tensor coordinate 0; every one does as much)
+  // multiplies its pieces of the split matrices, its H/T heads' attention, and the
+  // whole (replicated) norms, embeddings and head.
   plan.unit_work = model_unit_work(r.config, family.model_units(r.config),
                                    family.unit_needs(r.config), flops_per_token, r.micro_batch,
-                                   r.seq_len, r.model);
+                                   r.seq_len, r.model, TensorSplit{r.tensor_parallel, 0});
   // Expert parallelism: the planned rank (expert coordinate 0) runs its E/ep experts
   // over the tokens of its ep group's ranks, and none of the others.
   if (const int E = r.strategy.expert_parallel; E > 1) {
@@ -68,6 +83,22 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.wire_bytes_per_step = traced.wire_bytes_per_step;
   plan.program = std::move(traced.program);
   return plan;
+}
+
+GroupTraffic last_step_traffic(const RunPlan& plan, CommGroup group) {
+  const auto& ops = plan.program.ops;
+  size_t first = 0;
+  for (size_t i = 0, ends = 0; i < ops.size(); ++i)
+    if (ops[i].kind == StepOp::Kind::step_end && ++ends == kPlannedSteps - 1) first = i + 1;
+  GroupTraffic out;
+  for (size_t i = first; i < ops.size(); ++i) {
+    if (ops[i].kind != StepOp::Kind::issue) continue;
+    const PlannedCollective& c = plan.program.collectives[static_cast<size_t>(ops[i].collective)];
+    if (c.group != group || c.bus_bytes < 2 * 8) continue;  // a scalar's bus bytes are fewer
+    out.calls += 1;
+    out.bus_bytes += c.bus_bytes;
+  }
+  return out;
 }
 
 }  // namespace shardlm

@@ -34,7 +34,10 @@ struct RunPlanRequest {
   ModelOptions model;
   int micro_batch = 8;
   int seq_len = 256;
-  int global_batch = 0;  // sequences per step; 0: micro_batch x world_size
+  int global_batch = 0;  // sequences per step; 0: a micro-batch per data-parallel rank
+  // --tensor-parallel T: the mesh's innermost dimension (a factor of world_size); the
+  // strategy's dimensions share out the world / T ranks outside it.
+  int tensor_parallel = 1;
   int64_t min_unit_params = 65536;
   size_t comm_scratch_bytes = size_t{4} << 20;  // CommOptions::scratch_bytes
   // --offload optimizer (device runs) is strategy.optimizer_on_host.
@@ -44,6 +47,7 @@ struct RunPlan {
   int world_size = 1;
   int partition = 1;      // ranks a unit is sharded over
   int expert_parallel = 1;  // the mesh's expert dimension
+  int tensor_parallel = 1;  // the mesh's tensor dimension (innermost)
   int accumulation = 1;   // micro-batches per rank and step
   int64_t parameters = 0; // padded parameter count (Psi)
   // Peak bytes per rank.
@@ -77,6 +81,19 @@ struct RunPlan {
 // (zero1/zero2) waited for in it, as every later step does.
 inline constexpr int kPlannedSteps = 3;
 
+// The run's mesh: the strategy's over world / T ranks, the tensor dimension (T) inside.
+// Error naming --tensor-parallel when T does not divide the world.
+MeshShape plan_mesh(const RunPlanRequest& request);
+
 RunPlan plan_run(const RunPlanRequest& request);
+
+// The steady (last) step's collectives over one kind of group, the scalar ones (8 bytes,
+// at most 16 bus bytes: the trainer's and the norm's, a latency) left out: calls and
+// bus bytes per rank.
+struct GroupTraffic {
+  int64_t calls = 0;
+  double bus_bytes = 0;
+};
+GroupTraffic last_step_traffic(const RunPlan& plan, CommGroup group);
 
 }  // namespace shardlm

@@ -15,8 +15,9 @@
 namespace shardlm {
 
 // expert: the expert group (E consecutive ranks); expert_data: the ranks that hold the
-// same experts (every E-th rank: the mesh's shard group under expert parallelism).
-enum class CommGroup { world, shard, replica, context, expert, expert_data };
+// same experts (every E-th rank: the mesh's shard group under expert parallelism);
+// tensor: the tensor group (T consecutive ranks, the mesh's innermost dimension).
+enum class CommGroup { world, shard, replica, context, expert, expert_data, tensor };
 
 struct PlannedCollective {
   CollectiveKind kind = CollectiveKind::all_reduce;

@@ -8,28 +8,41 @@
 
 namespace shardlm {
 
+namespace {
+
+// A group of `size` ranks `stride` apart (its ranks r, r + stride, ...), ranks placed
+// consecutively on nodes of ranks_per_node: on one node when its span fits a node;
+// otherwise across nodes, each node's link carrying one ring for every group with
+// members on the node (min(stride, ranks_per_node) of them).
+GroupPlacement place_strided(int stride, int size, int ranks_per_node) {
+  if (size <= 1) return {true, 1};
+  const int span = stride * size;
+  if (span <= ranks_per_node && ranks_per_node % span == 0) return {true, 1};
+  return {false, std::max(1, std::min(stride, ranks_per_node))};
+}
+
+}  // namespace
+
 GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node,
-                           int expert_parallel) {
+                           int expert_parallel, int tensor_parallel) {
   if (world_size <= ranks_per_node) return {true, 1};
+  // Mesh order (parallel/mesh_shape.hpp): replicate, shard, context, expert, tensor
+  // (innermost): every dimension's ranks are the tensor dimension's size apart.
+  const int T = tensor_parallel;
   switch (group) {
     case CommGroup::world:
       return {false, 1};
-    case CommGroup::shard:  // consecutive ranks
-      if (partition <= ranks_per_node && ranks_per_node % partition == 0) return {true, 1};
-      return {false, 1};
-    case CommGroup::context:  // consecutive ranks inside the partition: on one node when
-                              // the partition is
-      if (partition <= ranks_per_node && ranks_per_node % partition == 0) return {true, 1};
-      return {false, 1};
-    case CommGroup::replica:  // every partition-th rank: each node's link carries
-                              // one ring per group with members on the node
-      return {false, std::max(1, std::min(partition, ranks_per_node))};
-    case CommGroup::expert:  // expert_parallel consecutive ranks
-      if (expert_parallel <= ranks_per_node && ranks_per_node % expert_parallel == 0) return {true, 1};
-      return {false, 1};
-    case CommGroup::expert_data:  // every expert_parallel-th rank, as replica groups
-      if (world_size / expert_parallel == 1) return {true, 1};
-      return {false, std::max(1, std::min(expert_parallel, ranks_per_node))};
+    case CommGroup::tensor:  // T consecutive ranks
+      return place_strided(1, T, ranks_per_node);
+    case CommGroup::shard:    // the partition: consecutive tensor groups' ranks
+    case CommGroup::context:  // inside the partition: on one node when the partition is
+      return place_strided(T, partition, ranks_per_node);
+    case CommGroup::replica:  // every (partition x T)-th rank
+      return place_strided(partition * T, world_size / (partition * T), ranks_per_node);
+    case CommGroup::expert:  // expert_parallel consecutive tensor groups' ranks
+      return place_strided(T, expert_parallel, ranks_per_node);
+    case CommGroup::expert_data:  // every (expert_parallel x T)-th rank, as replica groups
+      return place_strided(expert_parallel * T, world_size / (expert_parallel * T), ranks_per_node);
   }
   return {false, 1};
 }
@@ -69,7 +82,8 @@ StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile&
   StepTimePrediction out;
   std::vector<double> comm_seconds, shares;
   for (const PlannedCollective& c : program.collectives) {
-    const GroupPlacement place = place_group(c.group, n, plan.partition, ranks_per_node, plan.expert_parallel);
+    const GroupPlacement place = place_group(c.group, n, plan.partition, ranks_per_node,
+                                               plan.expert_parallel, plan.tensor_parallel);
     const TransportFigures& t = place.within_node ? profile.intra_node : inter;
     // Across nodes the slower of the node's own transport and its link sets the pace.
     CollectiveRate rate = t.rate(c.kind);

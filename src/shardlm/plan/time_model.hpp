@@ -26,13 +26,15 @@ struct ClusterShape {
 };
 
 // Where a collective group's ranks sit: within one node, or across nodes with
-// `nic_sharing` groups of this kind sending through each node's link at once.
+// `nic_sharing` groups of this kind sending through each node's link at once. The
+// tensor group is innermost (consecutive ranks: inside a node when T divides a node's
+// ranks); the other groups' ranks are T apart.
 struct GroupPlacement {
   bool within_node = true;
   int nic_sharing = 1;
 };
 GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node,
-                           int expert_parallel = 1);
+                           int expert_parallel = 1, int tensor_parallel = 1);
 
 // Seconds of `work` at `rates`: each FLOP or byte count over its rate, summed.
 double compute_seconds(const ComputeWork& work, const ComputeRates& rates);

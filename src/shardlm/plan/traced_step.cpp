@@ -72,7 +72,11 @@ class UnitWorkModel final : public Model {
   const std::vector<UnitWork>& work_;
 };
 
-CommGroup comm_group(const std::string& communicator, bool expert_parallel) {
+CommGroup comm_group(const std::string& communicator, bool expert_parallel, bool tensor_is_world) {
+  // A tensor dimension spanning the world is the world communicator itself (the mesh
+  // splits no group for it); everything else then runs on one rank or is a scalar.
+  if (tensor_is_world && (communicator == "world" || communicator == "world.kv_replicas"))
+    return CommGroup::tensor;
   if (communicator == "world") return CommGroup::world;
   if (communicator == "expert group") return CommGroup::expert;
   // The partition (consecutive ranks): shard, or shard x context; under expert
@@ -83,15 +87,20 @@ CommGroup comm_group(const std::string& communicator, bool expert_parallel) {
   if (communicator == "shard x context group") return CommGroup::shard;
   if (communicator == "replica group") return CommGroup::replica;
   if (communicator == "context group") return CommGroup::context;
+  // The tensor group and its key/value-head replica groups (runs of consecutive ranks
+  // inside it: model/tensor_parallel/tensor_parallel_block.hpp).
+  if (communicator == "tensor group" || communicator == "tensor group.kv_replicas")
+    return CommGroup::tensor;
   throw Error(fmt::format("internal: the plan's time model has no place for communicator '{}'",
                           communicator));
 }
 
-StepProgram program_of(const StepRecording& recording, size_t scratch_bytes, bool expert_parallel) {
+StepProgram program_of(const StepRecording& recording, size_t scratch_bytes, bool expert_parallel,
+                       bool tensor_is_world) {
   StepProgram program;
   for (const RecordedCollective& c : recording.collectives())
     program.collectives.push_back(
-        {c.kind, comm_group(c.group, expert_parallel), static_cast<double>(c.bus_bytes),
+        {c.kind, comm_group(c.group, expert_parallel, tensor_is_world), static_cast<double>(c.bus_bytes),
          collective_messages(c.kind, static_cast<double>(c.bytes), c.group_size, scratch_bytes,
                              c.element_bytes),
          c.label});
@@ -132,12 +141,16 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
   if (on_device) host_backend.emplace(Device{});
   meta::MetaBackend& host = on_device ? *host_backend : device;
 
-  const MeshShape shape = strategy_mesh(r.strategy, n);
+  const MeshShape shape = plan_mesh(r);
   const std::vector<MeshDims> groups = run_mesh_groups(shape);
-  // DeviceMesh splits each group that does not span the world, in this order.
+  // DeviceMesh splits each group that does not span the world, in this order; then the
+  // model's tensor-parallel layers split the tensor group into the ranks that hold the
+  // same key/value head when there are fewer of those than tensor ranks.
   std::vector<int> split_sizes;
   for (const MeshDims& dims : groups)
     if (shape.size(dims) != n) split_sizes.push_back(shape.size(dims));
+  const int T = shape.size(MeshDim::tensor);
+  if (T > 1 && r.config.kv_heads() % T != 0) split_sizes.push_back(T / r.config.kv_heads());
 
   StepRecording recording;
   recording.add_compute_source(device);
@@ -148,7 +161,9 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
   {
     RecordingCommunicator world(n, recording, split_sizes, host, comm_options);
     const int partition = partition_size(shape);
-    const ParamLayout layout = ParamLayout::build(r.config, partition, r.min_unit_params);
+    // The planned rank is tensor coordinate 0: every tensor rank's pieces are as large.
+    const ParamLayout layout =
+        ParamLayout::build(r.config, partition, r.min_unit_params, TensorSplit{T, 0});
     DeviceMesh mesh(shape, world, groups);
     ModelOptions model_options = r.model;
     model_options.backend = &device;
@@ -208,7 +223,8 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
     out.device = peaks_of(device.tracker());
     if (on_device) out.host = peaks_of(host.tracker());
   }
-  out.program = program_of(recording, r.comm_scratch_bytes, shape.size(MeshDim::expert) > 1);
+  out.program = program_of(recording, r.comm_scratch_bytes, shape.size(MeshDim::expert) > 1,
+                           T > 1 && T == n);
   // The last step: after the next-to-last step_end.
   const auto& ops = recording.ops();
   size_t first = 0;

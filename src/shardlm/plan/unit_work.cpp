@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 
 namespace shardlm {
 
@@ -33,22 +34,18 @@ double dequantize_bytes(const UnitLayout& unit, DType precision) {
   return bytes;
 }
 
-}  // namespace
+// Per model unit: GEMM FLOPs and elementwise bytes per token, dequantization bytes per
+// micro-batch, on the unit doing the work (owner) of each unit's matrices.
+struct MatrixWork {
+  std::vector<double> gemm_forward, gemm_backward, elementwise, dequantize;
+};
 
-std::vector<UnitWork> model_unit_work(const ModelConfig& config,
-                                      const std::vector<UnitLayout>& model_units,
-                                      const std::vector<std::vector<int>>& unit_needs,
-                                      double flops_per_token, int micro_batch, int seq_len,
-                                      const ModelOptions& options) {
+MatrixWork matrix_work(const std::vector<UnitLayout>& model_units, const std::vector<size_t>& owner,
+                       double C, DType precision) {
   const size_t M = model_units.size();
-  SHARDLM_CHECK(M >= 3 && unit_needs.size() == M,
-                "internal: {} model units with {} need lists", M, unit_needs.size());
-  const double tokens = static_cast<double>(micro_batch) * seq_len;
-  const double C = config.n_embd;
-  const double V = config.padded_vocab_size();
-  const std::vector<size_t> owner = matrix_owners(unit_needs);
-  // Per token (dequantization: per micro-batch), on the unit doing the work.
-  std::vector<double> gemm_forward(M, 0), gemm_backward(M, 0), elementwise(M, 0), dequantize(M, 0);
+  MatrixWork w{std::vector<double>(M, 0), std::vector<double>(M, 0), std::vector<double>(M, 0),
+               std::vector<double>(M, 0)};
+  auto& [gemm_forward, gemm_backward, elementwise, dequantize] = w;
   for (size_t v = 0; v < M; ++v) {
     const UnitLayout& unit = model_units[v];
     const double backward_per_forward = unit.trainable ? 2.0 : 1.0;  // dX (+ dW)
@@ -77,8 +74,36 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
         elementwise[owner[v]] += 8 * n;
       }
     }
-    dequantize[owner[v]] += dequantize_bytes(unit, options.precision);
+    dequantize[owner[v]] += dequantize_bytes(unit, precision);
   }
+  return w;
+}
+
+}  // namespace
+
+std::vector<UnitWork> model_unit_work(const ModelConfig& config,
+                                      const std::vector<UnitLayout>& model_units,
+                                      const std::vector<std::vector<int>>& unit_needs,
+                                      double flops_per_token, int micro_batch, int seq_len,
+                                      const ModelOptions& options, TensorSplit tensor) {
+  const size_t M = model_units.size();
+  SHARDLM_CHECK(M >= 3 && unit_needs.size() == M,
+                "internal: {} model units with {} need lists", M, unit_needs.size());
+  const double tokens = static_cast<double>(micro_batch) * seq_len;
+  const double C = config.n_embd;
+  const double V = config.padded_vocab_size();
+  const std::vector<size_t> owner = matrix_owners(unit_needs);
+  // The unsplit model's GEMMs tell attention apart from the family's FLOPs (below); a
+  // tensor rank multiplies its own pieces.
+  const MatrixWork whole = matrix_work(model_units, owner, C, options.precision);
+  const MatrixWork local =
+      tensor.size > 1
+          ? matrix_work(split_for_tensor_rank(model_units, config, tensor), owner, C, options.precision)
+          : whole;
+  const std::vector<double>& gemm_forward = local.gemm_forward;
+  const std::vector<double>& gemm_backward = local.gemm_backward;
+  const std::vector<double>& elementwise = local.elementwise;
+  const std::vector<double>& dequantize = local.dequantize;
 
   std::vector<UnitWork> work(M);
   double gemm_per_token = 0;  // forward and backward
@@ -92,7 +117,7 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
     const bool writes_nothing = m == 0 && !model_units[0].trainable;
     w.backward.elementwise_bytes = writes_nothing ? 0 : 2 * w.forward.elementwise_bytes;
     if (m + 1 == M) w.forward.loss_bytes = 8 * V * tokens;
-    gemm_per_token += gemm_forward[m] + gemm_backward[m];
+    gemm_per_token += whole.gemm_forward[m] + whole.gemm_backward[m];
     if (m > 0 && m + 1 < M && gemm_forward[m] > 0) ++blocks;
   }
   SHARDLM_CHECK(blocks > 0, "internal: {} model units and none of them a block", M);
@@ -104,7 +129,8 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
                 flops_per_token, gemm_per_token);
   for (size_t m = 1; m + 1 < M; ++m) {
     if (gemm_forward[m] == 0) continue;  // not a block (LoRA's adapter units)
-    const double a = std::max(0.0, attention_per_token) * tokens / static_cast<double>(blocks);
+    const double a = std::max(0.0, attention_per_token) * tokens / static_cast<double>(blocks) /
+                     tensor.size;
     work[m].forward.attention_flops = a / 3;
     work[m].backward.attention_flops = 2 * a / 3;
     if (options.activation_checkpointing) work[m].backward += work[m].forward;

@@ -34,6 +34,11 @@
 //    plan/traced_step.hpp): bytes of gradients and parameters zeroed, summed,
 //    rounded and accumulated, and, apart, those AdamW reads and writes (the phase
 //    profile's "optimizer"); both at the profile's state rate. Frozen units have none.
+//  - Tensor parallelism (`tensor`: T ranks, this one's coordinate): the GEMMs and the
+//    elementwise proxy count the rank's own pieces of the split matrices
+//    (split_for_tensor_rank: 1/T of q/k/v/o/gate/up/down, a replicated key/value head
+//    whole) and every whole parameter in full (norms, embeddings, the head); attention
+//    runs over H/T query heads: 1/T of the unsplit rank's. The loss is the whole head's.
 // Activation checkpointing adds each block's forward GEMMs, attention and
 // elementwise work to its backward (recomputation).
 #pragma once
@@ -44,6 +49,7 @@
 #include "shardlm/model/config.hpp"
 #include "shardlm/model/model.hpp"
 #include "shardlm/model/param_layout.hpp"
+#include "shardlm/model/tensor_parallel/tensor_piece.hpp"
 
 namespace shardlm {
 
@@ -59,6 +65,6 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
                                       const std::vector<UnitLayout>& model_units,
                                       const std::vector<std::vector<int>>& unit_needs,
                                       double flops_per_token, int micro_batch, int seq_len,
-                                      const ModelOptions& options);
+                                      const ModelOptions& options, TensorSplit tensor = {});
 
 }  // namespace shardlm

@@ -1,0 +1,162 @@
+// plan under tensor parallelism: the traced step runs the tensor-parallel model (each
+// rank's pieces of the split matrices), so a tensor rank multiplies 1/T of the split
+// GEMMs and the whole norms, embeddings and head; the tensor group's all-reduces (two
+// per layer forward, two backward, each a [tokens, n_embd] fp32 partial sum) are on
+// the wire; and the time model keeps the tensor group on the innermost ranks, inside a
+// node, with the other groups' ranks T apart.
+#include <gtest/gtest.h>
+
+#include "shardlm/model/param_layout.hpp"
+#include "shardlm/plan/run_plan.hpp"
+#include "shardlm/plan/time_model.hpp"
+
+using namespace shardlm;
+
+namespace {
+
+RunPlanRequest tiny(int world_size, int tensor_parallel) {
+  RunPlanRequest r;
+  r.config = model_preset("llama-tiny");  // 3 layers, 4 heads, 2 key/value heads
+  r.micro_batch = 2;
+  r.seq_len = 64;
+  r.global_batch = 2 * world_size / tensor_parallel;
+  r.world_size = world_size;
+  r.tensor_parallel = tensor_parallel;
+  return r;
+}
+
+// The last traced step's all-reduces over the tensor group, the 8-byte scalars (the
+// norm's: at most 2 x 8 bus bytes) left out.
+std::vector<PlannedCollective> tensor_all_reduces(const RunPlan& p) {
+  const auto& ops = p.program.ops;
+  size_t first = 0;
+  for (size_t i = 0, ends = 0; i < ops.size(); ++i)
+    if (ops[i].kind == StepOp::Kind::step_end && ++ends == kPlannedSteps - 1) first = i + 1;
+  std::vector<PlannedCollective> out;
+  for (size_t i = first; i < ops.size(); ++i) {
+    if (ops[i].kind != StepOp::Kind::issue) continue;
+    const PlannedCollective& c = p.program.collectives[static_cast<size_t>(ops[i].collective)];
+    if (c.group == CommGroup::tensor && c.kind == CollectiveKind::all_reduce && c.bus_bytes >= 16)
+      out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(TensorParallelPlan, ARankMultipliesItsPiecesAndTheWholeParts) {
+  const RunPlan whole = plan_run(tiny(1, 1));
+  const RunPlan split = plan_run(tiny(2, 2));
+  const double C = model_preset("llama-tiny").n_embd;
+  ASSERT_EQ(whole.unit_work.size(), split.unit_work.size());
+  const size_t M = whole.unit_work.size();
+  for (size_t u = 0; u < M; ++u) {
+    const UnitWork& w = whole.unit_work[u];
+    const UnitWork& s = split.unit_work[u];
+    if (u == 0 || u + 1 == M) {
+      // Embeddings; final norm and head: replicated, computed whole on every rank.
+      EXPECT_DOUBLE_EQ(s.forward.gemm_flops, w.forward.gemm_flops) << "unit " << u;
+      EXPECT_DOUBLE_EQ(s.backward.gemm_flops, w.backward.gemm_flops) << "unit " << u;
+      EXPECT_DOUBLE_EQ(s.forward.elementwise_bytes, w.forward.elementwise_bytes) << "unit " << u;
+      EXPECT_DOUBLE_EQ(s.forward.loss_bytes, w.forward.loss_bytes) << "unit " << u;
+      continue;
+    }
+    // A layer: T = 2 divides the 4 heads, the 2 key/value heads and the MLP width, so
+    // every projection is halved, and attention runs over 2 of the 4 heads.
+    EXPECT_GT(w.forward.gemm_flops, 0.0) << "unit " << u;
+    EXPECT_DOUBLE_EQ(s.forward.gemm_flops, w.forward.gemm_flops / 2) << "unit " << u;
+    EXPECT_DOUBLE_EQ(s.backward.gemm_flops, w.backward.gemm_flops / 2) << "unit " << u;
+    EXPECT_DOUBLE_EQ(s.forward.attention_flops, w.forward.attention_flops / 2) << "unit " << u;
+    EXPECT_DOUBLE_EQ(s.backward.attention_flops, w.backward.attention_flops / 2) << "unit " << u;
+    // Norms whole, the matrices' proxy (8 bytes per token per n_embd of their elements)
+    // halved: the difference is half of the matrices' 8 x elements / C per token, which
+    // is 2 / C of their forward FLOPs (2 x elements per token).
+    EXPECT_DOUBLE_EQ(w.forward.elementwise_bytes - s.forward.elementwise_bytes,
+                     w.forward.gemm_flops * 2 / C)
+        << "unit " << u;
+  }
+  // Model FLOPs per rank (MFU's numerator) are the world's share: the two ranks' rows
+  // (one micro-batch) over two ranks.
+  EXPECT_DOUBLE_EQ(split.flops_per_step, whole.flops_per_step / 2);
+  EXPECT_EQ(split.tensor_parallel, 2);
+}
+
+TEST(TensorParallelPlan, TheTensorGroupSumsTwoPartialSumsPerLayerEachWay) {
+  for (const bool zero3 : {false, true}) {
+    RunPlanRequest r = tiny(4, 2);  // shard=2 x tensor=2
+    r.strategy.kind = zero3 ? StrategyKind::zero3 : StrategyKind::ddp;
+    const RunPlan p = plan_run(r);
+    const auto reduces = tensor_all_reduces(p);
+    const ModelConfig& c = r.config;
+    // Forward: after o_proj and after down_proj; backward: before each half's norm.
+    ASSERT_EQ(reduces.size(), static_cast<size_t>(4 * c.n_layer * p.accumulation))
+        << (zero3 ? "zero3" : "ddp");
+    // An all-reduce of B x n_embd fp32 values over 2 ranks sends 2 (T-1)/T of them.
+    const double bytes = 4.0 * r.micro_batch * r.seq_len * c.n_embd;
+    for (const PlannedCollective& a : reduces) EXPECT_DOUBLE_EQ(a.bus_bytes, bytes) << a.label;
+    if (zero3) continue;
+    // ddp's parameters are the local pieces: half of each layer's matrices fewer than
+    // the unsplit model's (up to the alignment of each parameter and unit).
+    RunPlanRequest one = tiny(2, 1);
+    const RunPlan unsplit = plan_run(one);
+    const double layer_matrices =
+        c.n_embd * (c.n_head + 2.0 * c.kv_heads()) * c.head_dim() + c.n_head * c.head_dim() * c.n_embd +
+        3.0 * c.n_embd * c.mlp_width();
+    EXPECT_NEAR(static_cast<double>(unsplit.params - p.params), 4 * c.n_layer * layer_matrices / 2,
+                4 * 64.0 * 8 * c.n_layer);
+  }
+}
+
+TEST(TensorParallelPlan, ReplicatedKeyValueHeadsArePlanned) {
+  // T = 4 over llama-tiny's 2 key/value heads: pairs of ranks hold the same head and
+  // sum its gradient (a split of the tensor group the traced step must expect).
+  RunPlanRequest r = tiny(4, 4);
+  r.strategy.kind = StrategyKind::zero3;
+  const RunPlan p = plan_run(r);
+  bool kv_sum = false;
+  for (const PlannedCollective& c : p.program.collectives)
+    kv_sum = kv_sum || (c.group == CommGroup::tensor && c.label.find("kv") != std::string::npos);
+  EXPECT_TRUE(kv_sum);
+  EXPECT_EQ(tensor_all_reduces(p).size(), last_step_traffic(p, CommGroup::tensor).calls);
+  EXPECT_GE(tensor_all_reduces(p).size(), static_cast<size_t>(4 * r.config.n_layer));
+}
+
+TEST(TensorParallelPlan, TheTensorGroupSitsInsideANode) {
+  // 8 nodes x 8 ranks, zero3 x T = 8: tensor groups are nodes; each shard group (one
+  // rank per node, 8 apart) crosses the links, 8 of them through each node's.
+  const GroupPlacement tensor = place_group(CommGroup::tensor, 64, 8, 8, 1, 8);
+  EXPECT_TRUE(tensor.within_node);
+  const GroupPlacement shard = place_group(CommGroup::shard, 64, 8, 8, 1, 8);
+  EXPECT_FALSE(shard.within_node);
+  EXPECT_EQ(shard.nic_sharing, 8);
+  // T = 2, shard groups of 4: each spans 8 ranks, a node.
+  EXPECT_TRUE(place_group(CommGroup::shard, 64, 4, 8, 1, 2).within_node);
+  // hybrid replicate=4 x shard=2 x tensor=8: replicas 16 ranks apart, 8 rings per link.
+  EXPECT_EQ(place_group(CommGroup::replica, 64, 2, 8, 1, 8).nic_sharing, 8);
+  // A tensor group wider than a node crosses it.
+  EXPECT_FALSE(place_group(CommGroup::tensor, 64, 4, 8, 1, 16).within_node);
+}
+
+TEST(TensorParallelPlan, TimeModelKeepsTensorTrafficOnTheNode) {
+  // 2 nodes x 4 ranks, zero3 x T = 4: the tensor all-reduces on the node, zero3's
+  // gathers and reduce-scatters (shard groups of 2, one rank per node) between them.
+  RunPlanRequest r;
+  r.config = model_preset("llama-tiny");
+  r.micro_batch = 1;
+  r.seq_len = 128;
+  r.world_size = 8;
+  r.tensor_parallel = 4;
+  r.strategy.kind = StrategyKind::zero3;
+  r.model.device = Device{DeviceKind::cuda, 0};
+  r.model.precision = r.strategy.param_dtype = DType::bf16;
+  const RunPlan p = plan_run(r);
+  const HardwareProfile profile = builtin_profile("h100-80g");
+  const StepTimePrediction t = predict_step_time(p, profile, ClusterShape{2, ""});
+  ASSERT_EQ(p.partition, 2);
+  EXPECT_EQ(t.intra_transport, profile.intra_node.name);
+  EXPECT_EQ(t.inter_transport, profile.inter_node.name);
+  // Two partial sums per layer each way, and the replicated key/value heads' gradient
+  // summed over the 2 ranks that hold each (llama-tiny has 2 for 4 ranks).
+  EXPECT_EQ(last_step_traffic(p, CommGroup::tensor).calls, 5 * r.config.n_layer);
+  EXPECT_GT(last_step_traffic(p, CommGroup::shard).calls, 0);
+}
