@@ -1,8 +1,8 @@
 // plan under tensor parallelism: the traced step runs the tensor-parallel model (each
 // rank's pieces of the split matrices), so a tensor rank multiplies 1/T of the split
-// GEMMs and the whole norms, embeddings and head; the tensor group's all-reduces (two
-// per layer forward, two backward, each a [tokens, n_embd] fp32 partial sum) are on
-// the wire; and the time model keeps the tensor group on the innermost ranks, inside a
+// GEMMs (the vocabulary-parallel head's too) and runs the whole norms; the tensor
+// group's all-reduces (two per layer forward, two backward, each a [tokens, n_embd]
+// fp32 partial sum, and the vocabulary-parallel embedding's and head's) are on the wire; and the time model keeps the tensor group on the innermost ranks, inside a
 // node, with the other groups' ranks T apart.
 #include <gtest/gtest.h>
 
@@ -25,9 +25,9 @@ RunPlanRequest tiny(int world_size, int tensor_parallel) {
   return r;
 }
 
-// The last traced step's all-reduces over the tensor group, the 8-byte scalars (the
-// norm's: at most 2 x 8 bus bytes) left out.
-std::vector<PlannedCollective> tensor_all_reduces(const RunPlan& p) {
+// The last traced step's all-reduces over the tensor group whose label starts with
+// `prefix`, the 8-byte scalars (the norm's: at most 2 x 8 bus bytes) left out.
+std::vector<PlannedCollective> tensor_all_reduces(const RunPlan& p, const std::string& prefix = "") {
   const auto& ops = p.program.ops;
   size_t first = 0;
   for (size_t i = 0, ends = 0; i < ops.size(); ++i)
@@ -36,7 +36,8 @@ std::vector<PlannedCollective> tensor_all_reduces(const RunPlan& p) {
   for (size_t i = first; i < ops.size(); ++i) {
     if (ops[i].kind != StepOp::Kind::issue) continue;
     const PlannedCollective& c = p.program.collectives[static_cast<size_t>(ops[i].collective)];
-    if (c.group == CommGroup::tensor && c.kind == CollectiveKind::all_reduce && c.bus_bytes >= 16)
+    if (c.group == CommGroup::tensor && c.kind == CollectiveKind::all_reduce && c.bus_bytes >= 16 &&
+        c.label.rfind(prefix, 0) == 0)
       out.push_back(c);
   }
   return out;
@@ -53,21 +54,22 @@ TEST(TensorParallelPlan, ARankMultipliesItsPiecesAndTheWholeParts) {
   for (size_t u = 0; u < M; ++u) {
     const UnitWork& w = whole.unit_work[u];
     const UnitWork& s = split.unit_work[u];
-    if (u == 0 || u + 1 == M) {
-      // Embeddings; final norm and head: replicated, computed whole on every rank.
-      EXPECT_DOUBLE_EQ(s.forward.gemm_flops, w.forward.gemm_flops) << "unit " << u;
-      EXPECT_DOUBLE_EQ(s.backward.gemm_flops, w.backward.gemm_flops) << "unit " << u;
+    if (u == 0) {
+      // The embedding looks up a row per token (vocabulary-parallel: the rows this rank
+      // holds, zeros for the rest, then summed), as much as unsplit.
       EXPECT_DOUBLE_EQ(s.forward.elementwise_bytes, w.forward.elementwise_bytes) << "unit " << u;
-      EXPECT_DOUBLE_EQ(s.forward.loss_bytes, w.forward.loss_bytes) << "unit " << u;
+      EXPECT_DOUBLE_EQ(s.forward.gemm_flops, 0.0) << "unit " << u;
       continue;
     }
     // A layer: T = 2 divides the 4 heads, the 2 key/value heads and the MLP width, so
-    // every projection is halved, and attention runs over 2 of the 4 heads.
+    // every projection is halved, and attention runs over 2 of the 4 heads; the last
+    // unit's head is vocabulary-parallel: half the logits, half the softmax.
     EXPECT_GT(w.forward.gemm_flops, 0.0) << "unit " << u;
     EXPECT_DOUBLE_EQ(s.forward.gemm_flops, w.forward.gemm_flops / 2) << "unit " << u;
     EXPECT_DOUBLE_EQ(s.backward.gemm_flops, w.backward.gemm_flops / 2) << "unit " << u;
     EXPECT_DOUBLE_EQ(s.forward.attention_flops, w.forward.attention_flops / 2) << "unit " << u;
     EXPECT_DOUBLE_EQ(s.backward.attention_flops, w.backward.attention_flops / 2) << "unit " << u;
+    EXPECT_DOUBLE_EQ(s.forward.loss_bytes, w.forward.loss_bytes / 2) << "unit " << u;
     // Norms whole, the matrices' proxy (8 bytes per token per n_embd of their elements)
     // halved: the difference is half of the matrices' 8 x elements / C per token, which
     // is 2 / C of their forward FLOPs (2 x elements per token).
@@ -86,24 +88,30 @@ TEST(TensorParallelPlan, TheTensorGroupSumsTwoPartialSumsPerLayerEachWay) {
     RunPlanRequest r = tiny(4, 2);  // shard=2 x tensor=2
     r.strategy.kind = zero3 ? StrategyKind::zero3 : StrategyKind::ddp;
     const RunPlan p = plan_run(r);
-    const auto reduces = tensor_all_reduces(p);
+    std::vector<PlannedCollective> reduces = tensor_all_reduces(p, "tensor.attention");
+    for (const PlannedCollective& m : tensor_all_reduces(p, "tensor.mlp")) reduces.push_back(m);
     const ModelConfig& c = r.config;
     // Forward: after o_proj and after down_proj; backward: before each half's norm.
     ASSERT_EQ(reduces.size(), static_cast<size_t>(4 * c.n_layer * p.accumulation))
         << (zero3 ? "zero3" : "ddp");
+    // The vocabulary-parallel embedding's sum and the head's (row maxima, sum-exp and
+    // target logit, the input gradient) for the one logits chunk of 128 rows.
+    EXPECT_EQ(tensor_all_reduces(p, "tensor.vocab").size(), 4u * p.accumulation);
     // An all-reduce of B x n_embd fp32 values over 2 ranks sends 2 (T-1)/T of them.
     const double bytes = 4.0 * r.micro_batch * r.seq_len * c.n_embd;
     for (const PlannedCollective& a : reduces) EXPECT_DOUBLE_EQ(a.bus_bytes, bytes) << a.label;
     if (zero3) continue;
-    // ddp's parameters are the local pieces: half of each layer's matrices fewer than
-    // the unsplit model's (up to the alignment of each parameter and unit).
+    // ddp's parameters are the local pieces: half of each layer's matrices and of the
+    // vocabulary-parallel embedding and (untied) head fewer than the unsplit model's (up
+    // to the alignment of each parameter and unit).
     RunPlanRequest one = tiny(2, 1);
     const RunPlan unsplit = plan_run(one);
     const double layer_matrices =
         c.n_embd * (c.n_head + 2.0 * c.kv_heads()) * c.head_dim() + c.n_head * c.head_dim() * c.n_embd +
         3.0 * c.n_embd * c.mlp_width();
-    EXPECT_NEAR(static_cast<double>(unsplit.params - p.params), 4 * c.n_layer * layer_matrices / 2,
-                4 * 64.0 * 8 * c.n_layer);
+    const double vocab_tables = (c.tie_embeddings ? 1.0 : 2.0) * c.padded_vocab_size() * c.n_embd;
+    EXPECT_NEAR(static_cast<double>(unsplit.params - p.params),
+                4 * (c.n_layer * layer_matrices + vocab_tables) / 2, 4 * 64.0 * 8 * c.n_layer);
   }
 }
 
@@ -155,8 +163,9 @@ TEST(TensorParallelPlan, TimeModelKeepsTensorTrafficOnTheNode) {
   ASSERT_EQ(p.partition, 2);
   EXPECT_EQ(t.intra_transport, profile.intra_node.name);
   EXPECT_EQ(t.inter_transport, profile.inter_node.name);
-  // Two partial sums per layer each way, and the replicated key/value heads' gradient
-  // summed over the 2 ranks that hold each (llama-tiny has 2 for 4 ranks).
-  EXPECT_EQ(last_step_traffic(p, CommGroup::tensor).calls, 5 * r.config.n_layer);
+  // Two partial sums per layer each way, the replicated key/value heads' gradient
+  // summed over the 2 ranks that hold each (llama-tiny has 2 for 4 ranks), and the
+  // vocabulary-parallel embedding's and head's four.
+  EXPECT_EQ(last_step_traffic(p, CommGroup::tensor).calls, 5 * r.config.n_layer + 4);
   EXPECT_GT(last_step_traffic(p, CommGroup::shard).calls, 0);
 }

@@ -47,8 +47,8 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.flops_per_step = flops_per_token * static_cast<double>(global_batch) / n * r.seq_len;
   plan.tokens_per_step = static_cast<double>(global_batch) * r.seq_len;
   // Tensor parallelism: the planned rank (tensor coordinate 0; every one does as much)
-  // multiplies its pieces of the split matrices, its H/T heads' attention, and the
-  // whole (replicated) norms, embeddings and head.
+  // multiplies its pieces of the split matrices (the vocabulary-parallel head's too),
+  // its H/T heads' attention, and the whole (replicated) norms.
   plan.unit_work = model_unit_work(r.config, family.model_units(r.config),
                                    family.unit_needs(r.config), flops_per_token, r.micro_batch,
                                    r.seq_len, r.model, TensorSplit{r.tensor_parallel, 0});

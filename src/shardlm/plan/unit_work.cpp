@@ -116,7 +116,8 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
     // A frozen embedding's backward writes no gradient rows.
     const bool writes_nothing = m == 0 && !model_units[0].trainable;
     w.backward.elementwise_bytes = writes_nothing ? 0 : 2 * w.forward.elementwise_bytes;
-    if (m + 1 == M) w.forward.loss_bytes = 8 * V * tokens;
+    // The vocabulary-parallel head: padded vocabulary / T logits per token on a rank.
+    if (m + 1 == M) w.forward.loss_bytes = 8 * V / tensor.size * tokens;
     gemm_per_token += whole.gemm_forward[m] + whole.gemm_backward[m];
     if (m > 0 && m + 1 < M && gemm_forward[m] > 0) ++blocks;
   }

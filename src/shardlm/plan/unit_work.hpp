@@ -37,8 +37,9 @@
 //  - Tensor parallelism (`tensor`: T ranks, this one's coordinate): the GEMMs and the
 //    elementwise proxy count the rank's own pieces of the split matrices
 //    (split_for_tensor_rank: 1/T of q/k/v/o/gate/up/down, a replicated key/value head
-//    whole) and every whole parameter in full (norms, embeddings, the head); attention
-//    runs over H/T query heads: 1/T of the unsplit rank's. The loss is the whole head's.
+//    whole, 1/T of the vocabulary-parallel embedding and head) and every whole
+//    parameter in full (norms); attention runs over H/T query heads and the loss's
+//    softmax over padded vocabulary / T logits: 1/T of the unsplit rank's.
 // Activation checkpointing adds each block's forward GEMMs, attention and
 // elementwise work to its backward (recomputation).
 #pragma once
