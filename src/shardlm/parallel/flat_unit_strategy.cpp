@@ -389,6 +389,10 @@ void FlatUnitStrategy::ensure_gathered(int index) {
   flat.finish_gather();
 }
 
+// Called from the hooks of units this rank reads only: a unit held elsewhere (expert
+// parallelism: no needs here) must not top the window up again, or a rank whose
+// experts come early would start the world's gathers of the units after a layer's
+// experts before that layer's expert exchange, and its peers after it (a deadlock).
 void FlatUnitStrategy::prefetch_after(size_t cursor) {
   int issued = 0;
   for (size_t s = cursor + 1; s < schedule_->size() && issued < options_.prefetch; ++s) {
@@ -439,7 +443,7 @@ void FlatUnitStrategy::before_forward(int model_unit, bool training) {
     schedule_ = training ? &train_schedule_ : &eval_schedule_;
     const size_t cursor = schedule_index(false, model_unit);
     for (int v : unit_needs) ensure_gathered(v);
-    prefetch_after(cursor);
+    if (!unit_needs.empty()) prefetch_after(cursor);
   } else {
     for (int v : unit_needs) refresh_replicated_params(v);
   }
@@ -460,7 +464,7 @@ void FlatUnitStrategy::before_backward(int model_unit) {
     schedule_ = &train_schedule_;
     const size_t cursor = schedule_index(true, model_unit);
     for (int v : unit_needs) ensure_gathered(v);
-    prefetch_after(cursor);
+    if (!unit_needs.empty()) prefetch_after(cursor);
   } else {
     for (int v : unit_needs) refresh_replicated_params(v);
   }

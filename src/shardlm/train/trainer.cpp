@@ -432,8 +432,6 @@ void Trainer::read_inputs() {
                   config_.moe.num_experts);
     SHARDLM_CHECK(!o_.activation_checkpointing, "--expert-parallel {} with "
                   "--activation-checkpointing is not supported yet (run without one of them)", E);
-    SHARDLM_CHECK(!config_.lora.enabled(), "--expert-parallel {} with LoRA is not supported yet "
-                  "(train the full model, or run without --expert-parallel)", E);
   }
   set_global_batch(o_.global_batch > 0 ? o_.global_batch
                                        : o_.micro_batch * mesh_shape_.data_parallel_size() *

@@ -222,8 +222,9 @@ class LlamaFamily final : public ModelFamily {
         }
         units.push_back(b.finish());
         const int64_t Ie = c.moe.expert_intermediate_size;
+        if (llama_expert_lora(c))
+          for (int e = 0; e < c.moe.num_experts; ++e) units.push_back(expert_adapter_unit(c, l, e));
         for (int e = 0; e < c.moe.num_experts; ++e) {
-          if (llama_expert_lora(c)) units.push_back(expert_adapter_unit(c, l, e));
           UnitBuilder expert("layers." + std::to_string(l) + ".experts." + std::to_string(e), base_trains);
           const MoeNames::Expert n = moe.expert(l, e);
           expert.add(n.gate, {Ie, C}, ParamInit::normal, std);

@@ -60,7 +60,7 @@ std::string lora_b_name(int layer, const LoraTarget& t) {
 
 namespace {
 
-// Model units per expert: itself, after its adapters when LoRA adapts the experts.
+// Model units per expert: itself, and its adapters when LoRA adapts the experts.
 int units_per_expert(const ModelConfig& c) { return llama_expert_lora(c) ? 2 : 1; }
 
 // Model units of layer l: its adapters (LoRA), itself, its experts (sparse layers).
@@ -91,12 +91,14 @@ int llama_layer_unit(const ModelConfig& c, int layer) {
 int llama_expert_unit(const ModelConfig& c, int layer, int expert) {
   SHARDLM_CHECK(c.moe.sparse_layer(layer) && expert >= 0 && expert < c.moe.num_experts,
                 "model: layer {} has no expert {}", layer, expert);
-  return llama_layer_unit(c, layer) + (expert + 1) * units_per_expert(c);
+  return llama_layer_unit(c, layer) + 1 + (llama_expert_lora(c) ? c.moe.num_experts : 0) + expert;
 }
 
 int llama_expert_adapter_unit(const ModelConfig& c, int layer, int expert) {
   SHARDLM_CHECK(llama_expert_lora(c), "model: the experts of layer {} have no adapters", layer);
-  return llama_expert_unit(c, layer, expert) - 1;
+  SHARDLM_CHECK(c.moe.sparse_layer(layer) && expert >= 0 && expert < c.moe.num_experts,
+                "model: layer {} has no expert {}", layer, expert);
+  return llama_layer_unit(c, layer) + 1 + expert;
 }
 
 std::vector<LlamaUnitRole> llama_unit_roles(const ModelConfig& c) {
@@ -104,11 +106,10 @@ std::vector<LlamaUnitRole> llama_unit_roles(const ModelConfig& c) {
   for (int l = 0; l < c.n_layer; ++l) {
     if (llama_layer_adapters(c)) roles.push_back({LlamaUnitRole::Kind::adapters, l});
     roles.push_back({LlamaUnitRole::Kind::layer, l});
+    if (c.moe.sparse_layer(l) && llama_expert_lora(c))
+      for (int e = 0; e < c.moe.num_experts; ++e) roles.push_back({LlamaUnitRole::Kind::expert_adapters, l, e});
     if (c.moe.sparse_layer(l))
-      for (int e = 0; e < c.moe.num_experts; ++e) {
-        if (llama_expert_lora(c)) roles.push_back({LlamaUnitRole::Kind::expert_adapters, l, e});
-        roles.push_back({LlamaUnitRole::Kind::expert, l, e});
-      }
+      for (int e = 0; e < c.moe.num_experts; ++e) roles.push_back({LlamaUnitRole::Kind::expert, l, e});
   }
   roles.push_back({LlamaUnitRole::Kind::final, -1});
   return roles;

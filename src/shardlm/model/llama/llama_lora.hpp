@@ -21,9 +21,13 @@
 // `experts.gate_up_proj` and `experts.down_proj`. Each expert e gets its own pair
 //   gate_up_proj  A_e [r, C] (one A for gate and up), B_e [2 I, r]: g|u += s (x A_e^T) B_e^T
 //   down_proj     A_e [r, I],                          B_e [C, r]: y   += s (a A_e^T) B_e^T
-// with s = alpha / r, in an adapter unit of its own right before the expert's unit
-// (model/moe/moe_expert_lora.hpp), so that it is gathered, reduced and placed with it:
-//   [..., layer l, (expert adapters l.0), expert l.0, (expert adapters l.1), expert l.1, ...]
+// with s = alpha / r, in an adapter unit of its own (model/moe/moe_expert_lora.hpp),
+// placed and partitioned with its expert; a layer's expert adapter units come before
+// its experts, so that every expert's backward (which writes its adapters' gradients)
+// runs before the adapter units' after_backward hooks, and so that under expert
+// parallelism every rank prefetches the layer's unit after the layer's last expert
+// exchange (a rank skips the units held elsewhere):
+//   [..., layer l, expert adapters l.0 .. l.E-1, expert l.0 .. l.E-1, ...]
 // Export fuses them into PEFT's tensors (moe_expert_lora.hpp: peft_expert_adapters).
 #pragma once
 
@@ -71,7 +75,7 @@ std::string lora_b_name(int layer, const LoraTarget& t);
 // What model unit u is in a run with or without adapters. A mixture-of-experts layer
 // (model/moe/moe_experts.hpp) is followed by one unit per expert, so that each expert
 // is gathered, reduced and (later) placed on an expert-parallel rank on its own:
-//   [embed, (adapters 0), layer 0, (expert 0.0, ..., expert 0.E-1), ..., final]
+//   [embed, (adapters 0), layer 0, (expert adapters 0.*), (expert 0.0, ..., expert 0.E-1), ..., final]
 struct LlamaUnitRole {
   enum class Kind { embeddings, adapters, layer, expert_adapters, expert, final } kind;
   int layer = -1;
