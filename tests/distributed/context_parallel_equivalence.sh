@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Context parallelism (--context-parallel P, Ulysses): P ranks that split every sequence
-# train the model one rank holding whole rows trains, on the same global batch, under
-# ddp and zero3, with the KV heads split (P = 2 over llama-tiny's 2) and replicated
-# (P = 4), padded text rows and packed SFT rows (documents' positions and key_begin
-# global). Per-step loss and gradient norm agree to 1e-5 relative and the final weights
+# Context parallelism (--context-parallel P, Ulysses and ring): P ranks that split every
+# sequence train the model one rank holding whole rows trains, on the same global batch,
+# under ddp and zero3, Ulysses with the KV heads split (P = 2 over llama-tiny's 2) and
+# replicated (P = 4), ring attention (zigzag split) at P = 2 and 4 and on qwen3-tiny's 3
+# heads that Ulysses cannot split, padded text rows and packed SFT rows (documents'
+# positions and key_begin global), LoRA under both. Per-step loss and gradient norm agree to 1e-5 relative and the final weights
 # to 1e-5 of the model's largest weight (inspect --relative-to model): not bitwise,
 # because each rank's weight gradients sum over its own tokens and the partial sums are
 # added by the reduction in another order than one GEMM over all tokens (fp32 rounding,
@@ -53,6 +54,20 @@ for model in llama-tiny qwen2-tiny; do
   done
 done
 
+# Ring attention (--context-parallel-kind ring): the same equivalence; qwen3-tiny's 3
+# query heads do not split for Ulysses, and need not for the ring.
+for run in "llama-tiny 2 ddp 2 4" "llama-tiny 4 zero3 4 4" "llama-tiny 4 zero3 2 2" "qwen3-tiny 2 zero3 2 4"; do
+  read -r model n strategy P micro <<< "$run"
+  ref="$WORK/${model}_ref"
+  [ -d "$ref" ] || "$SHARDLM" train --model "$model" "${BASE[@]}" --micro-batch 4 --out "$ref" > "$ref.log" 2>&1 \
+    || { cat "$ref.log"; fail "$model reference"; }
+  out="$WORK/${model}_ring_${strategy}_n${n}_p${P}"
+  run_mpi "$n" "$SHARDLM" train --model "$model" "${BASE[@]}" --micro-batch "$micro" --strategy "$strategy" \
+    --context-parallel "$P" --context-parallel-kind ring --out "$out" > "$out.log" 2>&1 \
+    || { cat "$out.log"; fail "$model ring $strategy n=$n P=$P"; }
+  close "$out" "$ref" "$model ring $strategy n=$n --context-parallel $P vs one rank"
+done
+
 # LoRA: only the adapters train, their gradients reduced over shard x context.
 LORA=(--lora-rank 4 --lora-targets q_proj,v_proj,down_proj)
 "$SHARDLM" train --model qwen2-tiny "${BASE[@]}" "${LORA[@]}" --micro-batch 4 --out "$WORK/lora_ref" \
@@ -60,6 +75,10 @@ LORA=(--lora-rank 4 --lora-targets q_proj,v_proj,down_proj)
 run_mpi 2 "$SHARDLM" train --model qwen2-tiny "${BASE[@]}" "${LORA[@]}" --micro-batch 4 --strategy zero3 \
   --context-parallel 2 --out "$WORK/lora_cp" > "$WORK/lora_cp.log" 2>&1 || { cat "$WORK/lora_cp.log"; fail "LoRA P=2"; }
 close "$WORK/lora_cp" "$WORK/lora_ref" "qwen2-tiny LoRA zero3 --context-parallel 2 vs one rank"
+run_mpi 2 "$SHARDLM" train --model qwen2-tiny "${BASE[@]}" "${LORA[@]}" --micro-batch 4 --strategy ddp \
+  --context-parallel 2 --context-parallel-kind ring --out "$WORK/lora_ring" > "$WORK/lora_ring.log" 2>&1 \
+  || { cat "$WORK/lora_ring.log"; fail "LoRA ring P=2"; }
+close "$WORK/lora_ring" "$WORK/lora_ref" "qwen2-tiny LoRA ddp --context-parallel 2 ring vs one rank"
 
 # --mesh context=2 is the same run as --context-parallel 2.
 run_mpi 2 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --strategy zero3 \
@@ -96,6 +115,9 @@ run_mpi 2 "$SHARDLM" sft "${SFT[@]}" --strategy zero3 --context-parallel 2 --out
 # AdamW turns into lr-sized steps: ~3e-5 of the model's largest weight after 3 steps.
 # The weights are held to the L2 norm of the difference relative to the weights'.
 close "$WORK/sft_cp" "$WORK/sft_ref" "qwen2-tiny sft packed zero3 --context-parallel 2 vs one rank" norm
+run_mpi 2 "$SHARDLM" sft "${SFT[@]}" --strategy zero3 --context-parallel 2 --context-parallel-kind ring \
+  --out "$WORK/sft_ring" > "$WORK/sft_ring.log" 2>&1 || { cat "$WORK/sft_ring.log"; fail "sft ring P=2"; }
+close "$WORK/sft_ring" "$WORK/sft_ref" "qwen2-tiny sft packed zero3 --context-parallel 2 ring vs one rank" norm
 
 # Bad input: one line, nothing written.
 refused() {
@@ -114,5 +136,6 @@ refused "--seq-len 30 does not split over --context-parallel 4" 1 --model llama-
 refused "--context-parallel 2 and --mesh shard=2 (context=1) disagree" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --mesh shard=2
 refused "gpt2 does not split sequences" 2 --model gpt2-tiny --micro-batch 4 --context-parallel 2
 refused "--context-parallel-kind must be ulysses" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --context-parallel-kind zigzag
+refused "--seq-len 36 does not split over --context-parallel 4: ring attention's zigzag split needs a multiple of 8" 1 --model llama-tiny --micro-batch 4 --context-parallel 4 --context-parallel-kind ring --seq-len 36
 echo "bad --context-parallel input refused in one line before a run directory exists"
 echo "1 passed, 0 failed"

@@ -1,8 +1,9 @@
 // Context parallelism in the model (model/context_parallel/): P ranks that each hold
 // T / P tokens of every row give the loss and every gradient of one rank holding the
 // whole rows, summed over the ranks, for padded and packed rows (documents with their
-// own positions and key_begin), with the KV heads split (P divides them) and replicated
-// (P a multiple of them), with and without activation checkpointing. The reference is
+// own positions and key_begin), with and without activation checkpointing: Ulysses with
+// the KV heads split (P divides them) and replicated (P a multiple of them), ring
+// attention with the zigzag split at P = 2, 3 and 4 (packed documents crossing chunks). The reference is
 // the same model without a context group on the whole micro-batch (itself held to
 // float64 transformers by test_llama_fixture). Not bitwise: each rank's weight
 // gradients sum over its own tokens, and those partial sums are added across ranks,
@@ -85,11 +86,13 @@ struct Case {
   int P;
   bool packed;
   bool checkpointing;
+  ContextParallelKind kind = ContextParallelKind::ulysses;
 };
 
 void expect_context_parallel_matches(const Case& c) {
-  SCOPED_TRACE(c.preset + " P=" + std::to_string(c.P) + (c.packed ? " packed" : " padded") +
-               (c.checkpointing ? " checkpointing" : ""));
+  const std::string kind = context_parallel_kind_name(c.kind);
+  SCOPED_TRACE(c.preset + " " + kind + " P=" + std::to_string(c.P) +
+               (c.packed ? " packed" : " padded") + (c.checkpointing ? " checkpointing" : ""));
   const ModelConfig config = tiny_family_config(c.preset);
   const int B = 2, T = 24;
   const ParamLayout layout = ParamLayout::build(config, 1, 0);
@@ -112,6 +115,7 @@ void expect_context_parallel_matches(const Case& c) {
   const auto errors = job.run([&](Communicator& world) {
     ModelOptions o = options;
     o.parallel_groups.context = &world;
+    o.context_parallel_kind = c.kind;
     auto model = model_family(config.family).make_model(config, layout, B, T, o, MemoryTracker::global());
     Weights w(*model, layout);
     const size_t r = static_cast<size_t>(world.rank());
@@ -141,8 +145,8 @@ void expect_context_parallel_matches(const Case& c) {
     EXPECT_LE(max_diff, 1e-5 * max_abs) << "flat unit " << u << ": max |diff| " << max_diff
                                         << " of max |grad| " << max_abs;
   }
-  std::printf("%s P=%d %s%s: loss rel diff %.1e, gradients within %.1e of each unit's largest\n",
-              c.preset.c_str(), c.P, c.packed ? "packed" : "padded", c.checkpointing ? " checkpointing" : "",
+  std::printf("%s %s P=%d %s%s: loss rel diff %.1e, gradients within %.1e of each unit's largest\n",
+              c.preset.c_str(), kind.c_str(), c.P, c.packed ? "packed" : "padded", c.checkpointing ? " checkpointing" : "",
               std::abs(loss - want_loss) / std::abs(want_loss), worst);
 }
 
@@ -158,6 +162,44 @@ TEST(ContextParallel, UlyssesReplicatesKvHeadsLikeOneRank) {
   expect_context_parallel_matches({"llama-tiny", 4, true, false});
   expect_context_parallel_matches({"qwen3-tiny", 3, false, false});
   expect_context_parallel_matches({"qwen3-tiny", 3, true, true});
+}
+
+TEST(ContextParallel, RingMatchesOneRank) {
+  const ContextParallelKind ring = ContextParallelKind::ring;
+  for (const char* preset : {"llama-tiny", "qwen2-tiny", "qwen3-tiny"})
+    for (int P : {2, 4})
+      for (bool packed : {false, true}) expect_context_parallel_matches({preset, P, packed, false, ring});
+  // qwen3-tiny's 3 query heads, which Ulysses cannot split over 2 or 4, and an odd P.
+  expect_context_parallel_matches({"qwen3-tiny", 3, true, false, ring});
+  expect_context_parallel_matches({"llama-tiny", 4, true, true, ring});
+}
+
+// A rank whose message never arrives: the other ranks' waits run into the deadline, and
+// the error names the exchange (the contribution is lost on its way, InProcessFault).
+std::vector<std::string> errors_when_lost(ContextParallelKind kind, const std::string& label) {
+  const ModelConfig config = tiny_family_config("llama-tiny");
+  const int B = 1, T = 24;
+  const ParamLayout layout = ParamLayout::build(config, 1, 0);
+  const Rows rows = make_rows(B, T, config.vocab_size);
+  InProcessJob job(2, CommOptions{.timeout_seconds = 0.2});
+  job.inject({.rank = 1, .label = label});
+  return job.run([&](Communicator& world) {
+    ModelOptions o;
+    o.parallel_groups.context = &world;
+    o.context_parallel_kind = kind;
+    auto model = model_family(config.family).make_model(config, layout, B, T, o, MemoryTracker::global());
+    Weights w(*model, layout);
+    run(*model, w, rows.batch(B, T, false));
+  });
+}
+
+TEST(ContextParallel, ALostRingBlockOrAllToAllRunsIntoTheDeadlineNamingIt) {
+  const auto ring = errors_when_lost(ContextParallelKind::ring, "ring k|v");
+  for (const std::string& e : ring)
+    EXPECT_NE(e.find("timed out after 0.2 s waiting for send_recv 'ring k|v'"), std::string::npos) << e;
+  const auto ulysses = errors_when_lost(ContextParallelKind::ulysses, "ulysses q|k|v");
+  for (const std::string& e : ulysses)
+    EXPECT_NE(e.find("timed out after 0.2 s waiting for all_to_all 'ulysses q|k|v'"), std::string::npos) << e;
 }
 
 TEST(ContextParallel, HeadsThatDoNotSplitAreOneLineErrors) {
@@ -184,6 +226,23 @@ TEST(ContextParallel, HeadsThatDoNotSplitAreOneLineErrors) {
     EXPECT_EQ(std::string(e.what()),
               "--seq-len 30 does not split over --context-parallel 4: the split needs a multiple of 4");
   }
+  try {
+    ContextSplit(1, 4, true).check_seq_len(36);
+    ADD_FAILURE() << "36 tokens split into 8 zigzag chunks";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--seq-len 36 does not split over --context-parallel 4: ring attention's zigzag "
+              "split needs a multiple of 8 (2 chunks per rank)");
+  }
+}
+
+TEST(ContextParallel, ZigzagSplitHoldsChunksRAnd2PMinus1MinusR) {
+  // T = 16 over P = 2: chunks of 4; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+  const ContextSplit r0(0, 2, true), r1(1, 2, true);
+  std::vector<int> held0, held1;
+  for (int i = 0; i < 8; ++i) held0.push_back(r0.global_index(16, i)), held1.push_back(r1.global_index(16, i));
+  EXPECT_EQ(held0, (std::vector<int>{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(held1, (std::vector<int>{4, 5, 6, 7, 8, 9, 10, 11}));
 }
 
 }  // namespace

@@ -4,18 +4,29 @@
 // the wire.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
+
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/plan/run_plan.hpp"
 
 using namespace shardlm;
 
-TEST(ContextParallelPlan, ARankComputesItsShareOfEveryRow) {
+namespace {
+// llama-tiny, two rows of 64 tokens on one rank.
+RunPlanRequest tiny_request() {
   RunPlanRequest r;
   r.config = model_preset("llama-tiny");
   r.micro_batch = 2;
   r.seq_len = 64;
   r.global_batch = 2;
   r.world_size = 1;
+  return r;
+}
+}  // namespace
+
+TEST(ContextParallelPlan, ARankComputesItsShareOfEveryRow) {
+  RunPlanRequest r = tiny_request();
   const RunPlan whole = plan_run(r);
   r.world_size = 2;
   r.strategy.context_parallel = 2;
@@ -31,4 +42,39 @@ TEST(ContextParallelPlan, ARankComputesItsShareOfEveryRow) {
     EXPECT_DOUBLE_EQ(s.forward.elementwise_bytes, w.forward.elementwise_bytes / 2) << "unit " << u;
   }
   EXPECT_EQ(whole.accumulation, split.accumulation);  // the context ranks share their rows
+}
+
+// Ring attention: the traced step records every ring step's send_recv on the context
+// group, a layer's k|v block (micro-batch x T/P tokens x 2 KV hd values, fp32) P - 1
+// times forward and P - 1 times backward, its gradient P times; a rank's GEMM work is
+// its share of the tokens as under Ulysses.
+TEST(ContextParallelPlan, RingSendsKeyValueBlocksAroundTheRing) {
+  for (int P : {2, 4}) {
+    RunPlanRequest r = tiny_request();
+    const RunPlan whole = plan_run(r);
+    r.world_size = P;
+    r.strategy.context_parallel = P;
+    r.model.context_parallel_kind = ContextParallelKind::ring;
+    const RunPlan ring = plan_run(r);
+    std::map<std::string, int> issued;
+    for (const StepOp& op : ring.program.ops) {
+      if (op.kind != StepOp::Kind::issue) continue;
+      const PlannedCollective& c = ring.program.collectives.at(static_cast<size_t>(op.collective));
+      if (c.kind != CollectiveKind::send_recv) continue;
+      EXPECT_EQ(c.group, CommGroup::context) << c.label;
+      const double block = 2.0 * (64 / P) * 2 * r.config.kv_heads() * r.config.head_dim() * 4;
+      EXPECT_DOUBLE_EQ(c.bus_bytes, block) << c.label;
+      EXPECT_DOUBLE_EQ(c.messages, 1.0) << c.label;
+      ++issued[c.label];
+    }
+    const int L = r.config.n_layer, steps = kPlannedSteps;
+    EXPECT_EQ(issued["ring k|v"], steps * L * (P - 1)) << "P=" << P;
+    EXPECT_EQ(issued["ring k|v (backward)"], steps * L * (P - 1)) << "P=" << P;
+    EXPECT_EQ(issued["ring k|v gradient"], steps * L * P) << "P=" << P;
+    EXPECT_EQ(issued.size(), 3u);
+    for (size_t u = 0; u < whole.unit_work.size(); ++u)
+      EXPECT_DOUBLE_EQ(ring.unit_work[u].forward.gemm_flops, whole.unit_work[u].forward.gemm_flops / P)
+          << "unit " << u;
+    EXPECT_LT(ring.activations, whole.activations) << "P=" << P;
+  }
 }

@@ -25,6 +25,7 @@
 
 #include "shardlm/core/device.hpp"
 #include "shardlm/core/dtype.hpp"
+#include "shardlm/backend/attention_block_shape.hpp"
 #include "shardlm/backend/kernel_args.hpp"
 #include "shardlm/core/memory_tracker.hpp"
 
@@ -131,6 +132,19 @@ class Backend {
   virtual void attention_forward_cached(TypedPtr out, ConstTypedPtr q, int64_t ld_q,
                                         ConstTypedPtr k, ConstTypedPtr v, int64_t ld_kv,
                                         const AttentionShape& s, int past);
+  // Ring attention's blocks (cpu/attention_block.hpp: queries over another block's keys
+  // and values, each query seeing the keys key_range gives it; the log-sum-exp merge of
+  // two blocks' results). key_range: device memory. Not every backend has them: the
+  // defaults say so, naming the backend.
+  virtual void attention_block_forward(float* out, float* lse, ConstTypedPtr q, int64_t ld_q,
+                                       ConstTypedPtr kv, const AttentionBlockShape& s,
+                                       const int32_t* key_range);
+  virtual void attention_block_backward(float* dq, float* dkv, const float* dout,
+                                        ConstTypedPtr out, const float* lse, ConstTypedPtr q,
+                                        int64_t ld_q, ConstTypedPtr kv,
+                                        const AttentionBlockShape& s, const int32_t* key_range);
+  virtual void attention_lse_merge(float* out, float* lse, const float* block_out,
+                                   const float* block_lse, const AttentionBlockShape& s);
   virtual void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte,
                                  ConstTypedPtr wpe, int B, int T, int C, DType value_type,
                                  const int32_t* positions) = 0;

@@ -103,7 +103,8 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
   cmd->add_option("--context-parallel-kind", opts->context_parallel_kind,
                   "How the context group's attention sees whole rows: ulysses (all-to-all to "
                   "heads; the query and key/value heads must split over P or P be a multiple of "
-                  "the key/value heads)")
+                  "the key/value heads) or ring (zigzag split, key/value blocks passed around "
+                  "the ranks; --seq-len a multiple of 2P)")
       ->capture_default_str();
   cmd->add_option("--expert-parallel", opts->expert_parallel,
                   "Mixture of experts: spread each layer's experts over this many ranks (an "

@@ -66,6 +66,10 @@ struct ModelParallelGroups {
   Communicator* expert = nullptr;
 };
 
+// How attention sees whole rows when ModelParallelGroups::context has more than one
+// rank (model/context_parallel/context_attention.hpp, docs/parallelism.md).
+enum class ContextParallelKind { ulysses, ring };
+
 struct ModelOptions {
   DType precision = DType::fp32;
   bool activation_checkpointing = false;
@@ -83,6 +87,7 @@ struct ModelOptions {
   // meta backend standing for `device` (backend/meta). Null: backend_for(device).
   Backend* backend = nullptr;
   ModelParallelGroups parallel_groups{};
+  ContextParallelKind context_parallel_kind = ContextParallelKind::ulysses;
 };
 
 // What a model allocates (bytes), for `shardlm plan`.

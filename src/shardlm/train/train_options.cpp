@@ -16,6 +16,7 @@
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
+#include "shardlm/model/context_parallel/context_attention.hpp"
 #include "shardlm/model/context_parallel/context_split.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 
@@ -166,10 +167,7 @@ void TrainOptions::validate_run_shape() const {
 
 void TrainOptions::validate_context_parallel() const {
   check_at_least("--context-parallel", context_parallel, 1);
-  SHARDLM_CHECK(context_parallel_kind == "ulysses",
-                "--context-parallel-kind must be ulysses (ring and hybrid are not there yet), got "
-                "'{}'",
-                context_parallel_kind);
+  const ContextParallelKind kind = parse_context_parallel_kind(context_parallel_kind);
   if (!mesh.empty() && context_parallel > 1) {
     const int in_mesh = MeshShape::parse(mesh).size(MeshDim::context);
     SHARDLM_CHECK(in_mesh == context_parallel,
@@ -181,7 +179,7 @@ void TrainOptions::validate_context_parallel() const {
   SHARDLM_CHECK(strategy != "auto",
                 "--strategy auto does not choose a layout with --context-parallel yet: name the "
                 "strategy (ddp, zero1, zero2, zero3 or hybrid)");
-  ContextSplit(0, P, /*zigzag=*/false).check_seq_len(seq_len);
+  ContextSplit(0, P, zigzag_split(kind)).check_seq_len(seq_len);
 }
 
 void TrainOptions::validate_mesh() const {
@@ -243,6 +241,7 @@ ModelOptions TrainOptions::model_options(Device device) const {
   m.precision = parse_dtype(precision, "--precision");
   m.activation_checkpointing = activation_checkpointing;
   m.device = device;
+  m.context_parallel_kind = parse_context_parallel_kind(context_parallel_kind);
   return m;
 }
 

@@ -90,7 +90,7 @@ struct TrainOptions {
   int tensor_parallel = 1;
   // --context-parallel P: each sequence is split over P ranks of the mesh's context
   // dimension (--mesh context=P says the same); they read the same rows. 1: none.
-  // --context-parallel-kind: how their attention sees the whole rows (ulysses).
+  // --context-parallel-kind: how their attention sees the whole rows (ulysses, ring).
   int context_parallel = 1;
   std::string context_parallel_kind = "ulysses";
   // The expert dimension's size: --mesh's expert=, else --expert-parallel.

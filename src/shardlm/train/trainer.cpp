@@ -416,7 +416,8 @@ void Trainer::read_inputs() {
   data_ = open_batch_source(o_.data_dir, {o_.seq_len, o_.seed, o_.packing});
   meta_ = data_->meta();
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
-  check_context_parallel_model(config_, o_.context_parallel_size());
+  check_context_parallel_model(config_, o_.context_parallel_size(),
+                               parse_context_parallel_kind(o_.context_parallel_kind));
   if (!o_.init_from.empty()) check_hf_model_matches(o_.init_from, config_);
   device_ = rank_device(parse_device(o_.device, "--device"),
                         o_.device.find(':') != std::string::npos);

@@ -5,6 +5,7 @@
 #include "shardlm/backend/backend.hpp"
 #include "shardlm/backend/cpu/adamw.hpp"
 #include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/cpu/attention_block.hpp"
 #include "shardlm/backend/cpu/bias.hpp"
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/embedding.hpp"
@@ -146,6 +147,20 @@ class CpuBackend final : public Backend {
                           const float* lse, const AttentionShape& s,
                           const int32_t* key_begin) override {
     cpu::attention_backward(dqkv, dout, qkv, out, lse, s, key_begin);
+  }
+  void attention_block_forward(float* out, float* lse, ConstTypedPtr q, int64_t ld_q,
+                               ConstTypedPtr kv, const AttentionBlockShape& s,
+                               const int32_t* key_range) override {
+    cpu::attention_block_forward(out, lse, q, ld_q, kv, s, key_range);
+  }
+  void attention_block_backward(float* dq, float* dkv, const float* dout, ConstTypedPtr out,
+                                const float* lse, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr kv,
+                                const AttentionBlockShape& s, const int32_t* key_range) override {
+    cpu::attention_block_backward(dq, dkv, dout, out, lse, q, ld_q, kv, s, key_range);
+  }
+  void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse,
+                           const AttentionBlockShape& s) override {
+    cpu::attention_lse_merge(out, lse, block_out, block_lse, s);
   }
   void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
                          int B, int T, int C, DType value_type,

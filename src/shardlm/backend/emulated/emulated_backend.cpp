@@ -196,6 +196,25 @@ class EmulatedBackend final : public Backend {
     cpu_.attention_backward(dev(dqkv, k), dev(dout, k), dev(qkv, k), dev(out, k), dev(lse, k), s,
                             dev(key_begin, k));
   }
+  void attention_block_forward(float* out, float* lse, ConstTypedPtr q, int64_t ld_q,
+                               ConstTypedPtr kv, const AttentionBlockShape& s,
+                               const int32_t* key_range) override {
+    const char* k = "attention_block_forward";
+    cpu_.attention_block_forward(dev(out, k), dev(lse, k), dev(q, k), ld_q, dev(kv, k), s,
+                                 dev(key_range, k));
+  }
+  void attention_block_backward(float* dq, float* dkv, const float* dout, ConstTypedPtr out,
+                                const float* lse, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr kv,
+                                const AttentionBlockShape& s, const int32_t* key_range) override {
+    const char* k = "attention_block_backward";
+    cpu_.attention_block_backward(dev(dq, k), dev(dkv, k), dev(dout, k), dev(out, k), dev(lse, k),
+                                  dev(q, k), ld_q, dev(kv, k), s, dev(key_range, k));
+  }
+  void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse,
+                           const AttentionBlockShape& s) override {
+    const char* k = "attention_lse_merge";
+    cpu_.attention_lse_merge(dev(out, k), dev(lse, k), dev(block_out, k), dev(block_lse, k), s);
+  }
   void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
                          int B, int T, int C, DType value_type,
                          const int32_t* positions) override {

@@ -162,6 +162,29 @@ void MetaBackend::attention_backward(float*, const float*, ConstTypedPtr, ConstT
                                      const float*, const AttentionShape& s, const int32_t*) {
   work_.attention_flops += 2.0 * causal_attention_flops(s);  // dQ, dK, dV, dP
 }
+namespace {
+// A ring block's two matmuls over half its query x key pairs: the key ranges are not
+// readable here (no storage), and under the zigzag split a rank's blocks see half their
+// pairs each (the causal share of the whole rows, T^2 / 2P, over the P blocks).
+double ring_block_flops(const AttentionBlockShape& s) {
+  const double pairs = static_cast<double>(s.q_len) * s.kv_len / 2.0;
+  return 2.0 * 2.0 * s.B * s.n_head * pairs * s.head_dim;
+}
+}  // namespace
+void MetaBackend::attention_block_forward(float*, float*, ConstTypedPtr, int64_t, ConstTypedPtr,
+                                          const AttentionBlockShape& s, const int32_t*) {
+  work_.attention_flops += ring_block_flops(s);
+}
+void MetaBackend::attention_block_backward(float*, float*, const float*, ConstTypedPtr,
+                                           const float*, ConstTypedPtr, int64_t, ConstTypedPtr,
+                                           const AttentionBlockShape& s, const int32_t*) {
+  work_.attention_flops += 2.0 * ring_block_flops(s);
+}
+void MetaBackend::attention_lse_merge(float*, float*, const float*, const float*,
+                                      const AttentionBlockShape& s) {
+  const int64_t n = static_cast<int64_t>(s.B) * s.q_len * s.q_columns();
+  elementwise(3 * f32(n));
+}
 void MetaBackend::embedding_forward(float*, const int32_t*, ConstTypedPtr wte, ConstTypedPtr, int B,
                                     int T, int C, DType, const int32_t*) {
   const int64_t n = static_cast<int64_t>(B) * T * C;

@@ -103,6 +103,14 @@ class MetaBackend final : public Backend {
   void attention_backward(float* dqkv, const float* dout, ConstTypedPtr qkv, ConstTypedPtr out,
                           const float* lse, const AttentionShape& s,
                           const int32_t* key_begin) override;
+  void attention_block_forward(float* out, float* lse, ConstTypedPtr q, int64_t ld_q,
+                               ConstTypedPtr kv, const AttentionBlockShape& s,
+                               const int32_t* key_range) override;
+  void attention_block_backward(float* dq, float* dkv, const float* dout, ConstTypedPtr out,
+                                const float* lse, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr kv,
+                                const AttentionBlockShape& s, const int32_t* key_range) override;
+  void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse,
+                           const AttentionBlockShape& s) override;
   void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
                          int B, int T, int C, DType value_type, const int32_t* positions) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,

@@ -1,11 +1,24 @@
 #include "shardlm/model/context_parallel/context_attention.hpp"
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/context_parallel/ring_attention.hpp"
 #include "shardlm/model/context_parallel/ulysses_attention.hpp"
 
 namespace shardlm {
 
-void check_context_parallel_model(const ModelConfig& config, int P) {
+ContextParallelKind parse_context_parallel_kind(const std::string& name) {
+  if (name == "ulysses") return ContextParallelKind::ulysses;
+  if (name == "ring") return ContextParallelKind::ring;
+  throw Error(fmt::format("--context-parallel-kind must be ulysses or ring (hybrid is not there "
+                          "yet), got '{}'",
+                          name));
+}
+
+const char* context_parallel_kind_name(ContextParallelKind kind) {
+  return kind == ContextParallelKind::ring ? "ring" : "ulysses";
+}
+
+void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind) {
   if (P == 1) return;
   SHARDLM_CHECK(config.family != "gpt2",
                 "--context-parallel {}: gpt2 does not split sequences yet (the llama, qwen2 and "
@@ -15,7 +28,8 @@ void check_context_parallel_model(const ModelConfig& config, int P) {
                 "--context-parallel {}: mixture-of-experts models ({}) do not split sequences "
                 "yet (the dense llama, qwen2 and qwen3 families do)",
                 P, config.family);
-  check_context_heads(P, {config.n_head, config.kv_heads(), config.head_dim()});
+  if (kind == ContextParallelKind::ulysses)
+    check_context_heads(P, {config.n_head, config.kv_heads(), config.head_dim()});
 }
 
 void check_context_heads(int P, const ContextHeads& h) {
@@ -30,10 +44,13 @@ void check_context_heads(int P, const ContextHeads& h) {
                 P, h.n_kv_head, P, P, P);
 }
 
-std::unique_ptr<ContextAttention> make_context_attention(Communicator& group,
+std::unique_ptr<ContextAttention> make_context_attention(ContextParallelKind kind,
+                                                         Communicator& group,
                                                          const ContextSplit& split,
                                                          const ContextHeads& heads, int seq_len,
                                                          DType compute) {
+  if (kind == ContextParallelKind::ring)
+    return std::make_unique<RingAttention>(group, split, heads, seq_len, compute);
   return std::make_unique<UlyssesAttention>(group, split, heads, seq_len, compute);
 }
 

@@ -6,10 +6,13 @@
 // The kinds (docs/parallelism.md "Context parallelism"):
 //   ulysses  all-to-all q|k|v to [T tokens, H/P heads], the usual kernel, all-to-all back
 //            (DeepSpeed-Ulysses); backward mirrors it.
+//   ring     the zigzag split; queries stay, k|v blocks travel the ring (P - 1 send_recvs),
+//            block results merged by their log-sum-exp (ring_attention.hpp).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "shardlm/backend/backend.hpp"
 #include "shardlm/comm/communicator.hpp"
@@ -46,13 +49,21 @@ class ContextAttention {
   virtual void backward(int slot, Backend& backend, const float* dout, float* dqkv, int B) = 0;
 };
 
-// One-line errors when `heads` cannot be split over P ranks as the kind needs.
+// "ulysses" or "ring" (--context-parallel-kind); Error naming the flag otherwise.
+ContextParallelKind parse_context_parallel_kind(const std::string& name);
+const char* context_parallel_kind_name(ContextParallelKind kind);
+// Whether the kind's split is the zigzag one (ContextSplit).
+inline bool zigzag_split(ContextParallelKind kind) { return kind == ContextParallelKind::ring; }
+// One-line errors when `heads` cannot be split over P ranks as Ulysses needs (ring
+// attention keeps every head on every rank).
 void check_context_heads(int P, const ContextHeads& heads);
 // One-line errors when a model of `config` cannot split its sequences over P ranks (its
-// family, or its heads): what `train` and `sft` check before writing anything.
-void check_context_parallel_model(const ModelConfig& config, int P);
-// The model's context attention over `group` (size > 1) for rows of `seq_len` tokens.
-std::unique_ptr<ContextAttention> make_context_attention(Communicator& group,
+// family, or its heads for the kind): what `train` and `sft` check before writing anything.
+void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind);
+// The model's context attention of `kind` over `group` (size > 1) for rows of
+// `seq_len` tokens; `split` must be the kind's (zigzag_split).
+std::unique_ptr<ContextAttention> make_context_attention(ContextParallelKind kind,
+                                                         Communicator& group,
                                                          const ContextSplit& split,
                                                          const ContextHeads& heads, int seq_len,
                                                          DType compute);

@@ -534,11 +534,12 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   int local_seq = max_seq;
   if (Communicator* group = options.parallel_groups.context; group != nullptr && group->size() > 1) {
     SHARDLM_CHECK(!m.moe, "--context-parallel: mixture-of-experts models do not split sequences yet");
-    m.split = std::make_unique<ContextSplit>(group->rank(), group->size(), /*zigzag=*/false);
+    const ContextParallelKind kind = options.context_parallel_kind;
+    m.split = std::make_unique<ContextSplit>(group->rank(), group->size(), zigzag_split(kind));
     m.split->check_seq_len(max_seq);
     local_seq = m.split->local_len(max_seq);
     m.context = make_context_attention(
-        *group, *m.split,
+        kind, *group, *m.split,
         {static_cast<int>(m.H), static_cast<int>(m.KV), static_cast<int>(m.hd)}, max_seq, m.compute);
     m.context->carve(carver, options.activation_checkpointing ? 1 : m.L, max_batch);
   }
