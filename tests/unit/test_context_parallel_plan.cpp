@@ -45,14 +45,15 @@ TEST(ContextParallelPlan, ARankComputesItsShareOfEveryRow) {
 }
 
 // Ring attention: the traced step records every ring step's send_recv on the context
-// group, a layer's k|v block (micro-batch x T/P tokens x 2 KV hd values, fp32) P - 1
-// times forward and P - 1 times backward, its gradient P times; a rank's GEMM work is
-// its share of the tokens as under Ulysses.
+// group (2 data-parallel ranks x P), a layer's k|v block (micro-batch x T/P tokens x
+// 2 KV hd values, fp32) P - 1 times forward and P - 1 times backward, its gradient P
+// times, each one message; a rank's GEMM work is its share of the tokens as under Ulysses.
 TEST(ContextParallelPlan, RingSendsKeyValueBlocksAroundTheRing) {
   for (int P : {2, 4}) {
     RunPlanRequest r = tiny_request();
     const RunPlan whole = plan_run(r);
-    r.world_size = P;
+    r.world_size = 2 * P;
+    r.global_batch = 4;
     r.strategy.context_parallel = P;
     r.model.context_parallel_kind = ContextParallelKind::ring;
     const RunPlan ring = plan_run(r);

@@ -191,11 +191,8 @@ TransportCalibration measure_transport(Communicator& world, const std::string& n
     const auto bus = [&](double bytes) {
       return static_cast<double>(bus_bytes_for(kind, static_cast<uint64_t>(bytes), N));
     };
-    // The exchanges send a fixed number of messages (hardware_profile.hpp); the other
-    // kinds as the step model counts them.
+    // Messages as the step model counts them (the exchanges: a fixed number).
     const auto messages = [&](double bytes) {
-      if (kind == CollectiveKind::all_to_all) return static_cast<double>(N - 1);
-      if (kind == CollectiveKind::send_recv) return 1.0;
       return collective_messages(kind, bytes, N, CommOptions{}.scratch_bytes, 4);
     };
     const CollectiveRate rate =

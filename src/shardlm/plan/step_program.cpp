@@ -26,6 +26,14 @@ double collective_messages(CollectiveKind kind, double bytes, int n, size_t scra
     case CollectiveKind::all_reduce:
       if (bytes * n <= static_cast<double>(mpi::kSmallAllReduceBytes)) return peers;
       return peers * reduce_scatter_rounds(bytes / 4 / n) + peers;
+    // The exchanges as comm/counters.hpp counts them (and calibration fits them): one
+    // message to every other rank, or the one a send (or a ring step's send_recv) sends.
+    case CollectiveKind::all_to_all:
+    case CollectiveKind::all_to_all_v:
+      return peers;
+    case CollectiveKind::send:
+    case CollectiveKind::send_recv:
+      return 1;
     default:
       return 0;
   }

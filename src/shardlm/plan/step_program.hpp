@@ -42,7 +42,8 @@ struct StepProgram {
 
 // Messages a rank sends in one collective of `bytes` algorithm bytes over `group_size`
 // ranks, by the algorithms of comm/mpi_algorithms.hpp: all-gather N-1; reduce-scatter
-// N-1 per scratch-sized chunk round; all-reduce both, or one all-gather when small.
+// N-1 per scratch-sized chunk round; all-reduce both, or one all-gather when small;
+// all-to-all N-1; send and send_recv one (a recv sends none).
 double collective_messages(CollectiveKind kind, double bytes, int group_size,
                            size_t scratch_bytes, size_t element_bytes);
 
