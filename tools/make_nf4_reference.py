@@ -2,8 +2,9 @@
 """The NF4 reference for QLoRA from a Hugging Face directory (test_qlora_hf_import).
 
 Quantizes the linear weights of the tiny Hugging Face models in tests/fixtures/hf/
-{llama,qwen2,qwen3} (q/k/v/o_proj and gate/up/down_proj of every layer: what
-`--quantize-base nf4` quantizes) with bitsandbytes' published NF4 algorithm, written
+{llama,qwen2,qwen3,qwen3_moe,mixtral,qwen2_moe} (q/k/v/o_proj and gate/up/down_proj of
+every layer, every expert's and the shared expert's, mixtral's w1/w3/w2: what
+`--quantize-base nf4` quantizes; the routers and the shared expert's gate stay fp32) with bitsandbytes' published NF4 algorithm, written
 here from its description, not from shardlm's code:
 
 - the tensor, flattened row-major, is cut into blocks of 64 values; a block's absmax
@@ -39,7 +40,8 @@ THRESHOLDS = np.array([
     0.1202552504837513, 0.2035212516784668, 0.2920137718319893, 0.3893125355243683,
     0.5016634166240692, 0.6427869200706482, 0.8614784181118011,
 ], dtype=np.float32)
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+          "w1", "w3", "w2")  # mixtral's experts
 
 
 def codes_of(scaled):
@@ -86,7 +88,7 @@ def model_tensors(directory):
 
 def main():
     out = {}
-    for model in ("llama", "qwen2", "qwen3"):
+    for model in ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe"):
         total = ties = 0
         for name, value in sorted(model_tensors(os.path.join(ROOT, model)).items()):
             if not (name.endswith(".weight") and any(f".{m}." in name for m in LINEAR)):

@@ -76,29 +76,35 @@ python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["model"]["lor
 echo "qwen3-moe-tiny LoRA (all-linear: attention): ddp, zero3 bitwise identical at N=2 ($reference)"
 # LoRA on the routed experts (their adapters are units of their own, beside each
 # expert): with the attention, and on the experts alone (no layer adapter units).
-for targets in "q_proj,experts.gate_up_proj,experts.down_proj" "experts.gate_up_proj,experts.down_proj"; do
+# QLoRA (bf16): the base's linear weights (attention, every expert's, the shared expert's) NF4.
+for run in "mixtral-tiny q_proj,experts.gate_up_proj,experts.down_proj" \
+           "mixtral-tiny experts.gate_up_proj,experts.down_proj" \
+           "qwen2-moe-tiny q_proj,experts.down_proj --quantize-base nf4 --precision bf16"; do
+  read -r model targets extra <<< "$run"
   reference=""
   for strategy in ddp zero3; do
-    out="$WORK/expert_lora_${targets%%,*}_$strategy"
-    run_mpi 2 "$SHARDLM" train --model mixtral-tiny "${FAMILY[@]}" --micro-batch 4 --lora-rank 4 \
-      --lora-targets "$targets" --out "$out" --strategy "$strategy" > "$out.log" 2>&1 \
-      || { cat "$out.log"; fail "expert LoRA ($targets) $strategy failed"; }
+    out="$WORK/expert_lora_${model}_${targets%%,*}${extra:+_nf4}_$strategy"
+    # shellcheck disable=SC2086
+    run_mpi 2 "$SHARDLM" train --model "$model" "${FAMILY[@]}" --micro-batch 4 --lora-rank 4 \
+      --lora-targets "$targets" $extra --out "$out" --strategy "$strategy" > "$out.log" 2>&1 \
+      || { cat "$out.log"; fail "expert LoRA ($run) $strategy failed"; }
     d="$(digest_of "$out")"
     [ -n "$reference" ] || reference="$d"
-    [ "$d" = "$reference" ] || fail "expert LoRA ($targets): $strategy digest $d differs from ddp's $reference"
+    [ "$d" = "$reference" ] || fail "expert LoRA ($run): $strategy digest $d differs from ddp's $reference"
   done
-  "$SHARDLM" plan --model mixtral-tiny -n 2 --strategy zero3 --data "$WORK/data" --seq-len 32 \
-    --micro-batch 4 --global-batch 8 --lora-rank 4 --lora-targets "$targets" --json \
-    > "$WORK/expert_lora.plan.json" || fail "expert LoRA ($targets): plan failed"
+  # shellcheck disable=SC2086
+  "$SHARDLM" plan --model "$model" -n 2 --strategy zero3 --data "$WORK/data" --seq-len 32 \
+    --micro-batch 4 --global-batch 8 --lora-rank 4 --lora-targets "$targets" $extra --json \
+    > "$WORK/expert_lora.plan.json" || fail "expert LoRA ($run): plan failed"
   python3 - "$WORK/expert_lora.plan.json" "$out/metrics.jsonl" <<'PY' \
-    || fail "expert LoRA ($targets): plan differs from the measured peak memory"
+    || fail "expert LoRA ($run): plan differs from the measured peak memory"
 import json, sys
 plan = json.load(open(sys.argv[1]))
 peak = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l][-1]["mem"]["peak"]
 for k in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
     assert plan[k] == peak[k], (k, plan[k], peak[k])
 PY
-  echo "mixtral-tiny LoRA on $targets: ddp, zero3 bitwise identical at N=2 ($reference), plan = measured (zero3)"
+  echo "$model LoRA on $targets $extra: ddp, zero3 bitwise identical at N=2 ($reference), plan = measured (zero3)"
 done
 # Bad input: one line naming the field, nothing written.
 if "$SHARDLM" train --model qwen3-moe-tiny "${FAMILY[@]}" --micro-batch 8 --lora-rank 4 \

@@ -4,7 +4,8 @@
 // per expert), next to attention adapters. Loss with the aux loss, logits, every adapter
 // gradient within 1e-5 of its tensor's scale, the frozen base untouched; three AdamW
 // steps through the real strategy and optimizer; the PEFT export gives back PEFT's own
-// fused tensors bitwise with its target_parameters; bad input refused by name.
+// fused tensors bitwise with its target_parameters; QLoRA (NF4 base) is LoRA on the
+// dequantized base bitwise; bad input refused by name.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 
 #include "llama_fixture_support.hpp"
 #include "relative_error.hpp"
+#include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/ckpt/hf_export.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
@@ -246,6 +248,60 @@ TEST(MoeLoraBadInput, DenseMlpTargetsOfAnMoeModelAreRefusedByName) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'experts.down_proj'"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+
+namespace {
+
+// QLoRA of a mixture of experts: the attention, dense MLP, shared-expert and every
+// expert's linear weights stored NF4 (the routers and the shared expert's gate fp32)
+// compute exactly what LoRA computes on the dequantized base (fp32: the same values
+// in the same GEMMs): loss, aux loss and every adapter gradient bitwise.
+TEST_P(MoeLora, QLoraIsLoraOnTheDequantizedBase) {
+  const Reference ref = load_reference("lora_" + GetParam());
+  ModelConfig qconfig = ref.config;
+  qconfig.quantize_base = BaseQuant::nf4;
+  qconfig.validate();
+  const auto layout = ParamLayout::build(ref.config, 1);
+  const auto qlayout = ParamLayout::build(qconfig, 1);
+  UnitBuffers lora(layout, ref.file), qlora(qlayout, ref.file);
+  int quantized = 0, linear = 0;
+  for (const auto* p : qlayout.all_params()) {
+    const std::string& n = p->name;
+    bool is_linear = false;  // the routers (gate.weight) and shared_expert_gate are not
+    for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"})
+      is_linear = is_linear || (!is_adapter(n) && n.ends_with(std::string(".") + m + ".weight"));
+    linear += is_linear;
+    if (!p->quantized()) continue;
+    ++quantized;
+    EXPECT_TRUE(is_linear) << n << " should stay fp32";
+    const auto [unit, info] = qlayout.find(n);
+    const std::vector<float> values = ref.file.at(n).to_f32();
+    std::vector<float> words(static_cast<size_t>(info->numel));
+    cpu::nf4_quantize(values.data(), info->logical_numel(), words.data());
+    std::copy(words.begin(), words.end(), qlora.params[unit].begin() + info->offset);
+    // The LoRA run's base holds the dequantized values.
+    std::vector<float> dequantized(values.size());
+    cpu::nf4_dequantize(words.data(), info->logical_numel(), TypedPtr(dequantized.data(), DType::fp32));
+    const auto [lunit, linfo] = layout.find(n);
+    std::copy(dequantized.begin(), dequantized.end(), lora.params[lunit].begin() + linfo->offset);
+  }
+  EXPECT_EQ(quantized, linear) << "every linear weight of the base is NF4";
+  EXPECT_GT(quantized, 0);
+  auto plain = make_model(ref, layout, ref.B);
+  auto q = model_family(qconfig.family).make_model(qconfig, qlayout, ref.B, ref.T, {}, MemoryTracker::global());
+  train_micro_batch(*plain, lora, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  train_micro_batch(*q, qlora, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  EXPECT_EQ(q->last_loss_sum(), plain->last_loss_sum());
+  EXPECT_EQ(q->last_aux_loss(), plain->last_aux_loss());
+  int adapters = 0;
+  for (const auto* p : layout.all_params())
+    if (is_adapter(p->name)) {
+      ++adapters;
+      EXPECT_EQ(qlora.grad(qlayout, p->name), lora.grad(layout, p->name)) << p->name;
+    }
+  EXPECT_GT(adapters, 0);
 }
 
 }  // namespace

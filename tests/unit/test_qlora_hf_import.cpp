@@ -1,6 +1,8 @@
 // QLoRA from a Hugging Face directory: a LoRA run with --quantize-base nf4 takes its
 // base from the tiny transformers models of tests/fixtures/hf (llama: bf16 storage,
 // qwen2: sharded with an index, qwen3), and every linear weight it quantizes on load
+// (and the mixtures of experts qwen3_moe, mixtral, qwen2_moe: every expert's weights, the
+// shared expert's, the attention; the routers stay fp32)
 // is bit for bit what bitsandbytes' published NF4 algorithm gives offline
 // (tools/make_nf4_reference.py, written from the algorithm, not from shardlm's code:
 // tests/fixtures/hf/nf4_reference.safetensors). The directory's config.json (which
@@ -30,6 +32,8 @@ ModelConfig qlora_of(const std::string& dir) {
   ModelConfig c = read_hf_model_config(dir);
   c.lora.rank = 4;
   c.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  if (c.moe.enabled())  // a mixture of experts: its attention and routed experts
+    c.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj", "experts.down_proj"};
   c.quantize_base = BaseQuant::nf4;
   c.validate();
   return c;
@@ -83,7 +87,13 @@ TEST_P(QLoraFromHf, ImportedBaseIsBitsandbytesNf4OfTheWeights) {
         ++compared;
       }
     }
-    EXPECT_EQ(compared, 7 * config.n_layer);
+    int references = 0;  // every weight the reference quantized (the routers it leaves fp32)
+    for (const auto& [name, t] : ref.tensors)
+      references += name.rfind(GetParam() + "/", 0) == 0 && name.ends_with(".absmax");
+    EXPECT_EQ(compared, references);
+    if (!config.moe.enabled()) {
+      EXPECT_EQ(compared, 7 * config.n_layer);
+    }
   }
 }
 
@@ -94,7 +104,8 @@ TEST_P(QLoraFromHf, ConfigStillMustDescribeTheModel) {
   EXPECT_THROW(check_hf_model_matches(dir, other), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, QLoraFromHf, ::testing::Values("llama", "qwen2", "qwen3"),
+INSTANTIATE_TEST_SUITE_P(Families, QLoraFromHf,
+                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

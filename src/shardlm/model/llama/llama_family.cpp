@@ -209,15 +209,17 @@ class LlamaFamily final : public ModelFamily {
       if (c.o_bias) b.add(name("self_attn.o_proj.bias"), {C}, ParamInit::zeros);
       b.add(name("post_attention_layernorm.weight"), {C}, ParamInit::ones);
       if (c.moe.sparse_layer(l)) {
-        // The router here; each expert is a unit of its own, after the layer.
+        // The router here (QLoRA keeps it, and the shared expert's gate, in fp32: the
+        // routing's choices are what a small error would change); each expert is a unit
+        // of its own, after the layer.
         const MoeNames& moe = moe_names(c);
         b.add(name(moe.router_suffix().c_str()), {c.moe.num_experts, C}, ParamInit::normal, std);
         if (c.moe.has_shared_expert()) {
           // qwen2_moe's shared expert (every token) and its gate: dense, in the layer's unit.
           const int64_t Is = c.moe.shared_expert_intermediate_size;
-          b.add(name("mlp.shared_expert.gate_proj.weight"), {Is, C}, ParamInit::normal, std);
-          b.add(name("mlp.shared_expert.up_proj.weight"), {Is, C}, ParamInit::normal, std, /*pack_with_previous=*/true);
-          b.add(name("mlp.shared_expert.down_proj.weight"), {C, Is}, ParamInit::normal, std);
+          linear("mlp.shared_expert.gate_proj.weight", {Is, C}, false);
+          linear("mlp.shared_expert.up_proj.weight", {Is, C}, /*pack=*/true);
+          linear("mlp.shared_expert.down_proj.weight", {C, Is}, false);
           b.add(name("mlp.shared_expert_gate.weight"), {1, C}, ParamInit::normal, std);
         }
         units.push_back(b.finish());
@@ -227,9 +229,15 @@ class LlamaFamily final : public ModelFamily {
         for (int e = 0; e < c.moe.num_experts; ++e) {
           UnitBuilder expert("layers." + std::to_string(l) + ".experts." + std::to_string(e), base_trains);
           const MoeNames::Expert n = moe.expert(l, e);
-          expert.add(n.gate, {Ie, C}, ParamInit::normal, std);
-          expert.add(n.up, {Ie, C}, ParamInit::normal, std, /*pack_with_previous=*/true);
-          expert.add(n.down, {C, Ie}, ParamInit::normal, std);
+          if (nf4) {  // QLoRA: three NF4 tensors, dequantized back to back
+            expert.add_nf4(n.gate, {Ie, C}, ParamInit::normal, std);
+            expert.add_nf4(n.up, {Ie, C}, ParamInit::normal, std);
+            expert.add_nf4(n.down, {C, Ie}, ParamInit::normal, std);
+          } else {
+            expert.add(n.gate, {Ie, C}, ParamInit::normal, std);
+            expert.add(n.up, {Ie, C}, ParamInit::normal, std, /*pack_with_previous=*/true);
+            expert.add(n.down, {C, Ie}, ParamInit::normal, std);
+          }
           UnitLayout u = expert.finish();
           u.token_fraction = static_cast<double>(c.moe.top_k) / c.moe.num_experts;
           u.expert = e;

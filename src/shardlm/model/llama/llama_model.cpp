@@ -31,10 +31,12 @@ struct LayerOffsets {
   int64_t o_w = -1, o_b = -1, ln2 = -1, gu_w = -1, down_w = -1;
   int64_t k_w = -1, v_w = -1, up_w = -1;
   int64_t router_w = -1;  // a sparse layer's router (it has no gu_w, down_w)
-  // A sparse layer's experts: gate_proj|up_proj and down_proj in each expert's unit.
+  // A sparse layer's experts: gate_proj|up_proj and down_proj in each expert's unit
+  // (QLoRA: up_proj its own NF4 tensor, expert_up).
   std::vector<std::pair<int64_t, int64_t>> experts;
+  std::vector<int64_t> expert_up;
   // qwen2_moe's shared expert (in the layer's unit): gate_proj|up_proj, down_proj, its gate.
-  int64_t shared_gu = -1, shared_down = -1, shared_gate = -1;
+  int64_t shared_gu = -1, shared_up = -1, shared_down = -1, shared_gate = -1;
   // LoRA on the experts: per expert its A and B of gate_up_proj and down_proj in the
   // expert's adapter unit (-1: not targeted).
   struct ExpertAdapterOffsets {
@@ -204,7 +206,9 @@ struct LlamaModel::Impl {
   }
   int64_t layer_weight_elements() const { return base_weight_elements() + adapter_elements(); }
   int64_t dequantized_bytes() const {
-    return nf4 ? base_weight_elements() * static_cast<int64_t>(dtype_bytes(rounding_weight_type())) : 0;
+    const int64_t expert = moe ? moe->expert_weight_elements() : 0;
+    return nf4 ? std::max(base_weight_elements(), expert) * static_cast<int64_t>(dtype_bytes(rounding_weight_type()))
+               : 0;
   }
   DType rounding_weight_type() const { return compute == DType::fp16 ? DType::fp32 : compute; }
   // An expert's adapters' elements (they follow its weights in the weight scratch).
@@ -464,7 +468,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
     if (m.nf4) {
       o.k_w = off("self_attn.k_proj.weight");
       o.v_w = off("self_attn.v_proj.weight");
-      o.up_w = off("mlp.up_proj.weight");
+      if (!m.sparse(l)) o.up_w = off("mlp.up_proj.weight");
     } else {
       SHARDLM_ASSERT(off("self_attn.v_proj.weight") == o.qkv_w + (m.Q + m.KVD) * m.C);
     }
@@ -482,8 +486,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
         const int eu = llama_expert_unit(config, l, e);
         const MoeNames::Expert names = moe_names(config).expert(l, e);
         const int64_t gu = layout.offset_in_model_unit(eu, names.gate);
-        SHARDLM_ASSERT(layout.offset_in_model_unit(eu, names.up) ==
-                       gu + config.moe.expert_intermediate_size * m.C);
+        o.expert_up.push_back(layout.offset_in_model_unit(eu, names.up));
+        SHARDLM_ASSERT(m.nf4 || o.expert_up.back() == gu + config.moe.expert_intermediate_size * m.C);
         o.experts.emplace_back(gu, layout.offset_in_model_unit(eu, names.down));
         if (llama_expert_lora(config)) {
           const int au = llama_expert_adapter_unit(config, l, e);
@@ -504,8 +508,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
       }
       if (m.shared_expert) {
         o.shared_gu = off("mlp.shared_expert.gate_proj.weight");
-        SHARDLM_ASSERT(off("mlp.shared_expert.up_proj.weight") ==
-                       o.shared_gu + config.moe.shared_expert_intermediate_size * m.C);
+        o.shared_up = off("mlp.shared_expert.up_proj.weight");
+        SHARDLM_ASSERT(m.nf4 || o.shared_up == o.shared_gu + config.moe.shared_expert_intermediate_size * m.C);
         o.shared_down = off("mlp.shared_expert.down_proj.weight");
         o.shared_gate = off("mlp.shared_expert_gate.weight");
       }
@@ -623,6 +627,31 @@ LayerWeights LlamaModel::Impl::layer_weights(int l, ConstTypedPtr p) const {
     weight(o.k_w, KVD * C);
     weight(o.v_w, KVD * C);
     w.o = weight(o.o_w, C * Q);
+    if (o.router_w >= 0) {
+      // The router and the shared expert's gate stay fp32 words: converted to the
+      // compute type in the same buffer (the weight scratch is not a QLoRA layer's);
+      // the shared expert is NF4.
+      auto plain = [&](int64_t offset, int64_t count) -> ConstTypedPtr {
+        if (compute == DType::fp32) return p.at(offset);
+        const TypedPtr dst = buffer.at(at);
+        if (compute == DType::fp16) {
+          be->round_to(DType::fp16, dst.f32(), p.at(offset).f32(), count);
+        } else {
+          be->convert(dst, p.at(offset), count);
+        }
+        at += count;
+        return dst;
+      };
+      w.router = plain(o.router_w, static_cast<int64_t>(moe->experts()) * C);
+      if (o.shared_gu >= 0) {
+        const int64_t Is = config.moe.shared_expert_intermediate_size;
+        w.shared.gate_up = weight(o.shared_gu, Is * C);
+        weight(o.shared_up, Is * C);
+        w.shared.down = weight(o.shared_down, C * Is);
+        w.shared.gate = plain(o.shared_gate, C);
+      }
+      return w;
+    }
     w.gate_up = weight(o.gu_w, I * C);
     weight(o.up_w, I * C);
     w.down = weight(o.down_w, C * I);
@@ -658,8 +687,21 @@ ExpertWeights LlamaModel::Impl::expert_weights(int l, int e, ConstTypedPtr p, Pa
   const auto [gu, down] = o.experts[static_cast<size_t>(e)];
   const int64_t count = moe->expert_weight_elements() / 3;
   ExpertWeights w;
-  w.gate_up = rounding->gemm_weight(p.at(gu), 0, 2 * count);
-  w.down = rounding->gemm_weight(p.at(down), 2 * count, count);
+  if (nf4) {  // QLoRA: gate, up, down dequantized back to back (gate|up one matrix)
+    const TypedPtr buffer(dequantized.data(), rounding_weight_type());
+    auto weight = [&](int64_t offset, int64_t at) {
+      const TypedPtr dst = buffer.at(at);
+      be->nf4_dequantize(p.at(offset).data, count, dst);
+      if (compute == DType::fp16) be->round_to(DType::fp16, dst.f32(), dst.f32(), count);
+      return ConstTypedPtr(dst);
+    };
+    w.gate_up = weight(gu, 0);
+    weight(o.expert_up[static_cast<size_t>(e)], count);
+    w.down = weight(down, 2 * count);
+  } else {
+    w.gate_up = rounding->gemm_weight(p.at(gu), 0, 2 * count);
+    w.down = rounding->gemm_weight(p.at(down), 2 * count, count);
+  }
   if (o.expert_adapters.empty()) return w;
   // The adapters' converted copies follow the expert's weights in the weight scratch.
   const int unit = llama_expert_adapter_unit(config, l, e);

@@ -41,9 +41,6 @@ void validate_moe(const ModelConfig& c, const std::string& family) {
                   "projections of mixture-of-experts models is not supported yet (expected some "
                   "of q_proj, k_proj, v_proj, o_proj, experts.gate_up_proj, experts.down_proj)",
                   target, family);
-  SHARDLM_CHECK(c.quantize_base == BaseQuant::none,
-                "--quantize-base {}: QLoRA of mixture-of-experts models is not supported yet",
-                base_quant_name(c.quantize_base));
 }
 
 nlohmann::json moe_to_json(const MoeConfig& m) {
