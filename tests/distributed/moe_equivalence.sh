@@ -9,6 +9,16 @@
 # projection is refused.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
+# plan_is_measured PLAN_JSON METRICS: plan's bytes per category are the run's last peak.
+plan_is_measured() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+peak = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l][-1]["mem"]["peak"]
+for k in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
+    assert plan[k] == peak[k], (k, plan[k], peak[k])
+PY
+}
 FAMILY=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-batch 8
         --steps 4 --eval-batches 0 --data "$WORK/data")
 for model in qwen3-moe-tiny mixtral-tiny qwen2-moe-tiny; do
@@ -41,14 +51,8 @@ PY
     "$SHARDLM" plan --model "$model" -n 2 --strategy zero3 --data "$WORK/data" --seq-len 32 \
       --micro-batch 4 --global-batch 8 "${extra[@]}" --json > "$WORK/${model}_$run.plan.json" \
       || fail "$model: plan failed"
-    python3 - "$WORK/${model}_$run.plan.json" "$WORK/${model}_fp32_$run/metrics.jsonl" <<'PY' \
+    plan_is_measured "$WORK/${model}_$run.plan.json" "$WORK/${model}_fp32_$run/metrics.jsonl" \
       || fail "$model $run: plan differs from the measured peak memory"
-import json, sys
-plan = json.load(open(sys.argv[1]))
-peak = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l][-1]["mem"]["peak"]
-for k in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
-    assert plan[k] == peak[k], (k, plan[k], peak[k])
-PY
   done
   echo "$model: plan = measured peak bytes per category (zero3 x2, with and without checkpointing)"
   want="$("$SHARDLM" inspect "$WORK/${model}_fp32_zero3" --quiet)"
@@ -96,14 +100,8 @@ for run in "mixtral-tiny q_proj,experts.gate_up_proj,experts.down_proj" \
   "$SHARDLM" plan --model "$model" -n 2 --strategy zero3 --data "$WORK/data" --seq-len 32 \
     --micro-batch 4 --global-batch 8 --lora-rank 4 --lora-targets "$targets" $extra --json \
     > "$WORK/expert_lora.plan.json" || fail "expert LoRA ($run): plan failed"
-  python3 - "$WORK/expert_lora.plan.json" "$out/metrics.jsonl" <<'PY' \
+  plan_is_measured "$WORK/expert_lora.plan.json" "$out/metrics.jsonl" \
     || fail "expert LoRA ($run): plan differs from the measured peak memory"
-import json, sys
-plan = json.load(open(sys.argv[1]))
-peak = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l][-1]["mem"]["peak"]
-for k in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
-    assert plan[k] == peak[k], (k, plan[k], peak[k])
-PY
   echo "$model LoRA on $targets $extra: ddp, zero3 bitwise identical at N=2 ($reference), plan = measured (zero3)"
 done
 # Bad input: one line naming the field, nothing written.

@@ -16,7 +16,10 @@
 
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/model/family.hpp"
+#include "shardlm/optim/optimizer.hpp"
+#include "shardlm/parallel/flat_unit_strategy.hpp"
 #include "shardlm/parallel/owned_state.hpp"
+#include "shardlm/train/model_runner.hpp"
 
 namespace shardlm::testing {
 
@@ -95,6 +98,66 @@ inline void train_micro_batch(Model& model, UnitBuffers& buf, const MicroBatch& 
     model.backward_unit(u, buf.param_ptrs, buf.grad_ptrs, batch);
 }
 
+// The inference logits of the fixture's tokens, [B, T, V] as the fixtures store them.
+inline std::vector<float> fixture_logits(Model& model, const UnitBuffers& buf, const Reference& ref) {
+  const MicroBatch sample{ref.tokens.data(), nullptr, ref.B, ref.T};
+  for (int u = 0; u < model.num_units(); ++u) model.forward_unit(u, buf.param_ptrs, {}, sample, false, 1.0f);
+  const size_t V = static_cast<size_t>(ref.config.vocab_size);
+  std::vector<float> got(static_cast<size_t>(ref.B) * ref.T * V), at_t(static_cast<size_t>(ref.B) * V);
+  for (int t = 0; t < ref.T; ++t) {
+    model.logits_at(buf.param_ptrs, t, at_t.data());
+    for (int b = 0; b < ref.B; ++b)
+      std::copy_n(at_t.begin() + static_cast<long>(b * V), V,
+                  got.begin() + static_cast<long>((static_cast<size_t>(b) * ref.T + t) * V));
+  }
+  return got;
+}
+
+// A mixture-of-experts fixture's one micro-batch: its aux loss enters whole.
+inline MicroBatch moe_fixture_batch(const Reference& ref) {
+  MicroBatch batch{ref.tokens.data(), ref.targets.data(), ref.B, ref.T};
+  batch.aux_loss_share = 1.0f;
+  return batch;
+}
+
+// The fixture's weights into the strategy's owned state.
+inline void load_fixture_weights(const ParamLayout& layout, FlatUnitStrategy& strategy, const st::File& file) {
+  for (const auto* p : layout.all_params()) {
+    const auto [unit, info] = layout.find(p->name);
+    const auto values = padded(*info, file.at(p->name).to_f32());
+    std::copy(values.begin(), values.end(), strategy.owned(unit).master + info->offset);
+  }
+  strategy.after_load();
+}
+
+// A mixture-of-experts fixture's three AdamW steps with clipping through the strategy
+// and optimizer: each step's loss (with the aux loss) and gradient norm within 1e-5.
+inline void run_moe_three_adamw_steps(const Reference& ref, Model& model, FlatUnitStrategy& strategy,
+                                      const ParamLayout& layout) {
+  const auto hp = nlohmann::json::parse(ref.file.metadata.at("adamw"));
+  ModelRunner runner(model, strategy);
+  AdamWOptimizer optimizer(layout, strategy,
+                           {hp.at("beta1").get<float>(), hp.at("beta2").get<float>(),
+                            hp.at("eps").get<float>(), hp.at("weight_decay").get<float>()});
+  const float lr = hp.at("lr").get<float>(), clip = hp.at("grad_clip").get<float>();
+  const auto ref_norms = ref.file.at("adamw.grad_norms").to_f32();
+  const auto ref_losses = ref.file.at("adamw.losses").to_f32();
+  const MicroBatch batch = moe_fixture_batch(ref);
+  for (int step = 0; step < 3; ++step) {
+    strategy.begin_step(1);
+    const double ce = runner.forward(batch, true, 1.0f / static_cast<float>(ref.count)) /
+                      static_cast<double>(ref.count);
+    const double loss = ce + ref.config.moe.aux_loss_coef() * model.last_aux_loss();
+    runner.backward(batch, 0);
+    strategy.finish_gradients();
+    const double norm = std::sqrt(strategy.global_grad_norm_squared());
+    EXPECT_NEAR(loss, ref_losses[step], 1e-5 * std::fabs(ref_losses[0]));
+    EXPECT_NEAR(norm, ref_norms[step], 1e-5 * ref_norms[step]);
+    ASSERT_GT(norm, clip) << "the fixture must exercise clipping";
+    optimizer.step(lr, clip_multiplier(norm, clip), step + 1);
+    strategy.after_step();
+  }
+}
 
 // The weights after the fixture's three AdamW steps against the float64 reference.
 // AdamW moves every weight by about lr per step whatever the size of its gradient

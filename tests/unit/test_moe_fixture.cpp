@@ -41,11 +41,6 @@ const fs::path kHfDir = fs::path(SHARDLM_FIXTURE_DIR) / "hf";
 
 class MoeFixture : public ::testing::TestWithParam<std::string> {};
 
-MicroBatch fixture_batch(const Reference& ref) {
-  MicroBatch batch{ref.tokens.data(), ref.targets.data(), ref.B, ref.T};
-  batch.aux_loss_share = 1.0f;  // one micro-batch: the aux loss enters whole
-  return batch;
-}
 
 TEST_P(MoeFixture, LossLogitsAndEveryGradientMatchTransformers) {
   const Reference ref = load_reference(GetParam());
@@ -54,7 +49,7 @@ TEST_P(MoeFixture, LossLogitsAndEveryGradientMatchTransformers) {
   const auto layout = ParamLayout::build(ref.config, 1);
   auto model = make_model(ref, layout, ref.B);
   UnitBuffers buf(layout, ref.file);
-  train_micro_batch(*model, buf, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  train_micro_batch(*model, buf, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
 
   const double ce = model->last_loss_sum() / static_cast<double>(ref.count);
   const double aux = model->last_aux_loss();
@@ -71,18 +66,7 @@ TEST_P(MoeFixture, LossLogitsAndEveryGradientMatchTransformers) {
   }
   EXPECT_EQ(routers, ref.config.moe.sparse_layers(ref.config.n_layer));
 
-  const MicroBatch sample{ref.tokens.data(), nullptr, ref.B, ref.T};
-  for (int u = 0; u < model->num_units(); ++u) model->forward_unit(u, buf.param_ptrs, {}, sample, false, 1.0f);
-  const auto want = ref.file.at("logits").to_f32();
-  const size_t V = static_cast<size_t>(ref.config.vocab_size);
-  std::vector<float> got(want.size()), at_t(static_cast<size_t>(ref.B) * V);
-  for (int t = 0; t < ref.T; ++t) {
-    model->logits_at(buf.param_ptrs, t, at_t.data());
-    for (int b = 0; b < ref.B; ++b)
-      std::copy_n(at_t.begin() + static_cast<long>(b * V), V,
-                  got.begin() + static_cast<long>((static_cast<size_t>(b) * ref.T + t) * V));
-  }
-  EXPECT_LT(relative_to_max_error(got, want), 1e-5);
+  EXPECT_LT(relative_to_max_error(fixture_logits(*model, buf, ref), ref.file.at("logits").to_f32()), 1e-5);
 }
 
 TEST_P(MoeFixture, TheAuxLossGradientIsTheCoefficientTimesItsShare) {
@@ -92,7 +76,7 @@ TEST_P(MoeFixture, TheAuxLossGradientIsTheCoefficientTimesItsShare) {
   const auto layout = ParamLayout::build(ref.config, 1);
   auto model = make_model(ref, layout, ref.B);
   UnitBuffers buf(layout, ref.file);
-  MicroBatch batch = fixture_batch(ref);
+  MicroBatch batch = moe_fixture_batch(ref);
   batch.aux_loss_share = 0.0f;
   train_micro_batch(*model, buf, batch, 1.0f / static_cast<float>(ref.count));
   for (const auto* p : layout.all_params()) {
@@ -110,7 +94,7 @@ TEST_P(MoeFixture, MergedUnitsPaddingAndCheckpointingChangeNoBit) {
   const auto layout1 = ParamLayout::build(ref.config, 1);
   auto model1 = make_model(ref, layout1, ref.B);
   UnitBuffers buf1(layout1, ref.file);
-  train_micro_batch(*model1, buf1, fixture_batch(ref), scale);
+  train_micro_batch(*model1, buf1, moe_fixture_batch(ref), scale);
   const auto merged = ParamLayout::build(ref.config, 3, 60000);
   ASSERT_LT(merged.num_units(), layout1.num_units());
   for (const ParamLayout* other : {&layout1, &merged})
@@ -119,12 +103,12 @@ TEST_P(MoeFixture, MergedUnitsPaddingAndCheckpointingChangeNoBit) {
         if (other == &layout1 && !checkpointing) continue;
         auto model = make_model(ref, *other, ref.B, {precision, checkpointing});
         UnitBuffers buf(*other, ref.file);
-        train_micro_batch(*model, buf, fixture_batch(ref), scale);
+        train_micro_batch(*model, buf, moe_fixture_batch(ref), scale);
         if (precision == DType::bf16) {
           // Activation checkpointing recomputes bitwise what the forward kept.
           auto plain = make_model(ref, layout1, ref.B, {DType::bf16, false});
           UnitBuffers want(layout1, ref.file);
-          train_micro_batch(*plain, want, fixture_batch(ref), scale);
+          train_micro_batch(*plain, want, moe_fixture_batch(ref), scale);
           EXPECT_EQ(plain->last_loss_sum(), model->last_loss_sum());
           for (const auto* p : layout1.all_params())
             EXPECT_EQ(want.grad(layout1, p->name), buf.grad(*other, p->name)) << p->name << " bf16";
@@ -147,8 +131,8 @@ TEST_P(MoeFixture, Bf16StaysCloseToFp32WhereNoChoiceCanFlip) {
   auto fp32 = make_model(ref, layout, ref.B);
   auto bf16 = make_model(ref, layout, ref.B, {DType::bf16, false});
   UnitBuffers a(layout, ref.file), b(layout, ref.file);
-  train_micro_batch(*fp32, a, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
-  train_micro_batch(*bf16, b, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  train_micro_batch(*fp32, a, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  train_micro_batch(*bf16, b, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
   EXPECT_NEAR(bf16->last_loss_sum(), fp32->last_loss_sum(), 1e-2 * fp32->last_loss_sum());
   EXPECT_NEAR(bf16->last_aux_loss(), fp32->last_aux_loss(), 1e-2 * fp32->last_aux_loss());
   for (const auto* p : layout.all_params())
@@ -164,7 +148,7 @@ TEST_P(MoeFixture, Bf16LossStaysCloseToFp32) {
   const auto layout = ParamLayout::build(ref.config, 1);
   auto model = make_model(ref, layout, ref.B, {DType::bf16, false});
   UnitBuffers buf(layout, ref.file);
-  train_micro_batch(*model, buf, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  train_micro_batch(*model, buf, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
   const double want = ref.file.at("ce_loss").to_f32()[0];
   EXPECT_NEAR(model->last_loss_sum() / static_cast<double>(ref.count), want, 2e-2 * want);
   const double want_aux = ref.file.at("aux_loss").to_f32()[0];
@@ -178,35 +162,10 @@ TEST_P(MoeFixture, ThreeAdamWStepsWithClippingMatchPyTorch) {
   auto model = make_model(ref, layout, ref.B);
   SingleProcessCommunicator comm;
   FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{});
-  for (const auto* p : layout.all_params()) {
-    const auto [unit, info] = layout.find(p->name);
-    const auto values = padded(*info, ref.file.at(p->name).to_f32());
-    std::copy(values.begin(), values.end(), strategy.owned(unit).master + info->offset);
-  }
-  strategy.after_load();
-  ModelRunner runner(*model, strategy);
-  AdamWOptimizer optimizer(layout, strategy,
-                           {hp.at("beta1").get<float>(), hp.at("beta2").get<float>(),
-                            hp.at("eps").get<float>(), hp.at("weight_decay").get<float>()});
-  const float lr = hp.at("lr").get<float>(), clip = hp.at("grad_clip").get<float>();
-  const auto ref_norms = ref.file.at("adamw.grad_norms").to_f32();
-  const auto ref_losses = ref.file.at("adamw.losses").to_f32();
-  const MicroBatch batch = fixture_batch(ref);
-  for (int step = 0; step < 3; ++step) {
-    strategy.begin_step(1);
-    const double ce = runner.forward(batch, true, 1.0f / static_cast<float>(ref.count)) /
-                      static_cast<double>(ref.count);
-    const double loss = ce + ref.config.moe.aux_loss_coef() * model->last_aux_loss();
-    runner.backward(batch, 0);
-    strategy.finish_gradients();
-    const double norm = std::sqrt(strategy.global_grad_norm_squared());
-    EXPECT_NEAR(loss, ref_losses[step], 1e-5 * std::fabs(ref_losses[0]));
-    EXPECT_NEAR(norm, ref_norms[step], 1e-5 * ref_norms[step]);
-    ASSERT_GT(norm, clip) << "the fixture must exercise clipping";
-    optimizer.step(lr, clip_multiplier(norm, clip), step + 1);
-    strategy.after_step();
-  }
-  expect_weights_after_three_steps(layout, strategy, ref.file, lr, hp.at("weight_decay").get<float>(), 90);
+  load_fixture_weights(layout, strategy, ref.file);
+  run_moe_three_adamw_steps(ref, *model, strategy, layout);
+  expect_weights_after_three_steps(layout, strategy, ref.file, hp.at("lr").get<float>(),
+                                   hp.at("weight_decay").get<float>(), 90);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeFixture, ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe"),

@@ -37,11 +37,6 @@ bool is_adapter(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
-MicroBatch fixture_batch(const Reference& ref) {
-  MicroBatch batch{ref.tokens.data(), ref.targets.data(), ref.B, ref.T};
-  batch.aux_loss_share = 1.0f;
-  return batch;
-}
 
 class MoeLora : public ::testing::TestWithParam<std::string> {};
 
@@ -51,7 +46,7 @@ TEST_P(MoeLora, LossLogitsAndEveryAdapterGradientMatchPeft) {
   const auto layout = ParamLayout::build(ref.config, 1);
   auto model = make_model(ref, layout, ref.B);
   UnitBuffers buf(layout, ref.file);
-  train_micro_batch(*model, buf, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  train_micro_batch(*model, buf, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
   const double ce = model->last_loss_sum() / static_cast<double>(ref.count);
   EXPECT_NEAR(ce, ref.file.at("ce_loss").to_f32()[0], 1e-5 * ce);
   const double aux = model->last_aux_loss();
@@ -85,18 +80,7 @@ TEST_P(MoeLora, LossLogitsAndEveryAdapterGradientMatchPeft) {
     for (float g : buf.grads[u]) ASSERT_EQ(g, 0.0f) << layout.units[u].name;
   }
 
-  const MicroBatch sample{ref.tokens.data(), nullptr, ref.B, ref.T};
-  for (int u = 0; u < model->num_units(); ++u) model->forward_unit(u, buf.param_ptrs, {}, sample, false, 1.0f);
-  const auto want = ref.file.at("logits").to_f32();
-  const size_t V = static_cast<size_t>(ref.config.vocab_size);
-  std::vector<float> got(want.size()), at_t(static_cast<size_t>(ref.B) * V);
-  for (int t = 0; t < ref.T; ++t) {
-    model->logits_at(buf.param_ptrs, t, at_t.data());
-    for (int b = 0; b < ref.B; ++b)
-      std::copy_n(at_t.begin() + static_cast<long>(b * V), V,
-                  got.begin() + static_cast<long>((static_cast<size_t>(b) * ref.T + t) * V));
-  }
-  EXPECT_LT(relative_to_max_error(got, want), 1e-5);
+  EXPECT_LT(relative_to_max_error(fixture_logits(*model, buf, ref), ref.file.at("logits").to_f32()), 1e-5);
 }
 
 TEST_P(MoeLora, CheckpointingAndBf16ChangeNoBitOfTheRecompute) {
@@ -108,8 +92,8 @@ TEST_P(MoeLora, CheckpointingAndBf16ChangeNoBitOfTheRecompute) {
     auto plain = make_model(ref, layout, ref.B, {precision, false});
     auto recompute = make_model(ref, layout, ref.B, {precision, true});
     UnitBuffers a(layout, ref.file), b(layout, ref.file);
-    train_micro_batch(*plain, a, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
-    train_micro_batch(*recompute, b, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+    train_micro_batch(*plain, a, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+    train_micro_batch(*recompute, b, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
     EXPECT_EQ(plain->last_loss_sum(), recompute->last_loss_sum());
     for (const auto* p : layout.all_params())
       if (is_adapter(p->name)) {
@@ -126,38 +110,13 @@ TEST_P(MoeLora, ThreeAdamWStepsOnTheAdaptersMatchPeft) {
   MemoryTracker tracker;
   SingleProcessCommunicator comm;
   FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{}, tracker);
-  for (const auto* p : layout.all_params()) {
-    const auto [unit, info] = layout.find(p->name);
-    const auto values = padded(*info, ref.file.at(p->name).to_f32());
-    std::copy(values.begin(), values.end(), strategy.owned(unit).master + info->offset);
-  }
-  strategy.after_load();
+  load_fixture_weights(layout, strategy, ref.file);
   int64_t adapter_elements = 0;
   for (const auto& unit : layout.units)
     if (unit.trainable) adapter_elements += unit.padded_numel;
   EXPECT_EQ(tracker.peak(MemCategory::optimizer), static_cast<size_t>(8 * adapter_elements));
-  ModelRunner runner(*model, strategy);
-  AdamWOptimizer optimizer(layout, strategy,
-                           {hp.at("beta1").get<float>(), hp.at("beta2").get<float>(),
-                            hp.at("eps").get<float>(), hp.at("weight_decay").get<float>()});
-  const float lr = hp.at("lr").get<float>(), clip = hp.at("grad_clip").get<float>();
-  const auto ref_norms = ref.file.at("adamw.grad_norms").to_f32();
-  const auto ref_losses = ref.file.at("adamw.losses").to_f32();
-  const MicroBatch batch = fixture_batch(ref);
-  for (int step = 0; step < 3; ++step) {
-    strategy.begin_step(1);
-    const double ce = runner.forward(batch, true, 1.0f / static_cast<float>(ref.count)) /
-                      static_cast<double>(ref.count);
-    const double loss = ce + ref.config.moe.aux_loss_coef() * model->last_aux_loss();
-    runner.backward(batch, 0);
-    strategy.finish_gradients();
-    const double norm = std::sqrt(strategy.global_grad_norm_squared());
-    EXPECT_NEAR(loss, ref_losses[step], 1e-5 * std::fabs(ref_losses[0]));
-    EXPECT_NEAR(norm, ref_norms[step], 1e-5 * ref_norms[step]);
-    ASSERT_GT(norm, clip) << "the fixture must exercise clipping";
-    optimizer.step(lr, clip_multiplier(norm, clip), step + 1);
-    strategy.after_step();
-  }
+  run_moe_three_adamw_steps(ref, *model, strategy, layout);
+  const float lr = hp.at("lr").get<float>();
   expect_weights_after_three_steps(layout, strategy, ref.file, lr, hp.at("weight_decay").get<float>(), 90,
                                    is_adapter);
   for (const auto* p : layout.all_params()) {
@@ -177,12 +136,7 @@ TEST_P(MoeLora, PeftExportIsPeftsOwnFusedTensors) {
   SingleProcessCommunicator comm;
   auto model = make_model(ref, layout, ref.B);
   FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{});
-  for (const auto* p : layout.all_params()) {
-    const auto [unit, info] = layout.find(p->name);
-    const auto values = padded(*info, ref.file.at(p->name).to_f32());
-    std::copy(values.begin(), values.end(), strategy.owned(unit).master + info->offset);
-  }
-  strategy.after_load();
+  load_fixture_weights(layout, strategy, ref.file);
   CheckpointInfo info{0, 0, ref.config, "byte", "ddp", 1, {{"options", nlohmann::json::object()}}};
   const std::string ckpt = save_checkpoint((work / "run").string(), layout, strategy, info, 0, comm);
   HfExportOptions options;
@@ -291,8 +245,8 @@ TEST_P(MoeLora, QLoraIsLoraOnTheDequantizedBase) {
   EXPECT_GT(quantized, 0);
   auto plain = make_model(ref, layout, ref.B);
   auto q = model_family(qconfig.family).make_model(qconfig, qlayout, ref.B, ref.T, {}, MemoryTracker::global());
-  train_micro_batch(*plain, lora, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
-  train_micro_batch(*q, qlora, fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  train_micro_batch(*plain, lora, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
+  train_micro_batch(*q, qlora, moe_fixture_batch(ref), 1.0f / static_cast<float>(ref.count));
   EXPECT_EQ(q->last_loss_sum(), plain->last_loss_sum());
   EXPECT_EQ(q->last_aux_loss(), plain->last_aux_loss());
   int adapters = 0;
