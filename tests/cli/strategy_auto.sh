@@ -4,7 +4,8 @@
 # chosen options in config.json and trains exactly as the explicitly chosen strategy
 # (same weights digest) at N=1 and N=2; a budget nothing fits is a one-line error
 # naming the smallest change; a resumed auto run ends on the straight run's digest; a
-# LoRA run with step times picks ddp.
+# LoRA run with step times picks ddp; a budget only tensor parallelism fits makes it
+# choose --tensor-parallel 2, and the run holds what plan said.
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 # No calibrated profile: the choice is plan's rule without step times (fewest bytes
@@ -105,6 +106,33 @@ grep -q "^strategy auto -> ddp: fits with .* to spare, predicted .* per step" "$
 run_mpi 2 "$SHARDLM" train "${LORA_RUN[@]}" --strategy ddp --out "$WORK/lora-ddp" > /dev/null 2>&1 \
   || fail "LoRA ddp run failed"
 [ "$(digest_of "$WORK/lora-auto")" = "$(digest_of "$WORK/lora-ddp")" ] || fail "LoRA auto and ddp runs differ"
+
+# Tensor parallelism: llama-tiny at 1024 tokens in bf16 on 2 ranks, a budget 1 byte
+# below the least of the unsplit layouts (ddp, zero1/2/3, with and without
+# checkpointing): auto takes a T = 2 layout and runs it on a mesh of 2 tensor ranks.
+TP_SHAPE=(--model llama-tiny --seq-len 1024 --micro-batch 1 --precision bf16)
+unsplit_least="$("$SHARDLM" plan "${TP_SHAPE[@]}" -n 2 --data "$WORK/data" --strategy zero3 \
+  --activation-checkpointing --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"])')"
+for s in ddp zero1 zero2 zero3; do
+  for ckpt in "" --activation-checkpointing; do
+    t="$("$SHARDLM" plan "${TP_SHAPE[@]}" -n 2 --data "$WORK/data" --strategy "$s" $ckpt --json \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"])')"
+    [ "$t" -lt "$unsplit_least" ] && unsplit_least="$t"
+  done
+done
+tp_budget="$(python3 -c "print('%.9f' % (($unsplit_least - 1) / 2**30))")"
+run_mpi 2 "$SHARDLM" train "${TP_SHAPE[@]}" --data "$WORK/data" --threads 1 --steps 2 --eval-batches 0 \
+  --strategy auto --memory-per-rank "$tp_budget" --out "$WORK/tp-auto" > "$WORK/tp-auto.log" 2>&1 \
+  || { cat "$WORK/tp-auto.log"; fail "auto run with a tensor-parallel budget"; }
+head -n 1 "$WORK/tp-auto.log" | grep -q "^strategy auto -> [a-z0-9 ]* x tp2" \
+  || fail "auto did not choose T=2: $(head -n 1 "$WORK/tp-auto.log")"
+chosen="$(head -n 1 "$WORK/tp-auto.log" | sed 's/^strategy auto -> \([^:]*\):.*/\1/')"
+python3 - "$WORK/tp-auto" "$chosen" <<'PY' || fail "the tensor-parallel auto run is not the layout it chose"
+import json, sys
+c = json.load(open(sys.argv[1] + "/config.json"))
+assert c["mesh"]["tensor"] == 2, c["mesh"]
+print(f"auto with a budget only T=2 fits: {sys.argv[2]} (mesh {c['mesh']})")
+PY
 
 # Nothing fits: one line naming the smallest change, non-zero exit, nothing written.
 # (A budget 1 byte below the smallest candidate, zero1 with activation checkpointing.)

@@ -8,7 +8,10 @@
 
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/plan/run_plan.hpp"
+#include "shardlm/plan/recommend.hpp"
 #include "shardlm/plan/time_model.hpp"
+
+#include <limits>
 
 using namespace shardlm;
 
@@ -168,4 +171,88 @@ TEST(TensorParallelPlan, TimeModelKeepsTensorTrafficOnTheNode) {
   // vocabulary-parallel embedding's and head's four.
   EXPECT_EQ(last_step_traffic(p, CommGroup::tensor).calls, 5 * r.config.n_layer + 4);
   EXPECT_GT(last_step_traffic(p, CommGroup::shard).calls, 0);
+}
+
+// --strategy auto's search over tensor (and context) parallelism.
+namespace {
+
+RunPlanRequest long_rows() {
+  RunPlanRequest r;
+  r.config = model_preset("llama-tiny");
+  r.micro_batch = 1;  // no smaller micro-batch to try
+  r.seq_len = 1024;   // activations dominate
+  r.world_size = 4;
+  r.model.precision = r.strategy.param_dtype = DType::bf16;  // no bf16 to try
+  return r;
+}
+
+double least_total(const std::vector<Candidate>& candidates) {
+  double least = std::numeric_limits<double>::infinity();
+  for (const Candidate& c : candidates) least = std::min(least, static_cast<double>(c.plan.total()));
+  return least;
+}
+
+}  // namespace
+
+TEST(TensorParallelAuto, TensorSizesAreNodeDivisorsThatSplitTheModel) {
+  RunPlanRequest r = long_rows();
+  r.world_size = 16;
+  // llama-tiny: 4 heads, 2 key/value heads (replicated at T = 4), MLP 160; 8 ranks a node.
+  EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{1, 2, 4}));
+  // 2 ranks a node: the tensor group stays inside it.
+  EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{8, ""}), (std::vector<int>{1, 2}));
+  r.tensor_parallel = 2;  // asked for: kept
+  EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{2}));
+  r.tensor_parallel = 1;
+  r.config = model_preset("gpt2-tiny");  // not split
+  EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{1}));
+  // Context parallelism (Ulysses): P dividing the 4 heads and the 1024 tokens, in a node.
+  EXPECT_EQ(context_parallel_choices(long_rows(), ClusterShape{1, ""}), (std::vector<int>{2, 4}));
+}
+
+TEST(TensorParallelAuto, ChoosesTensorParallelismWhenOnlyItFits) {
+  const RunPlanRequest base = long_rows();
+  const ClusterShape one_node{1, ""};
+  const auto unsplit = plan_candidates(base, nullptr, one_node, true);
+  const double budget = least_total(unsplit) - 1;  // nothing at T = 1 fits
+  const AutoSearch search = auto_search(base, nullptr, one_node, MemoryBudget(budget));
+  ASSERT_TRUE(search.recommendation.chosen) << search.recommendation.explanation;
+  const Candidate& c = search.candidates[*search.recommendation.chosen];
+  EXPECT_GT(c.request.tensor_parallel, 1) << c.label;
+  EXPECT_EQ(c.request.strategy.context_parallel, 1) << c.label;
+  EXPECT_NE(c.label.find(" x tp"), std::string::npos) << c.label;
+  EXPECT_NE(candidate_flags(c).find("--tensor-parallel "), std::string::npos) << candidate_flags(c);
+  // plan for a named strategy tries T = 1 only, and says what would fit.
+  const Recommendation fixed = recommend(unsplit, MemoryBudget(budget), base, nullptr, one_node);
+  EXPECT_FALSE(fixed.chosen);
+  EXPECT_NE(fixed.explanation.find("the smallest change that fits is --tensor-parallel "),
+            std::string::npos)
+      << fixed.explanation;
+}
+
+TEST(TensorParallelAuto, SplitsTheSequenceWhenNoLayoutFitsWhole) {
+  const RunPlanRequest base = long_rows();
+  const ClusterShape one_node{1, ""};
+  const auto whole = plan_candidates(base, nullptr, one_node, true, tensor_parallel_choices(base, one_node));
+  const double budget = least_total(whole) - 1;  // nothing at P = 1 fits, whatever T
+  const AutoSearch search = auto_search(base, nullptr, one_node, MemoryBudget(budget));
+  ASSERT_TRUE(search.recommendation.chosen) << search.recommendation.explanation;
+  const Candidate& c = search.candidates[*search.recommendation.chosen];
+  EXPECT_GT(c.request.strategy.context_parallel, 1) << c.label;
+  EXPECT_LE(static_cast<double>(c.plan.total()), budget);
+  EXPECT_NE(search.recommendation.explanation.find("no layout fits without --context-parallel"),
+            std::string::npos)
+      << search.recommendation.explanation;
+  EXPECT_NE(candidate_flags(c).find("--context-parallel "), std::string::npos);
+  // A named layout's plan names the change: at T = 2 (2 x 2 ranks) --context-parallel 2.
+  RunPlanRequest asked = base;
+  asked.tensor_parallel = 2;
+  const auto at2 = plan_candidates(asked, nullptr, one_node, true);
+  ASSERT_GT(least_total(at2), budget);
+  EXPECT_EQ(context_parallel_choices(asked, one_node), (std::vector<int>{2}));
+  const Recommendation fixed = recommend(at2, MemoryBudget(budget), asked, nullptr, one_node);
+  EXPECT_FALSE(fixed.chosen);
+  EXPECT_NE(fixed.explanation.find("the smallest change that fits is --context-parallel 2"),
+            std::string::npos)
+      << fixed.explanation;
 }

@@ -11,16 +11,14 @@ namespace shardlm::cli {
 namespace {
 
 // recommend() for `run` on `ranks` over `profile`'s nodes, as `plan` recommends for its
-// own flags (the same candidates, the same budget).
-struct Planned {
-  std::vector<Candidate> candidates;
-  Recommendation recommendation;
-};
+// own flags (the same candidates, the same budget; --strategy auto's search for auto).
+using Planned = AutoSearch;
 
 Planned plan_job(const TrainOptions& run, int ranks, const ProfileOptions& profile_options,
                  const MemoryBudget& budget) {
   const PlanInputs in = resolve_plan_inputs(run, ranks, profile_options);
   const HardwareProfile* profile = in.profile ? &*in.profile : nullptr;
+  if (run.strategy == "auto") return auto_search(in.request, profile, in.cluster, budget);
   Planned p;
   p.candidates = plan_candidates(in.request, profile, in.cluster, /*vary_checkpointing=*/true);
   p.recommendation = recommend(p.candidates, budget, in.request, profile, in.cluster);

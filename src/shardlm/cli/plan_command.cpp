@@ -79,7 +79,8 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
 // The candidate the flags asked for, marked in the tables.
 bool asked(const Candidate& c, const RunPlanRequest& r) {
   const StrategyOptions& a = c.request.strategy;
-  return a.kind == r.strategy.kind &&
+  return a.kind == r.strategy.kind && c.request.tensor_parallel == r.tensor_parallel &&
+         a.context_parallel == r.strategy.context_parallel &&
          (a.kind != StrategyKind::hybrid || a.shard_group_size == r.strategy.shard_group_size) &&
          (!shards_parameters(a.kind) || a.reshard_after_forward == r.strategy.reshard_after_forward) &&
          c.request.model.activation_checkpointing == r.model.activation_checkpointing;
@@ -207,11 +208,17 @@ void run_plan(const PlanFlags& f) {
     std::printf("%s\n", plan_json(plan, time).dump(1).c_str());
     return;
   }
-  const std::vector<Candidate> candidates =
-      plan_candidates(in.request, profile, in.cluster, /*vary_checkpointing=*/true);
-  const Recommendation rec = bounded || profile
-                                 ? recommend(candidates, budget, in.request, profile, in.cluster)
-                                 : Recommendation{};
+  // --strategy auto searches tensor (and, when nothing fits, context) parallelism too.
+  AutoSearch search;
+  if (automatic) {
+    search = auto_search(in.request, profile, in.cluster, budget);
+  } else {
+    search.candidates = plan_candidates(in.request, profile, in.cluster, /*vary_checkpointing=*/true);
+    if (bounded || profile)
+      search.recommendation = recommend(search.candidates, budget, in.request, profile, in.cluster);
+  }
+  const std::vector<Candidate>& candidates = search.candidates;
+  const Recommendation& rec = search.recommendation;
   // Beside the recommendation: the decision tree's other moves when nothing fits, and a
   // second node that slows the job down (cli/plan_advice.hpp).
   const PlannedJob job{run, f.ranks, f.profile, budget};

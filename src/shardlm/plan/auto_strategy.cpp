@@ -71,9 +71,9 @@ nlohmann::json decide(const TrainOptions& o, int world_size, const JobShape& sha
   // rank's share of it, measured (so per rank, one rank per share).
   budget.host_per_node = shape.budget_bytes;
   budget.ranks_per_node = 1;
-  const std::vector<Candidate> candidates =
-      plan_candidates(in.request, profile, in.cluster, /*vary_checkpointing=*/true);
-  const Recommendation rec = recommend(candidates, budget, in.request, profile, in.cluster);
+  const AutoSearch search = auto_search(in.request, profile, in.cluster, budget);
+  const std::vector<Candidate>& candidates = search.candidates;
+  const Recommendation& rec = search.recommendation;
   if (!rec.chosen) return {{"error", "--strategy auto: " + rec.explanation}};
   const Candidate& c = candidates[*rec.chosen];
   const StrategyOptions& s = c.request.strategy;
@@ -81,6 +81,8 @@ nlohmann::json decide(const TrainOptions& o, int world_size, const JobShape& sha
           {"reshard_after_forward", s.reshard_after_forward},
           {"shard_group_size", s.kind == StrategyKind::hybrid ? s.shard_group_size : 0},
           {"activation_checkpointing", c.request.model.activation_checkpointing},
+          {"tensor_parallel", c.request.tensor_parallel},
+          {"context_parallel", s.context_parallel},
           {"line", "strategy auto -> " + rec.explanation + note}};
 }
 
@@ -107,6 +109,8 @@ TrainOptions resolve_auto_strategy(const TrainOptions& o, Communicator& comm) {
   resolved.reshard_after_forward = decision.at("reshard_after_forward").get<bool>();
   resolved.shard_group_size = decision.at("shard_group_size").get<int>();
   resolved.activation_checkpointing = decision.at("activation_checkpointing").get<bool>();
+  resolved.tensor_parallel = decision.at("tensor_parallel").get<int>();
+  resolved.context_parallel = decision.at("context_parallel").get<int>();
   resolved.strategy_reason = decision.at("line").get<std::string>();
   resolved.memory_per_rank_gib.reset();  // spent: the run validates as the strategy it runs
   if (comm.rank() == 0) {

@@ -18,8 +18,8 @@
 
 namespace shardlm {
 
-// Collective. Returns `o` with strategy, reshard_after_forward, shard_group_size and
-// activation_checkpointing set to the chosen candidate and strategy_reason to the
+// Collective. Returns `o` with strategy, reshard_after_forward, shard_group_size,
+// activation_checkpointing, tensor_parallel and context_parallel set to the chosen candidate and strategy_reason to the
 // line printed (rank 0 prints "strategy auto -> <label>: <why>"). Error on every rank,
 // one line naming the smallest change that fits, when no candidate fits the budget.
 // `o` unchanged when its strategy is not "auto".

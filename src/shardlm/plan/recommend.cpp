@@ -2,9 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <fmt/format.h>
 #include <limits>
 #include <optional>
+
+#include "shardlm/core/error.hpp"
+#include "shardlm/model/context_parallel/context_attention.hpp"
+#include "shardlm/model/context_parallel/context_split.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 
 namespace shardlm {
 
@@ -142,17 +148,20 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
 }
 
 // Step 4: the first change, in order, that lets some candidate fit: activation
-// checkpointing, bf16, a smaller micro-batch (same global batch), more ranks; then
+// checkpointing, bf16, a smaller micro-batch (same global batch), tensor parallelism
+// inside a node (T ascending), context parallelism (P ascending), more ranks; then
 // all of them together. Where the candidates already varied checkpointing, so do
-// those of each change (the advice then names the "+ ckpt" candidate that fits).
-std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried,
-                            const HardwareProfile* profile, const ClusterShape& cluster,
-                            const MemoryBudget& budget) {
+// those of each change (the advice then names the "+ ckpt" candidate that fits);
+// where they varied T or P already (--strategy auto), those changes are not tried again.
+std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried, bool tensor_tried,
+                            bool context_tried, const HardwareProfile* profile,
+                            const ClusterShape& cluster, const MemoryBudget& budget) {
   struct Change {
     std::string flags;
     RunPlanRequest request;
   };
-  const int global = base.global_batch > 0 ? base.global_batch : base.micro_batch * base.world_size;
+  const int global = base.global_batch > 0 ? base.global_batch
+                                           : base.micro_batch * plan_mesh(base).data_parallel_size();
   const auto with_checkpointing = [](RunPlanRequest r) {
     r.model.activation_checkpointing = true;
     return r;
@@ -176,6 +185,19 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
   if (base.model.precision == DType::fp32) changes.push_back({"--precision bf16", in_bf16(base)});
   for (int mb = base.micro_batch / 2; mb >= 1; mb /= 2)
     changes.push_back({fmt::format("--micro-batch {}", mb), with_micro_batch(base, mb)});
+  if (!tensor_tried)
+    for (int T : tensor_parallel_choices(base, cluster)) {
+      if (T == base.tensor_parallel) continue;
+      RunPlanRequest r = base;
+      r.tensor_parallel = T;
+      changes.push_back({fmt::format("--tensor-parallel {}", T), r});
+    }
+  if (!context_tried)
+    for (int P : context_parallel_choices(base, cluster)) {
+      RunPlanRequest r = base;
+      r.strategy.context_parallel = P;
+      changes.push_back({fmt::format("--context-parallel {}", P), r});
+    }
   for (int n = base.world_size * 2; n <= 4096; n *= 2)
     changes.push_back({fmt::format("-n {}", n), on_ranks(base, n)});
   // All of them together, naming only the flags that change something (a bf16 run
@@ -213,35 +235,110 @@ std::string candidate_flags(const Candidate& c) {
   if (shards_parameters(s.kind) && !s.reshard_after_forward)
     flags += " --reshard-after-forward false";
   if (c.request.tensor_parallel > 1) flags += fmt::format(" --tensor-parallel {}", c.request.tensor_parallel);
+  if (s.context_parallel > 1) flags += fmt::format(" --context-parallel {}", s.context_parallel);
   if (c.request.model.activation_checkpointing) flags += " --activation-checkpointing";
   return flags;
 }
 
 std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
-                                       const ClusterShape& cluster, bool vary_checkpointing) {
+                                       const ClusterShape& cluster, bool vary_checkpointing,
+                                       const std::vector<int>& tensor_sizes,
+                                       const std::vector<int>& context_sizes) {
   std::vector<bool> checkpointing = {base.model.activation_checkpointing};
   // Expert parallelism runs without hybrid and activation checkpointing (for now).
   const bool experts_spread = base.strategy.expert_parallel > 1;
   if (vary_checkpointing && !base.model.activation_checkpointing && !experts_spread)
     checkpointing.push_back(true);
+  const std::vector<int> Ts = tensor_sizes.empty() ? std::vector<int>{base.tensor_parallel} : tensor_sizes;
+  const std::vector<int> Ps =
+      context_sizes.empty() ? std::vector<int>{base.strategy.context_parallel} : context_sizes;
   std::vector<Candidate> out;
   for (bool ckpt : checkpointing)
-    // Hybrid groups share out the data-parallel ranks (context ranks split sequences,
-    // tensor ranks the layers).
-    for (const Choice& choice : strategy_choices(base.world_size / base.strategy.context_parallel /
-                                                 base.tensor_parallel)) {
-      if (experts_spread && choice.kind == StrategyKind::hybrid) continue;
-      Candidate c;
-      c.label = choice.label + (ckpt && !base.model.activation_checkpointing ? " + ckpt" : "");
-      c.request = base;
-      c.request.strategy.kind = choice.kind;
-      c.request.strategy.reshard_after_forward = choice.reshard;
-      c.request.strategy.shard_group_size = choice.group;
-      c.request.model.activation_checkpointing = ckpt;
-      c.plan = plan_run(c.request);
-      if (profile != nullptr) c.time = predict_step_time(c.plan, *profile, cluster);
-      out.push_back(std::move(c));
-    }
+    for (int P : Ps)
+      for (int T : Ts) {
+        if (base.world_size % (P * T) != 0) continue;
+        // Hybrid groups share out the data-parallel ranks (context ranks split
+        // sequences, tensor ranks the layers).
+        for (const Choice& choice : strategy_choices(base.world_size / (P * T))) {
+          if (experts_spread && choice.kind == StrategyKind::hybrid) continue;
+          Candidate c;
+          c.label = choice.label + (T > 1 ? fmt::format(" x tp{}", T) : "") +
+                    (P > 1 ? fmt::format(" x cp{}", P) : "") +
+                    (ckpt && !base.model.activation_checkpointing ? " + ckpt" : "");
+          c.request = base;
+          c.request.strategy.kind = choice.kind;
+          c.request.strategy.reshard_after_forward = choice.reshard;
+          c.request.strategy.shard_group_size = choice.group;
+          c.request.strategy.context_parallel = P;
+          c.request.tensor_parallel = T;
+          c.request.model.activation_checkpointing = ckpt;
+          c.plan = plan_run(c.request);
+          if (profile != nullptr) c.time = predict_step_time(c.plan, *profile, cluster);
+          out.push_back(std::move(c));
+        }
+      }
+  return out;
+}
+
+namespace {
+
+bool accepted(const std::function<void()>& check) {
+  try {
+    check();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+int ranks_per_node(const RunPlanRequest& base, const ClusterShape& cluster) {
+  const int nodes = std::max(1, cluster.nodes);
+  return base.world_size % nodes == 0 ? base.world_size / nodes : base.world_size;
+}
+
+}  // namespace
+
+std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster) {
+  if (base.tensor_parallel > 1 || base.strategy.expert_parallel > 1) return {base.tensor_parallel};
+  const int node = ranks_per_node(base, cluster);
+  const int data = base.world_size / base.strategy.context_parallel;
+  std::vector<int> out = {1};
+  for (int T = 2; T <= node; ++T)
+    if (node % T == 0 && data % T == 0 && accepted([&] { check_tensor_parallel(base.config, T); }))
+      out.push_back(T);
+  return out;
+}
+
+std::vector<int> context_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster) {
+  if (base.strategy.context_parallel > 1 || base.strategy.expert_parallel > 1) return {};
+  const int node = ranks_per_node(base, cluster);
+  std::vector<int> out;
+  for (int P = 2; P <= node; ++P)
+    if (node % P == 0 && base.world_size % (P * base.tensor_parallel) == 0 &&
+        accepted([&] { check_context_parallel_model(base.config, P); }) &&
+        accepted([&] { ContextSplit(0, P, /*zigzag=*/false).check_seq_len(base.seq_len); }))
+      out.push_back(P);
+  return out;
+}
+
+AutoSearch auto_search(const RunPlanRequest& base, const HardwareProfile* profile,
+                       const ClusterShape& cluster, const MemoryBudget& budget) {
+  AutoSearch out;
+  const std::vector<int> tensor_sizes = tensor_parallel_choices(base, cluster);
+  out.candidates = plan_candidates(base, profile, cluster, /*vary_checkpointing=*/true, tensor_sizes);
+  out.recommendation = recommend(out.candidates, budget, base, profile, cluster);
+  if (out.recommendation.chosen) return out;
+  // The sequence does not fit whole on any rank: split it too (Ulysses).
+  const std::vector<int> context_sizes = context_parallel_choices(base, cluster);
+  if (context_sizes.empty()) return out;
+  std::vector<Candidate> split =
+      plan_candidates(base, profile, cluster, /*vary_checkpointing=*/true, tensor_sizes, context_sizes);
+  const Recommendation with_context = recommend(split, budget, base, profile, cluster);
+  if (!with_context.chosen) return out;
+  const size_t whole = out.candidates.size();
+  for (Candidate& c : split) out.candidates.push_back(std::move(c));
+  out.recommendation = {whole + *with_context.chosen,
+                        with_context.explanation + " (no layout fits without --context-parallel)"};
   return out;
 }
 
@@ -258,10 +355,13 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
     return out;
   }
   size_t smallest = 0;
-  bool checkpointing_tried = false;
+  bool checkpointing_tried = false, tensor_tried = false, context_tried = false;
   for (size_t i = 0; i < candidates.size(); ++i) {
+    const RunPlanRequest& r = candidates[i].request;
     if (candidates[i].plan.total() < candidates[smallest].plan.total()) smallest = i;
-    checkpointing_tried = checkpointing_tried || candidates[i].request.model.activation_checkpointing;
+    checkpointing_tried = checkpointing_tried || r.model.activation_checkpointing;
+    tensor_tried = tensor_tried || r.tensor_parallel != base.tensor_parallel;
+    context_tried = context_tried || r.strategy.context_parallel != base.strategy.context_parallel;
   }
   // Candidates whose device side fits but whose host side does not: say so (the
   // device-only changes of step 4 cannot help them).
@@ -284,7 +384,8 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
       "nothing fits in {} per rank (the smallest, {}, needs {}): {}", gib(budget_bytes.per_rank),
       candidates.empty() ? "-" : candidates[smallest].label,
       candidates.empty() ? "-" : gib(candidates[smallest].plan.total()),
-      smallest_change(base, checkpointing_tried || base.strategy.expert_parallel > 1, profile, cluster, budget_bytes));
+      smallest_change(base, checkpointing_tried || base.strategy.expert_parallel > 1,
+                      tensor_tried, context_tried, profile, cluster, budget_bytes));
   return out;
 }
 

@@ -4,7 +4,9 @@
 //
 //  1. Candidates: ddp, zero1, zero2, zero3, zero3 keeping parameters gathered from
 //     forward to backward, hybrid for each shard group size that divides the ranks;
-//     each as asked and, unless asked already, with activation checkpointing.
+//     each as asked and, unless asked already, with activation checkpointing; under
+//     --strategy auto each at every tensor-parallel size inside a node, and, when none
+//     of those fits, at every context-parallel size too (auto_search).
 //  2. Those whose planned bytes per rank fit the budget are eligible (a device run's
 //     host side too: its host bytes per rank times the ranks on a node within the
 //     node's host memory, where that is known).
@@ -16,7 +18,8 @@
 //     shard only what must be).
 //  4. Nothing fits: the smallest change that makes something fit is named, trying
 //     in order activation checkpointing, bf16, halving the micro-batch (more
-//     accumulation steps), and doubling the ranks.
+//     accumulation steps), --tensor-parallel T, --context-parallel P, and doubling the
+//     ranks.
 #pragma once
 
 #include <limits>
@@ -37,9 +40,23 @@ struct Candidate {
 };
 
 // The candidates of step 1 for `base` (its strategy options other than kind,
-// resharding and group size are kept), each planned and, with a profile, timed.
+// resharding and group size are kept), each planned and, with a profile, timed; for
+// each tensor-parallel size in tensor_sizes and context-parallel size in context_sizes
+// (empty: base's), T = 1 and P = 1 first.
 std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
-                                       const ClusterShape& cluster, bool vary_checkpointing);
+                                       const ClusterShape& cluster, bool vary_checkpointing,
+                                       const std::vector<int>& tensor_sizes = {},
+                                       const std::vector<int>& context_sizes = {});
+
+// The tensor-parallel sizes --strategy auto considers: 1 and the divisors of a node's
+// ranks (the tensor group stays inside a node) that divide the data-parallel ranks and
+// split the model (check_tensor_parallel); base's alone when it fixes one (> 1) or
+// runs expert parallelism.
+std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster);
+// The context-parallel (Ulysses) sizes > 1 it tries when no candidate fits: divisors of
+// a node's ranks the model's heads and the sequence split over; none when base fixes
+// one or runs expert parallelism.
+std::vector<int> context_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster);
 
 // What a candidate must fit in. Implicit from a device budget alone (host unbounded).
 struct MemoryBudget {
@@ -66,6 +83,16 @@ struct Recommendation {
 Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryBudget& budget,
                          const RunPlanRequest& base, const HardwareProfile* profile,
                          const ClusterShape& cluster);
+
+// --strategy auto (train's and plan's): the candidates over tensor_parallel_choices,
+// recommended; when none fits, also those over context_parallel_choices (the sequence
+// split too), appended, and the recommendation among them.
+struct AutoSearch {
+  std::vector<Candidate> candidates;
+  Recommendation recommendation;
+};
+AutoSearch auto_search(const RunPlanRequest& base, const HardwareProfile* profile,
+                       const ClusterShape& cluster, const MemoryBudget& budget);
 
 // The `train` flags that select a candidate: "--strategy hybrid --shard-group-size 8
 // --activation-checkpointing".
