@@ -82,6 +82,7 @@ nlohmann::json decide(const TrainOptions& o, int world_size, const JobShape& sha
           {"shard_group_size", s.kind == StrategyKind::hybrid ? s.shard_group_size : 0},
           {"activation_checkpointing", c.request.model.activation_checkpointing},
           {"tensor_parallel", c.request.tensor_parallel},
+          {"global_batch", c.request.global_batch},
           {"context_parallel", s.context_parallel},
           {"line", "strategy auto -> " + rec.explanation + note}};
 }
@@ -110,6 +111,9 @@ TrainOptions resolve_auto_strategy(const TrainOptions& o, Communicator& comm) {
   resolved.shard_group_size = decision.at("shard_group_size").get<int>();
   resolved.activation_checkpointing = decision.at("activation_checkpointing").get<bool>();
   resolved.tensor_parallel = decision.at("tensor_parallel").get<int>();
+  // Another tensor or context size than asked keeps the run's global batch (plan's
+  // candidates all run the asked layout's).
+  if (resolved.grad_accum == 0) resolved.global_batch = decision.at("global_batch").get<int>();
   resolved.context_parallel = decision.at("context_parallel").get<int>();
   resolved.strategy_reason = decision.at("line").get<std::string>();
   resolved.memory_per_rank_gib.reset();  // spent: the run validates as the strategy it runs

@@ -159,6 +159,9 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
   struct Change {
     std::string flags;
     RunPlanRequest request;
+    // Changes of one kind in ascending size (tensor parallelism 1, context 2; 0 alone):
+    // when the largest does not fit, no smaller one does, and none is planned.
+    int kind = 0;
   };
   const int global = base.global_batch > 0 ? base.global_batch
                                            : base.micro_batch * plan_mesh(base).data_parallel_size();
@@ -190,13 +193,13 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
       if (T == base.tensor_parallel) continue;
       RunPlanRequest r = base;
       r.tensor_parallel = T;
-      changes.push_back({fmt::format("--tensor-parallel {}", T), r});
+      changes.push_back({fmt::format("--tensor-parallel {}", T), r, 1});
     }
   if (!context_tried)
     for (int P : context_parallel_choices(base, cluster)) {
       RunPlanRequest r = base;
       r.strategy.context_parallel = P;
-      changes.push_back({fmt::format("--context-parallel {}", P), r});
+      changes.push_back({fmt::format("--context-parallel {}", P), r, 2});
     }
   for (int n = base.world_size * 2; n <= 4096; n *= 2)
     changes.push_back({fmt::format("-n {}", n), on_ranks(base, n)});
@@ -210,7 +213,8 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
   for (int n = base.world_size * 2; n <= 4096; n *= 2)
     changes.push_back({fmt::format("{}-n {}", all_flags, n), on_ranks(all, n)});
   const int ranks_per_node = std::max(1, base.world_size / std::max(1, cluster.nodes));
-  for (const Change& change : changes) {
+  // The candidate that fits with `change` and is chosen among those that do, if any.
+  const auto fitting = [&](const Change& change) -> std::optional<std::string> {
     ClusterShape scaled = cluster;
     scaled.nodes = std::max(1, change.request.world_size / ranks_per_node);
     // Each change is judged as the candidates were: with their checkpointing variants.
@@ -218,12 +222,25 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
     std::vector<size_t> eligible;
     for (size_t i = 0; i < candidates.size(); ++i)
       if (fits(candidates[i], budget)) eligible.push_back(i);
-    if (eligible.empty()) continue;
+    if (eligible.empty()) return std::nullopt;
     const Candidate& best = candidates[pick(candidates, eligible)];
-    return fmt::format("the smallest change that fits is {} ({}: {})", change.flags, best.label,
-                       gib(best.plan.total()));
+    return fmt::format("{}: {}", best.label, gib(best.plan.total()));
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const Change& change = changes[i];
+    if (change.kind != 0 && (i == 0 || changes[i - 1].kind != change.kind)) {
+      size_t largest = i;
+      while (largest + 1 < changes.size() && changes[largest + 1].kind == change.kind) ++largest;
+      if (largest != i && !fitting(changes[largest])) {
+        i = largest;  // none of this kind fits
+        continue;
+      }
+    }
+    if (const auto best = fitting(change))
+      return fmt::format("the smallest change that fits is {} ({})", change.flags, *best);
   }
-  return "no change tried fits (activation checkpointing, bf16, micro-batch 1, up to 4096 ranks)";
+  return "no change tried fits (activation checkpointing, bf16, micro-batch 1, tensor and "
+         "context parallelism inside a node, up to 4096 ranks)";
 }
 
 }  // namespace
@@ -252,11 +269,18 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
   const std::vector<int> Ts = tensor_sizes.empty() ? std::vector<int>{base.tensor_parallel} : tensor_sizes;
   const std::vector<int> Ps =
       context_sizes.empty() ? std::vector<int>{base.strategy.context_parallel} : context_sizes;
+  // Every candidate runs base's global batch (by default a micro-batch per data-parallel
+  // rank of base's layout), so that their step times compare the same tokens; a tensor
+  // or context size the batch does not split over is left out.
+  const int global = base.global_batch > 0 ? base.global_batch
+                                           : base.micro_batch * plan_mesh(base).data_parallel_size();
   std::vector<Candidate> out;
   for (bool ckpt : checkpointing)
     for (int P : Ps)
       for (int T : Ts) {
         if (base.world_size % (P * T) != 0) continue;
+        const bool varied = T != base.tensor_parallel || P != base.strategy.context_parallel;
+        if (varied && global % (base.micro_batch * (base.world_size / (P * T))) != 0) continue;
         // Hybrid groups share out the data-parallel ranks (context ranks split
         // sequences, tensor ranks the layers).
         for (const Choice& choice : strategy_choices(base.world_size / (P * T))) {
@@ -271,6 +295,7 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
           c.request.strategy.shard_group_size = choice.group;
           c.request.strategy.context_parallel = P;
           c.request.tensor_parallel = T;
+          if (varied) c.request.global_batch = global;
           c.request.model.activation_checkpointing = ckpt;
           c.plan = plan_run(c.request);
           if (profile != nullptr) c.time = predict_step_time(c.plan, *profile, cluster);
