@@ -84,7 +84,12 @@ echo "$warning" | grep -qF "run on one node (-n 8 --nodes 1 --global-batch 16) o
 "$SHARDLM" plan "${QWEN[@]}" -n 16 --nodes 2 --link 1gbit --profile h100-80g --strategy auto --json > "$WORK/slow.json"
 python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["second_node"].startswith("the second node slows"), j' "$WORK/slow.json" \
   || fail "no second_node in the JSON"
+# --strategy auto fits qwen3-8b on 8 x L4 by splitting its layers (no alternatives then);
+# in 1 GiB nothing fits, and the JSON carries the moves, none fitting.
 "$SHARDLM" plan "${L4[@]}" --strategy auto --json > "$WORK/l4.json"
-python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); a=j["alternatives"]; assert [x["flags"] for x in a]==["--lora-rank 8","--lora-rank 8 --quantize-base nf4","--offload optimizer"] and all(x["fits"] for x in a), a' "$WORK/l4.json" \
-  || fail "no alternatives in the JSON: $(cat "$WORK/l4.json")"
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert "--tensor-parallel" in j["flags"] and "alternatives" not in j, j' "$WORK/l4.json" \
+  || fail "auto on 8 x L4 did not split the layers: $(cat "$WORK/l4.json")"
+"$SHARDLM" plan "${TINY_BUDGET[@]}" --strategy auto --json > "$WORK/hopeless.json"
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); a=j["alternatives"]; assert [x["flags"] for x in a]==["--lora-rank 8","--lora-rank 8 --quantize-base nf4","--offload optimizer"] and not any(x["fits"] for x in a), a' "$WORK/hopeless.json" \
+  || fail "no alternatives in the JSON: $(cat "$WORK/hopeless.json")"
 echo "1 passed, 0 failed"
