@@ -337,11 +337,12 @@ std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const Clust
 std::vector<int> context_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster) {
   if (base.strategy.context_parallel > 1 || base.strategy.expert_parallel > 1) return {};
   const int node = ranks_per_node(base, cluster);
+  const ContextParallelKind kind = base.model.context_parallel_kind;  // the run's (ulysses by default)
   std::vector<int> out;
   for (int P = 2; P <= node; ++P)
     if (node % P == 0 && base.world_size % (P * base.tensor_parallel) == 0 &&
-        accepted([&] { check_context_parallel_model(base.config, P); }) &&
-        accepted([&] { ContextSplit(0, P, /*zigzag=*/false).check_seq_len(base.seq_len); }))
+        accepted([&] { check_context_parallel_model(base.config, P, kind); }) &&
+        accepted([&] { ContextSplit(0, P, zigzag_split(kind)).check_seq_len(base.seq_len); }))
       out.push_back(P);
   return out;
 }
