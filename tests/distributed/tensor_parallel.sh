@@ -9,7 +9,8 @@
 # ~1e-6 relative per gradient, which AdamW's normalised steps carry on). T = 4
 # (llama-tiny's 2 key/value heads replicated) against one process likewise. The T = 2
 # checkpoint loads bitwise at T = 1 and exports to Hugging Face. The embedding and LM
-# head are vocabulary-parallel (llama-tiny's untied head, qwen3-tiny's tied one). LoRA
+# head are vocabulary-parallel (llama-tiny's untied head, qwen3-tiny's tied one). With
+# --sequence-parallel the same within the same bounds, ddp x T and zero3 x T. LoRA
 # on every module at T = 2 (adapters split with their base) equals the unsplit LoRA run,
 # and its T = 2 checkpoint exports the adapter its T = 1 copy exports. Bad input is
 # refused in one line before a run directory exists. plan at T = 2 (ddp and zero3)
@@ -95,6 +96,24 @@ same_curves "$WORK/t4" "$WORK/t4_ref" 1e-5
   || fail "T=4 weights differ from one process's"
 echo "llama-tiny: T=4 (key/value heads replicated) = one process within 1e-5"
 
+# Sequence parallelism (--sequence-parallel: the residual stream and the norms on 1/T
+# of the tokens, all-gathers and reduce-scatters instead of the all-reduces): ddp x T=2
+# = zero3 x T=2 bitwise, = the unsplit ddp x 2 within 1e-5; T=4 = one process.
+for strategy in ddp zero3; do
+  train 4 "$WORK/sp_t2_$strategy" --model llama-tiny --micro-batch 4 --strategy "$strategy" \
+    --tensor-parallel 2 --sequence-parallel
+done
+[ "$(digest_of "$WORK/sp_t2_ddp")" = "$(digest_of "$WORK/sp_t2_zero3")" ] \
+  || fail "sequence parallel: ddp x T=2 and zero3 x T=2 differ"
+same_curves "$WORK/sp_t2_zero3" "$WORK/llama-tiny_t1" 1e-5
+"$SHARDLM" inspect "$WORK/sp_t2_zero3" --compare "$WORK/llama-tiny_t1" --tolerance 1e-5 \
+  --relative-to norm || fail "sequence parallel: T=2 weights differ from T=1's"
+train 4 "$WORK/sp_t4" --model llama-tiny --micro-batch 8 --strategy zero3 --mesh shard=1,tensor=4 --sequence-parallel
+same_curves "$WORK/sp_t4" "$WORK/t4_ref" 1e-5
+"$SHARDLM" inspect "$WORK/sp_t4" --compare "$WORK/t4_ref" --tolerance 1e-5 --relative-to norm \
+  || fail "sequence parallel: T=4 weights differ from one process's"
+echo "sequence parallel: ddp x T=2 = zero3 x T=2 bitwise, = T=1 within 1e-5; T=4 = one process within 1e-5"
+
 # The T = 2 checkpoint at T = 1: loaded bitwise (the loaded state saved again), trains on.
 want="$("$SHARDLM" inspect "$WORK/llama-tiny_t2_zero3" --quiet)"
 cp -r "$WORK/llama-tiny_t2_zero3" "$WORK/resume_t1"
@@ -158,6 +177,7 @@ refused() {  # refused N NEEDLE FLAGS...
 refused 2 "--tensor-parallel 4 does not divide the job's 2 ranks" --model llama-tiny --micro-batch 4 --tensor-parallel 4
 refused 4 "--tensor-parallel 3 must divide the 4 attention heads" --model llama-tiny --micro-batch 4 --tensor-parallel 3
 refused 2 "--tensor-parallel 2 must divide the 3 attention heads" --model qwen3-tiny --micro-batch 4 --tensor-parallel 2
+refused 2 "--sequence-parallel splits the tokens of a tensor group" --model llama-tiny --micro-batch 4 --sequence-parallel
 refused 2 "the gpt2 family is not split over tensor ranks yet" --model gpt2-tiny --micro-batch 4 --tensor-parallel 2
 refused 2 "--mesh shard=1,tensor=2 has 2 tensor rank(s), --tensor-parallel says 4" --model llama-tiny --micro-batch 4 --mesh shard=1,tensor=2 --tensor-parallel 4
 echo "bad input refused before a run directory exists"

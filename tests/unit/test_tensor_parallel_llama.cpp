@@ -41,7 +41,8 @@ struct RankRun {
 };
 
 // Trains two micro-batches (gradients accumulate) on tensor rank split.rank.
-RankRun train(const ModelConfig& config, TensorSplit split, Communicator* tensor, bool checkpointing) {
+RankRun train(const ModelConfig& config, TensorSplit split, Communicator* tensor, bool checkpointing,
+              bool sequence_parallel = false) {
   const ParamLayout layout = ParamLayout::build(config, 1, 0, split);
   std::vector<std::vector<float>> params, grads;
   for (const UnitLayout& u : layout.units) {
@@ -63,6 +64,7 @@ RankRun train(const ModelConfig& config, TensorSplit split, Communicator* tensor
   ModelOptions options;
   options.activation_checkpointing = checkpointing;
   options.parallel_groups.tensor = tensor;
+  options.sequence_parallel = sequence_parallel;
   MemoryTracker tracker;
   auto model = model_family(config.family).make_model(config, layout, kB, kT, options, tracker);
   RankRun run;
@@ -93,13 +95,18 @@ RankRun train(const ModelConfig& config, TensorSplit split, Communicator* tensor
   return run;
 }
 
-void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bool checkpointing) {
-  SCOPED_TRACE(config.family + " T=" + std::to_string(T) + (checkpointing ? " checkpointing" : ""));
+void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bool checkpointing,
+                                            bool sequence_parallel = false) {
+  const std::string what = config.family + " T=" + std::to_string(T) +
+                           (checkpointing ? " checkpointing" : "") +
+                           (sequence_parallel ? " sequence-parallel" : "");
+  SCOPED_TRACE(what);
   const RankRun whole = train(config, {}, nullptr, checkpointing);
   std::vector<RankRun> ranks(static_cast<size_t>(T));
   InProcessJob job(T);
   const std::vector<std::string> errors = job.run([&](Communicator& comm) {
-    ranks[static_cast<size_t>(comm.rank())] = train(config, {T, comm.rank()}, &comm, checkpointing);
+    ranks[static_cast<size_t>(comm.rank())] =
+        train(config, {T, comm.rank()}, &comm, checkpointing, sequence_parallel);
   });
   for (int t = 0; t < T; ++t) ASSERT_EQ(errors[static_cast<size_t>(t)], "") << "rank " << t;
   double worst = 0.0;
@@ -136,8 +143,7 @@ void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bo
       }
     }
   }
-  std::printf("%s T=%d%s: worst relative gradient difference %.3g\n", config.family.c_str(), T,
-              checkpointing ? " checkpointing" : "", worst);
+  std::printf("%s: worst relative gradient difference %.3g\n", what.c_str(), worst);
 }
 
 ModelConfig tiny(const std::string& preset) {
@@ -167,6 +173,23 @@ TEST(TensorParallelLlama, Qwen3QkNormsAndUntiedHeadEqualOneRank) {
   c.tie_embeddings = false;
   expect_tensor_parallel_equals_one_rank(c, 2, false);
   expect_tensor_parallel_equals_one_rank(c, 4, false);
+}
+
+// Sequence parallelism: the residual stream, norms and residual adds on N / T tokens
+// (2 x 12 = 24 tokens: 12 or 6 a rank), all-gathers and reduce-scatters instead of the
+// all-reduces; the norm weights' gradients summed over the group.
+TEST(TensorParallelLlama, SequenceParallelEqualsOneRank) {
+  expect_tensor_parallel_equals_one_rank(tiny("llama-tiny"), 2, false, true);
+  expect_tensor_parallel_equals_one_rank(tiny("llama-tiny"), 4, true, true);
+  expect_tensor_parallel_equals_one_rank(tiny("qwen2-tiny"), 2, true, true);  // tied, biases
+  ModelConfig q3 = tiny("qwen3-tiny");
+  q3.n_head = 4;
+  q3.n_kv_head = 2;
+  expect_tensor_parallel_equals_one_rank(q3, 4, false, true);
+  ModelConfig lora = tiny("llama-tiny");
+  lora.lora.rank = 4;
+  lora.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  expect_tensor_parallel_equals_one_rank(lora, 2, false, true);
 }
 
 TEST(TensorParallelLlama, TiedLlamaHeadEqualsOneRank) {

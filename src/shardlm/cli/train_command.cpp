@@ -96,6 +96,9 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "Split every transformer block over this many ranks (Megatron's tensor "
                   "parallelism; llama, qwen2, qwen3; the mesh's innermost dimension)")
       ->capture_default_str();
+  cmd->add_flag("--sequence-parallel", opts->sequence_parallel,
+               "With --tensor-parallel T: the residual stream, norms and residual adds hold "
+               "1/T of the tokens per rank (Megatron's sequence parallelism)");
   cmd->add_option("--context-parallel", opts->context_parallel,
                   "Split every sequence over this many ranks (a context group: same rows, T/P "
                   "tokens each; world = replicas x shards x P); --mesh context=P says the same")

@@ -88,6 +88,10 @@ struct ModelOptions {
   Backend* backend = nullptr;
   ModelParallelGroups parallel_groups{};
   ContextParallelKind context_parallel_kind = ContextParallelKind::ulysses;
+  // Megatron's sequence parallelism inside a tensor group of more than one rank: the
+  // residual stream, the norms and the residual adds hold 1/T of the micro-batch's
+  // tokens; the block's all-reduces become all-gather + reduce-scatter.
+  bool sequence_parallel = false;
 };
 
 // What a model allocates (bytes), for `shardlm plan`.

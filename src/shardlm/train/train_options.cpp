@@ -156,6 +156,15 @@ void TrainOptions::validate_run_shape() const {
   SHARDLM_CHECK(!check_replicas || tensor_size() == 1,
                 "--check-replicas compares every rank's replicated parameters, which tensor "
                 "ranks do not share (--tensor-parallel {}): leave one of them out", tensor_size());
+  SHARDLM_CHECK(!sequence_parallel || tensor_size() > 1,
+                "--sequence-parallel splits the tokens of a tensor group; this run has one tensor "
+                "rank (add --tensor-parallel T with T > 1)");
+  SHARDLM_CHECK(!sequence_parallel ||
+                    static_cast<int64_t>(micro_batch) * seq_len / context_parallel_size() % tensor_size() == 0,
+                "--sequence-parallel: the {} tokens of a rank's micro-batch (--micro-batch {} x "
+                "--seq-len {}{}) must divide into --tensor-parallel {} equal parts",
+                static_cast<int64_t>(micro_batch) * seq_len / context_parallel_size(), micro_batch,
+                seq_len, context_parallel_size() > 1 ? " / --context-parallel" : "", tensor_size());
   parse_dtype(precision, "--precision");
   const Device run_device = parse_device(device, "--device");
   SHARDLM_CHECK(offload == Offload::none || !run_device.is_host(),
@@ -242,6 +251,7 @@ ModelOptions TrainOptions::model_options(Device device) const {
   m.activation_checkpointing = activation_checkpointing;
   m.device = device;
   m.context_parallel_kind = parse_context_parallel_kind(context_parallel_kind);
+  m.sequence_parallel = sequence_parallel;
   return m;
 }
 
@@ -332,6 +342,9 @@ void TrainOptions::validate() const {
                 "--context-parallel {} splits its sequences (sample afterwards with `shardlm "
                 "sample`)",
                 context_parallel_size());
+  SHARDLM_CHECK(sample_tokens == 0 || !sequence_parallel,
+                "--sample-tokens generates with a KV cache, which does not split its tokens; a "
+                "run with --sequence-parallel cannot (sample afterwards with `shardlm sample`)");
   check_finite("sample temperature", sample_temperature, sample_temperature >= 0, ">= 0");
   check_at_least("sample top-k", sample_top_k, 0);
 }

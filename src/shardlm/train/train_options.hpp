@@ -88,6 +88,9 @@ struct TrainOptions {
   // --tensor-parallel T: every transformer block split over T ranks (the mesh's tensor
   // dimension, innermost: model/tensor_parallel/); --mesh tensor=T says the same.
   int tensor_parallel = 1;
+  // --sequence-parallel: with T > 1, the residual stream and the norms hold 1/T of the
+  // micro-batch's tokens on each tensor rank (ModelOptions::sequence_parallel).
+  bool sequence_parallel = false;
   // --context-parallel P: each sequence is split over P ranks of the mesh's context
   // dimension (--mesh context=P says the same); they read the same rows. 1: none.
   // --context-parallel-kind: how their attention sees the whole rows (ulysses, ring).

@@ -101,6 +101,14 @@ struct LlamaModel::Impl {
   int64_t C = 0, H = 0, KV = 0, hd = 0, Q = 0, KVD = 0, QKV = 0, I = 0;
   int tensor_size = 1;
   TensorParallelBlock tp;                 // the tensor group's collectives (no-ops alone)
+  // Sequence parallelism (options.sequence_parallel with T > 1): this rank's block of
+  // N / T tokens of the residual stream, its norms and residual adds; the norms' outputs
+  // are gathered whole for the column-parallel GEMMs, the row-parallel GEMMs' partial
+  // sums reduce-scattered back to the block.
+  bool sequence_parallel = false;
+  int tensor_rank = 0;
+  float* dres_whole = nullptr;            // [N, C] dres gathered (sequence parallelism)
+  float* norm_grad = nullptr;             // [C] a norm weight's gradient over this block
   float* dkv_replicas = nullptr;          // [N, 2 KVD] key/value heads replicated over ranks
   float* qk_norm_grad = nullptr;          // [2 hd] qwen3 under tensor parallelism
   int V = 0, Vp = 0;
@@ -142,7 +150,8 @@ struct LlamaModel::Impl {
   TypedPtr lnf;                           // [N, C]
   float* lnf_rstd = nullptr;
   float* dlnf = nullptr;                  // [N, C] gradient at the final norm's output
-  float* dres = nullptr;                  // [N, C] gradient of the residual stream
+  float* dres = nullptr;                  // [N, C] gradient of the residual stream (N / T rows
+                                          // with sequence parallelism, as residual, res2, rstd*)
   float* dsmall = nullptr;                // [N, C]
   float* dmid = nullptr;                  // [N, max(Q, I)]
   float* dbig = nullptr;                  // [N, max(QKV, 2I)]; forward: GEMM outputs
@@ -171,6 +180,44 @@ struct LlamaModel::Impl {
   std::vector<int32_t> kv_positions;
 
   int64_t N() const { return state.N(); }
+  // Tokens of the residual stream here: N, or this rank's block of N / T.
+  int64_t NL() const { return sequence_parallel ? N() / tensor_size : N(); }
+  int64_t block_offset() const { return sequence_parallel ? tensor_rank * NL() * C : 0; }
+  // Where a norm writes its block of a gathered activation, then the gather.
+  TypedPtr block_of(TypedPtr whole) const { return whole.at(block_offset()); }
+  void gather(TypedPtr whole, const char* label) const {
+    if (sequence_parallel) tp.gather_in_place(whole, NL() * C, label);
+  }
+  // A row-parallel GEMM's output, or the column-parallel GEMMs' input gradient: partial
+  // sums [N, C] -> the sum (sequence parallelism: this rank's block of it, in place at
+  // block_offset()); returns where it is.
+  float* sum_rows(float* partial, const char* label) const {
+    if (!sequence_parallel) {
+      tp.sum_partial(partial, N() * C, label);
+      return partial;
+    }
+    float* block = partial + block_offset();
+    tp.sum_scatter(partial, block, NL() * C, label);
+    return block;
+  }
+  // dres as the GEMMs read it: whole (gathered from the blocks under sequence parallelism).
+  float* whole_dres() {
+    if (!sequence_parallel) return dres;
+    be->convert_rows(dres_whole + block_offset(), C, dres, C, NL(), C);
+    tp.gather_in_place(dres_whole, NL() * C, "tensor.sequence_dres");
+    return dres_whole;
+  }
+  // A norm's weight gradient over this rank's block, summed over the group into g.
+  float* norm_grad_target(float* g) const {
+    if (!sequence_parallel || g == nullptr) return g;
+    be->fill_zero(norm_grad, sizeof(float) * static_cast<size_t>(C));
+    return norm_grad;
+  }
+  void finish_norm_grad(float* g) const {
+    if (!sequence_parallel || g == nullptr) return;
+    tp.sum_partial(norm_grad, C, "tensor.sequence_norm_grad");
+    be->accumulate(g, norm_grad, C);
+  }
   // The micro-batch this rank computes on: `full`, or with context parallelism its
   // slice, cut when the embeddings' forward starts the micro-batch.
   const MicroBatch& local_batch(const MicroBatch& full, bool starts) {
@@ -281,9 +328,10 @@ struct LlamaModel::Impl {
                      bool training, float grad_scale);
   // residual[0] = the staged tokens' embedding rows (B x T of them).
   void embed_forward(ConstTypedPtr p, int B, int T) {
-    if (vocab_parallel())
-      vocab_embedding.forward(*be, tp, residual[0], staged.tokens, p.at(embed), B, T,
-                              static_cast<int>(C), compute);
+    if (vocab_parallel())  // (sequence parallelism: looked up whole in branch, scattered)
+      vocab_embedding.forward(*be, tp, sequence_parallel ? branch : residual[0], staged.tokens,
+                              p.at(embed), B, T, static_cast<int>(C), compute,
+                              sequence_parallel ? residual[0] : nullptr);
     else
       be->embedding_forward(residual[0], staged.tokens, p.at(embed), ConstTypedPtr(), B, T,
                             static_cast<int>(C), compute, nullptr);
@@ -320,6 +368,8 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   num_units = llama_num_units(config);
   final_unit = num_units - 1;
   tensor_size = options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->size() : 1;
+  tensor_rank = tensor_size > 1 ? options.parallel_groups.tensor->rank() : 0;
+  sequence_parallel = options.sequence_parallel && tensor_size > 1;
   check_tensor_parallel(config, tensor_size);
   C = config.n_embd;
   H = config.n_head / tensor_size;
@@ -354,12 +404,13 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
 void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
   const DType ct = compute;
   residual.assign(static_cast<size_t>(L) + 1, nullptr);
-  for (auto& r : residual) carver.request(&r, n * C);
+  const int64_t nl = sequence_parallel ? n / tensor_size : n;  // residual stream rows here
+  for (auto& r : residual) carver.request(&r, nl * C);
   layers.resize(options.activation_checkpointing ? 1 : static_cast<size_t>(L));
   for (size_t li = 0; li < layers.size(); ++li) {
     LayerActivations& a = layers[li];
     carver.request(&a.ln1, ct, n * C);
-    carver.request(&a.rstd1, n);
+    carver.request(&a.rstd1, nl);
     if (config.qk_norm) {
       carver.request(&a.qk_pre, ct, n * (Q + KVD));
       carver.request(&a.rstd_q, n * H);
@@ -368,9 +419,9 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
     carver.request(&a.qkv, ct, n * QKV);
     carver.request(&a.att, ct, n * Q);
     carver.request(&a.lse, n * H);
-    carver.request(&a.res2, n * C);
+    carver.request(&a.res2, nl * C);
     carver.request(&a.ln2, ct, n * C);
-    carver.request(&a.rstd2, n);
+    carver.request(&a.rstd2, nl);
     // A sparse layer's experts keep their own (MoeExperts); the one shared set of
     // activation checkpointing serves the dense layers too.
     const bool any_dense = config.moe.sparse_layers(L) < L;
@@ -382,9 +433,13 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
   if (shared_expert) shared_expert->carve(carver, n);
   carver.request(&branch, n * C);
   carver.request(&lnf, ct, n * C);
-  carver.request(&lnf_rstd, n);
+  carver.request(&lnf_rstd, nl);
   carver.request(&dlnf, n * C);
-  carver.request(&dres, n * C);
+  carver.request(&dres, nl * C);
+  if (sequence_parallel) {
+    carver.request(&dres_whole, n * C);
+    carver.request(&norm_grad, C);
+  }
   carver.request(&dsmall, n * C);
   carver.request(&dmid, n * std::max(Q, I));
   carver.request(&dbig, n * std::max(QKV, 2 * I));
@@ -547,6 +602,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
         {static_cast<int>(m.H), static_cast<int>(m.KV), static_cast<int>(m.hd)}, max_seq, m.compute);
     m.context->carve(carver, options.activation_checkpointing ? 1 : m.L, max_batch);
   }
+  SHARDLM_CHECK(!m.sequence_parallel || static_cast<int64_t>(max_batch) * local_seq % m.tensor_size == 0,
+                "--sequence-parallel: a micro-batch of {} x {} tokens does not divide into "
+                "--tensor-parallel {} equal parts", max_batch, local_seq, m.tensor_size);
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * local_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
@@ -876,7 +934,8 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   const int lora_o = group_index(lora_groups, LoraGroup::Input::attention);
   const int lora_gu = group_index(lora_groups, LoraGroup::Input::ln2);
   const int lora_down = group_index(lora_groups, LoraGroup::Input::act);
-  be->rmsnorm_forward(a.ln1, C, a.rstd1, x, C, v.ln1, {n, 1, static_cast<int>(C)}, eps);
+  be->rmsnorm_forward(block_of(a.ln1), C, a.rstd1, x, C, v.ln1, {NL(), 1, static_cast<int>(C)}, eps);
+  gather(a.ln1, "tensor.sequence_ln1");
   // q|k|v in one GEMM over the packed [QKV, C] projection (HF's [out, in] weights).
   float* qkv_f = dbig;
   gemm_forward(rows, static_cast<int>(QKV), static_cast<int>(C), 1.0f, a.ln1, static_cast<int>(C),
@@ -899,9 +958,10 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   gemm_forward(rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att, static_cast<int>(Q),
                w.o, 0.0f, branch, static_cast<int>(C));
   if (lora_o >= 0) lora_forward(static_cast<size_t>(lora_o), ad, a.att, branch);
-  tp.sum_partial(branch, n * C, "tensor.attention_out");  // o_proj is row-parallel
-  be->residual_rmsnorm_forward(a.res2, a.ln2, a.rstd2, x, branch, v.o_b, v.ln2, n,
-                                static_cast<int>(C), eps);
+  const float* attention_out = sum_rows(branch, "tensor.attention_out");  // o_proj: row-parallel
+  be->residual_rmsnorm_forward(a.res2, block_of(a.ln2), a.rstd2, x, attention_out, v.o_b, v.ln2,
+                                NL(), static_cast<int>(C), eps);
+  gather(a.ln2, "tensor.sequence_ln2");
   if (sparse(l)) {
     // Recomputation (activation checkpointing) needs r and h2 again, and the shared
     // expert's activations; the routing is kept.
@@ -929,8 +989,8 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   gemm_forward(rows, static_cast<int>(C), static_cast<int>(I), 1.0f, a.act, static_cast<int>(I),
                w.down, 0.0f, branch, static_cast<int>(C));
   if (lora_down >= 0) lora_forward(static_cast<size_t>(lora_down), ad, a.act, branch);
-  tp.sum_partial(branch, n * C, "tensor.mlp_out");  // down_proj is row-parallel
-  be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, nullptr, n,
+  const float* mlp_out = sum_rows(branch, "tensor.mlp_out");  // down_proj is row-parallel
+  be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, mlp_out, nullptr, NL(),
                          static_cast<int>(C));
 }
 
@@ -974,7 +1034,7 @@ void LlamaModel::Impl::mlp_backward(int l, const LayerVectors& v, const LayerWei
   const int lora_gu = group_index(lora_groups, LoraGroup::Input::ln2);
   const int lora_down = group_index(lora_groups, LoraGroup::Input::act);
   // MLP: y = r + (silu(g) * u) Wdown^T
-  ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
+  ConstTypedPtr dy = rounding->for_gemm(whole_dres(), dres_c, n * C);
   if (trains) be->gemm(true, false, c, i1, rows, 1.0f, dy, c, a.act, i1, 1.0f, g + o.down_w, i1);
   float* dact = dmid;
   be->gemm(false, false, rows, i1, c, 1.0f, dy, c, w.down, i1, 0.0f, dact, i1);
@@ -986,9 +1046,10 @@ void LlamaModel::Impl::mlp_backward(int l, const LayerVectors& v, const LayerWei
   float* dln2 = dsmall;
   be->gemm(false, false, rows, c, i2, 1.0f, dgu_g, i2, w.gate_up, c, 0.0f, dln2, c);
   if (lora_gu >= 0) lora_backward(static_cast<size_t>(lora_gu), ad, a.ln2, dgu_g, dln2);
-  tp.sum_partial(dln2, n * C, "tensor.mlp_in_grad");  // gate|up are column-parallel
-  be->rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
-                        /*accumulate_dx=*/true);
+  const float* dln2_rows = sum_rows(dln2, "tensor.mlp_in_grad");  // gate|up: column-parallel
+  be->rmsnorm_backward(dres, C, norm_grad_target(grad(o.ln2)), dln2_rows, C, a.res2, C, v.ln2,
+                        a.rstd2, {NL(), 1, c}, /*accumulate_dx=*/true);
+  finish_norm_grad(grad(o.ln2));
 }
 
 void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerWeights& w,
@@ -1006,9 +1067,10 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   mlp_backward(l, v, w, ad, g, aux_weight);
 
   // Attention: r = x + attention(...) Wo^T (+ b_o)
-  ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
+  const float* dy_f = whole_dres();
+  ConstTypedPtr dy = rounding->for_gemm(dy_f, dres_c, n * C);
   if (trains) be->gemm(true, false, c, q, rows, 1.0f, dy, c, a.att, q, 1.0f, g + o.o_w, q);
-  if (trains && o.o_b >= 0) be->bias_backward(g + o.o_b, dres, n, c);
+  if (trains && o.o_b >= 0) be->bias_backward(g + o.o_b, dy_f, n, c);
   float* datt = dmid;
   be->gemm(false, false, rows, q, c, 1.0f, dy, c, w.o, q, 0.0f, datt, q);
   if (lora_o >= 0) lora_backward(static_cast<size_t>(lora_o), ad, a.att, dy, datt);
@@ -1053,9 +1115,10 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
     lora_b_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g);
   else if (lora_qkv >= 0)
     lora_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g, dln1);
-  tp.sum_partial(dln1, n * C, "tensor.attention_in_grad");  // q|k|v are column-parallel
-  be->rmsnorm_backward(dres, C, grad(o.ln1), dln1, C, x, C, v.ln1, a.rstd1, {n, 1, c},
-                        /*accumulate_dx=*/true);
+  const float* dln1_rows = sum_rows(dln1, "tensor.attention_in_grad");  // q|k|v: column-parallel
+  be->rmsnorm_backward(dres, C, norm_grad_target(grad(o.ln1)), dln1_rows, C, x, C, v.ln1, a.rstd1,
+                        {NL(), 1, c}, /*accumulate_dx=*/true);
+  finish_norm_grad(grad(o.ln1));
 }
 
 void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
@@ -1064,8 +1127,9 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
   float* scratch = rounding->vector_scratch();
   const float* weight = rounding->vector_values(p.at(norm_w), C, &scratch);
   const int64_t n = N();
-  be->rmsnorm_forward(lnf, C, lnf_rstd, residual[static_cast<size_t>(L)], C, weight,
-                       {n, 1, static_cast<int>(C)}, eps);
+  be->rmsnorm_forward(block_of(lnf), C, lnf_rstd, residual[static_cast<size_t>(L)], C, weight,
+                       {NL(), 1, static_cast<int>(C)}, eps);
+  gather(lnf, "tensor.sequence_lnf");
   if (batch.targets == nullptr) {
     SHARDLM_CHECK(!training, "model: a training forward needs targets");
     state.finish_forward(false);
@@ -1083,7 +1147,8 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
   }
   state.loss_sum = vocab_parallel()
                        ? vocab_head.loss(*be, tp, lnf, head_weights(params), staged.targets, n,
-                                         grad_scale, training ? dlnf : nullptr, dhead)
+                                         grad_scale, training ? dlnf : nullptr, dhead,
+                                         sequence_parallel)
                        : head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
                                    training ? dlnf : nullptr, dhead);
   state.finish_forward(training);
@@ -1097,6 +1162,9 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
   const MicroBatch& batch = m.local_batch(full, role.kind == LlamaUnitRole::Kind::embeddings);
   if (role.kind == LlamaUnitRole::Kind::embeddings) {
     check_micro_batch(full, m.max_batch, m.max_seq, m.V);  // the whole rows, as given
+    SHARDLM_CHECK(!m.sequence_parallel || static_cast<int64_t>(batch.B) * batch.T % m.tensor_size == 0,
+                  "--sequence-parallel: the micro-batch's {} x {} tokens here do not divide into "
+                  "--tensor-parallel {} equal parts", batch.B, batch.T, m.tensor_size);
     m.state.start(batch);
     m.staged.stage(*m.be, batch, /*default_positions=*/true);
     if (m.be->device().is_host()) {
@@ -1144,16 +1212,18 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
       (role.kind == LlamaUnitRole::Kind::expert_adapters && m.holds(role)))
     check_grad_pointer(grads, m.num_units, unit);
   float* g = base_trains ? grads[unit] : nullptr;
-  const int64_t n = m.N();
   const ConstTypedPtr p = params[unit];
   switch (role.kind) {
     case LlamaUnitRole::Kind::final: {
       float* scratch = m.rounding->vector_scratch();
       const float* weight = m.rounding->vector_values(p.at(m.norm_w), m.C, &scratch);
-      m.be->fill_zero(m.dres, sizeof(float) * static_cast<size_t>(n * m.C));
-      m.be->rmsnorm_backward(m.dres, m.C, g != nullptr ? g + m.norm_w : nullptr, m.dlnf, m.C,
+      const int64_t nl = m.NL();
+      float* g_norm = g != nullptr ? g + m.norm_w : nullptr;
+      m.be->fill_zero(m.dres, sizeof(float) * static_cast<size_t>(nl * m.C));
+      m.be->rmsnorm_backward(m.dres, m.C, m.norm_grad_target(g_norm), m.dlnf + m.block_offset(), m.C,
                             m.residual[static_cast<size_t>(m.L)], m.C, weight, m.lnf_rstd,
-                            {n, 1, static_cast<int>(m.C)}, /*accumulate_dx=*/true);
+                            {nl, 1, static_cast<int>(m.C)}, /*accumulate_dx=*/true);
+      m.finish_norm_grad(g_norm);
       return;
     }
     case LlamaUnitRole::Kind::layer: {
@@ -1185,7 +1255,7 @@ void LlamaModel::backward_unit(int unit, ParamPointers params, UnitPointers grad
     case LlamaUnitRole::Kind::embeddings:
       if (g == nullptr) return;
       if (m.vocab_parallel())
-        m.vocab_embedding.backward(*m.be, g + m.embed, m.dres, m.staged.tokens, m.state.B,
+        m.vocab_embedding.backward(*m.be, g + m.embed, m.whole_dres(), m.staged.tokens, m.state.B,
                                    m.state.T, static_cast<int>(m.C));
       else
         m.be->embedding_backward(g + m.embed, nullptr, m.dres, m.staged.tokens, m.state.B,
@@ -1208,6 +1278,8 @@ void LlamaModel::forward_unit_cached(int unit, ParamPointers params, KvCache& ca
   check_param_pointers(params, m.num_units, m.needed_units(unit), unit, m.compute);
   SHARDLM_CHECK(!m.context, "model: generation with a KV cache runs on one rank; this model "
                 "splits its sequences over a context group");
+  SHARDLM_CHECK(!m.sequence_parallel, "model: generation with a KV cache does not split its "
+                "tokens; this model was built with sequence parallelism");
   const LlamaUnitRole role = m.role(unit);
   switch (role.kind) {
     case LlamaUnitRole::Kind::embeddings: {

@@ -46,6 +46,19 @@ void TensorParallelBlock::gather(const float* send, float* recv, int64_t count,
   tensor_->all_gather(send, recv, static_cast<size_t>(count), label).wait();
 }
 
+void TensorParallelBlock::sum_scatter(const float* send, float* recv, int64_t count,
+                                      const std::string& label) const {
+  SHARDLM_ASSERT(active());
+  tensor_->reduce_scatter(send, recv, static_cast<size_t>(count), ReduceOp::sum, label).wait();
+}
+
+void TensorParallelBlock::gather_in_place(TypedPtr data, int64_t count, const std::string& label) const {
+  SHARDLM_ASSERT(active());
+  const size_t bytes = static_cast<size_t>(count) * dtype_bytes(data.dtype);
+  tensor_->all_gather_bytes(static_cast<std::byte*>(data.data) + static_cast<size_t>(rank()) * bytes,
+                            data.data, bytes, label).wait();
+}
+
 void TensorParallelBlock::sum_kv_replicas(float* data, int64_t count,
                                           const std::string& label) const {
   if (!replicates_kv()) return;

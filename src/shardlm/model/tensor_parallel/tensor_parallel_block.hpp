@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "shardlm/core/dtype.hpp"
 #include "shardlm/model/config.hpp"
 
 namespace shardlm {
@@ -48,6 +49,12 @@ class TensorParallelBlock {
   void max_partial(float* data, int64_t count, const std::string& label) const;
   // recv [size() x count] holds every rank's send [count], in rank order (alone: a copy).
   void gather(const float* send, float* recv, int64_t count, const std::string& label) const;
+  // Sequence parallelism: recv [count] = block rank() of the sum over the ranks of send
+  // [size() x count] (recv may be send + rank() * count), and the all-gather of each
+  // rank's block [count] of data (its own at data + rank() * count) into data [size() x
+  // count], in place.
+  void sum_scatter(const float* send, float* recv, int64_t count, const std::string& label) const;
+  void gather_in_place(TypedPtr data, int64_t count, const std::string& label) const;
   // Sum over the ranks holding this rank's key/value head (no-op unless replicates_kv()).
   void sum_kv_replicas(float* data, int64_t count, const std::string& label) const;
 

@@ -35,7 +35,7 @@ void VocabParallelEmbedding::localize(const int32_t* tokens, int64_t n) {
 
 void VocabParallelEmbedding::forward(Backend& be, const TensorParallelBlock& tp, float* out,
                                      const int32_t* tokens, ConstTypedPtr table, int B, int T,
-                                     int C, DType value_type) {
+                                     int C, DType value_type, float* scatter_to) {
   const int64_t n = static_cast<int64_t>(B) * T;
   const bool meta = be.is_meta();
   if (!meta) localize(tokens, n);
@@ -43,7 +43,10 @@ void VocabParallelEmbedding::forward(Backend& be, const TensorParallelBlock& tp,
   if (!meta)
     for (int64_t i = 0; i < n; ++i)
       if (!shard_.holds(tokens[i])) std::memset(out + i * C, 0, sizeof(float) * static_cast<size_t>(C));
-  tp.sum_partial(out, n * C, "tensor.vocab_embedding");
+  if (scatter_to != nullptr)
+    tp.sum_scatter(out, scatter_to, n / tp.size() * C, "tensor.vocab_embedding");
+  else
+    tp.sum_partial(out, n * C, "tensor.vocab_embedding");
 }
 
 void VocabParallelEmbedding::backward(Backend& be, float* dtable, float* dout,
@@ -72,7 +75,8 @@ void VocabParallelHead::carve(ArenaCarver& carver, int64_t n, VocabShard shard, 
 
 double VocabParallelHead::loss(Backend& be, const TensorParallelBlock& tp, ConstTypedPtr x,
                                ConstTypedPtr weight, const int32_t* targets, int64_t n,
-                               float grad_scale, float* dx, float* dweight) const {
+                               float grad_scale, float* dx, float* dweight,
+                               bool scatter_dx) const {
   const PhaseScope phase(Phase::loss);
   const bool meta = be.is_meta(), want_grad = dx != nullptr;
   const int Vl = shard_.rows, Vr = shard_.real, C = C_;
@@ -145,7 +149,11 @@ double VocabParallelHead::loss(Backend& be, const TensorParallelBlock& tp, Const
     be.gemm(false, false, rows, C, Vr, 1.0f, dlogits, Vl, weight, C, 0.0f, dx + r0 * C, C);
     if (dweight != nullptr) be.gemm(true, false, Vr, C, rows, 1.0f, dlogits, Vl, xc, C, 1.0f, dweight, C);
   }
-  if (want_grad) tp.sum_partial(dx, n * C, "tensor.vocab_head_in_grad");
+  const int64_t block = n / tp.size() * C;
+  if (want_grad && scatter_dx)
+    tp.sum_scatter(dx, dx + tp.rank() * block, block, "tensor.vocab_head_in_grad");
+  else if (want_grad)
+    tp.sum_partial(dx, n * C, "tensor.vocab_head_in_grad");
   return meta ? 0.0 : be.sum(row_loss_, n);
 }
 

@@ -43,9 +43,11 @@ class VocabParallelEmbedding {
  public:
   void carve(ArenaCarver& carver, int64_t n, VocabShard shard);
   // out [B T, C] fp32 = the rows of `tokens` in the table (this rank's rows, compute type
-  // value_type), summed over the group.
+  // value_type), summed over the group. With scatter_to (sequence parallelism) the sum's
+  // block of this rank's tokens goes there instead ([B T / size, C]; out is scratch).
   void forward(Backend& backend, const TensorParallelBlock& tp, float* out, const int32_t* tokens,
-               ConstTypedPtr table, int B, int T, int C, DType value_type);
+               ConstTypedPtr table, int B, int T, int C, DType value_type,
+               float* scatter_to = nullptr);
   // dtable (this rank's rows) += dout's rows of the tokens it holds. dout's other rows
   // are zeroed (the caller's dout is not needed after the lookup's backward).
   void backward(Backend& backend, float* dtable, float* dout, const int32_t* tokens, int B, int T,
@@ -66,10 +68,12 @@ class VocabParallelHead {
              DType compute);
   int chunk_rows() const { return chunk_rows_; }
   // LmHead::loss over the group: weight is this rank's rows, dweight (+=) their gradient
-  // (null: frozen), dx (overwritten) the whole input gradient, the same on every rank.
+  // (null: frozen), dx (overwritten) the whole input gradient, the same on every rank;
+  // with scatter_dx (sequence parallelism) only its block of this rank's n / size rows,
+  // at dx + rank * n / size * C (the other rows are scratch).
   double loss(Backend& backend, const TensorParallelBlock& tp, ConstTypedPtr x,
               ConstTypedPtr weight, const int32_t* targets, int64_t n, float grad_scale,
-              float* dx, float* dweight) const;
+              float* dx, float* dweight, bool scatter_dx = false) const;
   // logits [rows, V] (host memory) of `rows` hidden states at stride ld: the local
   // columns gathered from the group.
   void logits(Backend& backend, const TensorParallelBlock& tp, ConstTypedPtr x, int64_t ld,
