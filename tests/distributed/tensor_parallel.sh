@@ -156,11 +156,12 @@ train 4 "$WORK/bf16_t2" --model llama-tiny --micro-batch 4 --strategy zero3 --te
 same_curves "$WORK/bf16_t2" "$WORK/bf16_t1" 1e-2
 echo "bf16: zero3 x T=2 = ddp x 2 (T=1) within 1e-2"
 
-# 3-D: shard 2 x context 2 x tensor 2 = 8 ranks against one process, fp32.
-train 1 "$WORK/mesh3d_ref" --model llama-tiny --micro-batch 8
+# 3-D: shard 2 x context 2 x tensor 2 = 8 ranks against one process (T = 4's), fp32:
+# each tensor rank's 2 query heads split over its 2 context ranks (ulysses; its one
+# key/value head replicated there), the unit partition spans shard x context.
 train 8 "$WORK/mesh3d" --model llama-tiny --micro-batch 4 --strategy zero3 --mesh shard=2,context=2,tensor=2
-same_curves "$WORK/mesh3d" "$WORK/mesh3d_ref" 1e-5
-"$SHARDLM" inspect "$WORK/mesh3d" --compare "$WORK/mesh3d_ref" --tolerance 1e-5 --relative-to norm \
+same_curves "$WORK/mesh3d" "$WORK/t4_ref" 1e-5
+"$SHARDLM" inspect "$WORK/mesh3d" --compare "$WORK/t4_ref" --tolerance 1e-5 --relative-to norm \
   || fail "the shard 2 x context 2 x tensor 2 weights differ from one process's"
 echo "3-D: zero3 over shard 2 x context 2 x tensor 2 (8 ranks) = one process within 1e-5"
 
@@ -180,5 +181,6 @@ refused 2 "--tensor-parallel 2 must divide the 3 attention heads" --model qwen3-
 refused 2 "--sequence-parallel splits the tokens of a tensor group" --model llama-tiny --micro-batch 4 --sequence-parallel
 refused 2 "the gpt2 family is not split over tensor ranks yet" --model gpt2-tiny --micro-batch 4 --tensor-parallel 2
 refused 2 "--mesh shard=1,tensor=2 has 2 tensor rank(s), --tensor-parallel says 4" --model llama-tiny --micro-batch 4 --mesh shard=1,tensor=2 --tensor-parallel 4
+refused 8 "--context-parallel 4 (ulysses) with --tensor-parallel 2: a tensor rank's 2 query and 1 key/value heads (of the model's 4 and 2) do not split over 4 context ranks" --model llama-tiny --micro-batch 4 --tensor-parallel 2 --context-parallel 4
 echo "bad input refused before a run directory exists"
 echo "1 passed, 0 failed"

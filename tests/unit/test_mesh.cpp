@@ -212,6 +212,29 @@ TEST(MeshShape, ContextParallelRanksJoinThePartition) {
   EXPECT_EQ(strategy_mesh(o, 8).to_string(), "replicate=4,shard=2");
 }
 
+TEST(MeshShape, TheTensorDimensionIsInnermostAndTheOthersShareTheRest) {
+  // strategy_mesh lays out every dimension (the trainer, plan and the strategy all ask it):
+  // the tensor ranks are the fastest, the strategy's dimensions split the world / T.
+  StrategyOptions o;
+  o.kind = StrategyKind::zero3;
+  o.tensor_parallel = 2;
+  EXPECT_EQ(strategy_mesh(o, 8).to_string(), "replicate=1,shard=4,tensor=2");
+  EXPECT_EQ(partition_size(o, 8), 4);  // each tensor coordinate partitions its own pieces
+  o.context_parallel = 2;
+  const MeshShape three_d = strategy_mesh(o, 8);
+  EXPECT_EQ(three_d.to_string(), "replicate=1,shard=2,context=2,tensor=2");
+  EXPECT_EQ(three_d.group_ranks(5, {MeshDim::tensor}), (std::vector<int>{4, 5}));
+  EXPECT_EQ(three_d.group_ranks(5, {MeshDim::context}), (std::vector<int>{5, 7}));
+  o.kind = StrategyKind::hybrid;
+  o.shard_group_size = 1;
+  o.context_parallel = 1;
+  EXPECT_EQ(strategy_mesh(o, 8).to_string(), "replicate=4,shard=1,tensor=2");
+  o.tensor_parallel = 3;
+  EXPECT_EQ(error_of([&] { strategy_mesh(o, 8); }),
+            "--tensor-parallel 3 does not divide the job's 8 ranks (the tensor ranks are a "
+            "factor of the world)");
+}
+
 void expect_no_errors(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }

@@ -183,10 +183,8 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   unit_needs_ = flat_needs(layout, unit_needs);
   SHARDLM_CHECK(options.prefetch >= 0, "--prefetch must be >= 0, got {}", options.prefetch);
   SHARDLM_CHECK(options.bucket_mb > 0, "--bucket-mb must be positive, got {}", options.bucket_mb);
-  // Tensor parallelism: the strategy's dimensions share out the world's other ranks.
   const int tensor_size = mesh_.shape().size(MeshDim::tensor);
-  MeshShape expected_mesh = strategy_mesh(options, world_size() / tensor_size);
-  expected_mesh.set_size(MeshDim::tensor, tensor_size);
+  const MeshShape expected_mesh = strategy_mesh(options, world_size());
   SHARDLM_CHECK(mesh_.shape() == expected_mesh,
                 "internal: strategy {} runs on mesh {}, was given {}", to_string(options.kind),
                 expected_mesh.to_string(), mesh_.shape().to_string());

@@ -27,7 +27,10 @@ std::string to_string(StrategyKind kind) {
   return "?";
 }
 
-MeshShape strategy_mesh(const StrategyOptions& options, int world_size) {
+namespace {
+
+// The dimensions above the tensor one, over the world's ranks divided by T.
+MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) {
   const int P = options.context_parallel;
   SHARDLM_CHECK(P >= 1 && world_size % P == 0,
                 "--context-parallel {} must divide the world size {} (each sequence is split "
@@ -54,6 +57,18 @@ MeshShape strategy_mesh(const StrategyOptions& options, int world_size) {
                         ? MeshShape::replicated_shards(data_ranks, options.shard_group_size)
                         : MeshShape::replicated_shards(data_ranks, data_ranks);
   shape.set_size(MeshDim::context, P);
+  return shape;
+}
+
+}  // namespace
+
+MeshShape strategy_mesh(const StrategyOptions& options, int world_size) {
+  const int T = options.tensor_parallel;
+  SHARDLM_CHECK(T >= 1 && world_size % T == 0,
+                "--tensor-parallel {} does not divide the job's {} ranks (the tensor ranks "
+                "are a factor of the world)", T, world_size);
+  MeshShape shape = data_and_context_mesh(options, world_size / T);
+  shape.set_size(MeshDim::tensor, T);
   return shape;
 }
 

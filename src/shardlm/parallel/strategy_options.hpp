@@ -44,6 +44,10 @@ struct StrategyOptions {
   // partitioned over shard x expert, expert units over shard (the expert-data-parallel
   // group of the ranks that hold the same experts).
   int expert_parallel = 1;
+  // --tensor-parallel T: the mesh's tensor dimension, innermost (the fastest ranks).
+  // Its ranks hold different pieces of the split layers (each tensor coordinate has
+  // its own local flat units); the dimensions above share out the world's other ranks.
+  int tensor_parallel = 1;
 };
 
 // Whether the kind shards parameters (zero3, and hybrid inside its shard groups):
@@ -56,10 +60,11 @@ inline bool shards_parameters(StrategyKind kind) {
 StrategyKind parse_strategy_kind(const std::string& name);
 std::string to_string(StrategyKind kind);
 
-// The mesh a strategy runs on (mesh_shape.hpp), with P = context_parallel and E =
-// expert_parallel: shard=N/P x context=P for ddp/zero*, replicate=N/(G P) x shard=G x
-// context=P for hybrid, shard=N/E x expert=E with expert parallelism (not yet with
-// P > 1 or hybrid). Error if the world cannot be laid out that way.
+// The mesh a run lays out (mesh_shape.hpp), the one place it is built, with P =
+// context_parallel, E = expert_parallel, T = tensor_parallel and M = N/T:
+// shard=M/P x context=P for ddp/zero*, replicate=M/(G P) x shard=G x context=P for
+// hybrid, shard=M/E x expert=E with expert parallelism (not yet with P > 1 or hybrid),
+// each with tensor=T innermost. Error naming the flag if the world cannot be laid out so.
 MeshShape strategy_mesh(const StrategyOptions& options, int world_size);
 // The mesh dimensions a dense unit is partitioned over (and its gradients reduced
 // over): shard x context x expert.

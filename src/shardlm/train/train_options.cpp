@@ -238,6 +238,7 @@ StrategyOptions TrainOptions::strategy_options() const {
   s.optimizer_on_host = offload == Offload::optimizer;
   s.context_parallel = context_parallel_size();
   s.expert_parallel = expert_parallel_size();
+  s.tensor_parallel = tensor_size();
   return s;
 }
 
@@ -285,13 +286,8 @@ MeshShape TrainOptions::mesh_shape(int world_size) const {
     o.shard_group_size = shard_group();
     o.context_parallel = context_parallel;
     o.expert_parallel = expert_parallel;
-    // The tensor dimension is innermost; the strategy's dimensions share out the rest.
-    SHARDLM_CHECK(world_size % tensor_parallel == 0,
-                  "--tensor-parallel {} does not divide the job's {} ranks (the tensor ranks "
-                  "are a factor of the world)", tensor_parallel, world_size);
-    MeshShape m = strategy_mesh(o, world_size / tensor_parallel);
-    m.set_size(MeshDim::tensor, tensor_parallel);
-    return m;
+    o.tensor_parallel = tensor_parallel;
+    return strategy_mesh(o, world_size);
   }
   const MeshShape m = MeshShape::parse(mesh);
   m.check_world(world_size);

@@ -3,6 +3,7 @@
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/context_parallel/ring_attention.hpp"
 #include "shardlm/model/context_parallel/ulysses_attention.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 
 namespace shardlm {
 
@@ -18,7 +19,8 @@ const char* context_parallel_kind_name(ContextParallelKind kind) {
   return kind == ContextParallelKind::ring ? "ring" : "ulysses";
 }
 
-void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind) {
+void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind,
+                                  int tensor_size) {
   if (P == 1) return;
   SHARDLM_CHECK(config.family != "gpt2",
                 "--context-parallel {}: gpt2 does not split sequences yet (the llama, qwen2 and "
@@ -28,6 +30,14 @@ void check_context_parallel_model(const ModelConfig& config, int P, ContextParal
                 "--context-parallel {}: mixture-of-experts models ({}) do not split sequences "
                 "yet (the dense llama, qwen2 and qwen3 families do)",
                 P, config.family);
+  if (kind == ContextParallelKind::ulysses && tensor_size > 1) {
+    // The context ranks split a tensor rank's own heads.
+    const int q = config.n_head / tensor_size, kv = tensor_local_kv_heads(config, tensor_size);
+    SHARDLM_CHECK(q % P == 0 && (kv % P == 0 || P % kv == 0),
+                  "--context-parallel {} (ulysses) with --tensor-parallel {}: a tensor rank's {} "
+                  "query and {} key/value heads (of the model's {} and {}) do not split over {} "
+                  "context ranks", P, tensor_size, q, kv, config.n_head, config.kv_heads(), P);
+  }
   if (kind == ContextParallelKind::ulysses)
     check_context_heads(P, {config.n_head, config.kv_heads(), config.head_dim()});
 }

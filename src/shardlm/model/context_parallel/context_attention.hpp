@@ -58,8 +58,10 @@ inline bool zigzag_split(ContextParallelKind kind) { return kind == ContextParal
 // attention keeps every head on every rank).
 void check_context_heads(int P, const ContextHeads& heads);
 // One-line errors when a model of `config` cannot split its sequences over P ranks (its
-// family, or its heads for the kind): what `train` and `sft` check before writing anything.
-void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind);
+// family, or its heads for the kind: under --tensor-parallel T a tensor rank's n_head / T
+// and local key/value heads): what `train` and `sft` check before writing anything.
+void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind,
+                                  int tensor_size = 1);
 // The model's context attention of `kind` over `group` (size > 1) for rows of
 // `seq_len` tokens; `split` must be the kind's (zigzag_split).
 std::unique_ptr<ContextAttention> make_context_attention(ContextParallelKind kind,
