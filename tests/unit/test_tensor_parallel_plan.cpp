@@ -24,7 +24,7 @@ RunPlanRequest tiny(int world_size, int tensor_parallel) {
   r.seq_len = 64;
   r.global_batch = 2 * world_size / tensor_parallel;
   r.world_size = world_size;
-  r.tensor_parallel = tensor_parallel;
+  r.strategy.tensor_parallel = tensor_parallel;
   return r;
 }
 
@@ -156,7 +156,7 @@ TEST(TensorParallelPlan, TimeModelKeepsTensorTrafficOnTheNode) {
   r.micro_batch = 1;
   r.seq_len = 128;
   r.world_size = 8;
-  r.tensor_parallel = 4;
+  r.strategy.tensor_parallel = 4;
   r.strategy.kind = StrategyKind::zero3;
   r.model.device = Device{DeviceKind::cuda, 0};
   r.model.precision = r.strategy.param_dtype = DType::bf16;
@@ -201,9 +201,9 @@ TEST(TensorParallelAuto, TensorSizesAreNodeDivisorsThatSplitTheModel) {
   EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{1, 2, 4}));
   // 2 ranks a node: the tensor group stays inside it.
   EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{8, ""}), (std::vector<int>{1, 2}));
-  r.tensor_parallel = 2;  // asked for: kept
+  r.strategy.tensor_parallel = 2;  // asked for: kept
   EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{2}));
-  r.tensor_parallel = 1;
+  r.strategy.tensor_parallel = 1;
   r.config = model_preset("gpt2-tiny");  // not split
   EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{1}));
   // Context parallelism (Ulysses): P dividing the 4 heads and the 1024 tokens, in a node.
@@ -218,7 +218,7 @@ TEST(TensorParallelAuto, ChoosesTensorParallelismWhenOnlyItFits) {
   const AutoSearch search = auto_search(base, nullptr, one_node, MemoryBudget(budget));
   ASSERT_TRUE(search.recommendation.chosen) << search.recommendation.explanation;
   const Candidate& c = search.candidates[*search.recommendation.chosen];
-  EXPECT_GT(c.request.tensor_parallel, 1) << c.label;
+  EXPECT_GT(c.request.strategy.tensor_parallel, 1) << c.label;
   EXPECT_EQ(c.request.strategy.context_parallel, 1) << c.label;
   EXPECT_NE(c.label.find(" x tp"), std::string::npos) << c.label;
   EXPECT_NE(candidate_flags(c).find("--tensor-parallel "), std::string::npos) << candidate_flags(c);
@@ -246,7 +246,7 @@ TEST(TensorParallelAuto, SplitsTheSequenceWhenNoLayoutFitsWhole) {
   EXPECT_NE(candidate_flags(c).find("--context-parallel "), std::string::npos);
   // A named layout's plan names the change: at T = 2 (2 x 2 ranks) --context-parallel 2.
   RunPlanRequest asked = base;
-  asked.tensor_parallel = 2;
+  asked.strategy.tensor_parallel = 2;
   const auto at2 = plan_candidates(asked, nullptr, one_node, true);
   ASSERT_GT(least_total(at2), budget);
   EXPECT_EQ(context_parallel_choices(asked, one_node), (std::vector<int>{2}));

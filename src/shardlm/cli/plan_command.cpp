@@ -79,7 +79,7 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
 // The candidate the flags asked for, marked in the tables.
 bool asked(const Candidate& c, const RunPlanRequest& r) {
   const StrategyOptions& a = c.request.strategy;
-  return a.kind == r.strategy.kind && c.request.tensor_parallel == r.tensor_parallel &&
+  return a.kind == r.strategy.kind && c.request.strategy.tensor_parallel == r.strategy.tensor_parallel &&
          a.context_parallel == r.strategy.context_parallel &&
          (a.kind != StrategyKind::hybrid || a.shard_group_size == r.strategy.shard_group_size) &&
          (!shards_parameters(a.kind) || a.reshard_after_forward == r.strategy.reshard_after_forward) &&

@@ -81,7 +81,7 @@ nlohmann::json decide(const TrainOptions& o, int world_size, const JobShape& sha
           {"reshard_after_forward", s.reshard_after_forward},
           {"shard_group_size", s.kind == StrategyKind::hybrid ? s.shard_group_size : 0},
           {"activation_checkpointing", c.request.model.activation_checkpointing},
-          {"tensor_parallel", c.request.tensor_parallel},
+          {"tensor_parallel", c.request.strategy.tensor_parallel},
           {"global_batch", c.request.global_batch},
           {"context_parallel", s.context_parallel},
           {"line", "strategy auto -> " + rec.explanation + note}};

@@ -18,7 +18,6 @@ RunPlanRequest plan_request(const TrainOptions& o, const ModelConfig& config, in
   r.micro_batch = o.micro_batch;
   r.seq_len = o.seq_len;
   r.global_batch = o.global_batch;
-  r.tensor_parallel = o.tensor_size();
   r.min_unit_params = o.min_unit_params;
   return r;
 }

@@ -190,9 +190,9 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
     changes.push_back({fmt::format("--micro-batch {}", mb), with_micro_batch(base, mb)});
   if (!tensor_tried)
     for (int T : tensor_parallel_choices(base, cluster)) {
-      if (T == base.tensor_parallel) continue;
+      if (T == base.strategy.tensor_parallel) continue;
       RunPlanRequest r = base;
-      r.tensor_parallel = T;
+      r.strategy.tensor_parallel = T;
       changes.push_back({fmt::format("--tensor-parallel {}", T), r, 1});
     }
   if (!context_tried)
@@ -251,7 +251,7 @@ std::string candidate_flags(const Candidate& c) {
   if (s.kind == StrategyKind::hybrid) flags += fmt::format(" --shard-group-size {}", s.shard_group_size);
   if (shards_parameters(s.kind) && !s.reshard_after_forward)
     flags += " --reshard-after-forward false";
-  if (c.request.tensor_parallel > 1) flags += fmt::format(" --tensor-parallel {}", c.request.tensor_parallel);
+  if (s.tensor_parallel > 1) flags += fmt::format(" --tensor-parallel {}", s.tensor_parallel);
   if (s.context_parallel > 1) flags += fmt::format(" --context-parallel {}", s.context_parallel);
   if (c.request.model.activation_checkpointing) flags += " --activation-checkpointing";
   return flags;
@@ -266,7 +266,7 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
   const bool experts_spread = base.strategy.expert_parallel > 1;
   if (vary_checkpointing && !base.model.activation_checkpointing && !experts_spread)
     checkpointing.push_back(true);
-  const std::vector<int> Ts = tensor_sizes.empty() ? std::vector<int>{base.tensor_parallel} : tensor_sizes;
+  const std::vector<int> Ts = tensor_sizes.empty() ? std::vector<int>{base.strategy.tensor_parallel} : tensor_sizes;
   const std::vector<int> Ps =
       context_sizes.empty() ? std::vector<int>{base.strategy.context_parallel} : context_sizes;
   // Every candidate runs base's global batch (by default a micro-batch per data-parallel
@@ -279,7 +279,7 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
     for (int P : Ps)
       for (int T : Ts) {
         if (base.world_size % (P * T) != 0) continue;
-        const bool varied = T != base.tensor_parallel || P != base.strategy.context_parallel;
+        const bool varied = T != base.strategy.tensor_parallel || P != base.strategy.context_parallel;
         if (varied && global % (base.micro_batch * (base.world_size / (P * T))) != 0) continue;
         // Hybrid groups share out the data-parallel ranks (context ranks split
         // sequences, tensor ranks the layers).
@@ -294,7 +294,7 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
           c.request.strategy.reshard_after_forward = choice.reshard;
           c.request.strategy.shard_group_size = choice.group;
           c.request.strategy.context_parallel = P;
-          c.request.tensor_parallel = T;
+          c.request.strategy.tensor_parallel = T;
           if (varied) c.request.global_batch = global;
           c.request.model.activation_checkpointing = ckpt;
           c.plan = plan_run(c.request);
@@ -324,7 +324,7 @@ int ranks_per_node(const RunPlanRequest& base, const ClusterShape& cluster) {
 }  // namespace
 
 std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster) {
-  if (base.tensor_parallel > 1 || base.strategy.expert_parallel > 1) return {base.tensor_parallel};
+  if (base.strategy.tensor_parallel > 1 || base.strategy.expert_parallel > 1) return {base.strategy.tensor_parallel};
   const int node = ranks_per_node(base, cluster);
   const int data = base.world_size / base.strategy.context_parallel;
   std::vector<int> out = {1};
@@ -340,7 +340,7 @@ std::vector<int> context_parallel_choices(const RunPlanRequest& base, const Clus
   const ContextParallelKind kind = base.model.context_parallel_kind;  // the run's (ulysses by default)
   std::vector<int> out;
   for (int P = 2; P <= node; ++P)
-    if (node % P == 0 && base.world_size % (P * base.tensor_parallel) == 0 &&
+    if (node % P == 0 && base.world_size % (P * base.strategy.tensor_parallel) == 0 &&
         accepted([&] { check_context_parallel_model(base.config, P, kind); }) &&
         accepted([&] { ContextSplit(0, P, zigzag_split(kind)).check_seq_len(base.seq_len); }))
       out.push_back(P);
@@ -386,7 +386,7 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
     const RunPlanRequest& r = candidates[i].request;
     if (candidates[i].plan.total() < candidates[smallest].plan.total()) smallest = i;
     checkpointing_tried = checkpointing_tried || r.model.activation_checkpointing;
-    tensor_tried = tensor_tried || r.tensor_parallel != base.tensor_parallel;
+    tensor_tried = tensor_tried || r.strategy.tensor_parallel != base.strategy.tensor_parallel;
     context_tried = context_tried || r.strategy.context_parallel != base.strategy.context_parallel;
   }
   // Candidates whose device side fits but whose host side does not: say so (the

@@ -11,15 +11,7 @@
 
 namespace shardlm {
 
-MeshShape plan_mesh(const RunPlanRequest& r) {
-  const int T = r.tensor_parallel;
-  SHARDLM_CHECK(T >= 1 && r.world_size % T == 0,
-                "--tensor-parallel {} does not divide the job's {} ranks (the tensor ranks are a "
-                "factor of the world)", T, r.world_size);
-  MeshShape mesh = strategy_mesh(r.strategy, r.world_size / T);
-  mesh.set_size(MeshDim::tensor, T);
-  return mesh;
-}
+MeshShape plan_mesh(const RunPlanRequest& r) { return strategy_mesh(r.strategy, r.world_size); }
 
 RunPlan plan_run(const RunPlanRequest& r) {
   RunPlan plan;
@@ -28,7 +20,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.world_size = n;
   plan.partition = partition_size(mesh);
   plan.expert_parallel = r.strategy.expert_parallel;
-  plan.tensor_parallel = r.tensor_parallel;
+  plan.tensor_parallel = r.strategy.tensor_parallel;
   // Default: a micro-batch per data-parallel rank (context ranks share their rows).
   const int global_batch = r.global_batch > 0 ? r.global_batch : r.micro_batch * mesh.data_parallel_size();
   plan.accumulation =
@@ -51,7 +43,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   // its H/T heads' attention, and the whole (replicated) norms.
   plan.unit_work = model_unit_work(r.config, family.model_units(r.config),
                                    family.unit_needs(r.config), flops_per_token, r.micro_batch,
-                                   r.seq_len, r.model, TensorSplit{r.tensor_parallel, 0});
+                                   r.seq_len, r.model, TensorSplit{r.strategy.tensor_parallel, 0});
   // Expert parallelism: the planned rank (expert coordinate 0) runs its E/ep experts
   // over the tokens of its ep group's ranks, and none of the others.
   if (const int E = r.strategy.expert_parallel; E > 1) {

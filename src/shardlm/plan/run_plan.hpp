@@ -35,9 +35,7 @@ struct RunPlanRequest {
   int micro_batch = 8;
   int seq_len = 256;
   int global_batch = 0;  // sequences per step; 0: a micro-batch per data-parallel rank
-  // --tensor-parallel T: the mesh's innermost dimension (a factor of world_size); the
-  // strategy's dimensions share out the world / T ranks outside it.
-  int tensor_parallel = 1;
+  // --tensor-parallel T is strategy.tensor_parallel (the mesh's innermost dimension).
   int64_t min_unit_params = 65536;
   size_t comm_scratch_bytes = size_t{4} << 20;  // CommOptions::scratch_bytes
   // --offload optimizer (device runs) is strategy.optimizer_on_host.
@@ -81,8 +79,8 @@ struct RunPlan {
 // (zero1/zero2) waited for in it, as every later step does.
 inline constexpr int kPlannedSteps = 3;
 
-// The run's mesh: the strategy's over world / T ranks, the tensor dimension (T) inside.
-// Error naming --tensor-parallel when T does not divide the world.
+// The run's mesh: strategy_mesh of the request's strategy over the world (the tensor
+// dimension innermost), the one the trainer lays out for the same flags.
 MeshShape plan_mesh(const RunPlanRequest& request);
 
 RunPlan plan_run(const RunPlanRequest& request);
