@@ -21,18 +21,7 @@ BASE=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-bat
 # close RUN_A RUN_B WHAT [RELATIVE_TO]: per-step loss and grad norm within 1e-5 relative,
 # weights within 1e-5 (of the model's largest weight, or RELATIVE_TO as inspect takes it).
 close() {
-  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY' || fail "$3: metrics differ"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
-worst = 0.0
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm"):
-        worst = max(worst, abs(x[k] - y[k]) / abs(y[k]))
-print(f"{sys.argv[3]}: loss and grad norm within {worst:.2e} relative over {len(a)} steps")
-sys.exit(0 if worst <= 1e-5 else 1)
-PY
+  same_curves "$1" "$2" 1e-5 "$3"
   "$SHARDLM" inspect "$1" --quiet --compare "$2" --tolerance 1e-5 --relative-to "${4:-model}" > "$WORK/compare.log" 2>&1 \
     || { cat "$WORK/compare.log"; fail "$3: weights differ beyond 1e-5"; }
   tail -n 1 "$WORK/compare.log"

@@ -21,23 +21,6 @@ make_byte_data
 COMMON=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --global-batch 8
         --steps 6 --eval-batches 0 --data "$WORK/data")
 
-# Each step's loss and gradient norm of two runs, within a relative tolerance.
-same_curves() {
-  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY' || fail "$1 and $2: loss or gradient norm differ"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-tol = float(sys.argv[3])
-assert len(a) == len(b) and a, (len(a), len(b))
-worst = 0.0
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm"):
-        worst = max(worst, abs(x[k] - y[k]) / abs(y[k]))
-print(f"worst relative difference of loss and grad norm over {len(a)} steps: {worst:.3e}")
-sys.exit(0 if worst <= tol else 1)
-PY
-}
-
 train() {  # train N OUT FLAGS...
   local n="$1" out="$2"; shift 2
   run_mpi "$n" "$SHARDLM" train "${COMMON[@]}" --out "$out" "$@" > "$out.log" 2>&1 \

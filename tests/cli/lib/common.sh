@@ -31,6 +31,24 @@ expect_error() {
   echo "$out" | grep -q "^error: .*$needle" || fail "expected 'error: ...$needle' for: $*; got: $out"
 }
 
+# same_curves RUN_A RUN_B TOL [WHAT]: every step's loss and gradient norm of two runs
+# (their metrics.jsonl) within TOL relative, the same number of steps.
+same_curves() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "${4:-$1 vs $2}" <<'PY' || fail "${4:-$1 and $2}: loss or gradient norm differ"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+tol = float(sys.argv[3])
+assert len(a) == len(b) and a, (len(a), len(b))
+worst = 0.0
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        worst = max(worst, abs(x[k] - y[k]) / abs(y[k]))
+print(f"{sys.argv[4]}: loss and grad norm within {worst:.2e} relative over {len(a)} steps")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+
 # mpirun with this machine's flags (root, oversubscription); never hangs past 300 s.
 run_mpi() {
   local n="$1"; shift
