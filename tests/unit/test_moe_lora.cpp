@@ -137,7 +137,8 @@ TEST_P(MoeLora, PeftExportIsPeftsOwnFusedTensors) {
   auto model = make_model(ref, layout, ref.B);
   FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{});
   load_fixture_weights(layout, strategy, ref.file);
-  CheckpointInfo info{0, 0, ref.config, "byte", "ddp", 1, {{"options", nlohmann::json::object()}}};
+  // A train record without options: export names no source directory (it threw before).
+  CheckpointInfo info{0, 0, ref.config, "byte", "ddp", 1, nlohmann::json::object()};
   const std::string ckpt = save_checkpoint((work / "run").string(), layout, strategy, info, 0, comm);
   HfExportOptions options;
   options.out_dir = (work / "adapter").string();

@@ -57,8 +57,12 @@ safetensors::DType safetensors_dtype(DType dtype) {
 // The Hugging Face directory the run started from (--init-from), or the one its data's
 // tokenizer came from ("hf:DIR" specs); empty when neither exists any more.
 fs::path source_directory(const CheckpointInfo& info) {
-  const auto& options = info.train.contains("options") ? info.train.at("options") : nlohmann::json();
-  const std::string init_from = options.value("init_from", std::string());
+  // A train record without options (a checkpoint written by a tool, not a run) names no
+  // --init-from directory.
+  const bool has_options = info.train.is_object() && info.train.contains("options") &&
+                           info.train.at("options").is_object();
+  const std::string init_from =
+      has_options ? info.train.at("options").value("init_from", std::string()) : std::string();
   if (!init_from.empty()) {
     const fs::path p = fs::is_directory(init_from) ? fs::path(init_from) : fs::path(init_from).parent_path();
     if (fs::exists(p / "config.json")) return p;
