@@ -12,8 +12,9 @@
 # head are vocabulary-parallel (llama-tiny's untied head, qwen3-tiny's tied one). With
 # --sequence-parallel the same within the same bounds, ddp x T and zero3 x T. LoRA
 # on every module at T = 2 (adapters split with their base) equals the unsplit LoRA run,
-# and its T = 2 checkpoint exports the adapter its T = 1 copy exports. Bad input is
-# refused in one line before a run directory exists. plan at T = 2 (ddp and zero3)
+# and its T = 2 checkpoint exports the adapter its T = 1 copy exports. A tensor group
+# across hosts is warned about. Bad input is refused in one line before a run directory
+# exists. plan at T = 2 (ddp and zero3)
 # predicts the runs' peak bytes per category exactly and their traffic within 0.1% (its
 # traced step runs the same tensor-parallel model on the meta device).
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
@@ -147,6 +148,29 @@ same_curves "$WORK/mesh3d" "$WORK/t4_ref" 1e-5
 "$SHARDLM" inspect "$WORK/mesh3d" --compare "$WORK/t4_ref" --tolerance 1e-5 --relative-to norm \
   || fail "the shard 2 x context 2 x tensor 2 weights differ from one process's"
 echo "3-D: zero3 over shard 2 x context 2 x tensor 2 (8 ranks) = one process within 1e-5"
+
+# A tensor group across hosts is a warning naming the group and its hosts, and the run
+# goes on; groups on one host each give none. Each rank runs in a UTS namespace of its
+# own named "host-(rank / D)" (as_host.sh D CMD...).
+if unshare --uts true 2>/dev/null; then
+  cat > "$WORK/as_host.sh" <<'SH'
+#!/bin/sh
+d="$1"; shift
+exec unshare --uts sh -c 'hostname "host-$((OMPI_COMM_WORLD_RANK / $0))" && exec "$@"' "$d" "$@"
+SH
+  chmod +x "$WORK/as_host.sh"
+  for d in 1 2; do
+    run_mpi 4 "$WORK/as_host.sh" "$d" "$SHARDLM" train "${COMMON[@]}" --steps 1 --model llama-tiny \
+      --micro-batch 4 --tensor-parallel 2 --out "$WORK/hosts_$d" > "$WORK/hosts_$d.log" 2>&1 \
+      || { cat "$WORK/hosts_$d.log"; fail "the run on hosts of $d rank(s) failed"; }
+  done
+  grep -q "warning: --tensor-parallel 2: the tensor group of ranks 0..1 spans the hosts host-0, host-1" \
+    "$WORK/hosts_1.log" || { cat "$WORK/hosts_1.log"; fail "no warning for tensor ranks on two hosts"; }
+  ! grep -q "spans the hosts" "$WORK/hosts_2.log" || fail "a warning for tensor groups on one host each"
+  echo "tensor ranks across hosts: warned, and the run trained; on one host each: no warning"
+else
+  echo "skipped the hosts check: unshare --uts is not permitted here"
+fi
 
 # Bad input: one line, non-zero exit, no run directory.
 refused() {  # refused N NEEDLE FLAGS...

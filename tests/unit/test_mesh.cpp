@@ -2,13 +2,16 @@
 // against a naive enumeration of row-major coordinates, the --mesh spelling and its
 // errors, the meshes the strategies run on, and DeviceMesh's groups on the in-process
 // communicator (which ranks a group holds, what a collective over it sums, which
-// groups are split and which are the world).
+// groups are split and which are the world), and the warning for a tensor group that
+// spans hosts.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "shardlm/comm/in_process_communicator.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/parallel/host_placement.hpp"
 #include "shardlm/parallel/mesh.hpp"
 #include "shardlm/parallel/placed_mesh.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
@@ -233,6 +236,36 @@ TEST(MeshShape, TheTensorDimensionIsInnermostAndTheOthersShareTheRest) {
   EXPECT_EQ(error_of([&] { strategy_mesh(o, 8); }),
             "--tensor-parallel 3 does not divide the job's 8 ranks (the tensor ranks are a "
             "factor of the world)");
+}
+
+TEST(HostPlacement, ATensorGroupAcrossHostsIsAWarningNamingIt) {
+  const MeshShape mesh = MeshShape::parse("shard=2,tensor=2");
+  // Two ranks a host, the tensor groups {0, 1} and {2, 3} on one host each: no warning.
+  EXPECT_EQ(tensor_groups_across_hosts_warning(mesh, {"a", "a", "b", "b"}), "");
+  // One rank a host: the first group spans two hosts.
+  EXPECT_EQ(tensor_groups_across_hosts_warning(mesh, {"a", "b", "c", "d"}),
+            "--tensor-parallel 2: the tensor group of ranks 0..1 spans the hosts a, b; its "
+            "exchanges (several per layer, each way) cross the network, which is slow: keep T "
+            "within the ranks of one host (consecutive ranks share a tensor group)");
+  // Only the second group spans hosts: it is the one named.
+  EXPECT_NE(tensor_groups_across_hosts_warning(mesh, {"a", "a", "a", "b"}).find("ranks 2..3 spans the hosts a, b"),
+            std::string::npos);
+  // Without tensor ranks there is nothing to warn about.
+  EXPECT_EQ(tensor_groups_across_hosts_warning(MeshShape::parse("shard=4"), {"a", "b", "c", "d"}), "");
+}
+
+TEST(HostPlacement, EveryRankLearnsEveryRanksHost) {
+  InProcessJob job(3);
+  std::vector<std::vector<std::string>> hosts(3);
+  const std::vector<std::string> errors = job.run([&](Communicator& world) {
+    hosts[static_cast<size_t>(world.rank())] = rank_hosts(world);
+  });
+  char mine[256] = {};
+  ASSERT_EQ(gethostname(mine, sizeof(mine) - 1), 0);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(hosts[r], (std::vector<std::string>(3, mine))) << "rank " << r;
+  }
 }
 
 void expect_no_errors(const std::vector<std::string>& errors) {

@@ -29,6 +29,7 @@
 #include "shardlm/optim/loss_scaler.hpp"
 #include "shardlm/optim/lr_schedule.hpp"
 #include "shardlm/optim/optimizer.hpp"
+#include "shardlm/parallel/host_placement.hpp"
 #include "shardlm/parallel/owned_params.hpp"
 #include "shardlm/parallel/placed_mesh.hpp"
 #include "shardlm/parallel/placed_strategy.hpp"
@@ -424,6 +425,10 @@ void Trainer::read_inputs() {
                         o_.device.find(':') != std::string::npos);
   backend_ = &backend_for(device_);  // a clear error now when the device is absent
   mesh_shape_ = o_.mesh_shape(world_);
+  if (mesh_shape_.size(MeshDim::tensor) > 1)
+    if (const std::string w = tensor_groups_across_hosts_warning(mesh_shape_, rank_hosts(comm_));
+        !w.empty())
+      print("warning: " + w + "\n");
   if (const int E = mesh_shape_.size(MeshDim::expert); E > 1) {
     SHARDLM_CHECK(config_.moe.enabled(),
                   "--expert-parallel {}: {} is a dense model (expert parallelism spreads a "
