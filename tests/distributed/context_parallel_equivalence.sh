@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Context parallelism (--context-parallel P, Ulysses and ring): P ranks that split every
+# Context parallelism (--context-parallel P, Ulysses, ring and hybrid): P ranks that split every
 # sequence train the model one rank holding whole rows trains, on the same global batch,
 # under ddp and zero3, Ulysses with the KV heads split (P = 2 over llama-tiny's 2) and
 # replicated (P = 4), ring attention (zigzag split) at P = 2 and 4 and on qwen3-tiny's 3
@@ -64,6 +64,14 @@ for run in "llama-tiny 2 ddp 2 4" "llama-tiny 4 zero3 4 4" "llama-tiny 4 zero3 2
     || { cat "$out.log"; fail "$model ring $strategy n=$n P=$P"; }
   close "$out" "$ref" "$model ring $strategy n=$n --context-parallel $P vs one rank" "$relative_to"
 done
+
+# Hybrid (USP): Ulysses inside groups of 2 consecutive context ranks, ring across the 2
+# groups (the zigzag over the groups), under zero3 on 4 ranks.
+out="$WORK/llama-tiny_hybrid_zero3_n4_p4"
+run_mpi 4 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --strategy zero3 \
+  --context-parallel 4 --context-parallel-kind hybrid --ulysses-degree 2 --out "$out" > "$out.log" 2>&1 \
+  || { cat "$out.log"; fail "llama-tiny hybrid zero3 n=4 P=4 U=2"; }
+close "$out" "$WORK/llama-tiny_ref" "llama-tiny hybrid zero3 n=4 --context-parallel 4 --ulysses-degree 2 vs one rank"
 
 # LoRA: only the adapters train, their gradients reduced over shard x context.
 LORA=(--lora-rank 4 --lora-targets q_proj,v_proj,down_proj)
@@ -134,5 +142,8 @@ refused "--context-parallel 2 and --mesh shard=2 (context=1) disagree" 2 --model
 refused "gpt2 does not split sequences" 2 --model gpt2-tiny --micro-batch 4 --context-parallel 2
 refused "--context-parallel-kind must be ulysses" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --context-parallel-kind zigzag
 refused "--seq-len 36 does not split over --context-parallel 4: ring attention's zigzag split needs a multiple of 8" 1 --model llama-tiny --micro-batch 4 --context-parallel 4 --context-parallel-kind ring --seq-len 36
+refused "--context-parallel 4 --context-parallel-kind hybrid needs --ulysses-degree U with 1 < U < 4 dividing 4" 4 --model llama-tiny --micro-batch 4 --context-parallel 4 --context-parallel-kind hybrid --ulysses-degree 3
+refused "--ulysses-degree 2 needs --context-parallel-kind hybrid (got ring)" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --context-parallel-kind ring --ulysses-degree 2
+refused "--ulysses-degree 2 (hybrid) splits the attention heads over each Ulysses group: the model's 3 query heads do not divide by 2" 4 --model qwen3-tiny --micro-batch 4 --context-parallel 4 --context-parallel-kind hybrid --ulysses-degree 2
 echo "bad --context-parallel input refused in one line before a run directory exists"
 echo "1 passed, 0 failed"

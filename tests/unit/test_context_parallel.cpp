@@ -3,7 +3,8 @@
 // whole rows, summed over the ranks, for padded and packed rows (documents with their
 // own positions and key_begin), with and without activation checkpointing: Ulysses with
 // the KV heads split (P divides them) and replicated (P a multiple of them), ring
-// attention with the zigzag split at P = 2, 3 and 4 (packed documents crossing chunks). The reference is
+// attention with the zigzag split at P = 2, 3 and 4 (packed documents crossing chunks),
+// hybrid (Ulysses groups of U = 2 in a ring of 2 at P = 4). The reference is
 // the same model without a context group on the whole micro-batch (itself held to
 // float64 transformers by test_llama_fixture). Not bitwise: each rank's weight
 // gradients sum over its own tokens, and those partial sums are added across ranks,
@@ -87,11 +88,12 @@ struct Case {
   bool packed;
   bool checkpointing;
   ContextParallelKind kind = ContextParallelKind::ulysses;
+  int ulysses_degree = 1;  // hybrid's
 };
 
 void expect_context_parallel_matches(const Case& c) {
   const std::string kind = context_parallel_kind_name(c.kind);
-  SCOPED_TRACE(c.preset + " " + kind + " P=" + std::to_string(c.P) +
+  SCOPED_TRACE(c.preset + " " + kind + " P=" + std::to_string(c.P) + " U=" + std::to_string(c.ulysses_degree) +
                (c.packed ? " packed" : " padded") + (c.checkpointing ? " checkpointing" : ""));
   const ModelConfig config = tiny_family_config(c.preset);
   const int B = 2, T = 24;
@@ -116,6 +118,7 @@ void expect_context_parallel_matches(const Case& c) {
     ModelOptions o = options;
     o.parallel_groups.context = &world;
     o.context_parallel_kind = c.kind;
+    o.ulysses_degree = c.ulysses_degree;
     auto model = model_family(config.family).make_model(config, layout, B, T, o, MemoryTracker::global());
     Weights w(*model, layout);
     const size_t r = static_cast<size_t>(world.rank());
@@ -172,6 +175,15 @@ TEST(ContextParallel, RingMatchesOneRank) {
   // qwen3-tiny's 3 query heads, which Ulysses cannot split over 2 or 4, and an odd P.
   expect_context_parallel_matches({"qwen3-tiny", 3, true, false, ring});
   expect_context_parallel_matches({"llama-tiny", 4, true, true, ring});
+}
+
+TEST(ContextParallel, HybridMatchesOneRank) {
+  // P = 4 in Ulysses groups of U = 2 (each rank one of the 2 KV heads) and a ring of 2
+  // across them; packed documents of 11 and 13 tokens cross the zigzag chunks of 6.
+  const ContextParallelKind hybrid = ContextParallelKind::hybrid;
+  for (const char* preset : {"llama-tiny", "qwen2-tiny"})
+    for (bool packed : {false, true}) expect_context_parallel_matches({preset, 4, packed, false, hybrid, 2});
+  expect_context_parallel_matches({"llama-tiny", 4, true, true, hybrid, 2});
 }
 
 // A rank whose message never arrives: the other ranks' waits run into the deadline, and
@@ -234,6 +246,62 @@ TEST(ContextParallel, HeadsThatDoNotSplitAreOneLineErrors) {
               "--seq-len 36 does not split over --context-parallel 4: ring attention's zigzag "
               "split needs a multiple of 8 (2 chunks per rank)");
   }
+}
+
+TEST(ContextParallel, HybridRefusesWhatItCannotSplit) {
+  auto error_of = [](const std::string& preset, int P, ContextParallelKind kind, int U) {
+    try {
+      check_context_parallel_model(tiny_family_config(preset), P, kind, /*tensor_size=*/1, U);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const ContextParallelKind hybrid = ContextParallelKind::hybrid;
+  EXPECT_EQ(error_of("llama-tiny", 4, hybrid, 2), "");
+  EXPECT_EQ(error_of("llama-tiny", 6, hybrid, 3),
+            "--ulysses-degree 3 (hybrid) splits the attention heads over each Ulysses group: "
+            "the model's 4 query heads do not divide by 3");
+  EXPECT_EQ(error_of("qwen3-tiny", 4, hybrid, 2),
+            "--ulysses-degree 2 (hybrid) splits the attention heads over each Ulysses group: "
+            "the model's 3 query heads do not divide by 2");
+  EXPECT_EQ(error_of("llama-tiny", 4, hybrid, 3),
+            "--context-parallel 4 --context-parallel-kind hybrid needs --ulysses-degree U with "
+            "1 < U < 4 dividing 4 (Ulysses inside groups of U, ring across 4 / U), got 3");
+  EXPECT_EQ(error_of("llama-tiny", 4, hybrid, 4),
+            "--context-parallel 4 --context-parallel-kind hybrid needs --ulysses-degree U with "
+            "1 < U < 4 dividing 4 (Ulysses inside groups of U, ring across 4 / U), got 4");
+  try {
+    check_ulysses_degree(4, ContextParallelKind::ring, 2);
+    ADD_FAILURE() << "--ulysses-degree with ring";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--ulysses-degree 2 needs --context-parallel-kind hybrid (got ring): it sizes "
+              "hybrid's Ulysses groups");
+  }
+  try {
+    ContextSplit(0, 4, true, 2).check_seq_len(18);
+    ADD_FAILURE() << "18 tokens into 4 zigzag chunks";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--seq-len 18 does not split over --context-parallel 4 (hybrid, --ulysses-degree "
+              "2): 4 zigzag chunks of 2 equal parts need a multiple of 4");
+  }
+}
+
+TEST(ContextParallel, HybridSplitIsZigzagOverTheUlyssesGroups) {
+  // T = 16, P = 4, U = 2: 2 groups, chunks of 4; group 0 (ranks 0, 1) holds chunks 0 and 3,
+  // group 1 (ranks 2, 3) chunks 1 and 2, each rank a contiguous half of its group's tokens.
+  std::vector<std::vector<int>> held(4);
+  for (int r = 0; r < 4; ++r) {
+    const ContextSplit split(r, 4, true, 2);
+    EXPECT_EQ(split.chunks_per_row(), 4);
+    for (int i = 0; i < 4; ++i) held[static_cast<size_t>(r)].push_back(split.global_index(16, i));
+  }
+  EXPECT_EQ(held[0], (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(held[1], (std::vector<int>{12, 13, 14, 15}));
+  EXPECT_EQ(held[2], (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(held[3], (std::vector<int>{8, 9, 10, 11}));
 }
 
 TEST(ContextParallel, ZigzagSplitHoldsChunksRAnd2PMinus1MinusR) {

@@ -79,3 +79,43 @@ TEST(ContextParallelPlan, RingSendsKeyValueBlocksAroundTheRing) {
     EXPECT_LT(ring.activations, whole.activations) << "P=" << P;
   }
 }
+
+// Hybrid (Ulysses groups of 2, ring across P / 2): the traced step runs the model's two
+// sub-group splits (plan's recording communicator answers them) and records each
+// layer's four Ulysses all-to-alls on the Ulysses group and the ring's send_recvs (its
+// k|v block: micro-batch x 2T/P tokens x the group's 2 KV/2 hd values) on the ring, all
+// placed with the context group; a rank's GEMM work is 1/P.
+TEST(ContextParallelPlan, HybridRunsUlyssesInsideGroupsAndTheRingAcross) {
+  const int P = 4, U = 2, R = P / U;
+  RunPlanRequest r = tiny_request();
+  const RunPlan whole = plan_run(r);
+  r.world_size = 2 * P;
+  r.global_batch = 4;
+  r.strategy.context_parallel = P;
+  r.model.context_parallel_kind = ContextParallelKind::hybrid;
+  r.model.ulysses_degree = U;
+  const RunPlan hybrid = plan_run(r);
+  std::map<std::string, int> issued;
+  for (const StepOp& op : hybrid.program.ops) {
+    if (op.kind != StepOp::Kind::issue) continue;
+    const PlannedCollective& c = hybrid.program.collectives.at(static_cast<size_t>(op.collective));
+    if (c.kind != CollectiveKind::send_recv && c.kind != CollectiveKind::all_to_all) continue;
+    EXPECT_EQ(c.group, CommGroup::context) << c.label;
+    if (c.kind == CollectiveKind::send_recv) {
+      const double block = 2.0 * (64 / R) * 2 * (r.config.kv_heads() / U) * r.config.head_dim() * 4;
+      EXPECT_DOUBLE_EQ(c.bus_bytes, block) << c.label;
+    }
+    ++issued[c.label];
+  }
+  const int L = r.config.n_layer, steps = kPlannedSteps;
+  EXPECT_EQ(issued["ring k|v"], steps * L * (R - 1));
+  EXPECT_EQ(issued["ring k|v (backward)"], steps * L * (R - 1));
+  EXPECT_EQ(issued["ring k|v gradient"], steps * L * R);
+  for (const char* label : {"ulysses q|k|v", "ulysses attention output", "ulysses attention output gradient",
+                            "ulysses q|k|v gradient"})
+    EXPECT_EQ(issued[label], steps * L) << label;
+  for (size_t u = 0; u < whole.unit_work.size(); ++u)
+    EXPECT_DOUBLE_EQ(hybrid.unit_work[u].forward.gemm_flops, whole.unit_work[u].forward.gemm_flops / P)
+        << "unit " << u;
+  EXPECT_LT(hybrid.activations, whole.activations);
+}

@@ -107,7 +107,12 @@ void add_run_shape_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "How the context group's attention sees whole rows: ulysses (all-to-all to "
                   "heads; the query and key/value heads must split over P or P be a multiple of "
                   "the key/value heads) or ring (zigzag split, key/value blocks passed around "
-                  "the ranks; --seq-len a multiple of 2P)")
+                  "the ranks; --seq-len a multiple of 2P) or hybrid (Ulysses inside groups of "
+                  "--ulysses-degree consecutive ranks, ring across the groups)")
+      ->capture_default_str();
+  cmd->add_option("--ulysses-degree", opts->ulysses_degree,
+                  "With --context-parallel-kind hybrid: the ranks of each Ulysses group (U "
+                  "divides P and the heads; the ring runs over P / U groups)")
       ->capture_default_str();
   cmd->add_option("--expert-parallel", opts->expert_parallel,
                   "Mixture of experts: spread each layer's experts over this many ranks (an "

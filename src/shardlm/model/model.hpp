@@ -68,7 +68,9 @@ struct ModelParallelGroups {
 
 // How attention sees whole rows when ModelParallelGroups::context has more than one
 // rank (model/context_parallel/context_attention.hpp, docs/parallelism.md).
-enum class ContextParallelKind { ulysses, ring };
+// hybrid (USP): Ulysses inside consecutive groups of ModelOptions::ulysses_degree ranks,
+// ring attention across the groups.
+enum class ContextParallelKind { ulysses, ring, hybrid };
 
 struct ModelOptions {
   DType precision = DType::fp32;
@@ -88,6 +90,8 @@ struct ModelOptions {
   Backend* backend = nullptr;
   ModelParallelGroups parallel_groups{};
   ContextParallelKind context_parallel_kind = ContextParallelKind::ulysses;
+  // hybrid: the ranks of each Ulysses group (U divides the context group's P and the heads).
+  int ulysses_degree = 1;
   // Megatron's sequence parallelism inside a tensor group of more than one rank: the
   // residual stream, the norms and the residual adds hold 1/T of the micro-batch's
   // tokens; the block's all-reduces become all-gather + reduce-scatter.

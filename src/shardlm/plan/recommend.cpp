@@ -341,8 +341,11 @@ std::vector<int> context_parallel_choices(const RunPlanRequest& base, const Clus
   std::vector<int> out;
   for (int P = 2; P <= node; ++P)
     if (node % P == 0 && base.world_size % (P * base.strategy.tensor_parallel) == 0 &&
-        accepted([&] { check_context_parallel_model(base.config, P, kind); }) &&
-        accepted([&] { ContextSplit(0, P, zigzag_split(kind)).check_seq_len(base.seq_len); }))
+        accepted([&] { check_context_parallel_model(base.config, P, kind, 1, base.model.ulysses_degree); }) &&
+        accepted([&] {
+          ContextSplit(0, P, zigzag_split(kind), split_ulysses_degree(kind, base.model.ulysses_degree))
+              .check_seq_len(base.seq_len);
+        }))
       out.push_back(P);
   return out;
 }

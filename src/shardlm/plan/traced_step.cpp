@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "shardlm/backend/meta/meta_backend.hpp"
 #include "shardlm/comm/recording_communicator.hpp"
@@ -77,6 +78,13 @@ CommGroup comm_group(const std::string& communicator, bool expert_parallel, bool
   // splits no group for it); everything else then runs on one rank or is a scalar.
   if (tensor_is_world && (communicator == "world" || communicator == "world.kv_replicas"))
     return CommGroup::tensor;
+  // Hybrid context attention's Ulysses groups and rings (model/context_parallel/
+  // hybrid_attention.hpp) are placed with the context group they split (the time model
+  // does not tell the U consecutive ranks from the ring's ranks U apart).
+  for (const std::string suffix : {".ulysses", ".ring"})
+    if (communicator.size() > suffix.size() && communicator.ends_with(suffix))
+      return comm_group(communicator.substr(0, communicator.size() - suffix.size()), expert_parallel,
+                        tensor_is_world);
   if (communicator == "world") return CommGroup::world;
   if (communicator == "expert group") return CommGroup::expert;
   // The partition (consecutive ranks): shard, or shard x context; under expert
@@ -149,6 +157,13 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
   std::vector<int> split_sizes;
   for (const MeshDims& dims : groups)
     if (shape.size(dims) != n) split_sizes.push_back(shape.size(dims));
+  // Then the model's own splits, in the order it makes them: hybrid context attention's
+  // Ulysses groups and ring (before the tensor block's key/value replicas).
+  const int P = shape.size(MeshDim::context);
+  if (P > 1 && r.model.context_parallel_kind == ContextParallelKind::hybrid) {
+    split_sizes.push_back(r.model.ulysses_degree);
+    split_sizes.push_back(P / r.model.ulysses_degree);
+  }
   const int T = shape.size(MeshDim::tensor);
   if (T > 1 && r.config.kv_heads() % T != 0) split_sizes.push_back(T / r.config.kv_heads());
 

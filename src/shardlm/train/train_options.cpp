@@ -184,11 +184,14 @@ void TrainOptions::validate_context_parallel() const {
                   context_parallel, mesh, in_mesh);
   }
   const int P = context_parallel_size();
+  check_at_least("--ulysses-degree", ulysses_degree, 1);
+  if (kind != ContextParallelKind::hybrid) check_ulysses_degree(P, kind, ulysses_degree);
   if (P == 1) return;
+  check_ulysses_degree(P, kind, ulysses_degree);
   SHARDLM_CHECK(strategy != "auto",
                 "--strategy auto does not choose a layout with --context-parallel yet: name the "
                 "strategy (ddp, zero1, zero2, zero3 or hybrid)");
-  ContextSplit(0, P, zigzag_split(kind)).check_seq_len(seq_len);
+  ContextSplit(0, P, zigzag_split(kind), split_ulysses_degree(kind, ulysses_degree)).check_seq_len(seq_len);
 }
 
 void TrainOptions::validate_mesh() const {
@@ -252,6 +255,7 @@ ModelOptions TrainOptions::model_options(Device device) const {
   m.activation_checkpointing = activation_checkpointing;
   m.device = device;
   m.context_parallel_kind = parse_context_parallel_kind(context_parallel_kind);
+  m.ulysses_degree = ulysses_degree;
   m.sequence_parallel = sequence_parallel;
   return m;
 }

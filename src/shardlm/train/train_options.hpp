@@ -93,9 +93,11 @@ struct TrainOptions {
   bool sequence_parallel = false;
   // --context-parallel P: each sequence is split over P ranks of the mesh's context
   // dimension (--mesh context=P says the same); they read the same rows. 1: none.
-  // --context-parallel-kind: how their attention sees the whole rows (ulysses, ring).
+  // --context-parallel-kind: how their attention sees the whole rows (ulysses, ring,
+  // hybrid); --ulysses-degree U: hybrid's Ulysses groups (U consecutive context ranks).
   int context_parallel = 1;
   std::string context_parallel_kind = "ulysses";
+  int ulysses_degree = 1;
   // The expert dimension's size: --mesh's expert=, else --expert-parallel.
   int expert_parallel_size() const;
   // Model units smaller than this are merged with a neighbour into one flat unit.

@@ -419,7 +419,7 @@ void Trainer::read_inputs() {
   config_ = resolve_model_config(o_, static_cast<int>(meta_.vocab_size));
   check_context_parallel_model(config_, o_.context_parallel_size(),
                                parse_context_parallel_kind(o_.context_parallel_kind),
-                               o_.tensor_size());
+                               o_.tensor_size(), o_.ulysses_degree);
   if (!o_.init_from.empty()) check_hf_model_matches(o_.init_from, config_);
   device_ = rank_device(parse_device(o_.device, "--device"),
                         o_.device.find(':') != std::string::npos);

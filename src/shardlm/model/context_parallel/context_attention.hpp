@@ -8,6 +8,8 @@
 //            (DeepSpeed-Ulysses); backward mirrors it.
 //   ring     the zigzag split; queries stay, k|v blocks travel the ring (P - 1 send_recvs),
 //            block results merged by their log-sum-exp (ring_attention.hpp).
+//   hybrid   Ulysses inside groups of U consecutive ranks, ring across the P / U groups
+//            (USP; hybrid_attention.hpp).
 #pragma once
 
 #include <cstdint>
@@ -49,22 +51,31 @@ class ContextAttention {
   virtual void backward(int slot, Backend& backend, const float* dout, float* dqkv, int B) = 0;
 };
 
-// "ulysses" or "ring" (--context-parallel-kind); Error naming the flag otherwise.
+// "ulysses", "ring" or "hybrid" (--context-parallel-kind); Error naming the flag otherwise.
 ContextParallelKind parse_context_parallel_kind(const std::string& name);
 const char* context_parallel_kind_name(ContextParallelKind kind);
-// Whether the kind's split is the zigzag one (ContextSplit).
-inline bool zigzag_split(ContextParallelKind kind) { return kind == ContextParallelKind::ring; }
+// Whether the kind's split is the zigzag one (ContextSplit; hybrid's over its Ulysses groups).
+inline bool zigzag_split(ContextParallelKind kind) { return kind != ContextParallelKind::ulysses; }
+// The Ulysses groups' size of a kind's split: --ulysses-degree for hybrid, else 1.
+inline int split_ulysses_degree(ContextParallelKind kind, int ulysses_degree) {
+  return kind == ContextParallelKind::hybrid ? ulysses_degree : 1;
+}
+// One-line errors unless --ulysses-degree U fits --context-parallel P of `kind`: U > 1
+// only with hybrid, where it must divide P and be less than it.
+void check_ulysses_degree(int P, ContextParallelKind kind, int ulysses_degree);
 // One-line errors when `heads` cannot be split over P ranks as Ulysses needs (ring
 // attention keeps every head on every rank).
 void check_context_heads(int P, const ContextHeads& heads);
 // One-line errors when a model of `config` cannot split its sequences over P ranks (its
 // family, or its heads for the kind: under --tensor-parallel T a tensor rank's n_head / T
-// and local key/value heads): what `train` and `sft` check before writing anything.
+// and local key/value heads; hybrid's at its Ulysses degree): what `train` and `sft`
+// check before writing anything.
 void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind,
-                                  int tensor_size = 1);
+                                  int tensor_size = 1, int ulysses_degree = 1);
 // The model's context attention of `kind` over `group` (size > 1) for rows of
-// `seq_len` tokens; `split` must be the kind's (zigzag_split).
+// `seq_len` tokens; `split` must be the kind's (zigzag_split, split_ulysses_degree).
 std::unique_ptr<ContextAttention> make_context_attention(ContextParallelKind kind,
+                                                         int ulysses_degree,
                                                          Communicator& group,
                                                          const ContextSplit& split,
                                                          const ContextHeads& heads, int seq_len,

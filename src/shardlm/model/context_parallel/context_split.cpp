@@ -1,16 +1,35 @@
 #include "shardlm/model/context_parallel/context_split.hpp"
 
+#include <numeric>
+
 #include "shardlm/core/error.hpp"
 
 namespace shardlm {
 
-ContextSplit::ContextSplit(int rank, int size, bool zigzag) : rank_(rank), size_(size), zigzag_(zigzag) {
+ContextSplit::ContextSplit(int rank, int size, bool zigzag, int ulysses_degree)
+    : rank_(rank), size_(size), zigzag_(zigzag), ulysses_(zigzag ? ulysses_degree : 1) {
   SHARDLM_CHECK(size >= 1 && rank >= 0 && rank < size, "internal: context rank {} of {}", rank, size);
-  chunks_.push_back(rank);
-  if (zigzag) chunks_.push_back(2 * size - 1 - rank);
+  SHARDLM_CHECK(ulysses_ >= 1 && size % ulysses_ == 0, "internal: Ulysses groups of {} in {} ranks",
+                ulysses_, size);
+  if (!zigzag) {
+    chunks_.push_back(rank);
+    return;
+  }
+  const int groups = size / ulysses_, group = rank / ulysses_;
+  chunks_.push_back(group);
+  chunks_.push_back(2 * groups - 1 - group);
 }
 
 void ContextSplit::check_seq_len(int seq_len) const {
+  if (ulysses_ > 1) {
+    // Whole chunks per zigzag group, and the group's tokens in U equal parts.
+    const int chunks = chunks_per_row(), needed = std::lcm(chunks, size_);
+    SHARDLM_CHECK(seq_len % needed == 0,
+                  "--seq-len {} does not split over --context-parallel {} (hybrid, "
+                  "--ulysses-degree {}): {} zigzag chunks of {} equal parts need a multiple of {}",
+                  seq_len, size_, ulysses_, chunks, ulysses_, needed);
+    return;
+  }
   SHARDLM_CHECK(seq_len % chunks_per_row() == 0,
                 "--seq-len {} does not split over --context-parallel {}: {} needs a multiple of "
                 "{}{}",
@@ -20,7 +39,9 @@ void ContextSplit::check_seq_len(int seq_len) const {
 
 int ContextSplit::global_index(int seq_len, int i) const {
   const int chunk = seq_len / chunks_per_row();
-  return chunks_[static_cast<size_t>(i / chunk)] * chunk + i % chunk;
+  // Where local token i sits among its zigzag group's tokens (this rank's part of them).
+  const int j = (rank_ % ulysses_) * local_len(seq_len) + i;
+  return chunks_[static_cast<size_t>(j / chunk)] * chunk + j % chunk;
 }
 
 const MicroBatch& ContextSplit::slice(const MicroBatch& full) {

@@ -20,11 +20,14 @@ namespace shardlm {
 class ContextSplit {
  public:
   // The token chunks of a row rank `rank` of `size` holds: {rank} of `size` chunks, or
-  // with zigzag {rank, 2 size - 1 - rank} of 2 size chunks.
-  ContextSplit(int rank, int size, bool zigzag);
+  // with zigzag {rank, 2 size - 1 - rank} of 2 size chunks. With zigzag and
+  // ulysses_degree U > 1 (hybrid): the zigzag runs over the size / U groups of U
+  // consecutive ranks (group g holds chunks g and 2 size / U - 1 - g, in that order),
+  // and rank g U + u holds the u-th of U contiguous parts of its group's tokens.
+  ContextSplit(int rank, int size, bool zigzag, int ulysses_degree = 1);
   int rank() const { return rank_; }
   int size() const { return size_; }
-  int chunks_per_row() const { return zigzag_ ? 2 * size_ : size_; }
+  int chunks_per_row() const { return zigzag_ ? 2 * size_ / ulysses_ : size_; }
   const std::vector<int>& chunks() const { return chunks_; }  // ascending
   // One-line error unless `seq_len` splits into chunks_per_row() equal chunks.
   void check_seq_len(int seq_len) const;
@@ -48,6 +51,7 @@ class ContextSplit {
  private:
   int rank_, size_;
   bool zigzag_;
+  int ulysses_;  // zigzag: ranks per zigzag group (1: every rank its own)
   std::vector<int> chunks_;
   std::vector<int32_t> tokens_, targets_, positions_;
   MicroBatch local_;

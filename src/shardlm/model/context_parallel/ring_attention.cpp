@@ -10,12 +10,13 @@ RingAttention::RingAttention(Communicator& group, const ContextSplit& split,
                              const ContextHeads& heads, int seq_len, DType compute)
     : group_(group),
       split_(split),
+      ring_(group.rank(), group.size(), /*zigzag=*/true),
       heads_(heads),
       P_(group.size()),
       rank_(group.rank()),
       T_(seq_len),
       compute_(compute) {
-  SHARDLM_CHECK(split.size() == P_ && split.rank() == rank_ && split.chunks_per_row() == 2 * P_,
+  SHARDLM_CHECK(split.chunks_per_row() == 2 * P_,
                 "internal: ring attention over {} ranks on a split into {} chunks", P_,
                 split.chunks_per_row());
   split.check_seq_len(seq_len);
@@ -60,7 +61,7 @@ void RingAttention::begin_micro_batch(Backend& backend) {
     int32_t* range = ranges_.data() + static_cast<size_t>(source) * per_source;
     for (int b = 0; b < B; ++b)
       for (int i = 0; i < Tl; ++i) {
-        const int t = split_.global_index(T, i);
+        const int t = ring_.global_index(T, i);
         const int begin = key_begin != nullptr ? key_begin[static_cast<int64_t>(b) * T + t] : 0;
         const size_t q = static_cast<size_t>(b) * static_cast<size_t>(Tl) + static_cast<size_t>(i);
         range[2 * q] = static_cast<int32_t>(

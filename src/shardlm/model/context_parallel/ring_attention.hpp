@@ -13,6 +13,10 @@
 // rank (P send_recvs of the gradient, P - 1 of k|v). The probabilities are the final
 // ones (the merged log-sum-exp), so the shares add up to the gradient over whole rows.
 //
+// Under hybrid attention (hybrid_attention.hpp) the group is the ring across Ulysses
+// groups: its rank g's queries are the tokens of zigzag group g (split's chunks), with the
+// heads of the Ulysses rank (`heads` as the exchange left them).
+//
 // Heads are not split, so any head count works. Messages are k|v in the compute type
 // (2 KV hd values per token) and their gradient in fp32.
 #pragma once
@@ -47,7 +51,8 @@ class RingAttention final : public ContextAttention {
   int previous() const { return (rank_ + P_ - 1) % P_; }
 
   Communicator& group_;
-  const ContextSplit& split_;
+  const ContextSplit& split_;  // the model's: the micro-batch's whole rows
+  const ContextSplit ring_;    // this ring rank's tokens of a row (zigzag over the ring)
   const ContextHeads heads_;
   const int P_, rank_, T_;
   const DType compute_;

@@ -14,17 +14,19 @@ ContextHeads heads_per_rank(int P, const ContextHeads& h) {
 }  // namespace
 
 UlyssesAttention::UlyssesAttention(Communicator& group, const ContextSplit& split,
-                                   const ContextHeads& heads, int seq_len, DType compute)
+                                   const ContextHeads& heads, int seq_len, DType compute,
+                                   int ring_size)
     : group_(group),
       split_(split),
       heads_(heads),
       local_(heads_per_rank(group.size(), heads)),
       P_(group.size()),
+      ring_size_(ring_size),
       T_(seq_len),
-      Tl_(seq_len / group.size()),
+      Tl_(seq_len / (group.size() * ring_size)),
       replicated_kv_(heads.n_kv_head < group.size()),
       compute_(compute) {
-  SHARDLM_CHECK(split.size() == P_ && split.chunks_per_row() == P_,
+  SHARDLM_CHECK(split.size() == P_ * ring_size && (ring_size > 1 || split.chunks_per_row() == P_),
                 "internal: Ulysses attention over {} ranks on a split into {} chunks", P_,
                 split.chunks_per_row());
   split.check_seq_len(seq_len);
@@ -35,17 +37,17 @@ int UlyssesAttention::first_kv_head(int rank) const {
 }
 
 AttentionShape UlyssesAttention::local_shape(int B) const {
-  return {B, split_.full_len(), local_.n_head, local_.n_kv_head, local_.head_dim};
+  return {B, gathered_len(), local_.n_head, local_.n_kv_head, local_.head_dim};
 }
 
 void UlyssesAttention::carve(ArenaCarver& carver, int slots, int max_batch) {
   max_batch_ = max_batch;
-  const int64_t rows = static_cast<int64_t>(max_batch) * T_;  // whole rows
+  const int64_t rows = static_cast<int64_t>(max_batch) * (T_ / ring_size_);  // gathered rows
   saved_.assign(static_cast<size_t>(slots), Saved{});
   for (Saved& s : saved_) {
     carver.request(&s.qkv, compute_, rows * local_.qkv_columns());
     carver.request(&s.out, compute_, rows * local_.q_columns());
-    carver.request(&s.lse, rows * local_.n_head);
+    if (ring_size_ == 1) carver.request(&s.lse, rows * local_.n_head);  // hybrid: the ring's
   }
   // P blocks of B x local T rows: as many elements as the whole rows of this rank's heads.
   carver.request(&send_, rows * local_.qkv_columns());
@@ -57,7 +59,7 @@ void UlyssesAttention::carve(ArenaCarver& carver, int slots, int max_batch) {
     carver.request(&kv_sum_, local_rows * 2 * heads_.head_dim);
     carver.request(&kv_part_, local_rows * 2 * heads_.head_dim);
   }
-  carver.request(&key_begin_, rows);
+  if (ring_size_ == 1) carver.request(&key_begin_, rows);
 }
 
 void UlyssesAttention::begin_micro_batch(Backend& backend) {
@@ -66,7 +68,8 @@ void UlyssesAttention::begin_micro_batch(Backend& backend) {
                 T_, split_.full_len());
   SHARDLM_CHECK(split_.local().B <= max_batch_, "internal: {} rows, Ulysses attention has room for {}",
                 split_.local().B, max_batch_);
-  if (full == nullptr || backend.device().is_host()) {
+  // Under hybrid attention the ring reads key_begin itself (its blocks' key ranges).
+  if (full == nullptr || backend.device().is_host() || ring_size_ > 1) {
     key_begin_view_ = full;
     return;
   }
@@ -78,7 +81,7 @@ void UlyssesAttention::begin_micro_batch(Backend& backend) {
 
 void UlyssesAttention::move_rows(Backend& be, TypedPtr rows, TypedPtr packed, int64_t width,
                                  int B, bool to_rows) {
-  const int64_t T = split_.full_len(), Tl = T / P_;
+  const int64_t T = gathered_len(), Tl = T / P_;
   const int64_t block = static_cast<int64_t>(B) * Tl * width;
   for (int j = 0; j < P_; ++j)
     for (int b = 0; b < B; ++b) {
@@ -93,7 +96,14 @@ void UlyssesAttention::move_rows(Backend& be, TypedPtr rows, TypedPtr packed, in
 
 void UlyssesAttention::forward(int slot, Backend& be, ConstTypedPtr qkv, TypedPtr out, int B) {
   Saved& s = saved_.at(static_cast<size_t>(slot));
-  const int64_t n = static_cast<int64_t>(B) * (split_.full_len() / P_);  // this rank's tokens
+  gather_heads(slot, be, qkv, B);
+  be.attention_forward(s.out, s.lse, s.qkv, local_shape(B), key_begin_view_);
+  scatter_output(slot, be, out, B);
+}
+
+TypedPtr UlyssesAttention::gather_heads(int slot, Backend& be, ConstTypedPtr qkv, int B) {
+  Saved& s = saved_.at(static_cast<size_t>(slot));
+  const int64_t n = static_cast<int64_t>(B) * (gathered_len() / P_);  // this rank's tokens
   const int64_t hd = heads_.head_dim, QKV = heads_.qkv_columns(), Q = heads_.q_columns();
   const int64_t lq = local_.q_columns(), lkv = local_.kv_columns(), lqkv = local_.qkv_columns();
   const TypedPtr send(send_, compute_), recv(recv_, compute_);
@@ -108,7 +118,14 @@ void UlyssesAttention::forward(int slot, Backend& be, ConstTypedPtr qkv, TypedPt
   }
   group_.all_to_all(send, recv, static_cast<size_t>(block), "ulysses q|k|v").wait();
   move_rows(be, s.qkv, recv, lqkv, B, /*to_rows=*/true);
-  be.attention_forward(s.out, s.lse, s.qkv, local_shape(B), key_begin_view_);
+  return s.qkv;
+}
+
+void UlyssesAttention::scatter_output(int slot, Backend& be, TypedPtr out, int B) {
+  const Saved& s = saved_.at(static_cast<size_t>(slot));
+  const int64_t n = static_cast<int64_t>(B) * (gathered_len() / P_);
+  const int64_t Q = heads_.q_columns(), lq = local_.q_columns();
+  const TypedPtr send(send_, compute_), recv(recv_, compute_);
   // Back: block j holds rank j's tokens of this rank's heads.
   const int64_t out_block = n * lq;
   move_rows(be, s.out, send, lq, B, /*to_rows=*/false);
@@ -118,16 +135,28 @@ void UlyssesAttention::forward(int slot, Backend& be, ConstTypedPtr qkv, TypedPt
 
 void UlyssesAttention::backward(int slot, Backend& be, const float* dout, float* dqkv, int B) {
   const Saved& s = saved_.at(static_cast<size_t>(slot));
-  const int64_t n = static_cast<int64_t>(B) * (split_.full_len() / P_);
-  const int64_t hd = heads_.head_dim, QKV = heads_.qkv_columns(), Q = heads_.q_columns();
-  const int64_t lq = local_.q_columns(), lkv = local_.kv_columns(), lqkv = local_.qkv_columns();
+  gather_output_gradient(be, dout, B);
+  be.attention_backward(dqkv_rows_, drows_, s.qkv, s.out, s.lse, local_shape(B), key_begin_view_);
+  scatter_qkv_gradient(be, dqkv, B);
+}
+
+float* UlyssesAttention::gather_output_gradient(Backend& be, const float* dout, int B) {
+  const int64_t n = static_cast<int64_t>(B) * (gathered_len() / P_);
+  const int64_t Q = heads_.q_columns(), lq = local_.q_columns();
   const TypedPtr send(send_), recv(recv_);
   // The output's gradient to the ranks of its heads (the forward's second exchange reversed).
   const int64_t out_block = n * lq;
   for (int j = 0; j < P_; ++j) be.convert_rows(send.at(j * out_block), lq, ConstTypedPtr(dout).at(j * lq), Q, n, lq);
   group_.all_to_all(send, recv, static_cast<size_t>(out_block), "ulysses attention output gradient").wait();
   move_rows(be, drows_, recv, lq, B, /*to_rows=*/true);
-  be.attention_backward(dqkv_rows_, drows_, s.qkv, s.out, s.lse, local_shape(B), key_begin_view_);
+  return drows_;
+}
+
+void UlyssesAttention::scatter_qkv_gradient(Backend& be, float* dqkv, int B) {
+  const int64_t n = static_cast<int64_t>(B) * (gathered_len() / P_);
+  const int64_t hd = heads_.head_dim, QKV = heads_.qkv_columns(), Q = heads_.q_columns();
+  const int64_t lq = local_.q_columns(), lkv = local_.kv_columns(), lqkv = local_.qkv_columns();
+  const TypedPtr send(send_), recv(recv_);
   // q|k|v's gradient back to the ranks of its tokens (the first exchange reversed).
   const int64_t block = n * lqkv;
   move_rows(be, dqkv_rows_, send, lqkv, B, /*to_rows=*/false);

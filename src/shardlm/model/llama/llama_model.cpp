@@ -594,11 +594,12 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   if (Communicator* group = options.parallel_groups.context; group != nullptr && group->size() > 1) {
     SHARDLM_CHECK(!m.moe, "--context-parallel: mixture-of-experts models do not split sequences yet");
     const ContextParallelKind kind = options.context_parallel_kind;
-    m.split = std::make_unique<ContextSplit>(group->rank(), group->size(), zigzag_split(kind));
+    const int U = split_ulysses_degree(kind, options.ulysses_degree);
+    m.split = std::make_unique<ContextSplit>(group->rank(), group->size(), zigzag_split(kind), U);
     m.split->check_seq_len(max_seq);
     local_seq = m.split->local_len(max_seq);
     m.context = make_context_attention(
-        kind, *group, *m.split,
+        kind, U, *group, *m.split,
         {static_cast<int>(m.H), static_cast<int>(m.KV), static_cast<int>(m.hd)}, max_seq, m.compute);
     m.context->carve(carver, options.activation_checkpointing ? 1 : m.L, max_batch);
   }
