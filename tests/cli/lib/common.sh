@@ -49,6 +49,25 @@ sys.exit(0 if worst <= tol else 1)
 PY
 }
 
+# peft_agrees OURS BASE_DIR ADAPTER_DIR DATA_DIR TOOLS REF_PYTHON: PEFT on the base with the
+# exported adapter (tools/check_peft_export.py, 8 windows of 32 tokens of val.bin) gives
+# shardlm's loss OURS within 1e-5 relative; returns 1 (having said so) when the reference
+# python or its packages are not there, fails the test when PEFT cannot load the adapter
+# or disagrees.
+peft_agrees() {
+  local ours="$1" base="$2" adapter="$3" data="$4" tools="$5" ref_python="$6" rc=0 peft theirs
+  peft="$(cd "$tools" && "$ref_python" check_peft_export.py "$base" "$adapter" "$data/val.bin" 32 8 2>&1)" || rc=$?
+  if [ "$rc" -eq 77 ] || [ ! -x "$ref_python" ]; then
+    echo "PEFT check skipped (${peft:-no $ref_python})"
+    return 1
+  fi
+  [ "$rc" -eq 0 ] || { echo "$peft"; fail "peft could not load the adapter"; }
+  theirs="$(echo "$peft" | awk '/^loss:/ {print $2}')"
+  python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 1e-5*abs(b) else 1)" \
+    "$ours" "$theirs" || fail "PEFT loss $theirs differs from shardlm's $ours"
+  echo "shardlm loss $ours, PEFT on the base $theirs ($(echo "$peft" | grep 'adapter tensors'))"
+}
+
 # mpirun with this machine's flags (root, oversubscription); never hangs past 300 s.
 run_mpi() {
   local n="$1"; shift
