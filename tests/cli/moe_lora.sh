@@ -4,7 +4,8 @@
 # experts.down_proj: PEFT's target_parameters), export as a PEFT adapter with
 # target_parameters and PEFT's fused expert tensors; where a python with transformers
 # and peft is available ($SHARDLM_REF_PYTHON), PEFT on the base computes shardlm's
-# eval loss. Merging expert adapters and dense-MLP targets are one-line errors.
+# eval loss; the merged export (--merge-lora) gives the same loss in shardlm and in
+# transformers. Dense-MLP targets are a one-line error.
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 REF_PYTHON="${SHARDLM_REF_PYTHON:-/usr/bin/python3}"
@@ -23,9 +24,20 @@ assert sorted(c["target_modules"]) == ["q_proj", "v_proj"], c["target_modules"]
 assert c["target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], c["target_parameters"]
 PY
 ours="$("$SHARDLM" eval --checkpoint "$WORK/lora" --data "$WORK/data" --seq-len 32 --windows 8 | awk '/^loss:/ {print $2}')"
-peft_agrees "$ours" "$WORK/base" "$WORK/adapter" "$WORK/data" "$TOOLS" "$REF_PYTHON" || true
-expect_error "does not merge yet" "$SHARDLM" export --checkpoint "$WORK/lora" --out "$WORK/merged" --merge-lora
-[ ! -e "$WORK/merged/model.safetensors" ] || fail "a refused merge wrote a model"
+# The merged export (each expert's s B_e A_e added into its gate/up/down weights), run
+# by shardlm without LoRA, gives the adapter run's loss; where the reference python is
+# there, transformers on it gives PEFT's loss on the base with the adapter.
+"$SHARDLM" export --checkpoint "$WORK/lora" --out "$WORK/merged" --merge-lora > /dev/null
+"$SHARDLM" train "${COMMON[@]}" --steps 0 --init-from "$WORK/merged" --out "$WORK/from_merged" > /dev/null
+merged="$("$SHARDLM" eval --checkpoint "$WORK/from_merged" --data "$WORK/data" --seq-len 32 --windows 8 | awk '/^loss:/ {print $2}')"
+close_to() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 1e-5*abs(b) else 1)" "$1" "$2"; }
+close_to "$merged" "$ours" || fail "merged model loss $merged differs from the LoRA run's $ours"
+echo "shardlm on the merged model: loss $merged, the LoRA run's $ours"
+if peft_agrees "$ours" "$WORK/base" "$WORK/adapter" "$WORK/data" "$TOOLS" "$REF_PYTHON"; then
+  merged_hf="$(cd "$TOOLS" && "$REF_PYTHON" check_hf_export.py "$WORK/merged" "$WORK/data/val.bin" 32 8 | awk '/^loss:/ {print $2}')"
+  close_to "$merged_hf" "$ours" || fail "transformers on the merged model: loss $merged_hf, shardlm's $ours"
+  echo "transformers on the merged model: loss $merged_hf"
+fi
 expect_error "dense MLP and shared-expert projections" "$SHARDLM" train "${COMMON[@]}" "${LORA[@]}" \
   --lora-targets q_proj,down_proj --steps 1 --out "$WORK/x1"
 [ ! -e "$WORK/x1" ] || fail "a refused run wrote $WORK/x1"

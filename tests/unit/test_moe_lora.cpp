@@ -4,15 +4,18 @@
 // per expert), next to attention adapters. Loss with the aux loss, logits, every adapter
 // gradient within 1e-5 of its tensor's scale, the frozen base untouched; three AdamW
 // steps through the real strategy and optimizer; the PEFT export gives back PEFT's own
-// fused tensors bitwise with its target_parameters; QLoRA (NF4 base) is LoRA on the
+// fused tensors bitwise with its target_parameters; the merged export is the base plus
+// (alpha / r) B A and gives PEFT's logits; QLoRA (NF4 base) is LoRA on the
 // dequantized base bitwise; bad input refused by name.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "llama_fixture_support.hpp"
@@ -39,6 +42,27 @@ bool is_adapter(const std::string& name) {
 
 
 class MoeLora : public ::testing::TestWithParam<std::string> {};
+
+// The fixture's base and adapters as a committed checkpoint under `work`/run; a train
+// record without options, as a tool writes one (export names no source directory).
+std::string save_fixture_checkpoint(const Reference& ref, const fs::path& work) {
+  const ParamLayout layout = ParamLayout::build(ref.config, 1);
+  SingleProcessCommunicator comm;
+  auto model = make_model(ref, layout, ref.B);
+  FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{});
+  load_fixture_weights(layout, strategy, ref.file);
+  CheckpointInfo info{0, 0, ref.config, "byte", "ddp", 1, nlohmann::json::object()};
+  return save_checkpoint((work / "run").string(), layout, strategy, info, 0, comm);
+}
+
+HfExportOptions fp32_export(const fs::path& out, LoraExport lora) {
+  HfExportOptions options;
+  options.out_dir = out.string();
+  options.lora = lora;
+  options.dtype = DType::fp32;
+  options.max_shard_bytes = 5'000'000'000;
+  return options;
+}
 
 TEST_P(MoeLora, LossLogitsAndEveryAdapterGradientMatchPeft) {
   const Reference ref = load_reference("lora_" + GetParam());
@@ -132,19 +156,8 @@ TEST_P(MoeLora, PeftExportIsPeftsOwnFusedTensors) {
   const Reference ref = load_reference("lora_" + GetParam());
   const fs::path work = fs::temp_directory_path() / ("shardlm-moe-lora-" + GetParam() + "-" + std::to_string(::getpid()));
   fs::remove_all(work);
-  const ParamLayout layout = ParamLayout::build(ref.config, 1);
-  SingleProcessCommunicator comm;
-  auto model = make_model(ref, layout, ref.B);
-  FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{});
-  load_fixture_weights(layout, strategy, ref.file);
-  // A train record without options: export names no source directory (it threw before).
-  CheckpointInfo info{0, 0, ref.config, "byte", "ddp", 1, nlohmann::json::object()};
-  const std::string ckpt = save_checkpoint((work / "run").string(), layout, strategy, info, 0, comm);
-  HfExportOptions options;
-  options.out_dir = (work / "adapter").string();
-  options.dtype = DType::fp32;
-  options.max_shard_bytes = 5'000'000'000;
-  export_hugging_face(CheckpointReader(ckpt), options);
+  const std::string ckpt = save_fixture_checkpoint(ref, work);
+  export_hugging_face(CheckpointReader(ckpt), fp32_export(work / "adapter", LoraExport::automatic));
   const st::File exported = st::read_file((work / "adapter" / "adapter_model.safetensors").string());
   int peft_tensors = 0;
   for (const auto& [name, tensor] : ref.file.tensors) {
@@ -167,16 +180,93 @@ TEST_P(MoeLora, PeftExportIsPeftsOwnFusedTensors) {
   EXPECT_EQ(sorted(config.at("target_parameters")), sorted(peft.at("target_parameters")));
   EXPECT_EQ(config.at("r"), peft.at("r"));
   EXPECT_EQ(config.at("lora_alpha").get<double>(), peft.at("lora_alpha").get<double>());
-  // Merging the experts' adapters into the base is refused before anything is written.
-  options.out_dir = (work / "merged").string();
-  options.lora = LoraExport::merge;
-  try {
-    export_hugging_face(CheckpointReader(ckpt), options);
-    ADD_FAILURE() << "--merge-lora of expert adapters should be refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--merge-lora"), std::string::npos) << e.what();
+  fs::remove_all(work);
+}
+
+// The base weight an adapter of the fixture merges into, and B's rows that land in it:
+// an expert's gate_up_proj adapter splits over its gate (w1) and up (w3) weights,
+// transformers' fused gate_up_proj being [gate; up] (its forward's chunk(2)).
+struct MergeTarget {
+  std::string weight;
+  int64_t b_row_offset;
+};
+std::vector<MergeTarget> merge_targets(const ModelConfig& c, const std::string& lora_a) {
+  const std::string module = lora_a.substr(0, lora_a.size() - std::string(".lora_A.weight").size());
+  const size_t experts = module.find(".mlp.experts.");
+  if (experts == std::string::npos) return {{module + ".weight", 0}};
+  const bool mixtral = c.family == "mixtral";
+  const std::string prefix = module.substr(0, module.rfind('.') + 1);  // "...experts.N."
+  const std::string expert = mixtral ? std::string(prefix).replace(experts, 4, ".block_sparse_moe") : prefix;
+  if (module.ends_with(".down_proj")) return {{expert + (mixtral ? "w2" : "down_proj") + ".weight", 0}};
+  const int64_t I = c.moe.expert_intermediate_size;
+  return {{expert + (mixtral ? "w1" : "gate_proj") + ".weight", 0},
+          {expert + (mixtral ? "w3" : "up_proj") + ".weight", I}};
+}
+
+// export --merge-lora of expert adapters: every adapted weight is the base plus
+// (alpha / r) B A (a naive float64 loop here), every other base tensor is the
+// fixture's bitwise, no adapter is left; and the merged model without LoRA gives the
+// logits of PEFT's unmerged model with its adapters (float64, the fixture's).
+TEST_P(MoeLora, MergedExportIsTheBasePlusScaledBAAndGivesPeftsLogits) {
+  const Reference ref = load_reference("lora_" + GetParam());
+  const fs::path work = fs::temp_directory_path() / ("shardlm-moe-merge-" + GetParam() + "-" + std::to_string(::getpid()));
+  fs::remove_all(work);
+  const std::string ckpt = save_fixture_checkpoint(ref, work);
+  export_hugging_face(CheckpointReader(ckpt), fp32_export(work / "merged", LoraExport::merge));
+  const st::File merged = st::read_file((work / "merged" / "model.safetensors").string());
+  const double scale = ref.config.lora.alpha / ref.config.lora.rank;
+  std::map<std::string, std::vector<double>> want;  // adapted weights, float64
+  int expert_weights = 0;
+  for (const auto& [name, t] : ref.file.tensors) {
+    if (!name.ends_with(".lora_A.weight") || name.rfind("peft.", 0) == 0) continue;
+    const std::vector<float> a = t.to_f32();
+    const std::vector<float> b = ref.file.at(name.substr(0, name.size() - 14) + ".lora_B.weight").to_f32();
+    const int64_t r = t.shape[0], in = t.shape[1];
+    for (const MergeTarget& target : merge_targets(ref.config, name)) {
+      ASSERT_TRUE(ref.file.tensors.count(target.weight)) << target.weight << " (from " << name << ")";
+      const std::vector<float> w = ref.file.at(target.weight).to_f32();
+      const int64_t rows = ref.file.at(target.weight).shape[0];
+      ASSERT_EQ(ref.file.at(target.weight).shape[1], in) << target.weight;
+      std::vector<double>& sum = want[target.weight];
+      sum.assign(w.begin(), w.end());
+      for (int64_t o = 0; o < rows; ++o)
+        for (int64_t i = 0; i < in; ++i)
+          for (int64_t j = 0; j < r; ++j)
+            sum[static_cast<size_t>(o * in + i)] +=
+                scale * b[static_cast<size_t>((o + target.b_row_offset) * r + j)] * a[static_cast<size_t>(j * in + i)];
+      expert_weights += target.weight.find(".experts.") != std::string::npos;
+    }
   }
-  EXPECT_FALSE(fs::exists(work / "merged" / "model.safetensors"));
+  EXPECT_GT(expert_weights, 0);
+  const ModelConfig base_config = [&] {
+    ModelConfig c = ref.config;
+    c.lora = LoraConfig{};
+    return c;
+  }();
+  const ParamLayout base_layout = ParamLayout::build(base_config, 1);
+  EXPECT_EQ(merged.tensors.size(), base_layout.all_params().size()) << "the base's tensors, no adapter";
+  double worst_weight = 0.0;
+  for (const auto* p : base_layout.all_params()) {
+    ASSERT_TRUE(merged.tensors.count(p->name)) << p->name << " missing from the merged export";
+    const std::vector<float> got = merged.at(p->name).to_f32();
+    auto it = want.find(p->name);
+    if (it == want.end()) {
+      EXPECT_EQ(got, ref.file.at(p->name).to_f32()) << p->name << " is not adapted";
+      continue;
+    }
+    const double error = relative_to_max_error(got, it->second);
+    worst_weight = std::max(worst_weight, error);
+    EXPECT_LT(error, 1e-6) << p->name;
+    EXPECT_NE(got, ref.file.at(p->name).to_f32()) << p->name << " has its adapter merged in";
+  }
+  Reference plain = ref;
+  plain.config = base_config;
+  auto model = make_model(plain, base_layout, ref.B);
+  UnitBuffers buf(base_layout, merged);
+  const double logits_error = relative_to_max_error(fixture_logits(*model, buf, plain), ref.file.at("logits").to_f32());
+  EXPECT_LT(logits_error, 1e-5);
+  std::printf("%s merged: %zu adapted weights within %.2g of the float64 sum, logits within %.2g of PEFT's\n",
+              GetParam().c_str(), want.size(), worst_weight, logits_error);
   fs::remove_all(work);
 }
 

@@ -22,7 +22,6 @@
 #include "shardlm/core/finite.hpp"
 #include "shardlm/data/tokenizer.hpp"
 #include "shardlm/model/family.hpp"
-#include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/moe/moe_expert_lora.hpp"
 
 namespace fs = std::filesystem;
@@ -165,32 +164,44 @@ void write_weights(const fs::path& dir, const std::vector<ExportTensor>& tensors
                               .dump(2) + "\n");
 }
 
-// The base weights with scale * B A added where LoRA adapted them (fp32).
+// The adapter whose delta lands in a base weight: A [r, in], B's rows from b_row_offset.
+struct MergeSource {
+  std::string a, b;
+  int64_t b_row_offset = 0;
+};
+
+// The base weights with scale * B A added where LoRA adapted them (fp32): the layers'
+// modules, and each routed expert's weights (moe_expert_lora.hpp: expert_lora_merges).
 std::vector<ExportTensor> merged_tensors(const CheckpointReader& ckpt, const ParamLayout& layout,
                                          DType dtype) {
   const ModelConfig& config = ckpt.info().model;
-  std::map<std::string, LoraPair> pairs;
-  for (const LoraPair& pair : model_family(config.family).lora_pairs(config)) pairs[pair.weight] = pair;
+  std::map<std::string, MergeSource> merges;
+  for (const LoraPair& pair : model_family(config.family).lora_pairs(config))
+    merges[pair.weight] = {pair.a, pair.b, 0};
+  for (const ExpertLoraMerge& m : expert_lora_merges(config)) merges[m.weight] = {m.a, m.b, m.b_row_offset};
   std::set<std::string> adapters;
-  for (const auto& [weight, pair] : pairs) adapters.insert({pair.a, pair.b});
+  for (const auto& [weight, source] : merges) adapters.insert({source.a, source.b});
   std::vector<ExportTensor> out;
   for (const auto& [name, shape] : ckpt.tensors()) {
     if (adapters.count(name)) continue;
     const ParamInfo& param = *layout.find(name).second;
-    auto it = pairs.find(name);
-    if (it == pairs.end()) {
+    auto it = merges.find(name);
+    if (it == merges.end()) {
       out.push_back(read_tensor(ckpt, param, dtype));
       continue;
     }
-    // W [out, in] += (alpha / r) B [out, r] A [r, in], in fp32, then stored in dtype.
+    // W [rows, in] += (alpha / r) B[offset .. offset + rows) [rows, r] A [r, in], in fp32,
+    // then stored in dtype.
     const ParamInfo& a = *layout.find(it->second.a).second;
     const ParamInfo& b = *layout.find(it->second.b).second;
     ExportTensor w = read_tensor(ckpt, param, DType::fp32);
     const ExportTensor av = read_tensor(ckpt, a, DType::fp32), bv = read_tensor(ckpt, b, DType::fp32);
     const int rows = static_cast<int>(param.shape[0]), cols = static_cast<int>(param.shape[1]);
     const int r = static_cast<int>(a.shape[0]);
-    cpu::gemm(false, false, rows, cols, r, config.lora.scale(),
-              ConstTypedPtr(reinterpret_cast<const float*>(bv.bytes.data())), r,
+    SHARDLM_CHECK(a.shape[1] == cols && b.shape[1] == r && it->second.b_row_offset + rows <= b.shape[0],
+                  "--merge-lora: adapter '{}' does not fit weight '{}'", it->second.b, name);
+    const float* b_rows = reinterpret_cast<const float*>(bv.bytes.data()) + it->second.b_row_offset * r;
+    cpu::gemm(false, false, rows, cols, r, config.lora.scale(), ConstTypedPtr(b_rows), r,
               ConstTypedPtr(reinterpret_cast<const float*>(av.bytes.data())), cols, 1.0f,
               reinterpret_cast<float*>(w.bytes.data()), cols);
     if (dtype != DType::fp32) {
@@ -335,10 +346,6 @@ void export_hugging_face(const CheckpointReader& checkpoint, const HfExportOptio
                                                         : "adapter-only",
                 checkpoint.dir());
   SHARDLM_CHECK(options.max_shard_bytes > 0, "--max-shard-size must be positive");
-  SHARDLM_CHECK(options.lora != LoraExport::merge || !llama_expert_lora(checkpoint.info().model),
-                "--merge-lora: checkpoint '{}' adapts the experts (experts.gate_up_proj, "
-                "experts.down_proj), which shardlm does not merge yet (export the PEFT adapter, the "
-                "default, or --base-only)", checkpoint.dir());
   // The export must not write into the checkpoint it reads (it would change a committed one).
   const fs::path checkpoint_dir = fs::weakly_canonical(checkpoint.dir());
   const fs::path out_resolved = fs::weakly_canonical(fs::absolute(out));

@@ -3,6 +3,7 @@
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/llama/llama_family.hpp"
 #include "shardlm/model/llama/llama_lora.hpp"
+#include "shardlm/model/moe/moe_names.hpp"
 
 namespace shardlm {
 
@@ -81,6 +82,31 @@ std::vector<PeftExpertTensor> peft_expert_adapters(const ModelConfig& c) {
     };
     if (gate_up) add("gate_up_proj", down ? "base_layer." : "", C, 2 * I);
     if (down) add("down_proj", "", I, C);
+  }
+  return out;
+}
+
+std::vector<ExpertLoraMerge> expert_lora_merges(const ModelConfig& c) {
+  std::vector<ExpertLoraMerge> out;
+  if (!llama_expert_lora(c)) return out;
+  const bool gate_up = c.lora.targets_module("experts.gate_up_proj");
+  const bool down = c.lora.targets_module("experts.down_proj");
+  const int64_t I = c.moe.expert_intermediate_size;
+  const MoeNames& names = moe_names(c);
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (!c.moe.sparse_layer(l)) continue;
+    for (int e = 0; e < c.moe.num_experts; ++e) {
+      const MoeNames::Expert w = names.expert(l, e);
+      if (gate_up) {
+        const std::string a = expert_lora_name(l, e, "gate_up_proj", 'A');
+        const std::string b = expert_lora_name(l, e, "gate_up_proj", 'B');
+        out.push_back({w.gate, a, b, 0});
+        out.push_back({w.up, a, b, I});
+      }
+      if (down)
+        out.push_back({w.down, expert_lora_name(l, e, "down_proj", 'A'),
+                       expert_lora_name(l, e, "down_proj", 'B'), 0});
+    }
   }
   return out;
 }

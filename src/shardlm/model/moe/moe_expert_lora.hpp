@@ -78,6 +78,16 @@ struct PeftExpertTensor {
 std::vector<PeftExpertTensor> peft_expert_adapters(const ModelConfig& config);
 // PEFT's target_parameters of the run ("mlp.experts.gate_up_proj", ...); empty without.
 std::vector<std::string> peft_target_parameters(const ModelConfig& config);
+// Where an expert adapter's delta s B_e A_e lands in the expert's own weights (export
+// --merge-lora; PEFT's ParamWrapper.merge adds the same delta into transformers' fused
+// gate_up_proj [E, 2I, C] and down_proj [E, C, I], which save_pretrained splits per
+// expert): gate_up_proj's B_e rows [0, I) into the gate weight (mixtral's w1), rows
+// [I, 2I) into the up weight (w3); down_proj's B_e whole into the down weight (w2).
+struct ExpertLoraMerge {
+  std::string weight, a, b;  // the expert's base weight [rows, in], A_e [r, in], B_e
+  int64_t b_row_offset = 0;  // B_e's row that lands in the weight's row 0
+};
+std::vector<ExpertLoraMerge> expert_lora_merges(const ModelConfig& config);
 // Element i of PEFT tensor t from the experts' tensors (each [rows, cols] of one expert).
 void fuse_expert_adapter(const PeftExpertTensor& t, const std::vector<std::vector<float>>& experts,
                          std::vector<float>& fused);
