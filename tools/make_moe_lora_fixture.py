@@ -27,6 +27,7 @@ Run: /work/venv/bin/python tools/make_moe_lora_fixture.py   (PyPI torch, transfo
 """
 import json
 import os
+import sys
 
 import numpy as np
 import peft
@@ -44,15 +45,24 @@ TARGETS = {
     "mixtral": (["o_proj"], ["mlp.experts.gate_up_proj"]),
     "qwen2_moe": (["q_proj", "k_proj"], ["mlp.experts.down_proj"]),
 }
+# Fixtures of their own (name: family, seed, targets). qwen2_moe_mlp: PEFT's
+# target_modules gate_proj/up_proj/down_proj match qwen2_moe's nn.Linear modules of those
+# names, the shared expert's of sparse layers (1, 3) and the dense MLP's (0, 2:
+# decoder_sparse_step 2), never the fused experts (parameters, only target_parameters
+# reaches them; PEFT converts no qwen2_moe target names, unlike qwen3_moe's and mixtral's).
+EXTRA = {
+    "qwen2_moe_mlp": ("qwen2_moe", 74, (["q_proj", "gate_proj", "up_proj", "down_proj"],
+                                         ["mlp.experts.gate_up_proj"])),
+}
 
 
-def lora_model(family, spec, seed, gen):
+def lora_model(spec, targets, seed, gen):
     model, config = build(spec, seed)
     base = {}
     for n, p in model.named_parameters():
         for name, t in per_expert(spec, n, p.detach().clone()):
             base[name] = t
-    modules, parameters = TARGETS[family]
+    modules, parameters = targets
     lora = peft.get_peft_model(model, peft.LoraConfig(
         r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, bias="none", target_modules=modules,
         target_parameters=parameters, task_type="CAUSAL_LM"))
@@ -87,87 +97,97 @@ def adapter_views(lora, spec):
     return views
 
 
+def write_fixture(out_dir, name, family, spec, seed, targets):
+    coef = spec["hf"]["router_aux_loss_coef"]
+    for attempt in range(50):
+        gen = torch.Generator().manual_seed(300 + seed + attempt)
+        lora, config, base = lora_model(spec, targets, seed + 100 * attempt, gen)
+        tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
+        labels = torch.randint(0, VOCAB, (B, T), generator=gen)
+        for b, t in IGNORED:
+            labels[b, t] = -1
+        with torch.no_grad():
+            _, _, _, _, router_logits = step_loss(lora, tokens, labels, coef)
+        if min_topk_gap(router_logits, spec["top_k"]) > 1e-4:
+            break
+    else:
+        raise SystemExit(f"{name}: no batch without a near-tie in the routing")
+    views = adapter_views(lora, spec)
+    params = [p for p in lora.parameters() if p.requires_grad]
+    assert len({id(p) for p, _ in views.values()}) == len(params)
+    saved = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(lora).items()}
+    initial = {n: part(p.detach().clone()) for n, (p, part) in views.items()}
+
+    loss, ce, aux, logits, _ = step_loss(lora, tokens, labels, coef)
+    loss.backward()
+    grads = {n: part(p.grad.detach().clone()) for n, (p, part) in views.items()}
+    lora.zero_grad()
+
+    opt = torch.optim.AdamW(params, lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]),
+                            eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"])
+    grad_norms, step_losses, least = [], [], {}
+    for _ in range(ADAMW["steps"]):
+        opt.zero_grad()
+        l, _, _, _, _ = step_loss(lora, tokens, labels, coef)
+        l.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, ADAMW["grad_clip"])
+        assert norm.item() > ADAMW["grad_clip"], "clipping must be active in the fixture"
+        grad_norms.append(norm.item())
+        step_losses.append(l.item())
+        opt.step()
+        for n, (p, part) in views.items():
+            m = part(opt.state[p]["exp_avg"].detach()).abs()
+            frac = m / m.max().clamp_min(1e-300)
+            least[n] = frac if n not in least else torch.minimum(least[n], frac)
+
+    f32 = lambda t: t.detach().to(torch.float32).contiguous().numpy()
+    tensors = [("tokens", tokens.to(torch.int32).numpy()),
+               ("targets", labels.to(torch.int32).numpy()),
+               ("loss", np.array([loss.item()], dtype=np.float32)),
+               ("ce_loss", np.array([ce.item()], dtype=np.float32)),
+               ("aux_loss", np.array([aux.item()], dtype=np.float32)),
+               ("logits", f32(logits)),
+               ("adamw.grad_norms", np.array(grad_norms, dtype=np.float32)),
+               ("adamw.losses", np.array(step_losses, dtype=np.float32))]
+    for n, t in base.items():
+        tensors.append((n, f32(t)))
+    for n, (p, part) in views.items():
+        tensors.append((n, f32(initial[n])))
+        tensors.append((n + ".grad", f32(grads[n])))
+        tensors.append((n + ".after_3_steps", f32(part(p.detach()))))
+        tensors.append((n + ".adamw_least_moment_fraction", f32(least[n])))
+    for n, t in saved.items():
+        tensors.append(("peft." + n, f32(t)))
+    modules, parameters = targets
+    cfg = with_shared_expert(shardlm_config(family, spec), spec["hf"])
+    cfg["lora"] = {"rank": RANK, "alpha": ALPHA,
+                   "targets": modules + [p.replace("mlp.", "", 1) for p in parameters]}
+    metadata = {
+        "config": json.dumps(cfg),
+        "batch": json.dumps({"B": B, "T": T, "ignore_index": -1}),
+        "adamw": json.dumps(ADAMW),
+        "peft_config": json.dumps(lora.peft_config["default"].to_dict(),
+                                  default=lambda o: sorted(o) if isinstance(o, set) else str(o)),
+        "generator": f"tools/make_moe_lora_fixture.py (peft {peft.__version__}, transformers "
+                     f"{transformers.__version__}, float64, stored as float32)",
+    }
+    path = os.path.join(out_dir, f"lora_{name}_fixture.safetensors")
+    write_safetensors(path, tensors, metadata)
+    print(f"wrote {os.path.normpath(path)}: loss {loss.item():.6f} (aux {aux.item():.6f}), "
+          f"{len(views)} adapter tensors, PEFT saves {sorted(saved)[-2:]}, "
+          f"{os.path.getsize(path)} bytes")
+
+
 def main():
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
-    for seed, (family, spec) in enumerate(FAMILIES.items(), start=71):
-        coef = spec["hf"]["router_aux_loss_coef"]
-        for attempt in range(50):
-            gen = torch.Generator().manual_seed(300 + seed + attempt)
-            lora, config, base = lora_model(family, spec, seed + 100 * attempt, gen)
-            tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
-            targets = torch.randint(0, VOCAB, (B, T), generator=gen)
-            for b, t in IGNORED:
-                targets[b, t] = -1
-            with torch.no_grad():
-                _, _, _, _, router_logits = step_loss(lora, tokens, targets, coef)
-            if min_topk_gap(router_logits, spec["top_k"]) > 1e-4:
-                break
-        else:
-            raise SystemExit(f"{family}: no batch without a near-tie in the routing")
-        views = adapter_views(lora, spec)
-        params = [p for p in lora.parameters() if p.requires_grad]
-        assert len({id(p) for p, _ in views.values()}) == len(params)
-        saved = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(lora).items()}
-        initial = {n: part(p.detach().clone()) for n, (p, part) in views.items()}
-
-        loss, ce, aux, logits, _ = step_loss(lora, tokens, targets, coef)
-        loss.backward()
-        grads = {n: part(p.grad.detach().clone()) for n, (p, part) in views.items()}
-        lora.zero_grad()
-
-        opt = torch.optim.AdamW(params, lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]),
-                                eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"])
-        grad_norms, step_losses, least = [], [], {}
-        for _ in range(ADAMW["steps"]):
-            opt.zero_grad()
-            l, _, _, _, _ = step_loss(lora, tokens, targets, coef)
-            l.backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, ADAMW["grad_clip"])
-            assert norm.item() > ADAMW["grad_clip"], "clipping must be active in the fixture"
-            grad_norms.append(norm.item())
-            step_losses.append(l.item())
-            opt.step()
-            for n, (p, part) in views.items():
-                m = part(opt.state[p]["exp_avg"].detach()).abs()
-                frac = m / m.max().clamp_min(1e-300)
-                least[n] = frac if n not in least else torch.minimum(least[n], frac)
-
-        f32 = lambda t: t.detach().to(torch.float32).contiguous().numpy()
-        tensors = [("tokens", tokens.to(torch.int32).numpy()),
-                   ("targets", targets.to(torch.int32).numpy()),
-                   ("loss", np.array([loss.item()], dtype=np.float32)),
-                   ("ce_loss", np.array([ce.item()], dtype=np.float32)),
-                   ("aux_loss", np.array([aux.item()], dtype=np.float32)),
-                   ("logits", f32(logits)),
-                   ("adamw.grad_norms", np.array(grad_norms, dtype=np.float32)),
-                   ("adamw.losses", np.array(step_losses, dtype=np.float32))]
-        for n, t in base.items():
-            tensors.append((n, f32(t)))
-        for n, (p, part) in views.items():
-            tensors.append((n, f32(initial[n])))
-            tensors.append((n + ".grad", f32(grads[n])))
-            tensors.append((n + ".after_3_steps", f32(part(p.detach()))))
-            tensors.append((n + ".adamw_least_moment_fraction", f32(least[n])))
-        for n, t in saved.items():
-            tensors.append(("peft." + n, f32(t)))
-        modules, parameters = TARGETS[family]
-        cfg = with_shared_expert(shardlm_config(family, spec), spec["hf"])
-        cfg["lora"] = {"rank": RANK, "alpha": ALPHA,
-                       "targets": modules + [p.replace("mlp.", "", 1) for p in parameters]}
-        metadata = {
-            "config": json.dumps(cfg),
-            "batch": json.dumps({"B": B, "T": T, "ignore_index": -1}),
-            "adamw": json.dumps(ADAMW),
-            "peft_config": json.dumps(lora.peft_config["default"].to_dict(),
-                                      default=lambda o: sorted(o) if isinstance(o, set) else str(o)),
-            "generator": f"tools/make_moe_lora_fixture.py (peft {peft.__version__}, transformers "
-                         f"{transformers.__version__}, float64, stored as float32)",
-        }
-        path = os.path.join(out_dir, f"lora_{family}_fixture.safetensors")
-        write_safetensors(path, tensors, metadata)
-        print(f"wrote {os.path.normpath(path)}: loss {loss.item():.6f} (aux {aux.item():.6f}), "
-              f"{len(views)} adapter tensors, PEFT saves {sorted(saved)[-2:]}, "
-              f"{os.path.getsize(path)} bytes")
+    only = set(sys.argv[1:])  # fixture names to write (default: all)
+    fixtures = [(family, family, spec, seed, TARGETS[family])
+                for seed, (family, spec) in enumerate(FAMILIES.items(), start=71)]
+    fixtures += [(name, family, FAMILIES[family], seed, targets)
+                 for name, (family, seed, targets) in EXTRA.items()]
+    for name, family, spec, seed, targets in fixtures:
+        if not only or name in only:
+            write_fixture(out_dir, name, family, spec, seed, targets)
 
 
 if __name__ == "__main__":

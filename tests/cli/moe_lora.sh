@@ -5,7 +5,8 @@
 # target_parameters and PEFT's fused expert tensors; where a python with transformers
 # and peft is available ($SHARDLM_REF_PYTHON), PEFT on the base computes shardlm's
 # eval loss; the merged export (--merge-lora) gives the same loss in shardlm and in
-# transformers. Dense-MLP targets are a one-line error.
+# transformers. qwen2_moe's gate_proj/up_proj/down_proj (its dense MLPs and shared
+# experts) the same way; those names in qwen3_moe are a one-line error.
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 REF_PYTHON="${SHARDLM_REF_PYTHON:-/usr/bin/python3}"
@@ -38,7 +39,29 @@ if peft_agrees "$ours" "$WORK/base" "$WORK/adapter" "$WORK/data" "$TOOLS" "$REF_
   close_to "$merged_hf" "$ours" || fail "transformers on the merged model: loss $merged_hf, shardlm's $ours"
   echo "transformers on the merged model: loss $merged_hf"
 fi
-expect_error "dense MLP and shared-expert projections" "$SHARDLM" train "${COMMON[@]}" "${LORA[@]}" \
+# qwen2_moe: gate_proj/up_proj/down_proj are PEFT's nn.Linear modules of those names, the
+# dense layers' MLP (layers 0, 2) and the sparse layers' shared expert; the adapter
+# loads in PEFT with shardlm's loss, and the merged export gives it too.
+"$SHARDLM" train --model qwen2-moe-tiny "${COMMON[@]}" --steps 0 --out "$WORK/q2_base_run" > /dev/null
+"$SHARDLM" export --checkpoint "$WORK/q2_base_run" --out "$WORK/q2_base" > /dev/null
+"$SHARDLM" train "${COMMON[@]}" --init-from "$WORK/q2_base" --lora-rank 4 --lora-alpha 8 --lr 1e-2 \
+  --lora-targets gate_proj,up_proj,down_proj,experts.down_proj --steps 2 --out "$WORK/q2_lora" \
+  > "$WORK/q2_lora.log" || { cat "$WORK/q2_lora.log"; fail "LoRA on qwen2_moe's MLPs and shared experts"; }
+"$SHARDLM" export --checkpoint "$WORK/q2_lora" --out "$WORK/q2_adapter" > /dev/null
+python3 - "$WORK/q2_adapter/adapter_config.json" <<'PY' || fail "adapter_config.json does not name qwen2_moe's MLP modules"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert sorted(c["target_modules"]) == ["down_proj", "gate_proj", "up_proj"], c["target_modules"]
+assert c["target_parameters"] == ["mlp.experts.down_proj"], c["target_parameters"]
+PY
+ours="$("$SHARDLM" eval --checkpoint "$WORK/q2_lora" --data "$WORK/data" --seq-len 32 --windows 8 | awk '/^loss:/ {print $2}')"
+peft_agrees "$ours" "$WORK/q2_base" "$WORK/q2_adapter" "$WORK/data" "$TOOLS" "$REF_PYTHON" || true
+"$SHARDLM" export --checkpoint "$WORK/q2_lora" --out "$WORK/q2_merged" --merge-lora > /dev/null
+"$SHARDLM" train "${COMMON[@]}" --steps 0 --init-from "$WORK/q2_merged" --out "$WORK/q2_from_merged" > /dev/null
+merged="$("$SHARDLM" eval --checkpoint "$WORK/q2_from_merged" --data "$WORK/data" --seq-len 32 --windows 8 | awk '/^loss:/ {print $2}')"
+close_to "$merged" "$ours" || fail "qwen2_moe merged model loss $merged differs from the LoRA run's $ours"
+# qwen3_moe has those projections only inside its fused experts.
+expect_error "only inside the fused experts" "$SHARDLM" train "${COMMON[@]}" "${LORA[@]}" \
   --lora-targets q_proj,down_proj --steps 1 --out "$WORK/x1"
 [ ! -e "$WORK/x1" ] || fail "a refused run wrote $WORK/x1"
 echo "1 passed, 0 failed"

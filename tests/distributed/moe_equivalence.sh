@@ -80,10 +80,11 @@ python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["model"]["lor
 echo "qwen3-moe-tiny LoRA (all-linear: attention): ddp, zero3 bitwise identical at N=2 ($reference)"
 # LoRA on the routed experts (their adapters are units of their own, beside each
 # expert): with the attention, and on the experts alone (no layer adapter units).
-# QLoRA (bf16): the base's linear weights (attention, every expert's, the shared expert's) NF4.
+# QLoRA (bf16): the base's linear weights (attention, every expert's, the shared expert's) NF4,
+# with adapters on qwen2_moe's dense MLPs and shared experts (gate_proj, down_proj) too.
 for run in "mixtral-tiny q_proj,experts.gate_up_proj,experts.down_proj" \
            "mixtral-tiny experts.gate_up_proj,experts.down_proj" \
-           "qwen2-moe-tiny q_proj,experts.down_proj --quantize-base nf4 --precision bf16"; do
+           "qwen2-moe-tiny q_proj,gate_proj,down_proj,experts.down_proj --quantize-base nf4 --precision bf16"; do
   read -r model targets extra <<< "$run"
   reference=""
   for strategy in ddp zero3; do
@@ -107,9 +108,9 @@ done
 # Bad input: one line naming the field, nothing written.
 if "$SHARDLM" train --model qwen3-moe-tiny "${FAMILY[@]}" --micro-batch 8 --lora-rank 4 \
      --lora-targets gate_proj --out "$WORK/bad" > "$WORK/bad.log" 2>&1; then
-  fail "LoRA on the dense MLP projections of an MoE model should be refused"
+  fail "LoRA on qwen3_moe's gate_proj (inside its fused experts) should be refused"
 fi
-grep -q "LoRA on the dense MLP and shared-expert projections of mixture-of-experts models is not supported yet" "$WORK/bad.log" \
+grep -q "'gate_proj' in a qwen3_moe model: its MLP projections are only inside the fused experts" "$WORK/bad.log" \
   || { cat "$WORK/bad.log"; fail "unexpected error for --lora-targets gate_proj"; }
 [ ! -e "$WORK/bad" ] || fail "a refused run wrote $WORK/bad"
 echo "moe bad input: refused by name, nothing written"

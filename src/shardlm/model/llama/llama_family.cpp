@@ -296,15 +296,16 @@ class LlamaFamily final : public ModelFamily {
     if (!c.lora.enabled()) return 6.0 * matmul_params + attention;
     // LoRA: the frozen base runs forward (2) and backward-data (2), no weight gradient;
     // each adapter pair A, B trains in full (6 per parameter).
-    double adapter_params = 0;
-    for (const auto& g : llama_lora_groups(c))
-      for (const auto& t : g.targets) adapter_params += c.lora.rank * static_cast<double>(g.in + t.out);
+    double adapter_params = 0;  // over the layers
+    for (int l = 0; l < c.n_layer; ++l)
+      for (const auto& g : llama_lora_groups(c, 1, l))
+        for (const auto& t : g.targets) adapter_params += c.lora.rank * static_cast<double>(g.in + t.out);
     // The experts' adapters see the top_k experts' tokens: top_k pairs per token.
     double expert_adapter_params = 0;
     const double Ie = c.moe.expert_intermediate_size;
     if (c.lora.targets_module("experts.gate_up_proj")) expert_adapter_params += c.lora.rank * (C + 2 * Ie);
     if (c.lora.targets_module("experts.down_proj")) expert_adapter_params += c.lora.rank * (Ie + C);
-    return 4.0 * matmul_params + 6.0 * c.n_layer * adapter_params +
+    return 4.0 * matmul_params + 6.0 * adapter_params +
            6.0 * sparse * c.moe.top_k * expert_adapter_params + attention;
   }
 
@@ -478,7 +479,7 @@ class LlamaFamily final : public ModelFamily {
     std::vector<LoraPair> pairs;
     if (!c.lora.enabled()) return pairs;
     for (int l = 0; l < c.n_layer; ++l)
-      for (const LoraGroup& g : llama_lora_groups(c))
+      for (const LoraGroup& g : llama_lora_groups(c, 1, l))
         for (const auto& tg : g.targets)
           pairs.push_back({llama_param_name(l, tg.parent + "." + tg.module + ".weight"),
                            lora_a_name(l, tg), lora_b_name(l, tg)});
@@ -490,7 +491,7 @@ class LlamaFamily final : public ModelFamily {
   static UnitLayout adapter_unit(const ModelConfig& c, int l) {
     UnitBuilder b("layers." + std::to_string(l) + ".lora", /*trainable=*/true);
     const int64_t r = c.lora.rank;
-    for (const LoraGroup& g : llama_lora_groups(c)) {
+    for (const LoraGroup& g : llama_lora_groups(c, 1, l)) {
       const float bound = 1.0f / std::sqrt(static_cast<float>(g.in));
       for (size_t i = 0; i < g.targets.size(); ++i)
         b.add(lora_a_name(l, g.targets[i]), {r, g.in}, ParamInit::uniform, bound, /*pack_with_previous=*/i > 0);

@@ -25,20 +25,30 @@ bool llama_expert_lora(const ModelConfig& c) {
 }
 
 bool llama_layer_adapters(const ModelConfig& c) {
-  return c.lora.enabled() && !llama_lora_groups(c).empty();
+  if (!c.lora.enabled()) return false;
+  bool attention = false, mlp = false;
+  for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj"}) attention = attention || c.lora.targets_module(m);
+  for (const char* m : {"gate_proj", "up_proj", "down_proj"}) mlp = mlp || c.lora.targets_module(m);
+  // The MLP modules exist in a dense layer and in a sparse layer's shared expert (llama_lora_groups).
+  const bool dense_layer = c.moe.sparse_layers(c.n_layer) < c.n_layer;
+  return attention || (mlp && (dense_layer || c.moe.has_shared_expert()));
 }
 
-std::vector<LoraGroup> llama_lora_groups(const ModelConfig& c, int tensor_size) {
+std::vector<LoraGroup> llama_lora_groups(const ModelConfig& c, int tensor_size, int layer) {
   const int64_t C = c.n_embd, hd = c.head_dim(), Q = c.n_head / tensor_size * hd;
   const int64_t KV = tensor_local_kv_heads(c, tensor_size) * hd;
-  const int64_t I = c.mlp_width() / tensor_size;
   std::vector<LoraGroup> all = {
       {LoraGroup::Input::ln1, C, Q + 2 * KV,
        {{"q_proj", "self_attn", Q, 0}, {"k_proj", "self_attn", KV, Q}, {"v_proj", "self_attn", KV, Q + KV}}},
       {LoraGroup::Input::attention, Q, C, {{"o_proj", "self_attn", C, 0}}},
-      {LoraGroup::Input::ln2, C, 2 * I, {{"gate_proj", "mlp", I, 0}, {"up_proj", "mlp", I, I}}},
-      {LoraGroup::Input::act, I, C, {{"down_proj", "mlp", C, 0}}},
   };
+  const bool sparse = c.moe.enabled() && c.moe.sparse_layer(layer);
+  if (!sparse || c.moe.has_shared_expert()) {
+    const int64_t I = (sparse ? c.moe.shared_expert_intermediate_size : c.mlp_width()) / tensor_size;
+    const std::string mlp = sparse ? "mlp.shared_expert" : "mlp";
+    all.push_back({LoraGroup::Input::ln2, C, 2 * I, {{"gate_proj", mlp, I, 0}, {"up_proj", mlp, I, I}}});
+    all.push_back({LoraGroup::Input::act, I, C, {{"down_proj", mlp, C, 0}}});
+  }
   std::vector<LoraGroup> groups;
   for (LoraGroup g : all) {
     std::vector<LoraTarget> kept;

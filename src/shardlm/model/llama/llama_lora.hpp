@@ -15,6 +15,9 @@
 //   down     down_proj                input silu(g)u [N, I] output [N, C]
 // The targeted modules' A matrices of a group are packed back to back ([n r, in], one
 // GEMM gives every target's x A^T); each B [out, r] adds into its columns of the output.
+// In a qwen2_moe sparse layer gate_up and down are its shared expert's (I its width,
+// mlp.shared_expert.*_proj, PEFT's nn.Linear modules of those names); a qwen3_moe or
+// mixtral sparse layer has no MLP group.
 //
 // Mixture-of-experts models: LoRA on the routed experts as PEFT 0.21 adapts transformers
 // 5's fused expert parameters (`target_parameters`, lora.ParamWrapper): targets
@@ -62,11 +65,15 @@ bool llama_expert_lora(const ModelConfig& config);
 // that adapts only the experts has none).
 bool llama_layer_adapters(const ModelConfig& config);
 
-// The layer's groups with their targeted modules (groups without a target omitted), as
+// Layer l's groups with their targeted modules (groups without a target omitted), as
 // one of `tensor_size` tensor ranks computes them (model/tensor_parallel/tensor_layout.hpp):
 // q|k|v and gate|up narrowed to the rank's output columns, o's and down's input to its
-// input columns.
-std::vector<LoraGroup> llama_lora_groups(const ModelConfig& config, int tensor_size = 1);
+// input columns. The MLP modules gate_proj/up_proj/down_proj are PEFT's nn.Linear
+// modules of those names: a dense layer's MLP (parent "mlp"; every layer of a dense
+// model, and a mixture of experts' mlp_only_layers and the layers decoder_sparse_step
+// skips), a sparse layer's shared expert (qwen2_moe: parent "mlp.shared_expert", width
+// shared_expert_intermediate_size); a sparse layer without one has no MLP group.
+std::vector<LoraGroup> llama_lora_groups(const ModelConfig& config, int tensor_size, int layer);
 
 // Names of a target's matrices in layer l ("model.layers.3.self_attn.q_proj.lora_A.weight").
 std::string lora_a_name(int layer, const LoraTarget& t);

@@ -82,12 +82,13 @@ struct LayerVectors {
 // Layer l's adapters for one call: per LoRA group, its packed A [n r, in] and each
 // target's B [out, r] as the GEMMs read them, and where their gradients go.
 struct GroupAdapters {
+  const LoraGroup* group = nullptr;  // of the layer's lora_groups
   ConstTypedPtr a;
   std::vector<ConstTypedPtr> b;
   float* grad_a = nullptr;
   std::vector<float*> grad_b;
 };
-using LayerAdapters = std::vector<GroupAdapters>;  // per group of lora_groups; empty: no LoRA
+using LayerAdapters = std::vector<GroupAdapters>;  // per group of the layer's; empty: no LoRA
 
 }  // namespace
 
@@ -131,9 +132,10 @@ struct LlamaModel::Impl {
   std::unique_ptr<MoeSharedExpert> shared_expert;  // qwen2_moe
   double aux_loss = 0.0;
   std::vector<double> expert_tokens;  // the last forward's assignments per expert
-  // LoRA: the groups' targets, per layer and group the A and B offsets in the adapter
-  // unit, the scale alpha / r and scratch for x A^T and its gradient ([N, 3 r] at most).
-  std::vector<LoraGroup> lora_groups;
+  // LoRA: per layer the groups' targets (a sparse layer's MLP groups are its shared
+  // expert's), per layer and group the A and B offsets in the adapter unit, the scale
+  // alpha / r and scratch for x A^T and its gradient ([N, 3 r] at most).
+  std::vector<std::vector<LoraGroup>> lora_groups;
   std::vector<std::vector<std::pair<int64_t, std::vector<int64_t>>>> adapter_offsets;
   float lora_scale = 0.0f;
   int64_t lora_width = 0;  // largest n r of a group
@@ -237,11 +239,15 @@ struct LlamaModel::Impl {
   LayerActivations& acts(int l) {
     return layers[options.activation_checkpointing ? 0 : static_cast<size_t>(l)];
   }
-  int64_t adapter_elements() const {
-    int64_t n = 0;
-    for (const auto& g : lora_groups)
-      for (const auto& tg : g.targets) n += config.lora.rank * (g.in + tg.out);
-    return n;
+  int64_t adapter_elements() const {  // of the layer with the most
+    int64_t most = 0;
+    for (const auto& groups : lora_groups) {
+      int64_t n = 0;
+      for (const auto& g : groups)
+        for (const auto& tg : g.targets) n += config.lora.rank * (g.in + tg.out);
+      most = std::max(most, n);
+    }
+    return most;
   }
   int64_t base_weight_elements() const {
     const int64_t attention = QKV * C + C * Q;
@@ -300,6 +306,8 @@ struct LlamaModel::Impl {
                      const LayerAdapters& ad, bool recompute);
   void layer_backward(int l, const LayerVectors& v, const LayerWeights& w,
                       const LayerAdapters& ad, float* g, double aux_weight);
+  // The shared expert's adapters (a sparse layer's MLP groups) as its GEMMs call them.
+  SharedExpertLora shared_expert_lora(const LayerAdapters& ad);
   // out [N, group width] += scale (x A^T) B^T over the group's targets.
   void lora_forward(size_t group, const LayerAdapters& ad, ConstTypedPtr x, float* out);
   // Adapter gradients from the group output's gradient dy (as the base GEMMs read it),
@@ -384,11 +392,14 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   vocab = VocabShard::of(V, Vp, {tensor_size, tensor_size > 1 ? options.parallel_groups.tensor->rank() : 0});
   eps = config.norm_eps;
   nf4 = config.quantize_base == BaseQuant::nf4;
-  lora_groups = config.lora.enabled() ? llama_lora_groups(config, tensor_size) : std::vector<LoraGroup>{};
+  lora_groups.assign(static_cast<size_t>(L), {});
+  if (config.lora.enabled())
+    for (int l = 0; l < L; ++l) lora_groups[static_cast<size_t>(l)] = llama_lora_groups(config, tensor_size, l);
   lora_scale = config.lora.enabled() ? config.lora.scale() : 0.0f;
   lora_width = 0;
-  for (const auto& g : lora_groups)
-    lora_width = std::max<int64_t>(lora_width, static_cast<int64_t>(g.targets.size()) * config.lora.rank);
+  for (const auto& groups : lora_groups)
+    for (const auto& g : groups)
+      lora_width = std::max<int64_t>(lora_width, static_cast<int64_t>(g.targets.size()) * config.lora.rank);
   state = MicroBatchState(num_units);
   roles = llama_unit_roles(config);
   needs = model_family(config.family).unit_needs(config);
@@ -577,7 +588,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
     if (llama_layer_adapters(config)) {
       const int adapters = llama_adapter_unit(config, l);
       std::vector<std::pair<int64_t, std::vector<int64_t>>> groups;
-      for (const auto& g : m.lora_groups) {
+      for (const auto& g : m.lora_groups[static_cast<size_t>(l)]) {
         const int64_t a = layout.offset_in_model_unit(adapters, lora_a_name(l, g.targets.front()));
         std::vector<int64_t> b;
         for (const auto& tg : g.targets) b.push_back(layout.offset_in_model_unit(adapters, lora_b_name(l, tg)));
@@ -824,10 +835,10 @@ void LlamaModel::Impl::qk_norm_backward(const LayerActivations& a, const LayerVe
   be->convert_rows(dqkv, QKV, dqk, Q + KVD, n, Q + KVD);
 }
 
-// Index of the LoRA group reading `input` in lora_groups, or -1 (no adapters there).
-static int group_index(const std::vector<LoraGroup>& groups, LoraGroup::Input input) {
-  for (size_t i = 0; i < groups.size(); ++i)
-    if (groups[i].input == input) return static_cast<int>(i);
+// Index of the layer's LoRA group reading `input`, or -1 (no adapters there).
+static int group_index(const LayerAdapters& ad, LoraGroup::Input input) {
+  for (size_t i = 0; i < ad.size(); ++i)
+    if (ad[i].group->input == input) return static_cast<int>(i);
   return -1;
 }
 
@@ -842,10 +853,12 @@ LayerAdapters LlamaModel::Impl::layer_adapters(int l, ParamPointers params,
   // The adapters' converted copies follow the layer's own weights in the weight scratch.
   int64_t at = base_weight_elements();
   const auto& offsets_l = adapter_offsets[static_cast<size_t>(l)];
-  for (size_t gi = 0; gi < lora_groups.size(); ++gi) {
-    const LoraGroup& group = lora_groups[gi];
+  const std::vector<LoraGroup>& groups = lora_groups[static_cast<size_t>(l)];
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const LoraGroup& group = groups[gi];
     const auto& [a_off, b_offs] = offsets_l[gi];
     GroupAdapters ga;
+    ga.group = &group;
     const int64_t a_count = static_cast<int64_t>(group.targets.size()) * r * group.in;
     ga.a = rounding->gemm_weight(p.at(a_off), at, a_count);
     at += a_count;
@@ -863,8 +876,8 @@ LayerAdapters LlamaModel::Impl::layer_adapters(int l, ParamPointers params,
 
 void LlamaModel::Impl::lora_forward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
                                     float* out) {
-  const LoraGroup& g = lora_groups[gi];
   const GroupAdapters& w = ad[gi];
+  const LoraGroup& g = *w.group;
   const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
   const int width = static_cast<int>(g.targets.size()) * r;
   gemm_forward(rows, width, in, 1.0f, x, in, w.a, 0.0f, lora_u, width);  // u = x A^T
@@ -884,8 +897,8 @@ void LlamaModel::Impl::lora_forward(size_t gi, const LayerAdapters& ad, ConstTyp
 // over the group after the layer's GEMMs) and dA after the sum.
 void LlamaModel::Impl::lora_b_backward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
                                        ConstTypedPtr dy) {
-  const LoraGroup& g = lora_groups[gi];
   const GroupAdapters& w = ad[gi];
+  const LoraGroup& g = *w.group;
   const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
   const int width = static_cast<int>(g.targets.size()) * r, out_w = static_cast<int>(g.out_width);
   const bool row_parallel = g.input == LoraGroup::Input::attention || g.input == LoraGroup::Input::act;
@@ -901,8 +914,8 @@ void LlamaModel::Impl::lora_b_backward(size_t gi, const LayerAdapters& ad, Const
 
 void LlamaModel::Impl::lora_input_backward(size_t gi, const LayerAdapters& ad, ConstTypedPtr x,
                                            ConstTypedPtr dy, float* dx) {
-  const LoraGroup& g = lora_groups[gi];
   const GroupAdapters& w = ad[gi];
+  const LoraGroup& g = *w.group;
   const int rows = static_cast<int>(N()), r = config.lora.rank, in = static_cast<int>(g.in);
   const int width = static_cast<int>(g.targets.size()) * r, out_w = static_cast<int>(g.out_width);
   const bool row_parallel = g.input == LoraGroup::Input::attention || g.input == LoraGroup::Input::act;
@@ -924,6 +937,26 @@ void LlamaModel::Impl::lora_input_backward(size_t gi, const LayerAdapters& ad, C
   be->gemm(true, false, width, in, rows, 1.0f, du, width, x, in, 1.0f, w.grad_a, in);
 }
 
+SharedExpertLora LlamaModel::Impl::shared_expert_lora(const LayerAdapters& ad) {
+  SharedExpertLora lora;
+  const int gu = group_index(ad, LoraGroup::Input::ln2), down = group_index(ad, LoraGroup::Input::act);
+  if (gu >= 0) {
+    const auto g = static_cast<size_t>(gu);
+    lora.gate_up_forward = [this, &ad, g](ConstTypedPtr x, float* y) { lora_forward(g, ad, x, y); };
+    lora.gate_up_backward = [this, &ad, g](ConstTypedPtr x, ConstTypedPtr dy, float* dx) {
+      lora_backward(g, ad, x, dy, dx);
+    };
+  }
+  if (down >= 0) {
+    const auto g = static_cast<size_t>(down);
+    lora.down_forward = [this, &ad, g](ConstTypedPtr x, float* y) { lora_forward(g, ad, x, y); };
+    lora.down_backward = [this, &ad, g](ConstTypedPtr x, ConstTypedPtr dy, float* dx) {
+      lora_backward(g, ad, x, dy, dx);
+    };
+  }
+  return lora;
+}
+
 void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWeights& w,
                                      const LayerAdapters& ad, bool recompute) {
   LayerActivations& a = acts(l);
@@ -931,10 +964,10 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   const int64_t n = N();
   const int rows = static_cast<int>(n);
   // LoRA groups by the activation they read (-1: none).
-  const int lora_qkv = group_index(lora_groups, LoraGroup::Input::ln1);
-  const int lora_o = group_index(lora_groups, LoraGroup::Input::attention);
-  const int lora_gu = group_index(lora_groups, LoraGroup::Input::ln2);
-  const int lora_down = group_index(lora_groups, LoraGroup::Input::act);
+  const int lora_qkv = group_index(ad, LoraGroup::Input::ln1);
+  const int lora_o = group_index(ad, LoraGroup::Input::attention);
+  const int lora_gu = group_index(ad, LoraGroup::Input::ln2);
+  const int lora_down = group_index(ad, LoraGroup::Input::act);
   be->rmsnorm_forward(block_of(a.ln1), C, a.rstd1, x, C, v.ln1, {NL(), 1, static_cast<int>(C)}, eps);
   gather(a.ln1, "tensor.sequence_ln1");
   // q|k|v in one GEMM over the packed [QKV, C] projection (HF's [out, in] weights).
@@ -966,8 +999,10 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   if (sparse(l)) {
     // Recomputation (activation checkpointing) needs r and h2 again, and the shared
     // expert's activations; the routing is kept.
+    const SharedExpertLora shared_lora = shared_expert_lora(ad);
     if (recompute) {
-      if (shared_expert) shared_expert->forward(l, *be, options.row_by_row_gemm, a.ln2, w.shared, n, nullptr);
+      if (shared_expert)
+        shared_expert->forward(l, *be, options.row_by_row_gemm, a.ln2, w.shared, n, nullptr, shared_lora);
       return;
     }
     // The router; the experts' units add their outputs to y = r (+ the shared expert's).
@@ -978,7 +1013,7 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
     if (options.activation_checkpointing) moe->keep_h2(l, *be, a.ln2);
     float* y = residual[static_cast<size_t>(l) + 1];
     be->convert_rows(y, C, a.res2, C, n, C);
-    if (shared_expert) shared_expert->forward(l, *be, options.row_by_row_gemm, a.ln2, w.shared, n, y);
+    if (shared_expert) shared_expert->forward(l, *be, options.row_by_row_gemm, a.ln2, w.shared, n, y, shared_lora);
     return;
   }
   float* gu_f = compute == DType::fp32 ? a.gate_up.f32() : dbig;
@@ -1027,13 +1062,13 @@ void LlamaModel::Impl::mlp_backward(int l, const LayerVectors& v, const LayerWei
     be->gemm(false, false, rows, c, e, 1.0f, dz, e, w.router, c, 1.0f, dln2, c);
     if (shared_expert)
       shared_expert->backward(l, *be, *rounding, a.ln2, w.shared, dres, grad(o.shared_gu),
-                              grad(o.shared_down), grad(o.shared_gate), dln2);
+                              grad(o.shared_down), grad(o.shared_gate), dln2, shared_expert_lora(ad));
     be->rmsnorm_backward(dres, C, grad(o.ln2), dln2, C, a.res2, C, v.ln2, a.rstd2, {n, 1, c},
                           /*accumulate_dx=*/true);
     return;
   }
-  const int lora_gu = group_index(lora_groups, LoraGroup::Input::ln2);
-  const int lora_down = group_index(lora_groups, LoraGroup::Input::act);
+  const int lora_gu = group_index(ad, LoraGroup::Input::ln2);
+  const int lora_down = group_index(ad, LoraGroup::Input::act);
   // MLP: y = r + (silu(g) * u) Wdown^T
   ConstTypedPtr dy = rounding->for_gemm(whole_dres(), dres_c, n * C);
   if (trains) be->gemm(true, false, c, i1, rows, 1.0f, dy, c, a.act, i1, 1.0f, g + o.down_w, i1);
@@ -1063,8 +1098,8 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   const int c = static_cast<int>(C), q = static_cast<int>(Q), qkv = static_cast<int>(QKV);
   const bool trains = g != nullptr;
   auto grad = [&](int64_t offset) { return trains && offset >= 0 ? g + offset : nullptr; };
-  const int lora_qkv = group_index(lora_groups, LoraGroup::Input::ln1);
-  const int lora_o = group_index(lora_groups, LoraGroup::Input::attention);
+  const int lora_qkv = group_index(ad, LoraGroup::Input::ln1);
+  const int lora_o = group_index(ad, LoraGroup::Input::attention);
   mlp_backward(l, v, w, ad, g, aux_weight);
 
   // Attention: r = x + attention(...) Wo^T (+ b_o)

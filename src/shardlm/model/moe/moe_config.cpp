@@ -31,16 +31,17 @@ void validate_moe(const ModelConfig& c, const std::string& family) {
     SHARDLM_CHECK(!m.has_shared_expert(), "{}: a shared expert (shared_expert_intermediate_size "
                   "{}) is qwen2_moe's; {} has none", family, m.shared_expert_intermediate_size, family);
   // The routed experts take PEFT's target_parameters names (model/llama/llama_lora.hpp).
-  // The dense MLP's and the shared expert's gate_proj/up_proj/down_proj are not adapted
-  // yet; PEFT 0.21 maps those names to the fused experts of qwen3_moe and mixtral anyway.
+  // gate_proj/up_proj/down_proj are qwen2_moe's nn.Linear modules of those names for
+  // PEFT 0.21 (the dense layers' MLP and the sparse layers' shared expert), as shardlm
+  // reads them; of qwen3_moe and mixtral PEFT converts them to the fused experts (gate
+  // and up at rank 2 r, its transformers v4 layout), which shardlm does not.
+  // (Names that are no target at all: the family's check, llama_family.cpp.)
   for (const auto& target : c.lora.targets)
-    SHARDLM_CHECK(target == "q_proj" || target == "k_proj" || target == "v_proj" ||
-                      target == "o_proj" || target == "experts.gate_up_proj" ||
-                      target == "experts.down_proj",
-                  "--lora-targets: '{}' in a {} model: LoRA on the dense MLP and shared-expert "
-                  "projections of mixture-of-experts models is not supported yet (expected some "
-                  "of q_proj, k_proj, v_proj, o_proj, experts.gate_up_proj, experts.down_proj)",
-                  target, family);
+    SHARDLM_CHECK(family == "qwen2_moe" ||
+                      (target != "gate_proj" && target != "up_proj" && target != "down_proj"),
+                  "--lora-targets: '{}' in a {} model: its MLP projections are only inside the "
+                  "fused experts (PEFT 0.21 converts v4 names to them at rank 2 r, which shardlm "
+                  "does not); target experts.gate_up_proj and experts.down_proj", target, family);
 }
 
 nlohmann::json moe_to_json(const MoeConfig& m) {

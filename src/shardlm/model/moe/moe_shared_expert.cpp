@@ -44,14 +44,17 @@ MoeSharedExpert::Activations& MoeSharedExpert::acts(int l) {
 }
 
 void MoeSharedExpert::forward(int l, Backend& be, bool row_by_row, ConstTypedPtr h2,
-                              const SharedExpertWeights& w, int64_t n, float* y) {
+                              const SharedExpertWeights& w, int64_t n, float* y,
+                              const SharedExpertLora& lora) {
   Activations& a = acts(l);
   n_ = n;
   const int rows = static_cast<int>(n), c = static_cast<int>(C_), is = static_cast<int>(Is_);
   float* gu_f = compute_ == DType::fp32 ? a.gate_up.f32() : gu_f_;
   forward_gemm(be, row_by_row, true, rows, 2 * is, c, 1.0f, h2, c, w.gate_up, c, 0.0f, gu_f, 2 * is);
+  if (lora.gate_up_forward) lora.gate_up_forward(h2, gu_f);
   be.swiglu_forward(a.act, a.gate_up, gu_f, n, is);
   forward_gemm(be, row_by_row, true, rows, c, is, 1.0f, a.act, is, w.down, is, 0.0f, a.out, c);
+  if (lora.down_forward) lora.down_forward(a.act, a.out);
   forward_gemm(be, row_by_row, true, rows, 1, c, 1.0f, h2, c, w.gate, c, 0.0f, a.sig, 1);
   if (meta_) return;
   for (int64_t t = 0; t < n; ++t) a.sig[t] = 1.0f / (1.0f + std::exp(-a.sig[t]));
@@ -66,7 +69,8 @@ void MoeSharedExpert::forward(int l, Backend& be, bool row_by_row, ConstTypedPtr
 
 void MoeSharedExpert::backward(int l, Backend& be, const ParamRounding& rounding, ConstTypedPtr h2,
                                const SharedExpertWeights& w, const float* dy, float* grad_gate_up,
-                               float* grad_down, float* grad_gate, float* dh2) {
+                               float* grad_down, float* grad_gate, float* dh2,
+                               const SharedExpertLora& lora) {
   const Activations& a = acts(l);
   const int64_t n = n_;
   const int rows = static_cast<int>(n), c = static_cast<int>(C_), is = static_cast<int>(Is_);
@@ -90,11 +94,13 @@ void MoeSharedExpert::backward(int l, Backend& be, const ParamRounding& rounding
   const ConstTypedPtr ds = rounding.for_gemm(ds_, ds_c_, n * C_);
   if (grad_down != nullptr) be.gemm(true, false, c, is, rows, 1.0f, ds, c, a.act, is, 1.0f, grad_down, is);
   be.gemm(false, false, rows, is, c, 1.0f, ds, c, w.down, is, 0.0f, dact_, is);
+  if (lora.down_backward) lora.down_backward(a.act, ds, dact_);
   be.swiglu_backward(dgu_, dact_, a.gate_up, n, is);
   const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, n * 2 * Is_);
   if (grad_gate_up != nullptr)
     be.gemm(true, false, 2 * is, c, rows, 1.0f, dgu, 2 * is, h2, c, 1.0f, grad_gate_up, c);
   be.gemm(false, false, rows, c, 2 * is, 1.0f, dgu, 2 * is, w.gate_up, c, 1.0f, dh2, c);
+  if (lora.gate_up_backward) lora.gate_up_backward(h2, dgu, dh2);
 }
 
 }  // namespace shardlm

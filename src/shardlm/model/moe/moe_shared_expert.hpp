@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "shardlm/backend/backend.hpp"
@@ -21,6 +22,17 @@
 #include "shardlm/model/model_support.hpp"
 
 namespace shardlm {
+
+// LoRA on the shared expert's gate_proj|up_proj and down_proj (PEFT's nn.Linear modules
+// mlp.shared_expert.*: the model's adapter GEMMs, model/llama/llama_lora.hpp); an empty
+// function: that projection has no adapter.
+struct SharedExpertLora {
+  // y (the projection's fp32 output [n, out]) += s (x A^T) B^T.
+  std::function<void(ConstTypedPtr x, float* y)> gate_up_forward, down_forward;
+  // The adapters' gradients from dy (the projection's output gradient as its GEMMs read
+  // it), and dx [n, in] += s (dy B) A.
+  std::function<void(ConstTypedPtr x, ConstTypedPtr dy, float* dx)> gate_up_backward, down_backward;
+};
 
 struct SharedExpertWeights {
   ConstTypedPtr gate_up;  // [2 Is, C]: gate_proj rows, then up_proj rows
@@ -38,11 +50,11 @@ class MoeSharedExpert {
 
   // Layer l's activations from h2 [n, C]; y [n, C] += sigmoid(z) s (null: keep them only).
   void forward(int layer, Backend& be, bool row_by_row, ConstTypedPtr h2,
-               const SharedExpertWeights& w, int64_t n, float* y);
+               const SharedExpertWeights& w, int64_t n, float* y, const SharedExpertLora& lora = {});
   // From dy [n, C]: weight gradients (+=, null: frozen) and dh2 [n, C] += its share.
   void backward(int layer, Backend& be, const ParamRounding& rounding, ConstTypedPtr h2,
                 const SharedExpertWeights& w, const float* dy, float* grad_gate_up,
-                float* grad_down, float* grad_gate, float* dh2);
+                float* grad_down, float* grad_gate, float* dh2, const SharedExpertLora& lora = {});
 
  private:
   struct Activations {
