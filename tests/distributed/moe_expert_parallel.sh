@@ -17,6 +17,8 @@
 #   ddp = zero3);
 # - LoRA on the attention and the experts (each expert's adapters held with it) at
 #   E = 2 against E = 1: ddp = zero3 bitwise, losses to 1e-6, adapters to 1e-4 (below);
+#   its E = 2 checkpoint loads bitwise at E = 1 and E = 4, which continue to one digest;
+#   QLoRA (NF4 experts) at E = 2 against E = 1 as LoRA;
 # - --mesh expert=2 is --expert-parallel 2;
 # - bad input is one line before anything is written: E not dividing the world,
 #   experts not divisible by E, a dense model, E with hybrid.
@@ -99,6 +101,63 @@ PY
 "$SHARDLM" inspect "$WORK/lora_e2_ddp" --compare "$WORK/lora_e1_ddp" --tolerance 1e-4 --quiet \
   > "$WORK/lora_compare.log" 2>&1 || { cat "$WORK/lora_compare.log"; fail "LoRA E=2 weights differ from E=1's"; }
 echo "LoRA (attention + experts) E=2 vs E=1: ddp = zero3 bitwise at each E, losses within 1e-6, weights within 1e-4: $(tail -1 "$WORK/lora_compare.log")"
+# The LoRA checkpoint written at E = 2 (each expert's adapters with their expert) loads
+# bitwise at E = 1 and E = 4 and both continue one more step to the same digest (E = 4
+# sums each expert's sources in E = 1's rank order, as for the full model below).
+want="$("$SHARDLM" inspect "$WORK/lora_e2_zero3" --quiet)"
+for E in 1 4; do
+  out="$WORK/lora_resume_e$E"
+  cp -r "$WORK/lora_e2_zero3" "$out"
+  SHARDLM_FAULT="save_after_load=${out}_loaded" run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 5 \
+    --resume --strategy ddp --expert-parallel "$E" --lora-rank 4 \
+    --lora-targets q_proj,experts.gate_up_proj,experts.down_proj --out "$out" > "$out.log" 2>&1 \
+    || { cat "$out.log"; fail "LoRA resume at E=$E failed"; }
+  [ "$("$SHARDLM" inspect "${out}_loaded" --quiet)" = "$want" ] \
+    || fail "the LoRA E=2 checkpoint loaded at E=$E is not bitwise the saved state"
+done
+[ "$(digest_of "$WORK/lora_resume_e4")" = "$(digest_of "$WORK/lora_resume_e1")" ] \
+  || fail "the E=4 and E=1 continuations of the LoRA E=2 checkpoint differ"
+echo "LoRA E=2 checkpoint loaded bitwise at E=1 and E=4, one more step: the same digest"
+# QLoRA of the experts (NF4 base, the experts' words held with them) at E = 2 against
+# E = 1, as LoRA above: losses within 1e-6, adapters within 1e-4.
+for E in 1 2; do
+  out="$WORK/qlora_e$E"
+  run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --expert-parallel "$E" \
+    --lora-rank 4 --lora-targets q_proj,experts.gate_up_proj,experts.down_proj --quantize-base nf4 \
+    --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "QLoRA E=$E failed"; }
+done
+python3 - "$WORK"/qlora_e{1,2}/metrics.jsonl <<'PY' || fail "QLoRA losses at E=2 differ from E=1"
+import json, sys
+runs = [[json.loads(l) for l in open(p) if '"step"' in l] for p in sys.argv[1:]]
+assert len(runs[0]) == len(runs[1]) == 4
+for a, b in zip(*runs):
+    assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), (a["step"], a["loss"], b["loss"])
+assert runs[0][0]["loss"] == runs[1][0]["loss"], "step 1 runs before any update: bitwise"
+PY
+# (inspect --compare reads every tensor as fp32 and stops at the NF4 words: the adapters
+# are compared from the PEFT export, which holds exactly them.)
+for E in 1 2; do "$SHARDLM" export --checkpoint "$WORK/qlora_e$E" --out "$WORK/qlora_e${E}_adapter" > /dev/null; done
+python3 - "$WORK"/qlora_e{1,2}_adapter/adapter_model.safetensors > "$WORK/qlora_compare.log" <<'PY' \
+  || { cat "$WORK/qlora_compare.log"; fail "QLoRA E=2 adapters differ from E=1's"; }
+import array, json, struct, sys
+def tensors(path):  # safetensors, F32 only (the export's default dtype)
+    data = open(path, "rb").read()
+    n = struct.unpack_from("<Q", data)[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__": continue
+        assert t["dtype"] == "F32", t["dtype"]
+        begin, end = t["data_offsets"]
+        out[name] = array.array("f", data[8 + n + begin:8 + n + end])
+    return out
+e1, e2 = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert e1.keys() == e2.keys() and e1, (sorted(e1)[:3], sorted(e2)[:3])
+worst = max(max(abs(a - b) for a, b in zip(e1[k], e2[k])) / max(max(abs(b) for b in e1[k]), 1e-30) for k in e1)
+assert worst <= 1e-4, worst
+print(f"{len(e1)} adapter tensors, worst within {worst:.2e} of each tensor's largest")
+PY
+echo "QLoRA (NF4 experts) E=2 vs E=1 (zero3): losses within 1e-6, adapters: $(tail -1 "$WORK/qlora_compare.log")"
 # plan's traced step runs the exchange on the meta device: its memory per category is
 # the measured peak, except the activations, where plan sizes the experts' receive
 # buffers for balanced routing and the run for the worst routing (E x min(top_k,
