@@ -168,6 +168,25 @@ def min_topk_gap(router_logits, k):
     return gap
 
 
+def untied_batch(name, spec, seed, gen_seed, make):
+    """The first of 50 attempts (model seed + 100 attempt, batch generator gen_seed +
+    attempt) whose routing has no near-tie in the top-k (gap > 1e-4): make(model_seed,
+    gen) gives (model, extra); returns model, extra, tokens, targets."""
+    coef = spec["hf"]["router_aux_loss_coef"]
+    for attempt in range(50):
+        gen = torch.Generator().manual_seed(gen_seed + attempt)
+        model, extra = make(seed + 100 * attempt, gen)
+        tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
+        targets = torch.randint(0, VOCAB, (B, T), generator=gen)
+        for b, t in IGNORED:
+            targets[b, t] = -1
+        with torch.no_grad():
+            _, _, _, _, router_logits = step_loss(model, tokens, targets, coef)
+        if min_topk_gap(router_logits, spec["top_k"]) > 1e-4:
+            return model, extra, tokens, targets
+    raise SystemExit(f"{name}: no batch without a near-tie in the routing")
+
+
 def build(spec, seed):
     config_cls, model_cls = spec["cls"]
     config = config_cls(vocab_size=VOCAB, **spec["hf"])
@@ -184,19 +203,8 @@ def main():
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
     for seed, (family, spec) in enumerate(FAMILIES.items(), start=41):
         coef = spec["hf"]["router_aux_loss_coef"]
-        for attempt in range(50):
-            model, config = build(spec, seed + 100 * attempt)
-            gen = torch.Generator().manual_seed(200 + seed + attempt)
-            tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
-            targets = torch.randint(0, VOCAB, (B, T), generator=gen)
-            for b, t in IGNORED:
-                targets[b, t] = -1
-            with torch.no_grad():
-                _, _, _, _, router_logits = step_loss(model, tokens, targets, coef)
-            if min_topk_gap(router_logits, spec["top_k"]) > 1e-4:
-                break
-        else:
-            raise SystemExit(f"{family}: no batch without a near-tie in the routing")
+        model, config, tokens, targets = untied_batch(
+            family, spec, seed, 200 + seed, lambda model_seed, gen: build(spec, model_seed))
 
         params = dict(model.named_parameters())
         names = list(params.keys())

@@ -35,9 +35,9 @@ import torch
 import transformers
 
 from make_gpt2_fixture import write_safetensors
-from make_llama_fixture import ADAMW, B, IGNORED, T, VOCAB
-from make_moe_fixture import (FAMILIES, build, min_topk_gap, per_expert, shardlm_config,
-                              step_loss, with_shared_expert)
+from make_llama_fixture import ADAMW, B, T
+from make_moe_fixture import (FAMILIES, build, per_expert, shardlm_config, step_loss,
+                              untied_batch, with_shared_expert)
 
 RANK, ALPHA = 4, 8.0
 TARGETS = {
@@ -99,19 +99,9 @@ def adapter_views(lora, spec):
 
 def write_fixture(out_dir, name, family, spec, seed, targets):
     coef = spec["hf"]["router_aux_loss_coef"]
-    for attempt in range(50):
-        gen = torch.Generator().manual_seed(300 + seed + attempt)
-        lora, config, base = lora_model(spec, targets, seed + 100 * attempt, gen)
-        tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
-        labels = torch.randint(0, VOCAB, (B, T), generator=gen)
-        for b, t in IGNORED:
-            labels[b, t] = -1
-        with torch.no_grad():
-            _, _, _, _, router_logits = step_loss(lora, tokens, labels, coef)
-        if min_topk_gap(router_logits, spec["top_k"]) > 1e-4:
-            break
-    else:
-        raise SystemExit(f"{name}: no batch without a near-tie in the routing")
+    lora, base, tokens, labels = untied_batch(
+        name, spec, seed, 300 + seed,
+        lambda model_seed, gen: (lambda m, _, b: (m, b))(*lora_model(spec, targets, model_seed, gen)))
     views = adapter_views(lora, spec)
     params = [p for p in lora.parameters() if p.requires_grad]
     assert len({id(p) for p, _ in views.values()}) == len(params)

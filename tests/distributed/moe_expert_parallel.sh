@@ -36,6 +36,18 @@ expect_ranks_error() {
   echo "$out" | grep -qF -- "error: " || fail "no error line for: $*; got: $out"
   echo "$out" | grep "error: " | grep -qF -- "$needle" || fail "expected 'error: ...$needle' for: $*; got: $out"
 }
+# resume_loads_bitwise CHECKPOINT OUT E STRATEGY [train flags]: a copy of CHECKPOINT at
+# OUT resumed at --expert-parallel E for one more step; the state it loaded (written to
+# OUT_loaded by SHARDLM_FAULT save_after_load) must be bitwise CHECKPOINT's.
+resume_loads_bitwise() {
+  local from="$1" out="$2" e="$3" strategy="$4"; shift 4
+  cp -r "$from" "$out"
+  SHARDLM_FAULT="save_after_load=${out}_loaded" run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 5 \
+    --resume --strategy "$strategy" --expert-parallel "$e" "$@" --out "$out" > "$out.log" 2>&1 \
+    || { cat "$out.log"; fail "resume of $from at E=$e $strategy failed"; }
+  [ "$("$SHARDLM" inspect "${out}_loaded" --quiet)" = "$("$SHARDLM" inspect "$from" --quiet)" ] \
+    || fail "$from loaded at E=$e ($strategy) is not bitwise the saved state"
+}
 for E in 1 2 4; do
   reference=""
   for strategy in ddp zero3; do
@@ -104,16 +116,9 @@ echo "LoRA (attention + experts) E=2 vs E=1: ddp = zero3 bitwise at each E, loss
 # The LoRA checkpoint written at E = 2 (each expert's adapters with their expert) loads
 # bitwise at E = 1 and E = 4 and both continue one more step to the same digest (E = 4
 # sums each expert's sources in E = 1's rank order, as for the full model below).
-want="$("$SHARDLM" inspect "$WORK/lora_e2_zero3" --quiet)"
 for E in 1 4; do
-  out="$WORK/lora_resume_e$E"
-  cp -r "$WORK/lora_e2_zero3" "$out"
-  SHARDLM_FAULT="save_after_load=${out}_loaded" run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 5 \
-    --resume --strategy ddp --expert-parallel "$E" --lora-rank 4 \
-    --lora-targets q_proj,experts.gate_up_proj,experts.down_proj --out "$out" > "$out.log" 2>&1 \
-    || { cat "$out.log"; fail "LoRA resume at E=$E failed"; }
-  [ "$("$SHARDLM" inspect "${out}_loaded" --quiet)" = "$want" ] \
-    || fail "the LoRA E=2 checkpoint loaded at E=$E is not bitwise the saved state"
+  resume_loads_bitwise "$WORK/lora_e2_zero3" "$WORK/lora_resume_e$E" "$E" ddp --lora-rank 4 \
+    --lora-targets q_proj,experts.gate_up_proj,experts.down_proj
 done
 [ "$(digest_of "$WORK/lora_resume_e4")" = "$(digest_of "$WORK/lora_resume_e1")" ] \
   || fail "the E=4 and E=1 continuations of the LoRA E=2 checkpoint differ"
@@ -180,16 +185,9 @@ run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --mesh shard=2
 [ "$(digest_of "$WORK/mesh")" = "$(digest_of "$WORK/e2_zero3")" ] || fail "--mesh expert=2 differs from --expert-parallel 2"
 echo "--mesh shard=2,expert=2 = --expert-parallel 2 bitwise"
 # A checkpoint written at E = 2 loads bitwise at E = 1 and E = 4 and continues.
-want="$("$SHARDLM" inspect "$WORK/e2_zero3" --quiet)"
 for to in "1 ddp" "4 ddp" "4 zero3"; do
   set -- $to
-  out="$WORK/resume_e$1_$2"
-  cp -r "$WORK/e2_zero3" "$out"
-  SHARDLM_FAULT="save_after_load=${out}_loaded" run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 5 \
-    --resume --strategy "$2" --expert-parallel "$1" --out "$out" > "$out.log" 2>&1 \
-    || { cat "$out.log"; fail "resume at E=$1 $2 failed"; }
-  [ "$("$SHARDLM" inspect "${out}_loaded" --quiet)" = "$want" ] \
-    || fail "the E=2 checkpoint loaded at E=$1 ($2) is not bitwise the saved state"
+  resume_loads_bitwise "$WORK/e2_zero3" "$WORK/resume_e$1_$2" "$1" "$2"
 done
 [ "$(digest_of "$WORK/resume_e4_ddp")" = "$(digest_of "$WORK/resume_e4_zero3")" ] \
   || fail "E=4 continuations differ between ddp and zero3"

@@ -44,6 +44,13 @@ bool is_adapter(const std::string& name) {
 
 class MoeLora : public ::testing::TestWithParam<std::string> {};
 
+// An empty directory of this process under the system's temporary directory.
+fs::path fresh_work_dir(const std::string& name) {
+  const fs::path work = fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+  fs::remove_all(work);
+  return work;
+}
+
 // The fixture's base and adapters as a committed checkpoint under `work`/run; a train
 // record without options, as a tool writes one (export names no source directory).
 std::string save_fixture_checkpoint(const Reference& ref, const fs::path& work) {
@@ -159,8 +166,7 @@ TEST_P(MoeLora, ThreeAdamWStepsOnTheAdaptersMatchPeft) {
 
 TEST_P(MoeLora, PeftExportIsPeftsOwnFusedTensors) {
   const Reference ref = load_reference("lora_" + GetParam());
-  const fs::path work = fs::temp_directory_path() / ("shardlm-moe-lora-" + GetParam() + "-" + std::to_string(::getpid()));
-  fs::remove_all(work);
+  const fs::path work = fresh_work_dir("shardlm-moe-lora-" + GetParam());
   const std::string ckpt = save_fixture_checkpoint(ref, work);
   export_hugging_face(CheckpointReader(ckpt), fp32_export(work / "adapter", LoraExport::automatic));
   const st::File exported = st::read_file((work / "adapter" / "adapter_model.safetensors").string());
@@ -214,8 +220,7 @@ std::vector<MergeTarget> merge_targets(const ModelConfig& c, const std::string& 
 // logits of PEFT's unmerged model with its adapters (float64, the fixture's).
 TEST_P(MoeLora, MergedExportIsTheBasePlusScaledBAAndGivesPeftsLogits) {
   const Reference ref = load_reference("lora_" + GetParam());
-  const fs::path work = fs::temp_directory_path() / ("shardlm-moe-merge-" + GetParam() + "-" + std::to_string(::getpid()));
-  fs::remove_all(work);
+  const fs::path work = fresh_work_dir("shardlm-moe-merge-" + GetParam());
   const std::string ckpt = save_fixture_checkpoint(ref, work);
   export_hugging_face(CheckpointReader(ckpt), fp32_export(work / "merged", LoraExport::merge));
   const st::File merged = st::read_file((work / "merged" / "model.safetensors").string());
