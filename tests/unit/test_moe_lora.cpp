@@ -51,16 +51,50 @@ fs::path fresh_work_dir(const std::string& name) {
   return work;
 }
 
-// The fixture's base and adapters as a committed checkpoint under `work`/run; a train
-// record without options, as a tool writes one (export names no source directory).
-std::string save_fixture_checkpoint(const Reference& ref, const fs::path& work) {
-  const ParamLayout layout = ParamLayout::build(ref.config, 1);
+// The fixture's config, its base stored NF4 (QLoRA) when nf4.
+ModelConfig fixture_config(const Reference& ref, bool nf4) {
+  ModelConfig c = ref.config;
+  if (nf4) c.quantize_base = BaseQuant::nf4;
+  c.validate();
+  return c;
+}
+
+// The fixture's base and adapters as a committed checkpoint under `work`/run (nf4: each
+// quantized weight's NF4 words of the fixture's values); a train record without options,
+// as a tool writes one (export names no source directory).
+std::string save_fixture_checkpoint(const Reference& ref, const fs::path& work, bool nf4 = false) {
+  const ModelConfig config = fixture_config(ref, nf4);
+  const ParamLayout layout = ParamLayout::build(config, 1);
   SingleProcessCommunicator comm;
-  auto model = make_model(ref, layout, ref.B);
+  auto model = model_family(config.family).make_model(config, layout, ref.B, ref.T, {}, MemoryTracker::global());
   FlatUnitStrategy strategy(layout, model->unit_needs(), comm, StrategyOptions{});
-  load_fixture_weights(layout, strategy, ref.file);
-  CheckpointInfo info{0, 0, ref.config, "byte", "ddp", 1, nlohmann::json::object()};
+  if (!nf4) load_fixture_weights(layout, strategy, ref.file);
+  for (const auto* p : nf4 ? layout.all_params() : std::vector<const ParamInfo*>{}) {
+    const auto [unit, info] = layout.find(p->name);
+    const std::vector<float> values = ref.file.at(p->name).to_f32();
+    float* master = strategy.owned(unit).master + info->offset;
+    if (info->quantized()) {
+      cpu::nf4_quantize(values.data(), info->logical_numel(), master);
+    } else {
+      const std::vector<float> rows = padded(*info, values);
+      std::copy(rows.begin(), rows.end(), master);
+    }
+  }
+  if (nf4) strategy.after_load();
+  CheckpointInfo info{0, 0, config, "byte", "ddp", 1, nlohmann::json::object()};
   return save_checkpoint((work / "run").string(), layout, strategy, info, 0, comm);
+}
+
+// The base weight `name` as a run computes with it: the fixture's values, or (nf4) their
+// NF4 words dequantized where the layout quantizes them.
+std::vector<float> base_values(const Reference& ref, const ParamLayout& layout, const std::string& name) {
+  std::vector<float> values = ref.file.at(name).to_f32();
+  const ParamInfo& info = *layout.find(name).second;
+  if (!info.quantized()) return values;
+  std::vector<float> words(static_cast<size_t>(info.numel));
+  cpu::nf4_quantize(values.data(), info.logical_numel(), words.data());
+  cpu::nf4_dequantize(words.data(), info.logical_numel(), TypedPtr(values.data(), DType::fp32));
+  return values;
 }
 
 HfExportOptions fp32_export(const fs::path& out, LoraExport lora) {
@@ -214,14 +248,12 @@ std::vector<MergeTarget> merge_targets(const ModelConfig& c, const std::string& 
           {expert + (mixtral ? "w3" : "up_proj") + ".weight", I}};
 }
 
-// export --merge-lora of expert adapters: every adapted weight is the base plus
-// (alpha / r) B A (a naive float64 loop here), every other base tensor is the
-// fixture's bitwise, no adapter is left; and the merged model without LoRA gives the
-// logits of PEFT's unmerged model with its adapters (float64, the fixture's).
-TEST_P(MoeLora, MergedExportIsTheBasePlusScaledBAAndGivesPeftsLogits) {
-  const Reference ref = load_reference("lora_" + GetParam());
-  const fs::path work = fresh_work_dir("shardlm-moe-merge-" + GetParam());
-  const std::string ckpt = save_fixture_checkpoint(ref, work);
+// export --merge-lora of expert adapters: every adapted weight is the base (nf4: its NF4
+// words dequantized) plus (alpha / r) B A (a naive float64 loop here), every other base
+// tensor is the base's bitwise, no adapter is left; returns the merged export.
+st::File expect_merged_export(const std::string& fixture, const Reference& ref, const fs::path& work, bool nf4) {
+  const std::string ckpt = save_fixture_checkpoint(ref, work, nf4);
+  const ParamLayout layout = ParamLayout::build(fixture_config(ref, nf4), 1);
   export_hugging_face(CheckpointReader(ckpt), fp32_export(work / "merged", LoraExport::merge));
   const st::File merged = st::read_file((work / "merged" / "model.safetensors").string());
   const double scale = ref.config.lora.alpha / ref.config.lora.rank;
@@ -233,10 +265,10 @@ TEST_P(MoeLora, MergedExportIsTheBasePlusScaledBAAndGivesPeftsLogits) {
     const std::vector<float> b = ref.file.at(name.substr(0, name.size() - 14) + ".lora_B.weight").to_f32();
     const int64_t r = t.shape[0], in = t.shape[1];
     for (const MergeTarget& target : merge_targets(ref.config, name)) {
-      ASSERT_TRUE(ref.file.tensors.count(target.weight)) << target.weight << " (from " << name << ")";
-      const std::vector<float> w = ref.file.at(target.weight).to_f32();
+      EXPECT_TRUE(ref.file.tensors.count(target.weight)) << target.weight << " (from " << name << ")";
+      const std::vector<float> w = base_values(ref, layout, target.weight);
       const int64_t rows = ref.file.at(target.weight).shape[0];
-      ASSERT_EQ(ref.file.at(target.weight).shape[1], in) << target.weight;
+      EXPECT_EQ(ref.file.at(target.weight).shape[1], in) << target.weight;
       std::vector<double>& sum = want[target.weight];
       sum.assign(w.begin(), w.end());
       for (int64_t o = 0; o < rows; ++o)
@@ -248,35 +280,60 @@ TEST_P(MoeLora, MergedExportIsTheBasePlusScaledBAAndGivesPeftsLogits) {
     }
   }
   EXPECT_GT(expert_weights, 0);
+  int quantized = 0, base_tensors = 0;
+  double worst_weight = 0.0;
+  for (const auto* p : layout.all_params()) {
+    if (is_adapter(p->name)) continue;
+    ++base_tensors;
+    quantized += p->quantized();
+    EXPECT_TRUE(merged.tensors.count(p->name)) << p->name << " missing from the merged export";
+    if (!merged.tensors.count(p->name)) continue;
+    const std::vector<float> got = merged.at(p->name).to_f32();
+    const std::vector<float> base = base_values(ref, layout, p->name);
+    auto it = want.find(p->name);
+    if (it == want.end()) {
+      EXPECT_EQ(got, base) << p->name << " is not adapted";
+      continue;
+    }
+    const double error = relative_to_max_error(got, it->second);
+    worst_weight = std::max(worst_weight, error);
+    EXPECT_LT(error, 1e-6) << p->name;
+    EXPECT_NE(got, base) << p->name << " has its adapter merged in";
+  }
+  EXPECT_EQ(static_cast<int>(merged.tensors.size()), base_tensors) << "the base's tensors, no adapter";
+  EXPECT_EQ(quantized > 0, nf4);
+  std::printf("%s%s merged: %zu adapted weights within %.2g of the float64 sum\n", nf4 ? "QLoRA " : "",
+              fixture.c_str(), want.size(), worst_weight);
+  return merged;
+}
+
+// ... and the merged model without LoRA gives the logits of PEFT's unmerged model with
+// its adapters (float64, the fixture's).
+TEST_P(MoeLora, MergedExportIsTheBasePlusScaledBAAndGivesPeftsLogits) {
+  const Reference ref = load_reference("lora_" + GetParam());
+  const fs::path work = fresh_work_dir("shardlm-moe-merge-" + GetParam());
+  const st::File merged = expect_merged_export(GetParam(), ref, work, /*nf4=*/false);
   const ModelConfig base_config = [&] {
     ModelConfig c = ref.config;
     c.lora = LoraConfig{};
     return c;
   }();
   const ParamLayout base_layout = ParamLayout::build(base_config, 1);
-  EXPECT_EQ(merged.tensors.size(), base_layout.all_params().size()) << "the base's tensors, no adapter";
-  double worst_weight = 0.0;
-  for (const auto* p : base_layout.all_params()) {
-    ASSERT_TRUE(merged.tensors.count(p->name)) << p->name << " missing from the merged export";
-    const std::vector<float> got = merged.at(p->name).to_f32();
-    auto it = want.find(p->name);
-    if (it == want.end()) {
-      EXPECT_EQ(got, ref.file.at(p->name).to_f32()) << p->name << " is not adapted";
-      continue;
-    }
-    const double error = relative_to_max_error(got, it->second);
-    worst_weight = std::max(worst_weight, error);
-    EXPECT_LT(error, 1e-6) << p->name;
-    EXPECT_NE(got, ref.file.at(p->name).to_f32()) << p->name << " has its adapter merged in";
-  }
   Reference plain = ref;
   plain.config = base_config;
   auto model = make_model(plain, base_layout, ref.B);
   UnitBuffers buf(base_layout, merged);
   const double logits_error = relative_to_max_error(fixture_logits(*model, buf, plain), ref.file.at("logits").to_f32());
   EXPECT_LT(logits_error, 1e-5);
-  std::printf("%s merged: %zu adapted weights within %.2g of the float64 sum, logits within %.2g of PEFT's\n",
-              GetParam().c_str(), want.size(), worst_weight, logits_error);
+  std::printf("%s merged: logits within %.2g of PEFT's\n", GetParam().c_str(), logits_error);
+  fs::remove_all(work);
+}
+
+// A QLoRA run's merged export: the dequantized NF4 base plus (alpha / r) B A, experts too.
+TEST_P(MoeLora, QLoraMergedExportIsTheDequantizedBasePlusScaledBA) {
+  const Reference ref = load_reference("lora_" + GetParam());
+  const fs::path work = fresh_work_dir("shardlm-moe-qmerge-" + GetParam());
+  expect_merged_export(GetParam(), ref, work, /*nf4=*/true);
   fs::remove_all(work);
 }
 
