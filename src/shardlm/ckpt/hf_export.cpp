@@ -14,7 +14,7 @@
 
 #include "shardlm/backend/cpu/convert.hpp"
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
-#include "shardlm/backend/cpu/nf4.hpp"
+#include "shardlm/ckpt/checkpoint_values.hpp"
 #include "shardlm/ckpt/safetensors.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
@@ -86,26 +86,16 @@ ExportTensor export_tensor(const std::string& name, std::vector<int64_t> shape,
   return t;
 }
 
-// Vocabulary matrices are stored padded; padded rows come last, so the real rows are
-// a prefix of the stored tensor.
+// The tensor as the run computes with it (ckpt/checkpoint_values.hpp), in dtype.
 ExportTensor read_tensor(const CheckpointReader& ckpt, const ParamInfo& param, DType dtype) {
-  const std::string& name = param.name;
   std::vector<int64_t> shape = param.shape;
   if (param.valid_rows >= 0) shape[0] = param.valid_rows;
-  const int64_t numel = safetensors::shape_numel(shape);
-  std::vector<float> values(static_cast<size_t>(numel));
-  if (param.storage == ParamStorage::nf4) {  // a QLoRA base weight, dequantized
-    std::vector<float> words(static_cast<size_t>(param.numel));
-    ckpt.read(name, StateKind::master, 0, param.numel, words.data());
-    cpu::nf4_dequantize(words.data(), numel, values.data());
-  } else {
-    ckpt.read(name, StateKind::master, 0, numel, values.data());
-  }
-  SHARDLM_CHECK(all_finite(values.data(), numel),
+  const std::vector<float> values = read_tensor_values(ckpt, param);
+  SHARDLM_CHECK(all_finite(values.data(), static_cast<int64_t>(values.size())),
                 "checkpoint '{}' tensor '{}' holds non-finite values (NaN or infinity); refusing "
                 "to export it",
-                ckpt.dir(), name);
-  return export_tensor(name, shape, values, dtype);
+                ckpt.dir(), param.name);
+  return export_tensor(param.name, shape, values, dtype);
 }
 
 class TempDirectory {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shardlm/ckpt/checkpoint.hpp"
+#include "shardlm/ckpt/checkpoint_values.hpp"
 #include "shardlm/cli/commands.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/parallel/mesh_shape.hpp"
@@ -36,14 +37,12 @@ void compare_checkpoints(const CheckpointReader& a, const CheckpointReader& b, d
                 "'{}' and '{}' hold different tensors (names or shapes differ)", a.dir(), b.dir());
   double worst = 0.0, model_diff = 0.0, model_mag = 0.0, diff_sq = 0.0, weight_sq = 0.0;
   std::string worst_name;
-  std::vector<float> va, vb;
+  // The values as each run computes with them: a QLoRA base's NF4 words dequantized.
+  const ParamLayout layout_a = ParamLayout::build(a.info().model, 1);
+  const ParamLayout layout_b = ParamLayout::build(b.info().model, 1);
   for (const auto& [name, shape] : a.tensors()) {
-    int64_t numel = 1;
-    for (auto d : shape) numel *= d;
-    va.resize(static_cast<size_t>(numel));
-    vb.resize(static_cast<size_t>(numel));
-    a.read(name, StateKind::master, 0, numel, va.data());
-    b.read(name, StateKind::master, 0, numel, vb.data());
+    const std::vector<float> va = read_tensor_values(a, *layout_a.find(name).second);
+    const std::vector<float> vb = read_tensor_values(b, *layout_b.find(name).second);
     double max_diff = 0.0, max_mag = 0.0;
     for (size_t i = 0; i < va.size(); ++i) {
       max_diff = std::max(max_diff, std::fabs(static_cast<double>(va[i]) - vb[i]));
