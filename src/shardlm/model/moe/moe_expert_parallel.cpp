@@ -13,9 +13,11 @@ void MoeExperts::ep_carve(ArenaCarver& carver, int64_t n) {
   const int P = group_->size();
   const int64_t nk = n * k_;
   // A source sends a held expert each of its tokens at most once, so at most
-  // min(k, E/P) of its rows per token come here. The meta device's balanced routing
-  // (plan) sends every holder n k / P rows from each of the P sources.
-  ep_capacity_ = meta_ ? nk : P * n * std::min<int64_t>(k_, local_experts_);
+  // min(k, E/P) of its rows per token come here: the buffers hold that worst routing
+  // (P times the n k rows of balanced routing when k <= E/P). The meta device sizes
+  // them the same, so plan's activations are the run's; its balanced routing (every
+  // holder n k / P rows from each of the P sources) fills n k of them.
+  ep_capacity_ = P * n * std::min<int64_t>(k_, local_experts_);
   const int64_t R = ep_capacity_;
   for (LayerRouting& l : layers_) {
     l.received.assign(static_cast<size_t>(P) * static_cast<size_t>(local_experts_), 0);
