@@ -14,7 +14,7 @@
 # on every module at T = 2 (adapters split with their base) equals the unsplit LoRA run,
 # and its T = 2 checkpoint exports the adapter its T = 1 copy exports. A tensor group
 # across hosts is warned about. Bad input is refused in one line before a run directory
-# exists. plan at T = 2 (ddp and zero3)
+# exists. plan at T = 2 (ddp and zero3, with and without --sequence-parallel)
 # predicts the runs' peak bytes per category exactly and their traffic within 0.1% (its
 # traced step runs the same tensor-parallel model on the meta device).
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
@@ -50,12 +50,12 @@ done
 # plan = measured at T = 2: every memory category to the byte, the bus bytes of a step
 # (the tensor group's all-reduces among them) within 0.1% (the measured count adds the
 # 8-byte scalars plan leaves out), 4 all-reduces of the tensor group per layer.
-for strategy in ddp zero3; do
+# plan_is_measured RUN_DIR TENSOR_CALLS PLAN_FLAGS...: TENSOR_CALLS "-" leaves the count out.
+plan_is_measured() {
+  local run="$1" calls="$2"; shift 2
   "$SHARDLM" plan --model llama-tiny -n 4 --seq-len 32 --micro-batch 4 --global-batch 8 \
-    --data "$WORK/data" --strategy "$strategy" --tensor-parallel 2 --json > "$WORK/plan_t2_$strategy.json" \
-    || fail "plan --tensor-parallel 2 --strategy $strategy failed"
-  python3 - "$WORK/plan_t2_$strategy.json" "$WORK/llama-tiny_t2_$strategy/metrics.jsonl" "$strategy" <<'PY' \
-    || fail "plan differs from the measured T=2 $strategy run"
+    --data "$WORK/data" --tensor-parallel 2 "$@" --json > "$run.plan.json" || fail "plan $* failed"
+  python3 - "$run.plan.json" "$run/metrics.jsonl" "$calls" "$*" <<'PY' || fail "plan $* differs from the measured run"
 import json, sys
 plan = json.load(open(sys.argv[1]))
 records = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l]
@@ -64,12 +64,17 @@ for k in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
     assert plan[k] == peak[k], (k, plan[k], peak[k])
 wire = records[1]["comm_bytes"]
 assert abs(wire / plan["wire_bytes_per_step"] - 1) < 1e-3, (wire, plan["wire_bytes_per_step"])
-# 4 per layer (3) and the vocabulary-parallel embedding's and head's 4.
-assert plan["tensor_parallel"] == 2 and plan["tensor_group"]["calls"] == 4 * 3 + 4, plan["tensor_group"]
-print(f"plan = measured at T=2 {sys.argv[3]}: params/grads/optimizer/activations/comm/frozen to the byte "
-      f"({plan['total']} bytes), wire {wire / plan['wire_bytes_per_step']:.5f}x plan, "
-      f"tensor group {plan['tensor_group']['calls']} all-reduces per step")
+assert plan["tensor_parallel"] == 2, plan
+if sys.argv[3] != "-":
+    assert plan["tensor_group"]["calls"] == int(sys.argv[3]), plan["tensor_group"]
+print(f"plan = measured at T=2 {sys.argv[4]}: params/grads/optimizer/activations/comm/frozen to the byte "
+      f"({plan['total']} bytes, activations {plan['activations']}), wire {wire / plan['wire_bytes_per_step']:.5f}x plan, "
+      f"tensor group {plan['tensor_group']['calls']} collectives per step")
 PY
+}
+# 4 per layer (3) and the vocabulary-parallel embedding's and head's 4.
+for strategy in ddp zero3; do
+  plan_is_measured "$WORK/llama-tiny_t2_$strategy" $((4 * 3 + 4)) --strategy "$strategy"
 done
 
 # T = 4 on one data-parallel rank against one process.
@@ -97,6 +102,18 @@ same_curves "$WORK/sp_t4" "$WORK/t4_ref" 1e-5
 "$SHARDLM" inspect "$WORK/sp_t4" --compare "$WORK/t4_ref" --tolerance 1e-5 --relative-to norm \
   || fail "sequence parallel: T=4 weights differ from one process's"
 echo "sequence parallel: ddp x T=2 = zero3 x T=2 bitwise, = T=1 within 1e-5; T=4 = one process within 1e-5"
+# plan --sequence-parallel traces the same model: the runs' memory to the byte (the
+# residual stream, norms and residual adds at 1/T: fewer activation bytes than without),
+# their bus bytes within 0.1%.
+for strategy in ddp zero3; do
+  plan_is_measured "$WORK/sp_t2_$strategy" - --strategy "$strategy" --sequence-parallel
+done
+python3 - "$WORK/sp_t2_zero3.plan.json" "$WORK/llama-tiny_t2_zero3.plan.json" <<'PY' || fail "--sequence-parallel planned no fewer activation bytes"
+import json, sys
+sp, tp = (json.load(open(p))["activations"] for p in sys.argv[1:3])
+assert sp < tp, (sp, tp)
+print(f"sequence parallel: activations per rank {tp} -> {sp} bytes (planned = measured)")
+PY
 
 # The T = 2 checkpoint at T = 1: loaded bitwise (the loaded state saved again), trains on.
 want="$("$SHARDLM" inspect "$WORK/llama-tiny_t2_zero3" --quiet)"

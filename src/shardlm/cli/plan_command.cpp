@@ -58,6 +58,7 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
                       {"wire_bytes_per_step", p.wire_bytes_per_step},
                       {"partition", p.partition},
                       {"tensor_parallel", p.tensor_parallel},
+                      {"expert_parallel", p.expert_parallel},
                       {"accumulation", p.accumulation},
                       {"parameters", p.parameters},
                       {"flops_per_step", p.flops_per_step},
@@ -79,8 +80,10 @@ nlohmann::json plan_json(const RunPlan& p, const std::optional<StepTimePredictio
 // The candidate the flags asked for, marked in the tables.
 bool asked(const Candidate& c, const RunPlanRequest& r) {
   const StrategyOptions& a = c.request.strategy;
-  return a.kind == r.strategy.kind && c.request.strategy.tensor_parallel == r.strategy.tensor_parallel &&
+  return a.kind == r.strategy.kind && a.tensor_parallel == r.strategy.tensor_parallel &&
          a.context_parallel == r.strategy.context_parallel &&
+         a.expert_parallel == r.strategy.expert_parallel &&
+         (a.context_parallel == 1 || c.request.model.context_parallel_kind == r.model.context_parallel_kind) &&
          (a.kind != StrategyKind::hybrid || a.shard_group_size == r.strategy.shard_group_size) &&
          (!shards_parameters(a.kind) || a.reshard_after_forward == r.strategy.reshard_after_forward) &&
          c.request.model.activation_checkpointing == r.model.activation_checkpointing;
@@ -256,9 +259,10 @@ void run_plan(const PlanFlags& f) {
     // The layers' partial sums, the model's (the first candidate's: checkpointing adds the
     // recomputed forward's).
     const GroupTraffic t = last_step_traffic(any, CommGroup::tensor);
-    std::printf("tensor group of %d ranks (innermost): %lld all-reduces per rank and step (%.1f per "
+    std::printf("tensor group of %d ranks (innermost): %lld %s per rank and step (%.1f per "
                 "layer and micro-batch), %s on the wire\n",
                 any.tensor_parallel, static_cast<long long>(t.calls),
+                run.sequence_parallel ? "all-gathers and reduce-scatters" : "all-reduces",
                 static_cast<double>(t.calls) / (in.config.n_layer * any.accumulation),
                 gib(t.bus_bytes).c_str());
   }
