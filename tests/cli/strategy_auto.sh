@@ -5,7 +5,8 @@
 # (same weights digest) at N=1 and N=2; a budget nothing fits is a one-line error
 # naming the smallest change; a resumed auto run ends on the straight run's digest; a
 # LoRA run with step times picks ddp; a budget only tensor parallelism fits makes it
-# choose --tensor-parallel 2, and the run holds what plan said.
+# choose --tensor-parallel 2, and the run holds what plan said; a mixture of experts
+# runs the expert-parallel layout auto chose; --grad-accum is planned and kept.
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 # No calibrated profile: the choice is plan's rule without step times (fewest bytes
@@ -133,6 +134,34 @@ c = json.load(open(sys.argv[1] + "/config.json"))
 assert c["mesh"]["tensor"] == 2, c["mesh"]
 print(f"auto with a budget only T=2 fits: {sys.argv[2]} (mesh {c['mesh']})")
 PY
+
+# A mixture of experts: qwen3-moe-tiny on 2 ranks without a profile: ddp x ep2 moves the
+# fewest bytes (each expert's gradient stays on its one holder; only the dense units'
+# are all-reduced), so auto runs it, on a mesh of 2 expert ranks, and ends on the
+# explicit --expert-parallel 2 run's digest.
+MOE_RUN=(--model qwen3-moe-tiny --seq-len 32 --micro-batch 2 --global-batch 8 --threads 1
+         --data "$WORK/data" --steps 2 --eval-batches 0)
+run_mpi 2 "$SHARDLM" train "${MOE_RUN[@]}" --strategy auto --out "$WORK/moe-auto" > "$WORK/moe-auto.log" 2>&1 \
+  || { cat "$WORK/moe-auto.log"; fail "MoE auto run failed"; }
+head -n 1 "$WORK/moe-auto.log" | grep -q "^strategy auto -> ddp x ep2: fits with .* and moves the fewest bytes" \
+  || fail "MoE auto did not choose ddp x ep2: $(head -n 1 "$WORK/moe-auto.log")"
+python3 -c 'import json,sys; m = json.load(open(sys.argv[1]))["mesh"]; assert m["expert"] == 2, m' \
+  "$WORK/moe-auto/config.json" || fail "the MoE auto run is not on 2 expert ranks"
+run_mpi 2 "$SHARDLM" train "${MOE_RUN[@]}" --strategy ddp --expert-parallel 2 --out "$WORK/moe-ep2" \
+  > /dev/null 2>&1 || fail "MoE --expert-parallel 2 run failed"
+[ "$(digest_of "$WORK/moe-auto")" = "$(digest_of "$WORK/moe-ep2")" ] || fail "MoE auto and ddp x ep2 runs differ"
+echo "MoE: auto -> ddp x ep2 (mesh expert=2), the explicit run's digest"
+
+# --grad-accum 2 with auto: plan runs 2 micro-batches per rank (the global batch of
+# 4 x 2 ranks x 2 sequences), and the auto run names that global batch.
+accum="$("$SHARDLM" plan "${SHAPE[@]}" -n 2 --grad-accum 2 --data "$WORK/data" --strategy auto --json \
+  | python3 -c 'import json,sys; p = json.load(sys.stdin)["plan"]; print(p["accumulation"], int(p["tokens_per_step"]))')"
+[ "$accum" = "2 512" ] || fail "plan --strategy auto --grad-accum 2 planned '$accum' (accumulation, tokens)"
+run_mpi 2 "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --steps 2 --grad-accum 2 --strategy auto \
+  --out "$WORK/accum-auto" > "$WORK/accum-auto.log" 2>&1 || { cat "$WORK/accum-auto.log"; fail "auto --grad-accum run failed"; }
+python3 -c 'import json,sys; c = json.load(open(sys.argv[1]))["options"]; assert c["global_batch"] == 16, c["global_batch"]' \
+  "$WORK/accum-auto/config.json" || fail "auto --grad-accum 2 did not run 16 sequences per step"
+echo "auto --grad-accum 2: planned and run at 2 micro-batches per rank (16 sequences per step)"
 
 # Nothing fits: one line naming the smallest change, non-zero exit, nothing written.
 # (A budget 1 byte below the smallest candidate, zero1 with activation checkpointing.)

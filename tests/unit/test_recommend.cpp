@@ -2,12 +2,18 @@
 // nothing fits (and the smallest change that would), and a slow link between nodes
 // that makes hybrid sharding, or ddp given more memory, beat zero3. Budgets are set
 // from the plans' own byte counts (which plan_matches_measurement.sh checks against
-// real runs), so each case is the situation its name says.
+// real runs), so each case is the situation its name says. --strategy auto's layouts
+// (AutoLayouts): each context-parallel size with the kind its heads allow (ring, hybrid),
+// and a mixture of experts at each expert-parallel size.
 #include <gtest/gtest.h>
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
+#include "shardlm/model/context_parallel/context_attention.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/plan/recommend.hpp"
 
@@ -358,4 +364,108 @@ TEST(Recommend, AnOffloadedCandidateWhoseHostSideDoesNotFitIsNotChosen) {
   EXPECT_FALSE(rec.chosen) << rec.explanation;
   EXPECT_TRUE(contains(rec.explanation, "nothing fits in host memory")) << rec.explanation;
   EXPECT_TRUE(contains(rec.explanation, "2 ranks x")) << rec.explanation;
+}
+
+// --strategy auto's layouts beyond tensor parallelism: each context-parallel size runs
+// the kind the heads allow, and a mixture of experts is planned at each expert-parallel
+// size too.
+namespace {
+
+RunPlanRequest long_rows(const std::string& model, int n) {
+  RunPlanRequest r = request(model, n, DType::bf16);
+  r.micro_batch = 1;
+  r.seq_len = 1024;
+  return r;
+}
+
+}  // namespace
+
+TEST(AutoLayouts, EachContextSizeRunsTheKindItsHeadsAllow) {
+  // llama-tiny: 4 query heads, 2 key/value heads. Ulysses splits the 4 heads over 2 and 4
+  // ranks (the key/value heads replicated at 4); 8 ranks get Ulysses inside groups of 4
+  // and the ring across the 2 groups.
+  const RunPlanRequest llama = long_rows("llama-tiny", 8);
+  const auto kind = [](const std::optional<ContextLayout>& l) {
+    return l ? fmt::format("{} u{}", context_parallel_kind_name(l->kind), l->ulysses_degree) : "none";
+  };
+  EXPECT_EQ(kind(context_layout(llama, 2, 1)), "ulysses u1");
+  EXPECT_EQ(kind(context_layout(llama, 4, 1)), "ulysses u1");
+  EXPECT_EQ(kind(context_layout(llama, 8, 1)), "hybrid u4");
+  // At T = 2 a tensor rank has 2 query heads and 1 key/value head: Ulysses over 2, then
+  // hybrid with groups of 2.
+  EXPECT_EQ(kind(context_layout(llama, 2, 2)), "ulysses u1");
+  EXPECT_EQ(kind(context_layout(llama, 4, 2)), "hybrid u2");
+  // qwen3-tiny's 3 heads split over neither 2 nor 4 ranks: only the ring keeps them whole.
+  const RunPlanRequest qwen3 = long_rows("qwen3-tiny", 4);
+  EXPECT_EQ(kind(context_layout(qwen3, 2, 1)), "ring u1");
+  EXPECT_EQ(kind(context_layout(qwen3, 4, 1)), "ring u1");
+  // A run that names ring keeps it; a sequence the zigzag split does not divide has none.
+  RunPlanRequest ring = llama;
+  ring.model.context_parallel_kind = ContextParallelKind::ring;
+  EXPECT_EQ(kind(context_layout(ring, 2, 1)), "ring u1");
+  ring.seq_len = 1026;  // not a multiple of 2P = 8
+  EXPECT_EQ(kind(context_layout(ring, 4, 1)), "none");
+  // Before, 8 context ranks of llama-tiny were left out (Ulysses alone); now hybrid runs them.
+  EXPECT_EQ(context_parallel_choices(llama, ClusterShape{1, ""}), (std::vector<int>{2, 4, 8}));
+  EXPECT_EQ(context_parallel_choices(qwen3, ClusterShape{1, ""}), (std::vector<int>{2, 4}));
+}
+
+TEST(AutoLayouts, AContextSizeThatNeedsTheRingIsPlannedAndNamedWithIt) {
+  // qwen3-tiny at 1024 tokens on 2 ranks: a budget nothing fits without splitting the
+  // sequence; P = 2 must run the ring (3 heads), and the flags say so.
+  const RunPlanRequest base = long_rows("qwen3-tiny", 2);
+  const ClusterShape one_node{1, ""};
+  const auto whole = plan_candidates(base, nullptr, one_node, true, tensor_parallel_choices(base, one_node));
+  double least = std::numeric_limits<double>::infinity();
+  for (const Candidate& c : whole) least = std::min(least, static_cast<double>(c.plan.total()));
+  const AutoSearch search = auto_search(base, nullptr, one_node, MemoryBudget(least - 1));
+  ASSERT_TRUE(search.recommendation.chosen) << search.recommendation.explanation;
+  const Candidate& c = search.candidates[*search.recommendation.chosen];
+  EXPECT_EQ(c.request.strategy.context_parallel, 2) << c.label;
+  EXPECT_EQ(c.request.model.context_parallel_kind, ContextParallelKind::ring) << c.label;
+  EXPECT_TRUE(contains(c.label, " x cp2 ring")) << c.label;
+  EXPECT_TRUE(contains(candidate_flags(c), "--context-parallel 2 --context-parallel-kind ring"))
+      << candidate_flags(c);
+  // The ring's send_recvs are in the planned step (it ran the ring, not Ulysses).
+  bool ring = false;
+  for (const PlannedCollective& k : c.plan.program.collectives)
+    ring = ring || k.kind == CollectiveKind::send_recv;
+  EXPECT_TRUE(ring);
+}
+
+TEST(AutoLayouts, AMixtureOfExpertsIsPlannedAtEachExpertParallelSize) {
+  // qwen3-moe-tiny: 8 experts per sparse layer.
+  RunPlanRequest moe = request("qwen3-moe-tiny", 4, DType::bf16);
+  EXPECT_EQ(expert_parallel_choices(moe), (std::vector<int>{1, 2, 4}));
+  moe.world_size = 16;
+  EXPECT_EQ(expert_parallel_choices(moe), (std::vector<int>{1, 2, 4, 8}));
+  moe.world_size = 4;
+  RunPlanRequest asked = moe;
+  asked.strategy.expert_parallel = 2;  // named: kept
+  EXPECT_EQ(expert_parallel_choices(asked), (std::vector<int>{2}));
+  RunPlanRequest ckpt = moe;  // not combined with expert parallelism yet
+  ckpt.model.activation_checkpointing = true;
+  EXPECT_EQ(expert_parallel_choices(ckpt), (std::vector<int>{1}));
+  EXPECT_EQ(expert_parallel_choices(request("llama-tiny", 4, DType::bf16)), (std::vector<int>{1}));
+
+  // The search: every strategy but hybrid at E = 2 and 4, none with checkpointing.
+  const AutoSearch search = auto_search(moe, nullptr, ClusterShape{1, ""}, MemoryBudget());
+  int spread = 0;
+  for (const Candidate& c : search.candidates) {
+    if (c.request.strategy.expert_parallel == 1) continue;
+    ++spread;
+    EXPECT_NE(c.request.strategy.kind, StrategyKind::hybrid) << c.label;
+    EXPECT_FALSE(c.request.model.activation_checkpointing) << c.label;
+    EXPECT_EQ(c.plan.expert_parallel, c.request.strategy.expert_parallel) << c.label;
+    EXPECT_TRUE(contains(c.label, fmt::format(" x ep{}", c.plan.expert_parallel))) << c.label;
+    EXPECT_TRUE(contains(candidate_flags(c), fmt::format("--expert-parallel {}", c.plan.expert_parallel)))
+        << candidate_flags(c);
+  }
+  EXPECT_EQ(spread, 2 * 5);  // ddp, zero1, zero2, zero3, zero3 no-reshard at E = 2 and 4
+  // Without a profile the fewest bytes win. ddp x ep4 all-reduces only the dense units'
+  // gradients (each expert's live on one rank) and exchanges the tokens.
+  ASSERT_TRUE(search.recommendation.chosen);
+  const Candidate& chosen = search.candidates[*search.recommendation.chosen];
+  for (const Candidate& c : search.candidates)
+    EXPECT_LE(chosen.plan.wire_bytes_per_step, c.plan.wire_bytes_per_step) << c.label;
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/context_parallel/context_attention.hpp"
 #include "shardlm/parallel/strategy_options.hpp"
 #include "shardlm/plan/plan_inputs.hpp"
 #include "shardlm/plan/recommend.hpp"
@@ -84,6 +85,10 @@ nlohmann::json decide(const TrainOptions& o, int world_size, const JobShape& sha
           {"tensor_parallel", c.request.strategy.tensor_parallel},
           {"global_batch", c.request.global_batch},
           {"context_parallel", s.context_parallel},
+          {"context_parallel_kind", context_parallel_kind_name(c.request.model.context_parallel_kind)},
+          {"ulysses_degree", c.request.model.ulysses_degree},
+          {"expert_parallel", s.expert_parallel},
+          {"sequence_parallel", c.request.model.sequence_parallel && s.tensor_parallel > 1},
           {"line", "strategy auto -> " + rec.explanation + note}};
 }
 
@@ -111,10 +116,18 @@ TrainOptions resolve_auto_strategy(const TrainOptions& o, Communicator& comm) {
   resolved.shard_group_size = decision.at("shard_group_size").get<int>();
   resolved.activation_checkpointing = decision.at("activation_checkpointing").get<bool>();
   resolved.tensor_parallel = decision.at("tensor_parallel").get<int>();
-  // Another tensor or context size than asked keeps the run's global batch (plan's
-  // candidates all run the asked layout's).
-  if (resolved.grad_accum == 0) resolved.global_batch = decision.at("global_batch").get<int>();
+  // Another tensor, context or expert size than asked keeps the run's global batch
+  // (plan's candidates all run the asked layout's; with --grad-accum, that layout's
+  // micro-batches per rank: plan_request), which the run then names instead.
+  if (const int global = decision.at("global_batch").get<int>(); global > 0) {
+    resolved.global_batch = global;
+    resolved.grad_accum = 0;
+  }
   resolved.context_parallel = decision.at("context_parallel").get<int>();
+  resolved.context_parallel_kind = decision.at("context_parallel_kind").get<std::string>();
+  resolved.ulysses_degree = decision.at("ulysses_degree").get<int>();
+  resolved.expert_parallel = decision.at("expert_parallel").get<int>();
+  resolved.sequence_parallel = decision.at("sequence_parallel").get<bool>();
   resolved.strategy_reason = decision.at("line").get<std::string>();
   resolved.memory_per_rank_gib.reset();  // spent: the run validates as the strategy it runs
   if (comm.rank() == 0) {

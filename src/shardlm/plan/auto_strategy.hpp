@@ -19,8 +19,10 @@
 namespace shardlm {
 
 // Collective. Returns `o` with strategy, reshard_after_forward, shard_group_size,
-// activation_checkpointing, tensor_parallel and context_parallel set to the chosen candidate and strategy_reason to the
-// line printed (rank 0 prints "strategy auto -> <label>: <why>"). Error on every rank,
+// activation_checkpointing, tensor_parallel, sequence_parallel (only at T > 1),
+// expert_parallel, context_parallel, context_parallel_kind and ulysses_degree set to the
+// chosen candidate, the global batch to the one plan planned (--grad-accum, if given,
+// becomes it), and strategy_reason to the line printed (rank 0 prints "strategy auto -> <label>: <why>"). Error on every rank,
 // one line naming the smallest change that fits, when no candidate fits the budget.
 // `o` unchanged when its strategy is not "auto".
 TrainOptions resolve_auto_strategy(const TrainOptions& o, Communicator& comm);

@@ -6,6 +6,7 @@
 #include "shardlm/core/error.hpp"
 #include "shardlm/data/prepare.hpp"
 #include "shardlm/data/sft_prepare.hpp"
+#include "shardlm/parallel/strategy_options.hpp"
 
 namespace shardlm {
 
@@ -18,6 +19,11 @@ RunPlanRequest plan_request(const TrainOptions& o, const ModelConfig& config, in
   r.micro_batch = o.micro_batch;
   r.seq_len = o.seq_len;
   r.global_batch = o.global_batch;
+  // --grad-accum: that many micro-batches per data-parallel rank of the asked layout, the
+  // global batch the trainer runs (Trainer::read_inputs) and --strategy auto's candidates
+  // keep.
+  if (o.grad_accum > 0)
+    r.global_batch = o.micro_batch * strategy_mesh(r.strategy, world_size).data_parallel_size() * o.grad_accum;
   r.min_unit_params = o.min_unit_params;
   return r;
 }

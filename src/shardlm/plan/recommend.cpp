@@ -49,6 +49,24 @@ std::vector<Choice> strategy_choices(int world_size) {
 
 bool fits(const Candidate& c, const MemoryBudget& budget) { return budget.fits(c.plan); }
 
+// The flags and label suffix of a context-parallel kind other than Ulysses.
+std::string context_flags(const ContextLayout& l) {
+  if (l.kind == ContextParallelKind::ulysses) return "";
+  std::string flags = fmt::format(" --context-parallel-kind {}", context_parallel_kind_name(l.kind));
+  if (l.kind == ContextParallelKind::hybrid) flags += fmt::format(" --ulysses-degree {}", l.ulysses_degree);
+  return flags;
+}
+std::string context_label(const ContextLayout& l) {
+  if (l.kind == ContextParallelKind::hybrid) return fmt::format(" hybrid u{}", l.ulysses_degree);
+  return l.kind == ContextParallelKind::ring ? " ring" : "";
+}
+
+// The tokens of a rank's micro-batch before any tensor split (sequence parallelism
+// divides them over the tensor ranks).
+int64_t rank_tokens(const RunPlanRequest& r) {
+  return static_cast<int64_t>(r.micro_batch) * r.seq_len / r.strategy.context_parallel;
+}
+
 // ", host 1200.0 GiB of 2048.0 GiB per node": a device run's host side, where it is
 // bounded.
 std::string host_use(const RunPlan& p, const MemoryBudget& budget) {
@@ -149,17 +167,19 @@ std::string why_chosen(const std::vector<Candidate>& c, const std::vector<size_t
 
 // Step 4: the first change, in order, that lets some candidate fit: activation
 // checkpointing, bf16, a smaller micro-batch (same global batch), tensor parallelism
-// inside a node (T ascending), context parallelism (P ascending), more ranks; then
-// all of them together. Where the candidates already varied checkpointing, so do
-// those of each change (the advice then names the "+ ckpt" candidate that fits);
-// where they varied T or P already (--strategy auto), those changes are not tried again.
+// inside a node (T ascending), expert parallelism (E ascending), context parallelism
+// (P ascending, each with its kind), more ranks; then all of them together. Where the
+// candidates already varied checkpointing, so do those of each change (the advice then
+// names the "+ ckpt" candidate that fits); where they varied T, E or P already
+// (--strategy auto), those changes are not tried again.
 std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried, bool tensor_tried,
-                            bool context_tried, const HardwareProfile* profile,
+                            bool expert_tried, bool context_tried, const HardwareProfile* profile,
                             const ClusterShape& cluster, const MemoryBudget& budget) {
   struct Change {
     std::string flags;
     RunPlanRequest request;
-    // Changes of one kind in ascending size (tensor parallelism 1, context 2; 0 alone):
+    // Changes of one kind in ascending size (tensor parallelism 1, context 2, expert 3;
+    // 0 alone):
     // when the largest does not fit, no smaller one does, and none is planned.
     int kind = 0;
   };
@@ -195,11 +215,21 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
       r.strategy.tensor_parallel = T;
       changes.push_back({fmt::format("--tensor-parallel {}", T), r, 1});
     }
+  if (!expert_tried)
+    for (int E : expert_parallel_choices(base)) {
+      if (E == base.strategy.expert_parallel) continue;
+      RunPlanRequest r = base;
+      r.strategy.expert_parallel = E;
+      changes.push_back({fmt::format("--expert-parallel {}", E), r, 3});
+    }
   if (!context_tried)
     for (int P : context_parallel_choices(base, cluster)) {
       RunPlanRequest r = base;
       r.strategy.context_parallel = P;
-      changes.push_back({fmt::format("--context-parallel {}", P), r, 2});
+      const ContextLayout l = *context_layout(base, P, base.strategy.tensor_parallel);
+      r.model.context_parallel_kind = l.kind;
+      r.model.ulysses_degree = l.ulysses_degree;
+      changes.push_back({fmt::format("--context-parallel {}{}", P, context_flags(l)), r, 2});
     }
   for (int n = base.world_size * 2; n <= 4096; n *= 2)
     changes.push_back({fmt::format("-n {}", n), on_ranks(base, n)});
@@ -240,7 +270,7 @@ std::string smallest_change(const RunPlanRequest& base, bool checkpointing_tried
       return fmt::format("the smallest change that fits is {} ({})", change.flags, *best);
   }
   return "no change tried fits (activation checkpointing, bf16, micro-batch 1, tensor and "
-         "context parallelism inside a node, up to 4096 ranks)";
+         "context parallelism inside a node, expert parallelism, up to 4096 ranks)";
 }
 
 }  // namespace
@@ -252,7 +282,12 @@ std::string candidate_flags(const Candidate& c) {
   if (shards_parameters(s.kind) && !s.reshard_after_forward)
     flags += " --reshard-after-forward false";
   if (s.tensor_parallel > 1) flags += fmt::format(" --tensor-parallel {}", s.tensor_parallel);
-  if (s.context_parallel > 1) flags += fmt::format(" --context-parallel {}", s.context_parallel);
+  if (s.tensor_parallel > 1 && c.request.model.sequence_parallel) flags += " --sequence-parallel";
+  if (s.expert_parallel > 1) flags += fmt::format(" --expert-parallel {}", s.expert_parallel);
+  if (s.context_parallel > 1)
+    flags += fmt::format(" --context-parallel {}{}", s.context_parallel,
+                         context_flags({c.request.model.context_parallel_kind,
+                                        c.request.model.ulysses_degree}));
   if (c.request.model.activation_checkpointing) flags += " --activation-checkpointing";
   return flags;
 }
@@ -260,15 +295,18 @@ std::string candidate_flags(const Candidate& c) {
 std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
                                        const ClusterShape& cluster, bool vary_checkpointing,
                                        const std::vector<int>& tensor_sizes,
-                                       const std::vector<int>& context_sizes) {
+                                       const std::vector<int>& context_sizes,
+                                       const std::vector<int>& expert_sizes) {
   std::vector<bool> checkpointing = {base.model.activation_checkpointing};
   // Expert parallelism runs without hybrid and activation checkpointing (for now).
-  const bool experts_spread = base.strategy.expert_parallel > 1;
-  if (vary_checkpointing && !base.model.activation_checkpointing && !experts_spread)
+  if (vary_checkpointing && !base.model.activation_checkpointing && base.strategy.expert_parallel == 1)
     checkpointing.push_back(true);
-  const std::vector<int> Ts = tensor_sizes.empty() ? std::vector<int>{base.strategy.tensor_parallel} : tensor_sizes;
-  const std::vector<int> Ps =
-      context_sizes.empty() ? std::vector<int>{base.strategy.context_parallel} : context_sizes;
+  const auto or_base = [](const std::vector<int>& sizes, int asked) {
+    return sizes.empty() ? std::vector<int>{asked} : sizes;
+  };
+  const std::vector<int> Ts = or_base(tensor_sizes, base.strategy.tensor_parallel);
+  const std::vector<int> Ps = or_base(context_sizes, base.strategy.context_parallel);
+  const std::vector<int> Es = or_base(expert_sizes, base.strategy.expert_parallel);
   // Every candidate runs base's global batch (by default a micro-batch per data-parallel
   // rank of base's layout), so that their step times compare the same tokens; a tensor
   // or context size the batch does not split over is left out.
@@ -277,31 +315,52 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
   std::vector<Candidate> out;
   for (bool ckpt : checkpointing)
     for (int P : Ps)
-      for (int T : Ts) {
-        if (base.world_size % (P * T) != 0) continue;
-        const bool varied = T != base.strategy.tensor_parallel || P != base.strategy.context_parallel;
-        if (varied && global % (base.micro_batch * (base.world_size / (P * T))) != 0) continue;
-        // Hybrid groups share out the data-parallel ranks (context ranks split
-        // sequences, tensor ranks the layers).
-        for (const Choice& choice : strategy_choices(base.world_size / (P * T))) {
-          if (experts_spread && choice.kind == StrategyKind::hybrid) continue;
-          Candidate c;
-          c.label = choice.label + (T > 1 ? fmt::format(" x tp{}", T) : "") +
-                    (P > 1 ? fmt::format(" x cp{}", P) : "") +
-                    (ckpt && !base.model.activation_checkpointing ? " + ckpt" : "");
-          c.request = base;
-          c.request.strategy.kind = choice.kind;
-          c.request.strategy.reshard_after_forward = choice.reshard;
-          c.request.strategy.shard_group_size = choice.group;
-          c.request.strategy.context_parallel = P;
-          c.request.strategy.tensor_parallel = T;
-          if (varied) c.request.global_batch = global;
-          c.request.model.activation_checkpointing = ckpt;
-          c.plan = plan_run(c.request);
-          if (profile != nullptr) c.time = predict_step_time(c.plan, *profile, cluster);
-          out.push_back(std::move(c));
+      for (int T : Ts)
+        for (int E : Es) {
+          if (base.world_size % (P * T) != 0) continue;
+          const bool experts_spread = E > 1;
+          if (experts_spread && (T > 1 || P > 1 || ckpt) && E != base.strategy.expert_parallel) continue;
+          const bool varied = T != base.strategy.tensor_parallel || P != base.strategy.context_parallel ||
+                              E != base.strategy.expert_parallel;
+          if (varied && global % (base.micro_batch * (base.world_size / (P * T))) != 0) continue;
+          // Sequence parallelism splits a rank's tokens over the tensor ranks.
+          if (base.model.sequence_parallel && T > 1 &&
+              static_cast<int64_t>(base.micro_batch) * base.seq_len / P % T != 0)
+            continue;
+          // Another context size runs the kind its heads allow.
+          std::optional<ContextLayout> context;
+          if (P != base.strategy.context_parallel && P > 1) {
+            context = context_layout(base, P, T);
+            if (!context) continue;
+          }
+          // Hybrid groups share out the data-parallel ranks (context ranks split
+          // sequences, tensor ranks the layers).
+          for (const Choice& choice : strategy_choices(base.world_size / (P * T))) {
+            if (experts_spread && choice.kind == StrategyKind::hybrid) continue;
+            Candidate c;
+            c.request = base;
+            if (context) {
+              c.request.model.context_parallel_kind = context->kind;
+              c.request.model.ulysses_degree = context->ulysses_degree;
+            }
+            const ContextLayout kind{c.request.model.context_parallel_kind, c.request.model.ulysses_degree};
+            c.label = choice.label + (T > 1 ? fmt::format(" x tp{}", T) : "") +
+                      (experts_spread ? fmt::format(" x ep{}", E) : "") +
+                      (P > 1 ? fmt::format(" x cp{}{}", P, context_label(kind)) : "") +
+                      (ckpt && !base.model.activation_checkpointing ? " + ckpt" : "");
+            c.request.strategy.kind = choice.kind;
+            c.request.strategy.reshard_after_forward = choice.reshard;
+            c.request.strategy.shard_group_size = choice.group;
+            c.request.strategy.context_parallel = P;
+            c.request.strategy.tensor_parallel = T;
+            c.request.strategy.expert_parallel = E;
+            if (varied) c.request.global_batch = global;
+            c.request.model.activation_checkpointing = ckpt;
+            c.plan = plan_run(c.request);
+            if (profile != nullptr) c.time = predict_step_time(c.plan, *profile, cluster);
+            out.push_back(std::move(c));
+          }
         }
-      }
   return out;
 }
 
@@ -329,24 +388,54 @@ std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const Clust
   const int data = base.world_size / base.strategy.context_parallel;
   std::vector<int> out = {1};
   for (int T = 2; T <= node; ++T)
-    if (node % T == 0 && data % T == 0 && accepted([&] { check_tensor_parallel(base.config, T); }))
+    if (node % T == 0 && data % T == 0 && accepted([&] { check_tensor_parallel(base.config, T); }) &&
+        (!base.model.sequence_parallel || rank_tokens(base) % T == 0))
       out.push_back(T);
   return out;
+}
+
+std::optional<ContextLayout> context_layout(const RunPlanRequest& base, int P, int T) {
+  const auto fits_model = [&](const ContextLayout& l) {
+    return accepted([&] { check_context_parallel_model(base.config, P, l.kind, T, l.ulysses_degree); }) &&
+           accepted([&] {
+             ContextSplit(0, P, zigzag_split(l.kind), split_ulysses_degree(l.kind, l.ulysses_degree))
+                 .check_seq_len(base.seq_len);
+           });
+  };
+  std::vector<ContextLayout> kinds;
+  if (base.model.context_parallel_kind != ContextParallelKind::ulysses) {
+    kinds.push_back({base.model.context_parallel_kind, base.model.ulysses_degree});
+  } else {
+    kinds.push_back({ContextParallelKind::ulysses, 1});
+    for (int U = P / 2; U >= 2; --U)
+      if (P % U == 0) kinds.push_back({ContextParallelKind::hybrid, U});
+    kinds.push_back({ContextParallelKind::ring, 1});
+  }
+  for (const ContextLayout& l : kinds)
+    if (fits_model(l)) return l;
+  return std::nullopt;
 }
 
 std::vector<int> context_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster) {
   if (base.strategy.context_parallel > 1 || base.strategy.expert_parallel > 1) return {};
   const int node = ranks_per_node(base, cluster);
-  const ContextParallelKind kind = base.model.context_parallel_kind;  // the run's (ulysses by default)
+  const int T = base.strategy.tensor_parallel;
   std::vector<int> out;
   for (int P = 2; P <= node; ++P)
-    if (node % P == 0 && base.world_size % (P * base.strategy.tensor_parallel) == 0 &&
-        accepted([&] { check_context_parallel_model(base.config, P, kind, 1, base.model.ulysses_degree); }) &&
-        accepted([&] {
-          ContextSplit(0, P, zigzag_split(kind), split_ulysses_degree(kind, base.model.ulysses_degree))
-              .check_seq_len(base.seq_len);
-        }))
+    if (node % P == 0 && base.world_size % (P * T) == 0 && context_layout(base, P, T) &&
+        (!base.model.sequence_parallel || rank_tokens(base) / P % T == 0))
       out.push_back(P);
+  return out;
+}
+
+std::vector<int> expert_parallel_choices(const RunPlanRequest& base) {
+  const StrategyOptions& s = base.strategy;
+  if (s.expert_parallel > 1 || !base.config.moe.enabled() || s.tensor_parallel > 1 ||
+      s.context_parallel > 1 || base.model.activation_checkpointing || s.optimizer_on_host)
+    return {s.expert_parallel};
+  std::vector<int> out = {1};
+  for (int E = 2; E <= base.world_size; ++E)
+    if (base.world_size % E == 0 && base.config.moe.num_experts % E == 0) out.push_back(E);
   return out;
 }
 
@@ -354,10 +443,11 @@ AutoSearch auto_search(const RunPlanRequest& base, const HardwareProfile* profil
                        const ClusterShape& cluster, const MemoryBudget& budget) {
   AutoSearch out;
   const std::vector<int> tensor_sizes = tensor_parallel_choices(base, cluster);
-  out.candidates = plan_candidates(base, profile, cluster, /*vary_checkpointing=*/true, tensor_sizes);
+  out.candidates = plan_candidates(base, profile, cluster, /*vary_checkpointing=*/true, tensor_sizes,
+                                   {}, expert_parallel_choices(base));
   out.recommendation = recommend(out.candidates, budget, base, profile, cluster);
   if (out.recommendation.chosen) return out;
-  // The sequence does not fit whole on any rank: split it too (Ulysses).
+  // The sequence does not fit whole on any rank: split it too (the kind each P allows).
   const std::vector<int> context_sizes = context_parallel_choices(base, cluster);
   if (context_sizes.empty()) return out;
   std::vector<Candidate> split =
@@ -384,12 +474,13 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
     return out;
   }
   size_t smallest = 0;
-  bool checkpointing_tried = false, tensor_tried = false, context_tried = false;
+  bool checkpointing_tried = false, tensor_tried = false, expert_tried = false, context_tried = false;
   for (size_t i = 0; i < candidates.size(); ++i) {
     const RunPlanRequest& r = candidates[i].request;
     if (candidates[i].plan.total() < candidates[smallest].plan.total()) smallest = i;
     checkpointing_tried = checkpointing_tried || r.model.activation_checkpointing;
     tensor_tried = tensor_tried || r.strategy.tensor_parallel != base.strategy.tensor_parallel;
+    expert_tried = expert_tried || r.strategy.expert_parallel != base.strategy.expert_parallel;
     context_tried = context_tried || r.strategy.context_parallel != base.strategy.context_parallel;
   }
   // Candidates whose device side fits but whose host side does not: say so (the
@@ -414,7 +505,7 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
       candidates.empty() ? "-" : candidates[smallest].label,
       candidates.empty() ? "-" : gib(candidates[smallest].plan.total()),
       smallest_change(base, checkpointing_tried || base.strategy.expert_parallel > 1,
-                      tensor_tried, context_tried, profile, cluster, budget_bytes));
+                      tensor_tried, expert_tried, context_tried, profile, cluster, budget_bytes));
   return out;
 }
 

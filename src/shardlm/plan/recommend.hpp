@@ -5,8 +5,10 @@
 //  1. Candidates: ddp, zero1, zero2, zero3, zero3 keeping parameters gathered from
 //     forward to backward, hybrid for each shard group size that divides the ranks;
 //     each as asked and, unless asked already, with activation checkpointing; under
-//     --strategy auto each at every tensor-parallel size inside a node, and, when none
-//     of those fits, at every context-parallel size too (auto_search).
+//     --strategy auto each at every tensor-parallel size inside a node and, for a
+//     mixture of experts, every expert-parallel size, and, when none of those fits, at
+//     every context-parallel size too, each with the context-parallel kind its heads
+//     allow (auto_search).
 //  2. Those whose planned bytes per rank fit the budget are eligible (a device run's
 //     host side too: its host bytes per rank times the ranks on a node within the
 //     node's host memory, where that is known).
@@ -18,8 +20,8 @@
 //     shard only what must be).
 //  4. Nothing fits: the smallest change that makes something fit is named, trying
 //     in order activation checkpointing, bf16, halving the micro-batch (more
-//     accumulation steps), --tensor-parallel T, --context-parallel P, and doubling the
-//     ranks.
+//     accumulation steps), --tensor-parallel T, --expert-parallel E,
+//     --context-parallel P, and doubling the ranks.
 #pragma once
 
 #include <limits>
@@ -27,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/model/model.hpp"
 #include "shardlm/plan/run_plan.hpp"
 #include "shardlm/plan/time_model.hpp"
 
@@ -41,22 +44,43 @@ struct Candidate {
 
 // The candidates of step 1 for `base` (its strategy options other than kind,
 // resharding and group size are kept), each planned and, with a profile, timed; for
-// each tensor-parallel size in tensor_sizes and context-parallel size in context_sizes
-// (empty: base's), T = 1 and P = 1 first.
+// each tensor-parallel size in tensor_sizes, context-parallel size in context_sizes and
+// expert-parallel size in expert_sizes (empty: base's), T = 1, P = 1 and E = 1 first.
+// A context size other than base's runs the kind context_layout gives it; an expert
+// size > 1 only at T = 1, P = 1, without hybrid and checkpointing (what the trainer
+// runs it with).
 std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
                                        const ClusterShape& cluster, bool vary_checkpointing,
                                        const std::vector<int>& tensor_sizes = {},
-                                       const std::vector<int>& context_sizes = {});
+                                       const std::vector<int>& context_sizes = {},
+                                       const std::vector<int>& expert_sizes = {});
 
 // The tensor-parallel sizes --strategy auto considers: 1 and the divisors of a node's
 // ranks (the tensor group stays inside a node) that divide the data-parallel ranks and
-// split the model (check_tensor_parallel); base's alone when it fixes one (> 1) or
-// runs expert parallelism.
+// split the model (check_tensor_parallel) and, with --sequence-parallel, a rank's
+// tokens; base's alone when it fixes one (> 1) or runs expert parallelism.
 std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster);
-// The context-parallel (Ulysses) sizes > 1 it tries when no candidate fits: divisors of
-// a node's ranks the model's heads and the sequence split over; none when base fixes
-// one or runs expert parallelism.
+// The context-parallel sizes > 1 it tries when no candidate fits: divisors of a node's
+// ranks for which context_layout finds a kind; none when base fixes one or runs expert
+// parallelism.
 std::vector<int> context_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster);
+// The expert-parallel sizes it considers for a mixture of experts: 1 and every E > 1
+// dividing the world and the experts of a layer; base's alone when it fixes one (> 1),
+// when the model is dense, or when base splits tensors or sequences, checkpoints
+// activations or offloads the optimizer (none of which the trainer combines with expert
+// parallelism yet: HostOwnedState fails on the experts a rank does not hold).
+std::vector<int> expert_parallel_choices(const RunPlanRequest& base);
+
+// How P context ranks at T tensor ranks split the attention: base's kind when it names
+// ring or hybrid; else Ulysses where a tensor rank's heads split over P, else hybrid with
+// the largest Ulysses degree U (1 < U < P, dividing P) they split over, else ring; none
+// when no kind fits the heads and the sequence (check_context_parallel_model,
+// ContextSplit::check_seq_len).
+struct ContextLayout {
+  ContextParallelKind kind = ContextParallelKind::ulysses;
+  int ulysses_degree = 1;
+};
+std::optional<ContextLayout> context_layout(const RunPlanRequest& base, int P, int T);
 
 // What a candidate must fit in. Implicit from a device budget alone (host unbounded).
 struct MemoryBudget {
@@ -84,9 +108,10 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
                          const RunPlanRequest& base, const HardwareProfile* profile,
                          const ClusterShape& cluster);
 
-// --strategy auto (train's and plan's): the candidates over tensor_parallel_choices,
-// recommended; when none fits, also those over context_parallel_choices (the sequence
-// split too), appended, and the recommendation among them.
+// --strategy auto (train's and plan's): the candidates over tensor_parallel_choices and
+// expert_parallel_choices, recommended; when none fits, also those over
+// context_parallel_choices (the sequence split too), appended, and the recommendation
+// among them.
 struct AutoSearch {
   std::vector<Candidate> candidates;
   Recommendation recommendation;
@@ -95,7 +120,8 @@ AutoSearch auto_search(const RunPlanRequest& base, const HardwareProfile* profil
                        const ClusterShape& cluster, const MemoryBudget& budget);
 
 // The `train` flags that select a candidate: "--strategy hybrid --shard-group-size 8
-// --activation-checkpointing".
+// --activation-checkpointing", "--strategy zero3 --expert-parallel 8", "--strategy zero3
+// --context-parallel 8 --context-parallel-kind hybrid --ulysses-degree 4".
 std::string candidate_flags(const Candidate& candidate);
 
 std::string gib(double bytes);  // "9.1 GiB"; "5.3 MiB" below 1 GiB

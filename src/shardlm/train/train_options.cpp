@@ -156,7 +156,8 @@ void TrainOptions::validate_run_shape() const {
   SHARDLM_CHECK(!check_replicas || tensor_size() == 1,
                 "--check-replicas compares every rank's replicated parameters, which tensor "
                 "ranks do not share (--tensor-parallel {}): leave one of them out", tensor_size());
-  SHARDLM_CHECK(!sequence_parallel || tensor_size() > 1,
+  // --strategy auto gives it to the tensor-parallel layouts it considers.
+  SHARDLM_CHECK(!sequence_parallel || tensor_size() > 1 || strategy == "auto",
                 "--sequence-parallel splits the tokens of a tensor group; this run has one tensor "
                 "rank (add --tensor-parallel T with T > 1)");
   SHARDLM_CHECK(!sequence_parallel ||
