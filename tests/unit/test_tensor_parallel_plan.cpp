@@ -3,7 +3,8 @@
 // GEMMs (the vocabulary-parallel head's too) and runs the whole norms; the tensor
 // group's all-reduces (two per layer forward, two backward, each a [tokens, n_embd]
 // fp32 partial sum, and the vocabulary-parallel embedding's and head's) are on the wire; and the time model keeps the tensor group on the innermost ranks, inside a
-// node, with the other groups' ranks T apart.
+// node, with the other groups' ranks T apart. With sequence parallelism the norms run
+// on a rank's 1/T of the tokens.
 #include <gtest/gtest.h>
 
 #include "shardlm/model/param_layout.hpp"
@@ -84,6 +85,27 @@ TEST(TensorParallelPlan, ARankMultipliesItsPiecesAndTheWholeParts) {
   // (one micro-batch) over two ranks.
   EXPECT_DOUBLE_EQ(split.flops_per_step, whole.flops_per_step / 2);
   EXPECT_EQ(split.tensor_parallel, 2);
+}
+
+TEST(TensorParallelPlan, SequenceParallelismRunsTheNormsOnARanksShareOfTheTokens) {
+  // llama-tiny at T = 2: a layer's two norm weights (n_embd each, replicated) and the
+  // final norm run over half of the micro-batch's tokens with --sequence-parallel; the
+  // split matrices' GEMMs and elementwise proxy are unchanged.
+  RunPlanRequest r = tiny(2, 2);
+  const RunPlan tp = plan_run(r);
+  r.model.sequence_parallel = true;
+  const RunPlan sp = plan_run(r);
+  const double C = model_preset("llama-tiny").n_embd;
+  const double tokens = static_cast<double>(r.micro_batch) * r.seq_len;
+  const size_t M = tp.unit_work.size();
+  for (size_t u = 1; u < M; ++u) {
+    const double norms = u + 1 == M ? 1 : 2;
+    EXPECT_DOUBLE_EQ(tp.unit_work[u].forward.elementwise_bytes - sp.unit_work[u].forward.elementwise_bytes,
+                     8 * tokens * norms * C / 2)
+        << "unit " << u;
+    EXPECT_DOUBLE_EQ(sp.unit_work[u].forward.gemm_flops, tp.unit_work[u].forward.gemm_flops) << "unit " << u;
+  }
+  EXPECT_DOUBLE_EQ(sp.unit_work[0].forward.elementwise_bytes, tp.unit_work[0].forward.elementwise_bytes);
 }
 
 TEST(TensorParallelPlan, TheTensorGroupSumsTwoPartialSumsPerLayerEachWay) {

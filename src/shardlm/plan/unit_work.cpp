@@ -40,8 +40,11 @@ struct MatrixWork {
   std::vector<double> gemm_forward, gemm_backward, elementwise, dequantize;
 };
 
+// whole_vector_share: the share of a unit's tokens its whole (unsplit) 1-D parameters'
+// work runs over (sequence parallelism: 1/T, the norms and biases of the residual stream
+// on this tensor rank's tokens).
 MatrixWork matrix_work(const std::vector<UnitLayout>& model_units, const std::vector<size_t>& owner,
-                       double C, DType precision) {
+                       double C, DType precision, double whole_vector_share = 1.0) {
   const size_t M = model_units.size();
   MatrixWork w{std::vector<double>(M, 0), std::vector<double>(M, 0), std::vector<double>(M, 0),
                std::vector<double>(M, 0)};
@@ -71,7 +74,7 @@ MatrixWork matrix_work(const std::vector<UnitLayout>& model_units, const std::ve
         gemm_backward[owner[v]] += 2 * n * backward_per_forward * f;
         elementwise[owner[v]] += 8 * n / C * f;
       } else {
-        elementwise[owner[v]] += 8 * n;
+        elementwise[owner[v]] += 8 * n * (p.piece.whole() ? whole_vector_share : 1.0);
       }
     }
     dequantize[owner[v]] += dequantize_bytes(unit, precision);
@@ -98,7 +101,8 @@ std::vector<UnitWork> model_unit_work(const ModelConfig& config,
   const MatrixWork whole = matrix_work(model_units, owner, C, options.precision);
   const MatrixWork local =
       tensor.size > 1
-          ? matrix_work(split_for_tensor_rank(model_units, config, tensor), owner, C, options.precision)
+          ? matrix_work(split_for_tensor_rank(model_units, config, tensor), owner, C, options.precision,
+                        options.sequence_parallel ? 1.0 / tensor.size : 1.0)
           : whole;
   const std::vector<double>& gemm_forward = local.gemm_forward;
   const std::vector<double>& gemm_backward = local.gemm_backward;

@@ -39,7 +39,9 @@
 //    (split_for_tensor_rank: 1/T of q/k/v/o/gate/up/down, a replicated key/value head
 //    whole, 1/T of the vocabulary-parallel embedding and head) and every whole
 //    parameter in full (norms); attention runs over H/T query heads and the loss's
-//    softmax over padded vocabulary / T logits: 1/T of the unsplit rank's.
+//    softmax over padded vocabulary / T logits: 1/T of the unsplit rank's. With
+//    sequence parallelism (options.sequence_parallel) the whole 1-D parameters' proxy
+//    (the norms, o_proj's bias) runs over the rank's 1/T of the tokens.
 // Activation checkpointing adds each block's forward GEMMs, attention and
 // elementwise work to its backward (recomputation).
 #pragma once
