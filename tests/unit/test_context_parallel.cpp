@@ -4,9 +4,11 @@
 // own positions and key_begin), with and without activation checkpointing: Ulysses with
 // the KV heads split (P divides them) and replicated (P a multiple of them), ring
 // attention with the zigzag split at P = 2, 3 and 4 (packed documents crossing chunks),
-// hybrid (Ulysses groups of U = 2 in a ring of 2 at P = 4). The reference is
-// the same model without a context group on the whole micro-batch (itself held to
-// float64 transformers by test_llama_fixture). Not bitwise: each rank's weight
+// hybrid (Ulysses groups of U = 2 in a ring of 2 at P = 4); gpt2 (learned positions:
+// each rank's wpe rows are its tokens' global positions, the zigzag's too; fused biased
+// c_attn) under the three kinds. The reference is the same model without a context
+// group on the whole micro-batch (itself held to float64 transformers by
+// test_llama_fixture and the gpt2 fixture tests). Not bitwise: each rank's weight
 // gradients sum over its own tokens, and those partial sums are added across ranks,
 // in another order than one GEMM over all tokens.
 #include <gtest/gtest.h>
@@ -89,13 +91,15 @@ struct Case {
   bool checkpointing;
   ContextParallelKind kind = ContextParallelKind::ulysses;
   int ulysses_degree = 1;  // hybrid's
+  int n_head = 0;          // 0: the preset's
 };
 
 void expect_context_parallel_matches(const Case& c) {
   const std::string kind = context_parallel_kind_name(c.kind);
   SCOPED_TRACE(c.preset + " " + kind + " P=" + std::to_string(c.P) + " U=" + std::to_string(c.ulysses_degree) +
                (c.packed ? " packed" : " padded") + (c.checkpointing ? " checkpointing" : ""));
-  const ModelConfig config = tiny_family_config(c.preset);
+  ModelConfig config = tiny_family_config(c.preset);
+  if (c.n_head > 0) config.n_head = c.n_head;
   const int B = 2, T = 24;
   const ParamLayout layout = ParamLayout::build(config, 1, 0);
   const Rows rows = make_rows(B, T, config.vocab_size);
@@ -184,6 +188,20 @@ TEST(ContextParallel, HybridMatchesOneRank) {
   for (const char* preset : {"llama-tiny", "qwen2-tiny"})
     for (bool packed : {false, true}) expect_context_parallel_matches({preset, 4, packed, false, hybrid, 2});
   expect_context_parallel_matches({"llama-tiny", 4, true, true, hybrid, 2});
+}
+
+TEST(ContextParallel, Gpt2MatchesOneRank) {
+  // gpt2-tiny's 2 heads (4 for Ulysses at P = 4); packed documents of 11 and 13 tokens
+  // restart their positions, so the wpe rows read are not the tokens' row indices.
+  for (bool packed : {false, true}) {
+    expect_context_parallel_matches({"gpt2-tiny", 2, packed, false});
+    expect_context_parallel_matches({"gpt2-tiny", 2, packed, false, ContextParallelKind::ring});
+    expect_context_parallel_matches({"gpt2-tiny", 4, packed, false, ContextParallelKind::ring});
+    expect_context_parallel_matches({"gpt2-tiny", 4, packed, false, ContextParallelKind::hybrid, 2});
+  }
+  expect_context_parallel_matches({"gpt2-tiny", 4, true, false, ContextParallelKind::ulysses, 1, 4});
+  expect_context_parallel_matches({"gpt2-tiny", 4, true, true, ContextParallelKind::ring});
+  expect_context_parallel_matches({"gpt2-tiny", 4, true, true, ContextParallelKind::hybrid, 2});
 }
 
 // A rank whose message never arrives: the other ranks' waits run into the deadline, and

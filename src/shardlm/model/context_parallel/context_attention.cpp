@@ -42,13 +42,9 @@ void check_ulysses_degree(int P, ContextParallelKind kind, int U) {
 void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind,
                                   int tensor_size, int ulysses_degree) {
   if (P == 1) return;
-  SHARDLM_CHECK(config.family != "gpt2",
-                "--context-parallel {}: gpt2 does not split sequences yet (the llama, qwen2 and "
-                "qwen3 families do)",
-                P);
   SHARDLM_CHECK(!config.moe.enabled(),
                 "--context-parallel {}: mixture-of-experts models ({}) do not split sequences "
-                "yet (the dense llama, qwen2 and qwen3 families do)",
+                "yet (the dense llama, qwen2, qwen3 and gpt2 families do)",
                 P, config.family);
   if (kind == ContextParallelKind::ulysses && tensor_size > 1) {
     // The context ranks split a tensor rank's own heads.

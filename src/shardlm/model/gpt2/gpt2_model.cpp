@@ -8,6 +8,7 @@
 
 #include "shardlm/backend/backend.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/context_parallel/context_parallelism.hpp"
 #include "shardlm/model/gpt2/gpt2_family.hpp"
 #include "shardlm/model/model_support.hpp"
 
@@ -107,8 +108,18 @@ struct Gpt2Model::Impl {
   // During forward_unit_cached: the cache, and the step's positions (cache.length() + t).
   KvCache* kv = nullptr;
   std::vector<int32_t> kv_positions;
+  // Context parallelism (options.parallel_groups.context of more than one rank): this
+  // rank's tokens of each row (their wpe rows the global positions'), and the attention
+  // across the group's ranks; else null.
+  std::unique_ptr<ContextParallelism> context;
 
   int64_t N() const { return static_cast<int64_t>(B) * T; }
+  // The micro-batch this rank computes on: `full`, or with context parallelism its
+  // slice, cut when the embeddings' forward starts the micro-batch.
+  const MicroBatch& local_batch(const MicroBatch& full, bool starts) {
+    return context ? context->local_batch(full, starts, *be) : full;
+  }
+  int attention_slot(int l) const { return options.activation_checkpointing ? 0 : l; }
 
   ConstTypedPtr head_weight(ParamPointers params) const {
     return lm_head < 0 ? params[0].at(wte) : params[final_unit].at(lm_head);
@@ -185,7 +196,10 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
     m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
 
   ArenaCarver carver;
-  m.carve_activations(carver, static_cast<int64_t>(max_batch) * max_seq);
+  m.context = ContextParallelism::make(options, {m.H, m.H, m.C / m.H}, max_batch, max_seq, m.compute,
+                                       options.activation_checkpointing ? 1 : m.L, carver);
+  const int local_seq = m.context ? m.context->local_len(max_seq) : max_seq;
+  m.carve_activations(carver, static_cast<int64_t>(max_batch) * local_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
   m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
@@ -307,6 +321,8 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   be->add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * C);
   if (kv != nullptr)
     cached_attention(l, a);
+  else if (context)
+    context->attention().forward(attention_slot(l), *be, a.qkv, a.att, B);
   else
     be->attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H}, staged.key_begin);
   gemm_forward(rows, C, C, a.att, w.attn_proj, branch);
@@ -362,8 +378,11 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
   float* datt = dsmall;
   be->gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
   float* dqkv = dbig;
-  be->attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, C / H},
-                          staged.key_begin);
+  if (context)
+    context->attention().backward(attention_slot(l), *be, datt, dqkv, B);
+  else
+    be->attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, C / H},
+                           staged.key_begin);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * 3 * C);
   be->gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
   be->bias_backward(g + o.attn_b, dqkv, n, 3 * C);
@@ -410,18 +429,21 @@ std::vector<int> Gpt2Model::Impl::needed_units(int unit) const {
 std::vector<int> Gpt2Model::units_needed_for(int unit) const { return impl_->needed_units(unit); }
 
 void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
-                             const MicroBatch& batch, bool training, float grad_scale) {
+                             const MicroBatch& full, bool training, float grad_scale) {
   Impl& m = *impl_;
   check_param_pointers(params, m.L + 2, m.needed_units(unit), unit, m.compute);
   if (unit == 0) {
-    check_micro_batch(batch, m.max_batch, m.max_seq, m.V);
-    m.state.start(batch);
-    if (batch.positions != nullptr)
-      for (int64_t i = 0; i < static_cast<int64_t>(batch.B) * batch.T; ++i)
-        SHARDLM_CHECK(batch.positions[i] >= 0 && batch.positions[i] < m.config.max_seq_len,
+    check_micro_batch(full, m.max_batch, m.max_seq, m.V);  // the whole rows, as given
+    if (full.positions != nullptr)
+      for (int64_t i = 0; i < static_cast<int64_t>(full.B) * full.T; ++i)
+        SHARDLM_CHECK(full.positions[i] >= 0 && full.positions[i] < m.config.max_seq_len,
                       "model: position id {} at token {} is outside gpt2's position table "
                       "[0, {})",
-                      batch.positions[i], i, m.config.max_seq_len);
+                      full.positions[i], i, m.config.max_seq_len);
+  }
+  const MicroBatch& batch = m.local_batch(full, unit == 0);
+  if (unit == 0) {
+    m.state.start(batch);
     m.B = batch.B;
     m.T = batch.T;
     m.staged.stage(*m.be, batch, /*default_positions=*/false);
@@ -441,8 +463,9 @@ void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
 }
 
 void Gpt2Model::backward_unit(int unit, ParamPointers params, UnitPointers grads,
-                              const MicroBatch& batch) {
+                              const MicroBatch& full) {
   Impl& m = *impl_;
+  const MicroBatch& batch = m.local_batch(full, /*starts=*/false);
   m.state.begin_backward(unit, batch);
   check_param_pointers(params, m.L + 2, {unit}, unit, m.compute);
   check_grad_pointer(grads, m.L + 2, unit);
@@ -481,6 +504,8 @@ void Gpt2Model::forward_unit_cached(int unit, ParamPointers params, KvCache& cac
                                     const MicroBatch& batch) {
   Impl& m = *impl_;
   check_param_pointers(params, m.L + 2, m.needed_units(unit), unit, m.compute);
+  SHARDLM_CHECK(!m.context, "model: generation with a KV cache runs on one rank; this model "
+                "splits its sequences over a context group");
   if (unit == 0) {
     m.kv_positions = start_cached_step(batch, cache, m.L, m.C, m.compute, m.max_seq, m.V);
     m.state.start(batch);

@@ -8,7 +8,7 @@
 #include "shardlm/backend/backend.hpp"
 #include "shardlm/comm/communicator.hpp"
 #include "shardlm/core/error.hpp"
-#include "shardlm/model/context_parallel/context_attention.hpp"
+#include "shardlm/model/context_parallel/context_parallelism.hpp"
 #include "shardlm/model/llama/llama_family.hpp"
 #include "shardlm/model/llama/llama_lora.hpp"
 #include "shardlm/model/model_support.hpp"
@@ -174,9 +174,8 @@ struct LlamaModel::Impl {
   const int32_t* positions = nullptr;     // of the current micro-batch, where kernels read them
   const int32_t* key_begin = nullptr;
   // Context parallelism (options.parallel_groups.context of more than one rank): this
-  // rank's tokens of each row, and the attention across the group's ranks.
-  std::unique_ptr<ContextSplit> split;
-  std::unique_ptr<ContextAttention> context;
+  // rank's tokens of each row, and the attention across the group's ranks; else null.
+  std::unique_ptr<ContextParallelism> context;
   // During forward_unit_cached: the cache, and the step's positions (cache.length() + t).
   KvCache* kv = nullptr;
   std::vector<int32_t> kv_positions;
@@ -223,15 +222,7 @@ struct LlamaModel::Impl {
   // The micro-batch this rank computes on: `full`, or with context parallelism its
   // slice, cut when the embeddings' forward starts the micro-batch.
   const MicroBatch& local_batch(const MicroBatch& full, bool starts) {
-    if (!split) return full;
-    if (starts) {
-      split->slice(full);
-      context->begin_micro_batch(*be);
-    } else {
-      SHARDLM_CHECK(split->sliced_from(full), "model: a unit's call is for another micro-batch "
-                    "than the embeddings' forward saw");
-    }
-    return split->local();
+    return context ? context->local_batch(full, starts, *be) : full;
   }
   AttentionShape attention_shape() const {
     return {state.B, state.T, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(hd)};
@@ -601,19 +592,12 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   if (!config.tie_embeddings) m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
 
   ArenaCarver carver;
-  int local_seq = max_seq;
-  if (Communicator* group = options.parallel_groups.context; group != nullptr && group->size() > 1) {
-    SHARDLM_CHECK(!m.moe, "--context-parallel: mixture-of-experts models do not split sequences yet");
-    const ContextParallelKind kind = options.context_parallel_kind;
-    const int U = split_ulysses_degree(kind, options.ulysses_degree);
-    m.split = std::make_unique<ContextSplit>(group->rank(), group->size(), zigzag_split(kind), U);
-    m.split->check_seq_len(max_seq);
-    local_seq = m.split->local_len(max_seq);
-    m.context = make_context_attention(
-        kind, U, *group, *m.split,
-        {static_cast<int>(m.H), static_cast<int>(m.KV), static_cast<int>(m.hd)}, max_seq, m.compute);
-    m.context->carve(carver, options.activation_checkpointing ? 1 : m.L, max_batch);
-  }
+  SHARDLM_CHECK(options.parallel_groups.context == nullptr || options.parallel_groups.context->size() == 1 || !m.moe,
+                "--context-parallel: mixture-of-experts models do not split sequences yet");
+  m.context = ContextParallelism::make(
+      options, {static_cast<int>(m.H), static_cast<int>(m.KV), static_cast<int>(m.hd)}, max_batch,
+      max_seq, m.compute, options.activation_checkpointing ? 1 : m.L, carver);
+  const int local_seq = m.context ? m.context->local_len(max_seq) : max_seq;
   SHARDLM_CHECK(!m.sequence_parallel || static_cast<int64_t>(max_batch) * local_seq % m.tensor_size == 0,
                 "--sequence-parallel: a micro-batch of {} x {} tokens does not divide into "
                 "--tensor-parallel {} equal parts", max_batch, local_seq, m.tensor_size);
@@ -986,7 +970,7 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
   if (kv != nullptr)
     cached_attention(l, a);
   else if (context)
-    context->forward(options.activation_checkpointing ? 0 : l, *be, a.qkv, a.att, state.B);
+    context->attention().forward(options.activation_checkpointing ? 0 : l, *be, a.qkv, a.att, state.B);
   else
     be->attention_forward(a.att, a.lse, a.qkv, attention_shape(), key_begin);
   gemm_forward(rows, static_cast<int>(C), static_cast<int>(Q), 1.0f, a.att, static_cast<int>(Q),
@@ -1112,7 +1096,7 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   if (lora_o >= 0) lora_backward(static_cast<size_t>(lora_o), ad, a.att, dy, datt);
   float* dqkv = dbig;
   if (context)
-    context->backward(options.activation_checkpointing ? 0 : l, *be, datt, dqkv, state.B);
+    context->attention().backward(options.activation_checkpointing ? 0 : l, *be, datt, dqkv, state.B);
   else
     be->attention_backward(dqkv, datt, a.qkv, a.att, a.lse, attention_shape(), key_begin);
   be->rope_backward(dqkv, QKV, dqkv, QKV, n, static_cast<int>(H), static_cast<int>(hd), positions,
