@@ -79,6 +79,16 @@ run_mpi 4 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --str
   || { cat "$out.log"; fail "llama-tiny hybrid zero3 n=4 P=4 U=2"; }
 close "$out" "$WORK/llama-tiny_ref" "llama-tiny hybrid zero3 n=4 --context-parallel 4 --ulysses-degree 2 vs one rank"
 
+# A mixture of experts (qwen3-moe-tiny, ring, zero3): the load-balancing loss's sums are
+# added over the context group, so the step's loss (cross-entropy + coefficient x aux,
+# counted once per group) and the router's gradient are the whole rows'.
+"$SHARDLM" train --model qwen3-moe-tiny "${BASE[@]}" --micro-batch 4 --out "$WORK/moe_ref" > "$WORK/moe_ref.log" 2>&1 \
+  || { cat "$WORK/moe_ref.log"; fail "qwen3-moe-tiny reference"; }
+run_mpi 2 "$SHARDLM" train --model qwen3-moe-tiny "${BASE[@]}" --micro-batch 4 --strategy zero3 \
+  --context-parallel 2 --context-parallel-kind ring --out "$WORK/moe_cp" > "$WORK/moe_cp.log" 2>&1 \
+  || { cat "$WORK/moe_cp.log"; fail "qwen3-moe-tiny ring P=2"; }
+close "$WORK/moe_cp" "$WORK/moe_ref" "qwen3-moe-tiny ring zero3 n=2 --context-parallel 2 vs one rank"
+
 # LoRA: only the adapters train, their gradients reduced over shard x context.
 LORA=(--lora-rank 4 --lora-targets q_proj,v_proj,down_proj)
 "$SHARDLM" train --model qwen2-tiny "${BASE[@]}" "${LORA[@]}" --micro-batch 4 --out "$WORK/lora_ref" \
@@ -145,7 +155,7 @@ refused "--context-parallel 4 must divide the world size 2" 2 --model llama-tiny
 refused "the model's 3 query heads do not divide by 2" 2 --model qwen3-tiny --micro-batch 4 --context-parallel 2
 refused "--seq-len 30 does not split over --context-parallel 4" 1 --model llama-tiny --micro-batch 4 --context-parallel 4 --seq-len 30
 refused "--context-parallel 2 and --mesh shard=2 (context=1) disagree" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --mesh shard=2
-refused "mixture-of-experts models (qwen3_moe) do not split sequences" 2 --model qwen3-moe-tiny --micro-batch 4 --context-parallel 2
+refused "--expert-parallel 2 with --context-parallel 2 is not supported yet" 4 --model qwen3-moe-tiny --micro-batch 4 --context-parallel 2 --expert-parallel 2
 refused "--context-parallel-kind must be ulysses" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --context-parallel-kind zigzag
 refused "--seq-len 36 does not split over --context-parallel 4: ring attention's zigzag split needs a multiple of 8" 1 --model llama-tiny --micro-batch 4 --context-parallel 4 --context-parallel-kind ring --seq-len 36
 refused "--context-parallel 4 --context-parallel-kind hybrid needs --ulysses-degree U with 1 < U < 4 dividing 4" 4 --model llama-tiny --micro-batch 4 --context-parallel 4 --context-parallel-kind hybrid --ulysses-degree 3

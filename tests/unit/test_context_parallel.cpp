@@ -92,6 +92,7 @@ struct Case {
   ContextParallelKind kind = ContextParallelKind::ulysses;
   int ulysses_degree = 1;  // hybrid's
   int n_head = 0;          // 0: the preset's
+  double aux_coef = -1;    // mixtures of experts: the load-balancing loss's (-1: the preset's)
 };
 
 void expect_context_parallel_matches(const Case& c) {
@@ -100,6 +101,7 @@ void expect_context_parallel_matches(const Case& c) {
                (c.packed ? " packed" : " padded") + (c.checkpointing ? " checkpointing" : ""));
   ModelConfig config = tiny_family_config(c.preset);
   if (c.n_head > 0) config.n_head = c.n_head;
+  if (c.aux_coef >= 0) config.moe.router_aux_loss_coef = c.aux_coef;
   const int B = 2, T = 24;
   const ParamLayout layout = ParamLayout::build(config, 1, 0);
   const Rows rows = make_rows(B, T, config.vocab_size);
@@ -108,12 +110,18 @@ void expect_context_parallel_matches(const Case& c) {
   auto reference_model = model_family(config.family).make_model(config, layout, B, T, options,
                                                                 MemoryTracker::global());
   Weights reference(*reference_model, layout);
-  const double want_loss = run(*reference_model, reference, rows.batch(B, T, c.packed));
+  MicroBatch full = rows.batch(B, T, c.packed);
+  full.aux_loss_share = 1.0f;  // the load-balancing loss's gradient at full weight
+  const double want_loss = run(*reference_model, reference, full);
   const int64_t want_count = reference_model->last_target_count();
+  const double want_aux = reference_model->last_aux_loss();
+  const std::vector<double> want_routed = reference_model->last_expert_tokens();
 
   std::vector<Weights> per_rank;
   std::vector<double> losses(static_cast<size_t>(c.P));
   std::vector<int64_t> counts(static_cast<size_t>(c.P));
+  std::vector<double> aux(static_cast<size_t>(c.P));
+  std::vector<std::vector<double>> routed(static_cast<size_t>(c.P));
   std::mutex mutex;
   CommOptions comm_options;
   comm_options.timeout_seconds = 20;  // a rank that fails leaves the others waiting no longer
@@ -126,8 +134,10 @@ void expect_context_parallel_matches(const Case& c) {
     auto model = model_family(config.family).make_model(config, layout, B, T, o, MemoryTracker::global());
     Weights w(*model, layout);
     const size_t r = static_cast<size_t>(world.rank());
-    losses[r] = run(*model, w, rows.batch(B, T, c.packed));
+    losses[r] = run(*model, w, full);
     counts[r] = model->last_target_count();
+    aux[r] = model->last_aux_loss();
+    routed[r] = model->last_expert_tokens();
     std::lock_guard lock(mutex);
     per_rank.push_back(std::move(w));
   });
@@ -138,6 +148,11 @@ void expect_context_parallel_matches(const Case& c) {
   for (size_t r = 0; r < losses.size(); ++r) loss += losses[r], count += counts[r];
   EXPECT_EQ(count, want_count);
   EXPECT_NEAR(loss, want_loss, 1e-6 * std::abs(want_loss));
+  // The load-balancing loss and the assignments are the whole rows' on every rank.
+  for (size_t r = 0; r < aux.size(); ++r) {
+    EXPECT_NEAR(aux[r], want_aux, 1e-6 * std::abs(want_aux)) << "rank " << r;
+    EXPECT_EQ(routed[r], want_routed) << "rank " << r;
+  }
   double worst = 0.0;  // the largest |difference| / max |gradient| of a unit, reported
   for (size_t u = 0; u < reference.grads.size(); ++u) {
     double max_abs = 0.0, max_diff = 0.0;
@@ -146,6 +161,10 @@ void expect_context_parallel_matches(const Case& c) {
       for (const Weights& w : per_rank) sum += w.grads[u][i];
       max_abs = std::max(max_abs, std::abs(static_cast<double>(reference.grads[u][i])));
       max_diff = std::max(max_diff, std::abs(sum - reference.grads[u][i]));
+    }
+    if (max_abs == 0.0 && config.moe.enabled()) {  // an expert no token of the rows reached
+      EXPECT_EQ(max_diff, 0.0) << "flat unit " << u;
+      continue;
     }
     ASSERT_GT(max_abs, 0.0) << "flat unit " << u;
     worst = std::max(worst, max_diff / max_abs);
@@ -202,6 +221,19 @@ TEST(ContextParallel, Gpt2MatchesOneRank) {
   expect_context_parallel_matches({"gpt2-tiny", 4, true, false, ContextParallelKind::ulysses, 1, 4});
   expect_context_parallel_matches({"gpt2-tiny", 4, true, true, ContextParallelKind::ring});
   expect_context_parallel_matches({"gpt2-tiny", 4, true, true, ContextParallelKind::hybrid, 2});
+}
+
+TEST(ContextParallel, MixturesOfExpertsMatchOneRank) {
+  // The load-balancing loss over the whole rows (its sums added over the group) at a
+  // coefficient of 1, so that its router gradient weighs as much as the loss's: with
+  // each rank's own sums the router's gradient (and the loss) would be off.
+  const ContextParallelKind ring = ContextParallelKind::ring, hybrid = ContextParallelKind::hybrid;
+  for (bool packed : {false, true}) {
+    expect_context_parallel_matches({"qwen3-moe-tiny", 2, packed, false, ContextParallelKind::ulysses, 1, 0, 1.0});
+    expect_context_parallel_matches({"qwen2-moe-tiny", 4, packed, false, ring, 1, 0, 1.0});
+  }
+  expect_context_parallel_matches({"mixtral-tiny", 4, true, false, hybrid, 2, 0, 1.0});
+  expect_context_parallel_matches({"qwen3-moe-tiny", 4, true, true, ring, 1, 0, 1.0});
 }
 
 // A rank whose message never arrives: the other ranks' waits run into the deadline, and

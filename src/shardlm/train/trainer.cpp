@@ -324,6 +324,9 @@ StepOutcome Trainer::train_step(int64_t step, int64_t target_count, const Stopwa
   }
   strategy().finish_gradients();
   if (!counts_loss()) sums[0] = sums[1] = 0.0;
+  // A context group's ranks hold the same load-balancing loss (the model sums its
+  // statistics over the group): its first rank counts it.
+  if (mesh_shape_.coordinate(rank_, MeshDim::context) != 0) sums[1] = 0.0;
   comm_.all_reduce_blocking(std::span<double>(sums, 2), ReduceOp::sum, "loss sum");
   if (!expert_tokens.empty()) {
     comm_.all_reduce_blocking(std::span<double>(expert_tokens), ReduceOp::sum, "expert tokens");
@@ -439,6 +442,9 @@ void Trainer::read_inputs() {
                   config_.moe.num_experts);
     SHARDLM_CHECK(!o_.activation_checkpointing, "--expert-parallel {} with "
                   "--activation-checkpointing is not supported yet (run without one of them)", E);
+    SHARDLM_CHECK(mesh_shape_.size(MeshDim::context) == 1, "--expert-parallel {} with "
+                  "--context-parallel {} is not supported yet (run without one of them)", E,
+                  mesh_shape_.size(MeshDim::context));
   }
   set_global_batch(o_.global_batch > 0 ? o_.global_batch
                                        : o_.micro_batch * mesh_shape_.data_parallel_size() *

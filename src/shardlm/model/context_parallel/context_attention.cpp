@@ -42,10 +42,6 @@ void check_ulysses_degree(int P, ContextParallelKind kind, int U) {
 void check_context_parallel_model(const ModelConfig& config, int P, ContextParallelKind kind,
                                   int tensor_size, int ulysses_degree) {
   if (P == 1) return;
-  SHARDLM_CHECK(!config.moe.enabled(),
-                "--context-parallel {}: mixture-of-experts models ({}) do not split sequences "
-                "yet (the dense llama, qwen2, qwen3 and gpt2 families do)",
-                P, config.family);
   if (kind == ContextParallelKind::ulysses && tensor_size > 1) {
     // The context ranks split a tensor rank's own heads.
     const int q = config.n_head / tensor_size, kv = tensor_local_kv_heads(config, tensor_size);

@@ -592,8 +592,6 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   if (!config.tie_embeddings) m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
 
   ArenaCarver carver;
-  SHARDLM_CHECK(options.parallel_groups.context == nullptr || options.parallel_groups.context->size() == 1 || !m.moe,
-                "--context-parallel: mixture-of-experts models do not split sequences yet");
   m.context = ContextParallelism::make(
       options, {static_cast<int>(m.H), static_cast<int>(m.KV), static_cast<int>(m.hd)}, max_batch,
       max_seq, m.compute, options.activation_checkpointing ? 1 : m.L, carver);
@@ -1156,6 +1154,7 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
     return;
   }
   state.target_count = count_targets(batch.targets, n, V);
+  if (moe && context) moe->sum_load_balance(*options.parallel_groups.context);
   aux_loss = moe ? moe->aux_loss() : 0.0;
   if (moe) expert_tokens = moe->assignments_per_expert();
   float* dhead = nullptr;  // stays null for a frozen head (LoRA): dlnf is still needed

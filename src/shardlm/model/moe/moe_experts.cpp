@@ -1,6 +1,7 @@
 #include "shardlm/model/moe/moe_experts.hpp"
 
 #include <algorithm>
+#include <span>
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/llama/llama_lora.hpp"
@@ -104,6 +105,12 @@ void MoeExperts::route(int l, int64_t n) {
   }
   route_tokens(logits_, shape(), r.routing);
   stats_.add(r.routing, shape());
+}
+
+void MoeExperts::sum_load_balance(Communicator& context_group) {
+  std::vector<double> sums = stats_.sums();
+  context_group.all_reduce_blocking(std::span<double>(sums), ReduceOp::sum, "moe load-balancing sums");
+  stats_.set_sums(sums);
 }
 
 void MoeExperts::keep_h2(int l, Backend& be, ConstTypedPtr h2) {

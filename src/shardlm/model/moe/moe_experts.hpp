@@ -102,6 +102,11 @@ class MoeExperts {
 
   // The micro-batch's load-balancing loss (after the last sparse layer's forward).
   double aux_loss() const { return stats_.loss(); }
+  // Context parallelism: adds the load-balancing sums of the group's ranks (each routed
+  // its own tokens of the same rows), so that the loss, its gradient and the
+  // assignments are the whole rows' on every rank, as transformers computes them over
+  // one forward. After the last sparse layer's forward, before any router backward.
+  void sum_load_balance(Communicator& context_group);
   int experts() const { return E_; }
   // Whether expert e's unit is held (and runs) on this rank.
   bool holds(int e) const { return e >= local_begin_ && e < local_begin_ + local_experts_; }

@@ -93,6 +93,21 @@ void LoadBalanceStats::add(const MoeRouting& r, const RouterShape& s) {
   rows_ += static_cast<double>(s.tokens);
 }
 
+std::vector<double> LoadBalanceStats::sums() const {
+  std::vector<double> s(count_);
+  s.insert(s.end(), prob_sum_.begin(), prob_sum_.end());
+  s.push_back(rows_);
+  return s;
+}
+
+void LoadBalanceStats::set_sums(const std::vector<double>& s) {
+  const size_t E = count_.size();
+  SHARDLM_CHECK(s.size() == 2 * E + 1, "internal: {} load-balancing sums for {} experts", s.size(), E);
+  std::copy(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(E), count_.begin());
+  std::copy(s.begin() + static_cast<std::ptrdiff_t>(E), s.end() - 1, prob_sum_.begin());
+  rows_ = s.back();
+}
+
 double LoadBalanceStats::loss() const {
   if (rows_ == 0) return 0.0;
   double sum = 0;

@@ -55,6 +55,10 @@ class LoadBalanceStats {
   // d(weight x aux) / d p[row, e] for every row (length E).
   std::vector<float> prob_gradient(double weight) const;
   const std::vector<double>& assignments() const { return count_; }
+  // The sums as one array (counts, probability sums, rows) and back: a context group
+  // adds its ranks' so that every rank's loss and gradient are those of the whole rows.
+  std::vector<double> sums() const;
+  void set_sums(const std::vector<double>& sums);
 
  private:
   std::vector<double> count_, prob_sum_;
