@@ -4,7 +4,10 @@
 # under ddp and zero3, Ulysses with the KV heads split (P = 2 over llama-tiny's 2) and
 # replicated (P = 4), ring attention (zigzag split) at P = 2 and 4 and on qwen3-tiny's 3
 # heads that Ulysses cannot split, gpt2-tiny under the ring, padded text rows and packed SFT rows (documents'
-# positions and key_begin global), LoRA under both. Per-step loss and gradient norm agree to 1e-5 relative and the final weights
+# positions and key_begin global), LoRA under both and under hybrid, qwen3-moe-tiny (the
+# load-balancing loss over the group's rows), bf16 once (within 1e-2, bf16's tolerance
+# against fp32 here), and a ring P = 2 checkpoint resumed at P = 1 and 4 to what an
+# uninterrupted run gives. Per-step loss and gradient norm agree to 1e-5 relative and the final weights
 # to 1e-5 of the model's largest weight (inspect --relative-to model): not bitwise,
 # because each rank's weight gradients sum over its own tokens and the partial sums are
 # added by the reduction in another order than one GEMM over all tokens (fp32 rounding,
@@ -100,6 +103,20 @@ run_mpi 2 "$SHARDLM" train --model qwen2-tiny "${BASE[@]}" "${LORA[@]}" --micro-
   --context-parallel 2 --context-parallel-kind ring --out "$WORK/lora_ring" > "$WORK/lora_ring.log" 2>&1 \
   || { cat "$WORK/lora_ring.log"; fail "LoRA ring P=2"; }
 close "$WORK/lora_ring" "$WORK/lora_ref" "qwen2-tiny LoRA ddp --context-parallel 2 ring vs one rank"
+run_mpi 4 "$SHARDLM" train --model qwen2-tiny "${BASE[@]}" "${LORA[@]}" --micro-batch 4 --strategy zero3 \
+  --context-parallel 4 --context-parallel-kind hybrid --ulysses-degree 2 --out "$WORK/lora_hybrid" \
+  > "$WORK/lora_hybrid.log" 2>&1 || { cat "$WORK/lora_hybrid.log"; fail "LoRA hybrid P=4 U=2"; }
+close "$WORK/lora_hybrid" "$WORK/lora_ref" "qwen2-tiny LoRA zero3 --context-parallel 4 hybrid U=2 vs one rank"
+
+# bf16 once: ring zero3 P=2 against one bf16 rank, within the 1e-2 relative that bf16
+# has against fp32 elsewhere in the project (test_moe_fixture's losses, tensor_parallel.sh):
+# bf16 rounds the GEMM inputs, and each rank's partial sums round where one GEMM did not.
+"$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --precision bf16 --out "$WORK/bf16_ref" \
+  > "$WORK/bf16_ref.log" 2>&1 || { cat "$WORK/bf16_ref.log"; fail "bf16 reference"; }
+run_mpi 2 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --precision bf16 --strategy zero3 \
+  --context-parallel 2 --context-parallel-kind ring --out "$WORK/bf16_ring" > "$WORK/bf16_ring.log" 2>&1 \
+  || { cat "$WORK/bf16_ring.log"; fail "bf16 ring P=2"; }
+same_curves "$WORK/bf16_ring" "$WORK/bf16_ref" 1e-2 "llama-tiny bf16 ring zero3 --context-parallel 2 vs one bf16 rank"
 
 # --mesh context=2 is the same run as --context-parallel 2.
 run_mpi 2 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --strategy zero3 \
@@ -108,21 +125,30 @@ run_mpi 2 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --str
   || fail "--mesh shard=1,context=2 and --context-parallel 2 differ"
 echo "--mesh shard=1,context=2 = --context-parallel 2 (bitwise)"
 
-# Resume and reshard: the P = 2 zero3 checkpoint loads bitwise with P = 1 (one rank) and
-# P = 4 (ddp, 4 ranks), and training continues (the checkpoint format knows no context).
-want="$("$SHARDLM" inspect "$WORK/llama-tiny_zero3_n2_p2" --quiet)"
-for resume in "1 1 4" "4 4 4"; do
-  read -r n P micro <<< "$resume"
+# Resume and reshard: a ring P = 2 run (ddp, 6 steps, a checkpoint at step 4) is cut back
+# to its step-4 checkpoint, which loads bitwise with P = 1 (one rank) and P = 4 (ring, 4
+# ranks), and training continues to what an uninterrupted one-rank 6-step run gives
+# (close(): every step's loss and grad norm, the final weights); the checkpoint format
+# knows no context.
+"$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --steps 6 --out "$WORK/ref6" > "$WORK/ref6.log" 2>&1 \
+  || { cat "$WORK/ref6.log"; fail "6-step reference"; }
+run_mpi 2 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --strategy ddp --context-parallel 2 \
+  --context-parallel-kind ring --steps 6 --save-every 4 --out "$WORK/ring6" > "$WORK/ring6.log" 2>&1 \
+  || { cat "$WORK/ring6.log"; fail "ring P=2 6 steps"; }
+want="$("$SHARDLM" inspect "$WORK/ring6/checkpoints/step_00000004" --quiet)"
+for resume in "1 1 4 ulysses" "4 4 4 ring"; do
+  read -r n P micro kind <<< "$resume"
   dir="$WORK/resume_p$P"
-  cp -r "$WORK/llama-tiny_zero3_n2_p2" "$dir"
+  cp -r "$WORK/ring6" "$dir"
+  rm -rf "$dir/checkpoints/step_00000006"
   SHARDLM_FAULT="save_after_load=$WORK/loaded_p$P" run_mpi "$n" "$SHARDLM" train --model llama-tiny \
-    "${BASE[@]}" --micro-batch "$micro" --context-parallel "$P" --steps 6 --resume --out "$dir" \
-    > "$dir.log" 2>&1 || { cat "$dir.log"; fail "resume with --context-parallel $P"; }
+    "${BASE[@]}" --micro-batch "$micro" --context-parallel "$P" --context-parallel-kind "$kind" --steps 6 \
+    --resume --out "$dir" > "$dir.log" 2>&1 || { cat "$dir.log"; fail "resume with --context-parallel $P"; }
   [ "$("$SHARDLM" inspect "$WORK/loaded_p$P" --quiet)" = "$want" ] \
-    || fail "the P=2 checkpoint loaded with P=$P is not the saved state"
-  [ "$(metric "$dir" step)" = 6 ] || fail "resume with P=$P did not reach step 6"
+    || fail "the ring P=2 checkpoint loaded with P=$P is not the saved state"
+  close "$dir" "$WORK/ref6" "ring P=2 checkpoint at step 4 resumed with --context-parallel $P to step 6 vs one uninterrupted rank"
 done
-echo "the --context-parallel 2 checkpoint loads bitwise with P=1 and P=4 and trains on"
+echo "the ring --context-parallel 2 checkpoint loads bitwise with P=1 and P=4 and continues as an uninterrupted run"
 
 # Packed SFT rows (several conversations per row, positions and key_begin per document).
 head -n 24 "$SHARED_DATA/sft/gsm8k_train.jsonl" > "$WORK/gsm.jsonl"
