@@ -442,9 +442,6 @@ void Trainer::read_inputs() {
                   config_.moe.num_experts);
     SHARDLM_CHECK(!o_.activation_checkpointing, "--expert-parallel {} with "
                   "--activation-checkpointing is not supported yet (run without one of them)", E);
-    SHARDLM_CHECK(mesh_shape_.size(MeshDim::context) == 1, "--expert-parallel {} with "
-                  "--context-parallel {} is not supported yet (run without one of them)", E,
-                  mesh_shape_.size(MeshDim::context));
   }
   set_global_batch(o_.global_batch > 0 ? o_.global_batch
                                        : o_.micro_batch * mesh_shape_.data_parallel_size() *
