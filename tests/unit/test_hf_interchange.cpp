@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "hf_loaded_model.hpp"
 #include "relative_error.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/ckpt/hf_export.hpp"
@@ -28,41 +29,12 @@
 namespace fs = std::filesystem;
 namespace st = shardlm::safetensors;
 using namespace shardlm;
+using shardlm::testing_support::HfLoadedModel;
 
 namespace {
 
 const fs::path kHfDir = fs::path(SHARDLM_FIXTURE_DIR) / "hf";
 
-// A model, its single-process strategy and a runner, loaded from a Hugging Face directory.
-struct Loaded {
-  ModelConfig config;
-  ParamLayout layout;
-  std::unique_ptr<Model> model;
-  SingleProcessCommunicator comm;
-  std::unique_ptr<FlatUnitStrategy> strategy;
-
-  Loaded(const std::string& dir, int T)
-      : config(read_hf_model_config(dir)), layout(ParamLayout::build(config, 1)) {
-    model = model_family(config.family).make_model(config, layout, 1, T, {}, MemoryTracker::global());
-    strategy = std::make_unique<FlatUnitStrategy>(layout, model->unit_needs(), comm, StrategyOptions{});
-    import_hugging_face(dir, config, layout, *strategy);
-  }
-  std::vector<float> logits(const std::vector<int32_t>& tokens) {
-    ModelRunner runner(*model, *strategy);
-    const int T = static_cast<int>(tokens.size());
-    runner.forward(MicroBatch{tokens.data(), nullptr, 1, T}, false, 1.0f);
-    std::vector<float> all, row(static_cast<size_t>(config.vocab_size));
-    for (int t = 0; t < T; ++t) {
-      model->logits_at(strategy->params(), t, row.data());
-      all.insert(all.end(), row.begin(), row.end());
-    }
-    return all;
-  }
-  std::vector<float> master(int unit) const {
-    OwnedSlice s = strategy->owned(unit);
-    return std::vector<float>(s.master, s.master + s.size());
-  }
-};
 
 HfExportOptions export_options(const std::string& out, DType dtype, int64_t max_shard_bytes) {
   HfExportOptions o;
@@ -92,7 +64,7 @@ class HfInterchange : public ::testing::TestWithParam<std::string> {
 
 TEST_P(HfInterchange, TransformersDirectoryLoadsWithTransformersLogits) {
   const std::string dir = (kHfDir / GetParam()).string();
-  Loaded loaded(dir, 16);
+  HfLoadedModel loaded(dir, 16);
   EXPECT_EQ(loaded.config.family, GetParam());
   const auto want = st::read_file((kHfDir / "hf_logits.safetensors").string())
                         .at(GetParam() + ".logits")
@@ -102,7 +74,7 @@ TEST_P(HfInterchange, TransformersDirectoryLoadsWithTransformersLogits) {
 
 TEST_P(HfInterchange, ExportThenImportIsBitwiseAndConfigReadsBack) {
   const std::string dir = (kHfDir / GetParam()).string();
-  Loaded loaded(dir, 16);
+  HfLoadedModel loaded(dir, 16);
   // A step-0 checkpoint of the imported weights, exported as fp32 and read back.
   CheckpointInfo info{0, 0, loaded.config, "byte", "ddp", 1, {{"options", {{"init_from", dir}}}}};
   const std::string ckpt_dir =
@@ -116,7 +88,7 @@ TEST_P(HfInterchange, ExportThenImportIsBitwiseAndConfigReadsBack) {
   const auto hf = nlohmann::json::parse(std::ifstream(out / "config.json"));
   const auto source = nlohmann::json::parse(std::ifstream(fs::path(dir) / "config.json"));
   EXPECT_EQ(hf.value("bos_token_id", nlohmann::json()), source.value("bos_token_id", nlohmann::json()));
-  Loaded again(out.string(), 16);
+  HfLoadedModel again(out.string(), 16);
   for (int u = 0; u < loaded.layout.num_units(); ++u) EXPECT_EQ(loaded.master(u), again.master(u));
   // No temporary files are left behind, and a second export into the same place is
   // refused without touching what is there.
@@ -132,7 +104,7 @@ TEST_P(HfInterchange, ExportThenImportIsBitwiseAndConfigReadsBack) {
   export_hugging_face(CheckpointReader(ckpt_dir), export_options(sharded.string(), DType::bf16, 8192));  // the largest tensor: 8192 bytes
   EXPECT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(sharded / "model.safetensors"));
-  Loaded rounded(sharded.string(), 16);
+  HfLoadedModel rounded(sharded.string(), 16);
   for (int u = 0; u < loaded.layout.num_units(); ++u) {
     const auto a = loaded.master(u), b = rounded.master(u);
     for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(round_to(DType::bf16, a[i]), b[i]) << i;
@@ -160,7 +132,7 @@ class HfBadInput : public ::testing::Test {
   // The error message of loading the directory (config, then weights).
   std::string error_of_loading() {
     try {
-      Loaded loaded(dir_, 8);
+      HfLoadedModel loaded(dir_, 8);
     } catch (const Error& e) {
       return e.what();
     }

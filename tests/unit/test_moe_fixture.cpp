@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "hf_loaded_model.hpp"
 #include "llama_fixture_support.hpp"
 #include "relative_error.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
@@ -33,6 +34,7 @@
 
 namespace fs = std::filesystem;
 using namespace shardlm;
+using shardlm::testing_support::HfLoadedModel;
 using namespace shardlm::testing;
 
 namespace {
@@ -173,35 +175,6 @@ INSTANTIATE_TEST_SUITE_P(Families, MoeFixture, ::testing::Values("qwen3_moe", "m
 
 // --- Hugging Face directories (save_pretrained, one tensor per expert) ---------------
 
-struct Loaded {
-  ModelConfig config;
-  ParamLayout layout;
-  std::unique_ptr<Model> model;
-  SingleProcessCommunicator comm;
-  std::unique_ptr<FlatUnitStrategy> strategy;
-
-  Loaded(const std::string& dir, int T)
-      : config(read_hf_model_config(dir)), layout(ParamLayout::build(config, 1)) {
-    model = model_family(config.family).make_model(config, layout, 1, T, {}, MemoryTracker::global());
-    strategy = std::make_unique<FlatUnitStrategy>(layout, model->unit_needs(), comm, StrategyOptions{});
-    import_hugging_face(dir, config, layout, *strategy);
-  }
-  std::vector<float> logits(const std::vector<int32_t>& tokens) {
-    ModelRunner runner(*model, *strategy);
-    const int T = static_cast<int>(tokens.size());
-    runner.forward(MicroBatch{tokens.data(), nullptr, 1, T}, false, 1.0f);
-    std::vector<float> all, row(static_cast<size_t>(config.vocab_size));
-    for (int t = 0; t < T; ++t) {
-      model->logits_at(strategy->params(), t, row.data());
-      all.insert(all.end(), row.begin(), row.end());
-    }
-    return all;
-  }
-  std::vector<float> master(int unit) const {
-    OwnedSlice s = strategy->owned(unit);
-    return std::vector<float>(s.master, s.master + s.size());
-  }
-};
 
 class MoeHfInterchange : public ::testing::TestWithParam<std::string> {
  protected:
@@ -223,7 +196,7 @@ std::vector<int32_t> hf_tokens(const st::File& file) {
 TEST_P(MoeHfInterchange, LoadsWithTransformersLogitsAndExportsBackBitwise) {
   const std::string dir = (kHfDir / GetParam()).string();
   const st::File reference = st::read_file((kHfDir / "moe_logits.safetensors").string());
-  Loaded loaded(dir, 16);
+  HfLoadedModel loaded(dir, 16);
   EXPECT_EQ(loaded.config.family, GetParam());
   EXPECT_LT(relative_to_max_error(loaded.logits(hf_tokens(reference)),
                                   reference.at(GetParam() + ".logits").to_f32()),
@@ -243,7 +216,7 @@ TEST_P(MoeHfInterchange, LoadsWithTransformersLogitsAndExportsBackBitwise) {
   const st::File exported = st::read_file((out / "model.safetensors").string());
   ASSERT_EQ(source.tensors.size(), exported.tensors.size());
   for (const auto& [name, tensor] : source.tensors) EXPECT_EQ(exported.at(name).to_f32(), tensor.to_f32()) << name;
-  Loaded again(out.string(), 16);
+  HfLoadedModel again(out.string(), 16);
   for (int u = 0; u < loaded.layout.num_units(); ++u) EXPECT_EQ(loaded.master(u), again.master(u));
 }
 
