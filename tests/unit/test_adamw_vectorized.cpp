@@ -70,11 +70,17 @@ TEST(SumOfSquares, MatchesLongDoubleAndDoesNotDependOnThreads) {
     for (float x : g) want += static_cast<long double>(x) * x;
     const double got = shardlm::sum_of_squares(g.data(), n);
     EXPECT_NEAR(got, static_cast<double>(want), 1e-13 * static_cast<double>(want)) << "n=" << n;
-    const int threads = omp_get_max_threads();
+    // Thread counts set here, not taken from the environment (ctest runs these with
+    // OMP_NUM_THREADS=1, which would make a comparison with "the default" vacuous).
+    const int saved = omp_get_max_threads();
     omp_set_num_threads(1);
     const double one_thread = shardlm::sum_of_squares(g.data(), n);
-    omp_set_num_threads(threads);
     EXPECT_EQ(got, one_thread) << "n=" << n;
+    for (int threads : {2, 3}) {
+      omp_set_num_threads(threads);
+      EXPECT_EQ(shardlm::sum_of_squares(g.data(), n), one_thread) << "n=" << n << " threads=" << threads;
+    }
+    omp_set_num_threads(saved);
   }
 }
 
