@@ -697,7 +697,6 @@ TEST_P(BackendOps, AttentionOverKvCache) {
 // written out here; the backward of both blocks (with the merged output and lse) against
 // its float64 gradient. GQA 4:2, head_dim 40, q read at a row stride wider than its heads.
 TEST_P(BackendOps, RingAttentionBlocksMatchFloat64) {
-  if (GetParam() == kCuda) GTEST_SKIP() << "ring attention's block kernels run on the CPU and the emulated device only";
   const int B = 2, Tq = 9, H = 4, KV = 2, hd = 40, kv_lens[2] = {6, 8}, Tk = 14;
   const int64_t ld_q = int64_t(H) * hd + 16, q_cols = int64_t(H) * hd, kv_cols = 2 * int64_t(KV) * hd;
   std::vector<int32_t> first(size_t(B) * Tq), end(size_t(B) * Tq);

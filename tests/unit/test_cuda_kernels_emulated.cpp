@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/cpu/attention_block.hpp"
 #include "shardlm/backend/kernel_args.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/error.hpp"
@@ -37,6 +38,7 @@
 // (in shardlm_lib) and these host-thread instances do not collide.
 #define cuda cuda_emulated
 #include "shardlm/backend/cuda/attention.cu"
+#include "shardlm/backend/cuda/attention_block.cu"
 #include "shardlm/backend/cuda/cross_entropy.cu"
 #undef cuda
 
@@ -344,6 +346,104 @@ TEST(EmulatedAttention, RejectsBadShapesAndMixedTypes) {
                    nullptr, TypedPtr(half.data(), DType::bf16), buffer.data(), buffer.data(), s,
                    nullptr),
                shardlm::Error);
+}
+
+// Ring attention's blocks (attention_block.cu) against the CPU's (cpu/attention_block.hpp):
+// two blocks of keys of different lengths, each query seeing a range of each (some
+// none, some all, some straddling), the forward of each block, their merge in both
+// orders, and the backward of each block ADDED to gradients that are not zero. Head
+// dims 20, 40 and 128 (lanes past head_dim, one and four chunks a lane), GQA 4:2 and
+// 3:3, q read at a row stride wider than its heads, every storage type. Both sides
+// compute in fp32 from the same stored values, in different summation orders (a warp's
+// butterfly against the CPU's simd sums): agreement to fp32 rounding, bounded at 1e-5
+// of each tensor's largest value (an index or mask error is of the order of 1).
+TEST(EmulatedAttention, RingBlocksMatchTheCpuKernels) {
+  struct Case {
+    int B, q_len, kv_len[2], n_head, n_kv_head, head_dim;
+  };
+  const Case cases[] = {{2, 7, {5, 11}, 4, 2, 40}, {1, 9, {9, 3}, 3, 3, 20}, {2, 5, {6, 4}, 2, 1, 128}};
+  for (const Case& c : cases)
+    for (DType type : {DType::fp32, DType::bf16, DType::fp16}) {
+      shardlm::AttentionBlockShape s[2];
+      for (int k = 0; k < 2; ++k) s[k] = {c.B, c.q_len, c.kv_len[k], c.n_head, c.n_kv_head, c.head_dim};
+      const int hd = c.head_dim;
+      const int64_t q_cols = int64_t(c.n_head) * hd, ld_q = q_cols + 8;
+      const int64_t queries = int64_t(c.B) * c.q_len;
+      const std::string what = "ring blocks hd " + std::to_string(hd) + " H " + std::to_string(c.n_head) +
+                               ":" + std::to_string(c.n_kv_head) + " " + std::string(shardlm::dtype_name(type));
+      Stored q(type, random_vec(queries * ld_q, 41 + hd, 1.0));
+      Stored kv[2] = {Stored(type, random_vec(int64_t(c.B) * c.kv_len[0] * s[0].kv_columns(), 42 + hd, 1.0)),
+                      Stored(type, random_vec(int64_t(c.B) * c.kv_len[1] * s[1].kv_columns(), 43 + hd, 1.0))};
+      std::vector<int32_t> ranges[2];
+      for (int k = 0; k < 2; ++k)
+        for (int64_t i = 0; i < queries; ++i) {
+          const int n = c.kv_len[k], first = int((3 * i + k) % (n + 1));
+          const int end = i % 4 == 1 ? first : std::min(n, first + 1 + int((5 * i) % (n + 1)));
+          ranges[k].push_back(first);
+          ranges[k].push_back(end);
+        }
+      ranges[0][0] = 0, ranges[0][1] = c.kv_len[0];  // the first query sees all of block 0
+      const size_t out_n = size_t(queries * q_cols), lse_n = size_t(c.B) * c.n_head * c.q_len;
+      Vec out[2][2], lse[2][2];  // [cpu, gpu][block]
+      for (int k = 0; k < 2; ++k) {
+        for (int side = 0; side < 2; ++side) {
+          out[side][k].assign(out_n, 7.0f);
+          lse[side][k].assign(lse_n, 7.0f);
+        }
+        shardlm::cpu::attention_block_forward(out[0][k].data(), lse[0][k].data(), q.ptr(), ld_q,
+                                              kv[k].ptr(), s[k], ranges[k].data());
+        shardlm::cuda_emulated::attention_block_forward(nullptr, out[1][k].data(), lse[1][k].data(),
+                                                        q.ptr(), ld_q, kv[k].ptr(), s[k], ranges[k].data());
+        EXPECT_LE(relative_to_max_error(out[1][k], out[0][k]), 1e-5) << what << " forward out, block " << k;
+        for (size_t r = 0; r < lse_n; ++r)
+          if (std::isinf(lse[0][k][r]))
+            EXPECT_EQ(lse[1][k][r], lse[0][k][r]) << what << " lse row " << r << " (no key)";
+          else
+            EXPECT_NEAR(lse[1][k][r], lse[0][k][r], 1e-5 * (1 + std::fabs(lse[0][k][r]))) << what << " lse row " << r;
+      }
+      // The merge, both ways round (0 into 1 and 1 into 0).
+      for (int into = 0; into < 2; ++into) {
+        Vec mo[2] = {out[0][into], out[0][into]}, ml[2] = {lse[0][into], lse[0][into]};
+        shardlm::cpu::attention_lse_merge(mo[0].data(), ml[0].data(), out[0][1 - into].data(),
+                                          lse[0][1 - into].data(), s[0]);
+        shardlm::cuda_emulated::attention_lse_merge(nullptr, mo[1].data(), ml[1].data(),
+                                                    out[0][1 - into].data(), lse[0][1 - into].data(), s[0]);
+        EXPECT_LE(relative_to_max_error(mo[1], mo[0]), 1e-6) << what << " merged out into " << into;
+        EXPECT_LE(relative_to_max_error(ml[1], ml[0]), 1e-6) << what << " merged lse into " << into;
+      }
+      // The backward of each block with the merged forward, added to nonzero gradients.
+      Vec merged = out[0][0], merged_lse = lse[0][0];
+      shardlm::cpu::attention_lse_merge(merged.data(), merged_lse.data(), out[0][1].data(), lse[0][1].data(), s[0]);
+      Stored stored_out(type, merged);
+      const Vec dout = random_vec(int64_t(out_n), 44 + hd, 1.0);
+      for (int k = 0; k < 2; ++k) {
+        const size_t dkv_n = size_t(int64_t(c.B) * c.kv_len[k] * s[k].kv_columns());
+        Vec dq[2] = {random_vec(int64_t(out_n), 45, 0.5), {}}, dkv[2] = {random_vec(int64_t(dkv_n), 46, 0.5), {}};
+        dq[1] = dq[0];
+        dkv[1] = dkv[0];
+        shardlm::cpu::attention_block_backward(dq[0].data(), dkv[0].data(), dout.data(), stored_out.ptr(),
+                                               merged_lse.data(), q.ptr(), ld_q, kv[k].ptr(), s[k],
+                                               ranges[k].data());
+        shardlm::cuda_emulated::attention_block_backward(nullptr, dq[1].data(), dkv[1].data(), dout.data(),
+                                                         stored_out.ptr(), merged_lse.data(), q.ptr(), ld_q,
+                                                         kv[k].ptr(), s[k], ranges[k].data());
+        EXPECT_LE(relative_to_max_error(dq[1], dq[0]), 1e-5) << what << " dq, block " << k;
+        EXPECT_LE(relative_to_max_error(dkv[1], dkv[0]), 1e-5) << what << " dkv, block " << k;
+      }
+    }
+  // Bad calls are errors, as on the CPU.
+  Vec buffer(4096);
+  shardlm::AttentionBlockShape bad{1, 2, 3, 3, 2, 8};
+  std::vector<int32_t> range(4, 0);
+  EXPECT_THROW(shardlm::cuda_emulated::attention_block_forward(nullptr, buffer.data(), buffer.data(), buffer.data(),
+                                                               24, buffer.data(), bad, range.data()),
+               shardlm::Error);  // 3 heads over 2 kv heads
+  bad.n_kv_head = 1;
+  std::vector<uint16_t> half(4096);
+  EXPECT_THROW(shardlm::cuda_emulated::attention_block_forward(nullptr, buffer.data(), buffer.data(),
+                                                               TypedPtr(half.data(), DType::bf16), 24,
+                                                               buffer.data(), bad, range.data()),
+               shardlm::Error);  // q bf16, k|v fp32
 }
 
 TEST(EmulatedCrossEntropy, LossesAndGradientsMatchADoubleReference) {

@@ -19,28 +19,6 @@ void Backend::attention_forward_cached(TypedPtr, ConstTypedPtr, int64_t, ConstTy
                           "the CPU)", description()));
 }
 
-namespace {
-[[noreturn]] void no_ring_blocks(const Backend& backend) {
-  throw Error(fmt::format("ring attention's block kernels (--context-parallel-kind ring) are not "
-                          "implemented on {} (they run on the CPU and the emulated device)",
-                          backend.description()));
-}
-}  // namespace
-
-void Backend::attention_block_forward(float*, float*, ConstTypedPtr, int64_t, ConstTypedPtr,
-                                      const AttentionBlockShape&, const int32_t*) {
-  no_ring_blocks(*this);
-}
-void Backend::attention_block_backward(float*, float*, const float*, ConstTypedPtr, const float*,
-                                       ConstTypedPtr, int64_t, ConstTypedPtr,
-                                       const AttentionBlockShape&, const int32_t*) {
-  no_ring_blocks(*this);
-}
-void Backend::attention_lse_merge(float*, float*, const float*, const float*,
-                                  const AttentionBlockShape&) {
-  no_ring_blocks(*this);
-}
-
 bool cuda_backend_compiled() {
 #ifdef SHARDLM_WITH_CUDA
   return true;

@@ -134,17 +134,16 @@ class Backend {
                                         const AttentionShape& s, int past);
   // Ring attention's blocks (cpu/attention_block.hpp: queries over another block's keys
   // and values, each query seeing the keys key_range gives it; the log-sum-exp merge of
-  // two blocks' results). key_range: device memory. Not every backend has them: the
-  // defaults say so, naming the backend.
+  // two blocks' results). key_range: device memory.
   virtual void attention_block_forward(float* out, float* lse, ConstTypedPtr q, int64_t ld_q,
                                        ConstTypedPtr kv, const AttentionBlockShape& s,
-                                       const int32_t* key_range);
+                                       const int32_t* key_range) = 0;
   virtual void attention_block_backward(float* dq, float* dkv, const float* dout,
                                         ConstTypedPtr out, const float* lse, ConstTypedPtr q,
                                         int64_t ld_q, ConstTypedPtr kv,
-                                        const AttentionBlockShape& s, const int32_t* key_range);
+                                        const AttentionBlockShape& s, const int32_t* key_range) = 0;
   virtual void attention_lse_merge(float* out, float* lse, const float* block_out,
-                                   const float* block_lse, const AttentionBlockShape& s);
+                                   const float* block_lse, const AttentionBlockShape& s) = 0;
   virtual void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte,
                                  ConstTypedPtr wpe, int B, int T, int C, DType value_type,
                                  const int32_t* positions) = 0;

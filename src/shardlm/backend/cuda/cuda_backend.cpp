@@ -27,6 +27,7 @@
 #include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/backend/adamw_config.hpp"
 #include "shardlm/backend/cuda/attention.cuh"
+#include "shardlm/backend/cuda/attention_block.cuh"
 #include "shardlm/backend/cuda/cross_entropy.cuh"
 #include "shardlm/backend/cuda/cuda_check.hpp"
 #include "shardlm/backend/kernel_checks.hpp"
@@ -515,6 +516,22 @@ class CudaBackend final : public Backend {
     float* scratch = scratch_bytes == 0 ? nullptr
                                         : static_cast<float*>(gqa_slots_.grow_to(scratch_bytes, stream_));
     cuda::attention_backward(stream_, dqkv, dout, qkv, out, lse, s, key_begin, scratch);
+  }
+  void attention_block_forward(float* out, float* lse, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr kv,
+                               const AttentionBlockShape& s, const int32_t* key_range) override {
+    select();
+    cuda::attention_block_forward(stream_, out, lse, q, ld_q, kv, s, key_range);
+  }
+  void attention_block_backward(float* dq, float* dkv, const float* dout, ConstTypedPtr out,
+                                const float* lse, ConstTypedPtr q, int64_t ld_q, ConstTypedPtr kv,
+                                const AttentionBlockShape& s, const int32_t* key_range) override {
+    select();
+    cuda::attention_block_backward(stream_, dq, dkv, dout, out, lse, q, ld_q, kv, s, key_range);
+  }
+  void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse,
+                           const AttentionBlockShape& s) override {
+    select();
+    cuda::attention_lse_merge(stream_, out, lse, block_out, block_lse, s);
   }
   void embedding_forward(float* out, const int32_t* tokens, ConstTypedPtr wte, ConstTypedPtr wpe,
                          int B, int T, int C, DType value_type, const int32_t* positions) override {
