@@ -22,7 +22,9 @@
 #        model test;
 #     2. the NCCL communicator at world size 1, started alone (no MPI);
 #     3. gpt2 124M, bf16, 50 steps, N=1: tokens/s, MFU against the card's bf16 dense
-#        peak, peak memory by category (device and host);
+#        peak, peak memory by category (device and host); then PyTorch on the same card
+#        and shape (tools/pytorch_gpt2_ref.py: bf16 autocast, sdpa, torch.compile, fused
+#        AdamW; the image's torch), and shardlm's tokens/s as a ratio of PyTorch's;
 #     4. the same with --offload optimizer: step-time cost and device memory saved;
 #     5. a qwen2.5-0.5b-shaped model, bf16, 20 steps;
 #     6. CPU vs CUDA: gpt2-small-30m fp32, 10 steps, losses within 1e-4 relative.
@@ -379,6 +381,31 @@ run_body() {
   # "up to ~60% MFU" => ~230k tokens/s per A100; the same run took ~45 min on 8 H100
   # (modded-nanogpt's README) => ~460k tokens/s per H100.
   echo "llm.c reference: ~230k tokens/s per A100 80GB, ~460k per H100, up to ~60% MFU"
+  echo "== 3b. PyTorch on this card (the image's torch): the same gpt2 shape, bf16 autocast, sdpa, torch.compile, fused AdamW"
+  local P=(python3 "$ROOT/tools/pytorch_gpt2_ref.py" --device cuda --sdpa --dtype bf16 --n-layer 12
+           --n-head 12 --n-embd 768 --vocab 50304 --batch 16 --seq-len 1024 --steps 40 --warmup 15)
+  # Compiled first; where torch.compile fails there, eager (the failure is still counted).
+  if (( HAVE_GPU )) && { STEP_TAIL=2 step pytorch_gpt2 200 "${P[@]}" --compile \
+                         || STEP_TAIL=2 step pytorch_gpt2_eager 100 "${P[@]}"; }; then
+    python3 - "$WORK/step.log" "$WORK/run_gpt2_bf16/metrics.jsonl" "$PEAK_TFLOPS" "$gpt2_flops" <<'PY' \
+      || FAILED+=("pytorch_gpt2: its output could not be read")
+import json, sys
+ref = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+mfu = ref["tokens_per_s"] * float(sys.argv[4]) / (float(sys.argv[3]) * 1e12)
+line = (f"pytorch {ref['torch']}: median tokens/s {ref['tokens_per_s']:.0f}, step {ref['median_step_ms']:.1f} ms, "
+        f"MFU {100 * mfu:.1f}%, peak device {ref['peak_device_mib']:.0f} MiB")
+try:
+    rows = [json.loads(l) for l in open(sys.argv[2]) if '"tokens_per_s"' in l]
+    steady = rows[len(rows) // 5:] or rows
+    ours = sorted(r["tokens_per_s"] for r in steady)[len(steady) // 2]
+    line += f"; shardlm / pytorch = {ours / ref['tokens_per_s']:.2f}x"
+except OSError:
+    pass
+print(line)
+PY
+  elif (( ! HAVE_GPU )); then
+    gpu_step pytorch_gpt2 0 || true
+  fi
   echo "== 4. the same with --offload optimizer"
   gpu_train gpt2_bf16_offload 150 "${G[@]}" --offload optimizer \
     && summarize gpt2_bf16_offload "$gpt2_flops"

@@ -8,7 +8,10 @@ on random tokens or on a token file, for --steps steps. It prints one line per s
 and, last, one JSON line: median step ms after the warm-up steps, tokens/s, and the
 peak RSS of the process.
 
-Run with Debian's /usr/bin/python3 (torch 1.13). Benchmark only: never from tests.
+Run with Debian's /usr/bin/python3 (torch 1.13) on the CPU, or, on a GPU machine
+(scripts/gpu_check.sh), with --device cuda --sdpa --compile: what a user would pick
+there (bf16 autocast, the fused scaled_dot_product_attention, torch.compile, fused
+AdamW). Benchmark only: never from tests.
 """
 import argparse
 import json
@@ -26,9 +29,10 @@ import torch.nn.functional as F
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head, seq_len):
+    def __init__(self, n_embd, n_head, seq_len, sdpa=False):
         super().__init__()
         self.n_head = n_head
+        self.sdpa = sdpa
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
         mask = torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool))
@@ -41,6 +45,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
+        if self.sdpa:  # torch 2.x: the fused (flash / memory-efficient) kernels
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         # torch 1.13 has no fused scaled_dot_product_attention: nanoGPT's explicit path.
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         att = att.masked_fill(~self.mask[:, :, :T, :T], float("-inf"))
@@ -60,10 +67,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, n_embd, n_head, seq_len):
+    def __init__(self, n_embd, n_head, seq_len, sdpa=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head, seq_len)
+        self.attn = CausalSelfAttention(n_embd, n_head, seq_len, sdpa)
         self.ln_2 = nn.LayerNorm(n_embd)
         self.mlp = MLP(n_embd)
 
@@ -73,11 +80,11 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, n_layer, n_head, n_embd, vocab, seq_len):
+    def __init__(self, n_layer, n_head, n_embd, vocab, seq_len, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, n_embd)
         self.wpe = nn.Embedding(seq_len, n_embd)
-        self.h = nn.ModuleList([Block(n_embd, n_head, seq_len) for _ in range(n_layer)])
+        self.h = nn.ModuleList([Block(n_embd, n_head, seq_len, sdpa) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
@@ -92,7 +99,7 @@ class GPT2(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        pos = torch.arange(T, dtype=torch.long)
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.h:
             x = block(x)
@@ -123,6 +130,9 @@ def main():
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--tokens", help="token file (uint16, or llm.c .bin); random tokens if absent")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--sdpa", action="store_true", help="F.scaled_dot_product_attention (torch 2.x)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (torch 2.x)")
     ap.add_argument("--label", default="", help="free text copied into the JSON line")
     args = ap.parse_args()
     if args.steps <= args.warmup:
@@ -149,31 +159,39 @@ def main():
         else:
             starts = rng.integers(0, data.size - args.seq_len - 1, size=args.batch)
             x = np.stack([data[s:s + args.seq_len + 1] for s in starts])
-        x = torch.from_numpy(x.astype(np.int64))
+        x = torch.from_numpy(x.astype(np.int64)).to(device)
         return x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
-    model = GPT2(args.n_layer, args.n_head, args.n_embd, args.vocab, args.seq_len)
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
+    model = GPT2(args.n_layer, args.n_head, args.n_embd, args.vocab, args.seq_len, args.sdpa).to(device)
     n_params = sum(p.numel() for p in model.parameters())
+    step_model = torch.compile(model) if args.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+        lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
+        **({"fused": True} if on_gpu else {"foreach": True}))
 
     tokens_per_step = args.batch * args.seq_len
     step_ms = []
     for step in range(args.steps):
         x, y = batch()
+        if on_gpu:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         if args.dtype == "bf16":
-            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-                loss = model(x, y)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                loss = step_model(x, y)
         else:
-            loss = model(x, y)
+            loss = step_model(x, y)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        if on_gpu:
+            torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         step_ms.append(ms)
         print(f"step {step}: loss {loss.item():.4f} norm {norm.item():.3f} {ms:.1f} ms "
@@ -190,6 +208,8 @@ def main():
         "median_step_ms": round(median_ms, 1),
         "tokens_per_s": round(tokens_per_step / median_ms * 1e3, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "device": args.device, "sdpa": args.sdpa, "compile": args.compile,
+        "peak_device_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if on_gpu else 0.0,
         "torch": torch.__version__,
         "env": {k: os.environ.get(k, "") for k in
                 ("OPENBLAS_CORETYPE", "LD_PRELOAD", "LD_LIBRARY_PATH", "MALLOC_CONF")},
