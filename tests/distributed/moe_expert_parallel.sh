@@ -187,5 +187,10 @@ expect_ranks_error "is a dense model" \
 expect_ranks_error "with --strategy hybrid is not supported yet" \
   run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 1 --strategy hybrid --shard-group-size 2 \
   --expert-parallel 2 --out "$WORK/bad4"
+# plan traces the step a device run would take: with the host optimizer it failed an
+# internal assertion (host_owned_state.cpp); now the combination is refused by name.
+expect_error "--expert-parallel 2 with --offload optimizer is not supported yet" \
+  "$SHARDLM" plan --model qwen3-moe-tiny -n 2 --strategy zero3 --expert-parallel 2 \
+  --offload optimizer --profile h100-80g --seq-len 32 --micro-batch 2
 for b in bad1 bad2 bad3 bad4; do [ ! -e "$WORK/$b" ] || fail "a refused run wrote $WORK/$b"; done
 echo "expert parallelism bad input: refused by name, nothing written"

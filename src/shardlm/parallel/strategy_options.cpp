@@ -47,6 +47,11 @@ MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) 
     SHARDLM_CHECK(P == 1,
                   "--expert-parallel {} with --context-parallel {} is not supported yet (use one "
                   "of them)", E, P);
+    // The host optimizer writes each owned slice's compute copy back to the device; the
+    // expert-sharded units keep none there yet (plan's traced step failed an assertion).
+    SHARDLM_CHECK(!options.optimizer_on_host,
+                  "--expert-parallel {} with --offload optimizer is not supported yet (use "
+                  "--offload none, or --expert-parallel 1 with the offload)", E);
     MeshShape shape;
     shape.set_size(MeshDim::shard, world_size / E);
     shape.set_size(MeshDim::expert, E);
