@@ -19,6 +19,8 @@
 #   E = 2 against E = 1: ddp = zero3 bitwise, losses to 1e-6, adapters to 1e-4 (below);
 #   its E = 2 checkpoint loads bitwise at E = 1 and E = 4, which continue to one digest;
 #   QLoRA (NF4 experts) at E = 2 against E = 1 as LoRA;
+# - --activation-checkpointing at E = 2 is bitwise E = 2 without it;
+# - plan's memory per category is the measured peak (E = 2; with checkpointing);
 # - --mesh expert=2 is --expert-parallel 2;
 # - bad input is one line before anything is written: E not dividing the world,
 #   experts not divisible by E, a dense model, E with hybrid.
@@ -47,6 +49,41 @@ resume_loads_bitwise() {
     || { cat "$out.log"; fail "resume of $from at E=$e $strategy failed"; }
   [ "$("$SHARDLM" inspect "${out}_loaded" --quiet)" = "$("$SHARDLM" inspect "$from" --quiet)" ] \
     || fail "$from loaded at E=$e ($strategy) is not bitwise the saved state"
+}
+# same_losses RUN_A RUN_B WHAT: every step's loss and load-balancing loss within 1e-6
+# relative (the same number of steps), the worst printed.
+same_losses() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'PY' || fail "$3: losses differ"
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if '"step"' in l] for p in sys.argv[1:3])
+assert len(a) == len(b) == 4, (len(a), len(b))
+worst = max(max(abs(x[k] - y[k]) / abs(y[k]) for k in ("loss", "aux_loss")) for x, y in zip(a, b))
+assert all(x["aux_loss"] > 0 for x in a)
+print(f"{sys.argv[3]}: losses and aux losses within {worst:.1e} relative over 4 steps")
+sys.exit(0 if worst <= 1e-6 else 1)
+PY
+}
+# plan_is_measured RUN PLAN_FLAGS...: plan's memory per category (its traced step on
+# the meta device) is RUN's measured peak to the byte.
+plan_is_measured() {
+  local run="$1"; shift
+  "$SHARDLM" plan --model qwen3-moe-tiny -n 4 --data "$WORK/data" --seq-len 32 --micro-batch 2 \
+    --global-batch 8 --json "$@" > "$run.plan.json" || fail "plan $* failed"
+  python3 - "$run.plan.json" "$run/metrics.jsonl" "$*" <<'PY' || fail "plan $* differs from the measured peak memory"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+peak = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l][-1]["mem"]["peak"]
+for k in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
+    assert plan[k] == peak[k], (k, plan[k], peak[k])
+print(f"plan {sys.argv[3]} = measured to the byte (params, grads, optimizer, activations, comm, "
+      f"frozen): {plan['total']} bytes")
+PY
+}
+# compare_weights RUN REFERENCE WHAT: the final weights within 1e-5 of each tensor's largest.
+compare_weights() {
+  "$SHARDLM" inspect "$1" --compare "$2" --tolerance 1e-5 --quiet > "$1.compare.log" 2>&1 \
+    || { cat "$1.compare.log"; fail "$3: weights differ"; }
+  echo "$3: weights $(head -1 "$1.compare.log"); $(tail -1 "$1.compare.log")"
 }
 for E in 1 2 4; do
   reference=""
@@ -84,6 +121,19 @@ for E in 2 4; do
     > "$WORK/compare$E.log" 2>&1 || { cat "$WORK/compare$E.log"; fail "E=$E weights differ from E=1's"; }
   echo "E=$E vs E=1 weights after 4 steps: $(tail -1 "$WORK/compare$E.log")"
 done
+# Activation checkpointing: each sparse layer keeps h2 and its routing, the holders one
+# set of received rows for all layers; the layer's first backward expert unit sends the
+# h2 rows again and each held expert recomputes its activations from them (bitwise the
+# forward's), so E = 2 zero3 with checkpointing is bitwise E = 2 without (and within
+# the bounds above of E = 1); plan traces the same exchanges and buffers.
+run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --expert-parallel 2 \
+  --activation-checkpointing --out "$WORK/e2_ckpt" > "$WORK/e2_ckpt.log" 2>&1 \
+  || { cat "$WORK/e2_ckpt.log"; fail "E=2 with --activation-checkpointing failed"; }
+[ "$(digest_of "$WORK/e2_ckpt")" = "$(digest_of "$WORK/e2_zero3")" ] \
+  || fail "E=2 with --activation-checkpointing differs from E=2 without"
+same_losses "$WORK/e2_ckpt" "$WORK/e1_ddp" "E=2 + checkpointing vs E=1"
+compare_weights "$WORK/e2_ckpt" "$WORK/e1_ddp" "E=2 + checkpointing vs E=1 (bitwise E=2 without)"
+plan_is_measured "$WORK/e2_ckpt" --strategy zero3 --expert-parallel 2 --activation-checkpointing
 # LoRA on the attention and the experts: each expert's adapters travel with it (a unit
 # of its own beside the expert's); E = 2 against E = 1 as the full model above.
 for E in 1 2; do
@@ -148,17 +198,7 @@ echo "QLoRA (NF4 experts) E=2 vs E=1 (zero3): losses within 1e-6, weights within
 # for the worst routing, E x min(top_k, experts per rank) rows per token, as the run
 # sizes them; plan sized them for balanced routing before: 1212864 bytes against the
 # run's 1443264 here).
-"$SHARDLM" plan --model qwen3-moe-tiny -n 4 --strategy zero3 --expert-parallel 2 --data "$WORK/data" \
-  --seq-len 32 --micro-batch 2 --global-batch 8 --json > "$WORK/e2.plan.json" || fail "plan --expert-parallel 2 failed"
-python3 - "$WORK/e2.plan.json" "$WORK/e2_zero3/metrics.jsonl" <<'PY' || fail "plan differs from the measured peak memory at E=2"
-import json, sys
-plan = json.load(open(sys.argv[1]))
-peak = [json.loads(l) for l in open(sys.argv[2]) if '"step"' in l][-1]["mem"]["peak"]
-for k in ("params", "grads", "optimizer", "activations", "comm", "frozen"):
-    assert plan[k] == peak[k], (k, plan[k], peak[k])
-print("plan = measured at E=2 zero3 to the byte (params, grads, optimizer, activations, comm, "
-      "frozen):", plan["total"], "bytes")
-PY
+plan_is_measured "$WORK/e2_zero3" --strategy zero3 --expert-parallel 2
 # --mesh expert=2 is the same layout as --expert-parallel 2.
 run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --mesh shard=2,expert=2 \
   --out "$WORK/mesh" > "$WORK/mesh.log" 2>&1 || { cat "$WORK/mesh.log"; fail "--mesh shard=2,expert=2 failed"; }

@@ -6,7 +6,9 @@
 // model on its rows; each held expert's gradient is the sum of the one-rank models'
 // gradients of that expert over the group's rows (within float rounding of the
 // order: summed in one buffer here, rank by rank there); experts held elsewhere get
-// no gradient. Bad groups are one-line errors.
+// no gradient. With activation checkpointing (the holders receive the h2 rows again in
+// backward and recompute) the same, against the one-rank model without it. Bad groups
+// are one-line errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,9 +39,10 @@ struct RankRun {
 };
 
 RankRun run_rank(const Reference& ref, const ParamLayout& layout, int rank,
-                 Communicator* expert_group) {
+                 Communicator* expert_group, bool checkpointing = false) {
   ModelOptions options;
   options.parallel_groups.expert = expert_group;
+  options.activation_checkpointing = checkpointing;
   auto model = make_model(ref, layout, ref.B, options);
   UnitBuffers buf(layout, ref.file);
   const std::vector<int32_t> tokens = tokens_of(ref, rank);
@@ -56,10 +59,13 @@ int expert_of(const UnitLayout& u) {
   return std::stoi(u.name.substr(at + 9));
 }
 
-class MoeExpertParallel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+// (family, P, activation checkpointing under expert parallelism: the holders receive
+// the h2 rows again in backward and recompute; compared with the one-rank model
+// without it.)
+class MoeExpertParallel : public ::testing::TestWithParam<std::tuple<std::string, int, bool>> {};
 
 TEST_P(MoeExpertParallel, EachRankComputesWhatItWouldAloneAndHeldExpertsSumTheGroup) {
-  const auto& [family, P] = GetParam();
+  const auto& [family, P, checkpointing] = GetParam();
   const Reference ref = load_reference(family);
   const int E = ref.config.moe.num_experts;
   ASSERT_EQ(E % P, 0);
@@ -70,7 +76,8 @@ TEST_P(MoeExpertParallel, EachRankComputesWhatItWouldAloneAndHeldExpertsSumTheGr
   std::vector<RankRun> parallel(static_cast<size_t>(P));
   InProcessJob job(P);
   const auto errors = job.run([&](Communicator& world) {
-    parallel[static_cast<size_t>(world.rank())] = run_rank(ref, layout, world.rank(), &world);
+    parallel[static_cast<size_t>(world.rank())] =
+        run_rank(ref, layout, world.rank(), &world, checkpointing);
   });
   for (const auto& e : errors) ASSERT_EQ(e, "");
 
@@ -105,7 +112,7 @@ TEST_P(MoeExpertParallel, EachRankComputesWhatItWouldAloneAndHeldExpertsSumTheGr
 
 INSTANTIATE_TEST_SUITE_P(Groups, MoeExpertParallel,
                          ::testing::Combine(::testing::Values("qwen3_moe", "mixtral"),
-                                            ::testing::Values(2, 4)));
+                                            ::testing::Values(2, 4), ::testing::Bool()));
 
 TEST(MoeExpertParallelBadInput, ExpertsThatTheGroupCannotShareAreRefusedByName) {
   const Reference ref = load_reference("qwen3_moe");

@@ -440,8 +440,6 @@ void Trainer::read_inputs() {
                   "--expert-parallel {}: the model has {} experts per layer, which {} ranks cannot "
                   "share equally (expected a divisor of {})", E, config_.moe.num_experts, E,
                   config_.moe.num_experts);
-    SHARDLM_CHECK(!o_.activation_checkpointing, "--expert-parallel {} with "
-                  "--activation-checkpointing is not supported yet (run without one of them)", E);
   }
   set_global_batch(o_.global_batch > 0 ? o_.global_batch
                                        : o_.micro_batch * mesh_shape_.data_parallel_size() *

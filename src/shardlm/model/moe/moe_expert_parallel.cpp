@@ -19,11 +19,15 @@ void MoeExperts::ep_carve(ArenaCarver& carver, int64_t n) {
   // holder n k / P rows from each of the P sources) fills n k of them.
   ep_capacity_ = P * n * std::min<int64_t>(k_, local_experts_);
   const int64_t R = ep_capacity_;
+  const auto request_held = [&](HeldRows& held) {
+    carver.request(&held.h2, ct, R * C_);
+    carver.request(&held.gate_up, ct, R * 2 * I_);
+    carver.request(&held.act, ct, R * I_);
+  };
+  if (recompute_) request_held(shared_held_);
   for (LayerRouting& l : layers_) {
     l.received.assign(static_cast<size_t>(P) * static_cast<size_t>(local_experts_), 0);
-    carver.request(&l.received_h2, ct, R * C_);
-    carver.request(&l.ep_gate_up, ct, R * 2 * I_);
-    carver.request(&l.ep_act, ct, R * I_);
+    if (!recompute_) request_held(l.held);
   }
   carver.request(&ep_send_h2_, ct, nk * C_);
   carver.request(&ep_rows_, R * C_);
@@ -96,7 +100,12 @@ void MoeExperts::dispatch(int l, Backend& be, ConstTypedPtr h2) {
   SHARDLM_CHECK(total <= ep_capacity_,
                 "internal: expert dispatch receives {} rows, the buffers hold {}", total,
                 ep_capacity_);
+  send_h2_rows(r, be, h2).wait();
+}
+
+Work MoeExperts::send_h2_rows(LayerRouting& r, Backend& be, ConstTypedPtr h2) {
   // Each assignment's h2 row, in the grouping order: peer p's block is its experts'.
+  const int64_t nk = n_ * k_;
   if (meta_) {
     be.convert_rows(ep_send_h2_, C_, h2, C_, nk, C_);  // the same bytes
   } else {
@@ -104,8 +113,23 @@ void MoeExperts::dispatch(int l, Backend& be, ConstTypedPtr h2) {
       be.convert_rows(ep_send_h2_.at(i * C_), C_,
                       h2.at(static_cast<int64_t>(r.routing.token[i]) * C_), C_, 1, C_);
   }
-  const std::vector<size_t> sent = sent_counts(r, C_), received = received_counts(r, C_);
-  group_->all_to_all_v(ep_send_h2_, sent, r.received_h2, received, "expert dispatch").wait();
+  return group_->all_to_all_v(ep_send_h2_, sent_counts(r, C_), held_rows(r).h2,
+                              received_counts(r, C_), "expert dispatch");
+}
+
+void MoeExperts::held_activations(LayerRouting& r, int local, int peer, Backend& be,
+                                  bool row_by_row, const ExpertWeights& w) {
+  const int64_t rows = received_rows(r, peer, local);
+  const int64_t b = received_begin(r, peer, local);
+  const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
+  const HeldRows& held = held_rows(r);
+  const TypedPtr gate_up = held.gate_up.at(b * 2 * I_);
+  float* gu_f = compute_ == DType::fp32 ? gate_up.f32() : gu_f_;
+  forward_gemm(be, row_by_row, true, m, 2 * i1, c, 1.0f, held.h2.at(b * C_), c, w.gate_up, c,
+               0.0f, gu_f, 2 * i1);
+  if (w.lora.gate_up.targeted())
+    lora_->forward(be, row_by_row, w.lora.gate_up, m, c, 2 * i1, held.h2.at(b * C_), gu_f, 2 * i1);
+  be.swiglu_forward(held.act.at(b * I_), gate_up, gu_f, rows, i1);
 }
 
 void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row_by_row,
@@ -118,15 +142,8 @@ void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row
       if (rows == 0) continue;
       const int64_t b = received_begin(r, j, local);
       const int m = static_cast<int>(rows);
-      const TypedPtr gate_up = r.ep_gate_up.at(b * 2 * I_);
-      const TypedPtr act = r.ep_act.at(b * I_);
-      float* gu_f = compute_ == DType::fp32 ? gate_up.f32() : gu_f_;
-      forward_gemm(be, row_by_row, true, m, 2 * i1, c, 1.0f, r.received_h2.at(b * C_), c,
-                   w.gate_up, c, 0.0f, gu_f, 2 * i1);
-      if (w.lora.gate_up.targeted())
-        lora_->forward(be, row_by_row, w.lora.gate_up, m, c, 2 * i1, r.received_h2.at(b * C_), gu_f,
-                       2 * i1);
-      be.swiglu_forward(act, gate_up, gu_f, rows, i1);
+      held_activations(r, local, j, be, row_by_row, w);
+      const TypedPtr act = held_rows(r).act.at(b * I_);
       forward_gemm(be, row_by_row, true, m, c, i1, 1.0f, act, i1, w.down, i1, 0.0f,
                    ep_rows_ + b * C_, c);
       if (w.lora.down.targeted())
@@ -152,10 +169,14 @@ void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row
 }
 
 void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
-                                    const ParamRounding& rounding, const ExpertWeights& w,
-                                    const float* dy, float* grad_gate_up, float* grad_down) {
+                                    const ParamRounding& rounding, ConstTypedPtr h2,
+                                    const ExpertWeights& w, const float* dy,
+                                    float* grad_gate_up, float* grad_down) {
   const int64_t nk = n_ * k_;
   if (e == E_ - 1) {  // the layer's first backward expert unit: dy rows to the holders
+    // (recompute: the h2 rows again first, into the shared set the forward's later
+    // layers overwrote; every rank of the group starts the same exchanges in order)
+    Work h2_rows = recompute_ ? send_h2_rows(r, be, h2) : Work();
     be.fill_zero(dh2_, sizeof(float) * static_cast<size_t>(n_ * C_));
     be.fill_zero(dtop_, sizeof(float) * static_cast<size_t>(nk));
     if (!meta_)
@@ -169,19 +190,22 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
     Work weights = group_->all_to_all_v(ConstTypedPtr(ep_send_w_), sent_counts(r, 1),
                                         TypedPtr(ep_w_), received_counts(r, 1),
                                         "expert dispatch weights");
+    h2_rows.wait();
     rows.wait();
     weights.wait();
   }
   const int c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   if (holds(e)) {
     const int local = e - local_begin_;
+    const HeldRows& held = held_rows(r);
     for (int j = 0; j < group_->size(); ++j) {
       const int64_t rows = received_rows(r, j, local);
       if (rows == 0) continue;
       const int64_t b = received_begin(r, j, local);
       const int m = static_cast<int>(rows);
-      const TypedPtr gate_up = r.ep_gate_up.at(b * 2 * I_);
-      const TypedPtr act = r.ep_act.at(b * I_);
+      if (recompute_) held_activations(r, local, j, be, /*row_by_row=*/false, w);
+      const TypedPtr gate_up = held.gate_up.at(b * 2 * I_);
+      const TypedPtr act = held.act.at(b * I_);
       // As expert_backward at P = 1 on the source's block: g = dy_e Wdown
       // (unweighted), the weight's gradient <g, silu(gate) * up>, the rest weighted.
       if (!meta_) std::copy_n(ep_dy_ + b * C_, rows * C_, out_);
@@ -207,7 +231,7 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
       }
       be.swiglu_backward(dgu_, g_, gate_up, rows, i1);
       const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, rows * 2 * I_);
-      const ConstTypedPtr x = r.received_h2.at(b * C_);
+      const ConstTypedPtr x = held.h2.at(b * C_);
       if (grad_gate_up != nullptr)
         be.gemm(true, false, 2 * i1, c, m, 1.0f, dgu, 2 * i1, x, c, 1.0f, grad_gate_up, c);
       be.gemm(false, false, m, c, 2 * i1, 1.0f, dgu, 2 * i1, w.gate_up, c, 0.0f, ep_rows_ + b * C_,

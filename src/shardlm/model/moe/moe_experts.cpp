@@ -33,8 +33,6 @@ MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool reco
     SHARDLM_CHECK(E_ % P == 0,
                   "--expert-parallel {}: the model has {} experts per layer, which {} ranks cannot "
                   "share equally (expected a divisor of {})", P, E_, P, E_);
-    SHARDLM_CHECK(!recompute, "--expert-parallel {} with --activation-checkpointing is not "
-                  "supported yet (run without one of them)", P);
     group_ = expert_group;
     local_experts_ = E_ / P;
     local_begin_ = expert_group->rank() * local_experts_;
@@ -58,7 +56,7 @@ void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
       carver.request(&l.act, ct, nk * I_);
     }
   }
-  if (recompute_) {
+  if (recompute_ && !parallel()) {  // (expert parallelism: its shared set, ep_carve)
     carver.request(&shared_gate_up_, ct, n * 2 * I_);
     carver.request(&shared_act_, ct, n * I_);
   }
@@ -163,7 +161,7 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
                                  ConstTypedPtr h2, const ExpertWeights& w, const float* dy,
                                  float* grad_gate_up, float* grad_down) {
   LayerRouting& r = layer(l);
-  if (parallel()) return ep_expert_backward(r, e, be, rounding, w, dy, grad_gate_up, grad_down);
+  if (parallel()) return ep_expert_backward(r, e, be, rounding, h2, w, dy, grad_gate_up, grad_down);
   if (e == E_ - 1) {  // the first expert of the layer's backward
     be.fill_zero(dh2_, sizeof(float) * static_cast<size_t>(n_ * C_));
     be.fill_zero(dtop_, sizeof(float) * static_cast<size_t>(n_ * k_));

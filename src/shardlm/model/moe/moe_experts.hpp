@@ -41,6 +41,11 @@
 //     to the holders; each holder's blocks give dW (+=, over its sources in rank
 //     order), the top-k weights' dot products and dh2 rows, which the layer's last
 //     backward expert unit brings back and adds in the P = 1 order.
+// With activation checkpointing each sparse layer keeps h2 and its routing and the
+// counts received, the holders one shared set of received rows and activations: the
+// layer's first backward expert unit sends the h2 rows again (beside the dy rows, in
+// the same order on every rank of the group) and each held expert recomputes its
+// activations from them right before its backward (bitwise the forward's).
 // Forward values and dLoss/dh2 are bitwise those of P = 1; an expert's weight gradient
 // sums its sources' GEMMs in one buffer (source order) where P = 1 reduces them across
 // ranks, so it differs in rounding only.
@@ -119,16 +124,20 @@ class MoeExperts {
   void dispatch(int layer, Backend& be, ConstTypedPtr h2);
 
  private:
+  // Expert parallelism: a holder's received h2 rows and its experts' activations on
+  // them, [R, C], [R, 2 I], [R, I] (R: the rows' capacity, ep_carve).
+  struct HeldRows {
+    TypedPtr h2, gate_up, act;
+  };
   struct LayerRouting {
     MoeRouting routing;
     TypedPtr gate_up;  // [n k, 2 I] per assignment, grouped by expert (recompute: shared, [n, 2 I])
     TypedPtr act;      // [n k, I] (recompute: shared, [n, I])
     TypedPtr kept_h2;  // recompute: [n, C]
-    // Expert parallelism: what this rank received for its experts (rows from peer j
+    // Expert parallelism: the rows this rank received for its experts (from peer j
     // for held expert e, source-major) and keeps for the backward.
     std::vector<int64_t> received;  // [P x E/P] rows
-    TypedPtr received_h2;           // [R, C] (R: the rows' capacity, ep_carve)
-    TypedPtr ep_gate_up, ep_act;    // [R, 2 I], [R, I]
+    HeldRows held;                  // (recompute: the shared set's)
   };
   // Where expert e's rows of g|u and silu(g) * u are (recompute: the shared set's start).
   int64_t activation_row(int64_t begin) const { return recompute_ ? 0 : begin; }
@@ -141,11 +150,20 @@ class MoeExperts {
   void gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows, Backend& be);
   bool parallel() const { return group_ != nullptr; }
   void ep_carve(ArenaCarver& carver, int64_t n);
+  // The layer's held rows: its own, or with activation checkpointing the one set the
+  // layers share (the backward receives the h2 rows again and recomputes the rest).
+  HeldRows& held_rows(LayerRouting& r) { return recompute_ ? shared_held_ : r.held; }
+  // Starts sending the layer's assignments' h2 rows to their experts' holders (the
+  // counts exchanged, r.received set), into held_rows(r).h2.
+  Work send_h2_rows(LayerRouting& r, Backend& be, ConstTypedPtr h2);
+  // Held expert `local`'s g|u and silu(g) * u on the rows received from peer j.
+  void held_activations(LayerRouting& r, int local, int peer, Backend& be, bool row_by_row,
+                        const ExpertWeights& w);
   void ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row_by_row,
                          const ExpertWeights& w, float* out);
   void ep_expert_backward(LayerRouting& r, int e, Backend& be, const ParamRounding& rounding,
-                          const ExpertWeights& w, const float* dy, float* grad_gate_up,
-                          float* grad_down);
+                          ConstTypedPtr h2, const ExpertWeights& w, const float* dy,
+                          float* grad_gate_up, float* grad_down);
   // Rows each peer of the group sends this rank for each held expert: the layer's
   // counts [P x E/P]; the running sum over the peers' blocks (source-major) is where
   // block (j, e) starts among the received rows.
@@ -191,6 +209,7 @@ class MoeExperts {
   std::unique_ptr<ExpertLora> lora_;  // LoRA on the experts' projections (else null)
   // Expert parallelism's exchange buffers (one layer at a time).
   int64_t ep_capacity_ = 0;   // R: rows this rank can receive for its experts
+  HeldRows shared_held_;      // recompute: the layers' one set
   TypedPtr ep_send_h2_;       // [n k, C] assignments' h2 rows, grouped by expert
   float* ep_rows_ = nullptr;  // [R, C] held experts' outputs; backward: their dh2 rows
   float* ep_back_ = nullptr;  // [n k, C] those rows back at their source; backward, first
