@@ -4,10 +4,11 @@
 # under ddp and zero3, Ulysses with the KV heads split (P = 2 over llama-tiny's 2) and
 # replicated (P = 4), ring attention (zigzag split) at P = 2 and 4 and on qwen3-tiny's 3
 # heads that Ulysses cannot split, gpt2-tiny under the ring, padded text rows and packed SFT rows (documents'
-# positions and key_begin global), LoRA under both and under hybrid, qwen3-moe-tiny (the
-# load-balancing loss over the group's rows), bf16 once (within 1e-2, bf16's tolerance
-# against fp32 here), and a ring P = 2 checkpoint resumed at P = 1 and 4 to what an
-# uninterrupted run gives. Per-step loss and gradient norm agree to 1e-5 relative and the final weights
+# positions and key_begin global; qwen2-tiny, and gpt2-tiny under Ulysses and hybrid), LoRA
+# under both and under hybrid, qwen3-moe-tiny (the load-balancing loss over the group's
+# rows; LoRA on its routed experts), bf16 once (within 1e-2, bf16's tolerance against fp32
+# here), and a ring P = 2 checkpoint resumed at P = 1 and 4 and a hybrid P = 4 one at P = 2
+# (2 and 4 ranks) to what an uninterrupted run gives. Per-step loss and gradient norm agree to 1e-5 relative and the final weights
 # to 1e-5 of the model's largest weight (inspect --relative-to model): not bitwise,
 # because each rank's weight gradients sum over its own tokens and the partial sums are
 # added by the reduction in another order than one GEMM over all tokens (fp32 rounding,
@@ -91,6 +92,15 @@ run_mpi 2 "$SHARDLM" train --model qwen3-moe-tiny "${BASE[@]}" --micro-batch 4 -
   --context-parallel 2 --context-parallel-kind ring --out "$WORK/moe_cp" > "$WORK/moe_cp.log" 2>&1 \
   || { cat "$WORK/moe_cp.log"; fail "qwen3-moe-tiny ring P=2"; }
 close "$WORK/moe_cp" "$WORK/moe_ref" "qwen3-moe-tiny ring zero3 n=2 --context-parallel 2 vs one rank"
+# LoRA of the routed experts (each expert's fused gate_up and down adapters, units of their
+# own) and q_proj, Ulysses zero3 P = 2: the adapters' gradients reduced over shard x context.
+EXPERT_LORA=(--lora-rank 4 --lora-targets q_proj,experts.gate_up_proj,experts.down_proj)
+"$SHARDLM" train --model qwen3-moe-tiny "${BASE[@]}" "${EXPERT_LORA[@]}" --micro-batch 4 --out "$WORK/moe_lora_ref" \
+  > "$WORK/moe_lora_ref.log" 2>&1 || { cat "$WORK/moe_lora_ref.log"; fail "qwen3-moe-tiny expert LoRA reference"; }
+run_mpi 2 "$SHARDLM" train --model qwen3-moe-tiny "${BASE[@]}" "${EXPERT_LORA[@]}" --micro-batch 4 --strategy zero3 \
+  --context-parallel 2 --out "$WORK/moe_lora_cp" > "$WORK/moe_lora_cp.log" 2>&1 \
+  || { cat "$WORK/moe_lora_cp.log"; fail "qwen3-moe-tiny expert LoRA P=2"; }
+close "$WORK/moe_lora_cp" "$WORK/moe_lora_ref" "qwen3-moe-tiny expert LoRA zero3 n=2 --context-parallel 2 vs one rank"
 
 # LoRA: only the adapters train, their gradients reduced over shard x context.
 LORA=(--lora-rank 4 --lora-targets q_proj,v_proj,down_proj)
@@ -125,35 +135,53 @@ run_mpi 2 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --str
   || fail "--mesh shard=1,context=2 and --context-parallel 2 differ"
 echo "--mesh shard=1,context=2 = --context-parallel 2 (bitwise)"
 
-# Resume and reshard: a ring P = 2 run (ddp, 6 steps, a checkpoint at step 4) is cut back
-# to its step-4 checkpoint, which loads bitwise with P = 1 (one rank) and P = 4 (ring, 4
-# ranks), and training continues to what an uninterrupted one-rank 6-step run gives
+# Resume and reshard: a context-parallel run (ddp, 6 steps, a checkpoint at step 4) is cut
+# back to its step-4 checkpoint, which loads bitwise under other layouts (other P, kind and
+# world size), and training continues to what an uninterrupted one-rank 6-step run gives
 # (close(): every step's loss and grad norm, the final weights); the checkpoint format
 # knows no context.
 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --steps 6 --out "$WORK/ref6" > "$WORK/ref6.log" 2>&1 \
   || { cat "$WORK/ref6.log"; fail "6-step reference"; }
+# resumes_as_uninterrupted RUN WHAT LAYOUT...: each LAYOUT "N MICRO FLAGS..." (ranks, micro-batch,
+# the context flags) resumes RUN's step-4 checkpoint in a copy of RUN and trains to step 6.
+resumes_as_uninterrupted() {
+  local run="$1" what="$2"; shift 2
+  local want n micro flags dir
+  want="$("$SHARDLM" inspect "$run/checkpoints/step_00000004" --quiet)"
+  for layout in "$@"; do
+    read -r n micro flags <<< "$layout"
+    dir="${run}_resumed_n${n}_$(echo "$flags" | tr -dc 'a-z0-9')"
+    cp -r "$run" "$dir"
+    rm -rf "$dir/checkpoints/step_00000006"
+    # shellcheck disable=SC2086
+    SHARDLM_FAULT="save_after_load=$dir.loaded" run_mpi "$n" "$SHARDLM" train --model llama-tiny \
+      "${BASE[@]}" --micro-batch "$micro" $flags --steps 6 --resume --out "$dir" > "$dir.log" 2>&1 \
+      || { cat "$dir.log"; fail "$what resumed on $n ranks with $flags"; }
+    [ "$("$SHARDLM" inspect "$dir.loaded" --quiet)" = "$want" ] \
+      || fail "the $what checkpoint loaded on $n ranks with $flags is not the saved state"
+    close "$dir" "$WORK/ref6" "$what checkpoint at step 4 resumed on $n ranks with $flags to step 6 vs one uninterrupted rank"
+  done
+}
 run_mpi 2 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --strategy ddp --context-parallel 2 \
   --context-parallel-kind ring --steps 6 --save-every 4 --out "$WORK/ring6" > "$WORK/ring6.log" 2>&1 \
   || { cat "$WORK/ring6.log"; fail "ring P=2 6 steps"; }
-want="$("$SHARDLM" inspect "$WORK/ring6/checkpoints/step_00000004" --quiet)"
-for resume in "1 1 4 ulysses" "4 4 4 ring"; do
-  read -r n P micro kind <<< "$resume"
-  dir="$WORK/resume_p$P"
-  cp -r "$WORK/ring6" "$dir"
-  rm -rf "$dir/checkpoints/step_00000006"
-  SHARDLM_FAULT="save_after_load=$WORK/loaded_p$P" run_mpi "$n" "$SHARDLM" train --model llama-tiny \
-    "${BASE[@]}" --micro-batch "$micro" --context-parallel "$P" --context-parallel-kind "$kind" --steps 6 \
-    --resume --out "$dir" > "$dir.log" 2>&1 || { cat "$dir.log"; fail "resume with --context-parallel $P"; }
-  [ "$("$SHARDLM" inspect "$WORK/loaded_p$P" --quiet)" = "$want" ] \
-    || fail "the ring P=2 checkpoint loaded with P=$P is not the saved state"
-  close "$dir" "$WORK/ref6" "ring P=2 checkpoint at step 4 resumed with --context-parallel $P to step 6 vs one uninterrupted rank"
-done
+resumes_as_uninterrupted "$WORK/ring6" "ring P=2" "1 4 --context-parallel 1" \
+  "4 4 --context-parallel 4 --context-parallel-kind ring"
 echo "the ring --context-parallel 2 checkpoint loads bitwise with P=1 and P=4 and continues as an uninterrupted run"
+# Hybrid P = 4 (Ulysses groups of 2, a ring of 2) on 4 ranks, resumed at P = 2 (Ulysses,
+# one rank per context rank) and at P = 2 on 4 ranks (ring, 2 data-parallel ranks).
+run_mpi 4 "$SHARDLM" train --model llama-tiny "${BASE[@]}" --micro-batch 4 --strategy ddp --context-parallel 4 \
+  --context-parallel-kind hybrid --ulysses-degree 2 --steps 6 --save-every 4 --out "$WORK/hybrid6" \
+  > "$WORK/hybrid6.log" 2>&1 || { cat "$WORK/hybrid6.log"; fail "hybrid P=4 U=2 6 steps"; }
+resumes_as_uninterrupted "$WORK/hybrid6" "hybrid P=4 U=2" "2 4 --context-parallel 2" \
+  "4 2 --strategy zero3 --context-parallel 2 --context-parallel-kind ring"
+echo "the hybrid --context-parallel 4 --ulysses-degree 2 checkpoint loads bitwise at P=2 (2 and 4 ranks) and continues as an uninterrupted run"
 
 # Packed SFT rows (several conversations per row, positions and key_begin per document).
 head -n 24 "$SHARED_DATA/sft/gsm8k_train.jsonl" > "$WORK/gsm.jsonl"
-SFT=(--model qwen2-tiny --tokenizer "gpt2:$SHARED_DATA/gpt2" --dataset "$WORK/gsm.jsonl" --max-len 256
-     --packing --threads 1 --lr 3e-3 --warmup 1 --eval-batches 0 --micro-batch 2 --global-batch 2 --steps 3)
+PACKED_SFT=(--tokenizer "gpt2:$SHARED_DATA/gpt2" --dataset "$WORK/gsm.jsonl" --max-len 256 --packing --threads 1
+            --lr 3e-3 --warmup 1 --eval-batches 0 --micro-batch 2 --global-batch 2 --steps 3)
+SFT=(--model qwen2-tiny "${PACKED_SFT[@]}")
 "$SHARDLM" sft "${SFT[@]}" --out "$WORK/sft_ref" > "$WORK/sft_ref.log" 2>&1 || { cat "$WORK/sft_ref.log"; fail "sft reference"; }
 run_mpi 2 "$SHARDLM" sft "${SFT[@]}" --strategy zero3 --context-parallel 2 --out "$WORK/sft_cp" \
   > "$WORK/sft_cp.log" 2>&1 || { cat "$WORK/sft_cp.log"; fail "sft --context-parallel 2"; }
@@ -165,6 +193,19 @@ close "$WORK/sft_cp" "$WORK/sft_ref" "qwen2-tiny sft packed zero3 --context-para
 run_mpi 2 "$SHARDLM" sft "${SFT[@]}" --strategy zero3 --context-parallel 2 --context-parallel-kind ring \
   --out "$WORK/sft_ring" > "$WORK/sft_ring.log" 2>&1 || { cat "$WORK/sft_ring.log"; fail "sft ring P=2"; }
 close "$WORK/sft_ring" "$WORK/sft_ref" "qwen2-tiny sft packed zero3 --context-parallel 2 ring vs one rank" norm
+# gpt2-tiny's packed rows: each document's wpe rows are its own positions, global in the
+# row, under Ulysses (P = 2) and hybrid (P = 4, U = 2: the zigzag over the groups). Held to
+# the L2 norm like gpt2's ring run above (the k third of c_attn's bias).
+"$SHARDLM" sft --model gpt2-tiny "${PACKED_SFT[@]}" --out "$WORK/gpt2_sft_ref" > "$WORK/gpt2_sft_ref.log" 2>&1 \
+  || { cat "$WORK/gpt2_sft_ref.log"; fail "gpt2 sft reference"; }
+for run in "2 2" "4 4 --context-parallel-kind hybrid --ulysses-degree 2"; do
+  read -r n P flags <<< "$run"
+  out="$WORK/gpt2_sft_n${n}_p$P"
+  # shellcheck disable=SC2086
+  run_mpi "$n" "$SHARDLM" sft --model gpt2-tiny "${PACKED_SFT[@]}" --strategy zero3 --context-parallel "$P" $flags \
+    --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "gpt2 sft --context-parallel $P $flags"; }
+  close "$out" "$WORK/gpt2_sft_ref" "gpt2-tiny sft packed zero3 --context-parallel $P $flags vs one rank" norm
+done
 
 # Bad input: one line, nothing written.
 refused() {

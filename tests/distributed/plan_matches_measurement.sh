@@ -8,7 +8,8 @@
 # activation checkpointing, gradient accumulation and hybrid sharding; LoRA and QLoRA
 # (the frozen base's bytes, an NF4 base's dequantization buffer) on a Llama shape; on
 # the emulated device, with and without --offload optimizer, the device's categories
-# and the host's (HostOwnedState).
+# and the host's (HostOwnedState); context parallelism (Ulysses, ring, hybrid) on gpt2
+# and on a mixture of experts (with LoRA on its experts).
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 SHAPE=(--model gpt2-tiny --n-layer 3 --n-embd 64 --n-head 4 --seq-len 32 --micro-batch 2)
@@ -70,6 +71,18 @@ check offload_ddp_bf16_accumulation_n2 2 --strategy ddp --precision bf16 --globa
 check offload_zero3_bf16_n2 2 --strategy zero3 --precision bf16 --device emulated --offload optimizer
 check offload_zero1_fp32_n2 2 --strategy zero1 --device emulated --offload optimizer
 check mirror_zero2_bf16_n2 2 --strategy zero2 --precision bf16 --device emulated
+# Context parallelism: each rank's activations for its T/P tokens plus the attention's
+# exchange buffers and saved state, the all-to-alls and ring send_recvs on the wire.
+check cp_ulysses_zero3_n2 2 --strategy zero3 --context-parallel 2
+check cp_ring_ddp_bf16_n2 2 --strategy ddp --precision bf16 --context-parallel 2 --context-parallel-kind ring
+check cp_hybrid_zero3_checkpointing_n4 4 --strategy zero3 --context-parallel 4 --context-parallel-kind hybrid \
+  --ulysses-degree 2 --activation-checkpointing
+# A mixture of experts under context parallelism (the load-balancing sums' all-reduce over
+# the group), and with LoRA on its routed experts.
+SHAPE=(--model qwen3-moe-tiny --seq-len 32 --micro-batch 2)
+check moe_cp_ring_zero3_n2 2 --strategy zero3 --context-parallel 2 --context-parallel-kind ring
+check moe_cp_ulysses_expert_lora_ddp_n2 2 --strategy ddp --context-parallel 2 --lora-rank 4 \
+  --lora-targets q_proj,experts.gate_up_proj,experts.down_proj
 SHAPE=(--model llama-tiny --seq-len 32 --micro-batch 2 --lora-rank 4)
 check lora_zero3_bf16_n2 2 --strategy zero3 --precision bf16
 check qlora_single 1 --quantize-base nf4

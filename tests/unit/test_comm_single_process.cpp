@@ -123,6 +123,22 @@ TEST(SingleProcessCommunicator, SplitGivesANamedSingleRankCommunicator) {
   EXPECT_THROW(comm.split(-1, 0, "bad"), Error);
 }
 
+TEST(SingleProcessCommunicator, ASubGroupCountedWithItsParentAddsToTheParentsCounters) {
+  // As hybrid attention's Ulysses and ring groups count into the context group's.
+  SingleProcessCommunicator comm;
+  auto sub = comm.split(0, 0, "world.ring");
+  comm.count_with_parent(*sub);
+  std::vector<float> data = {1, 2};
+  sub->all_reduce(data.data(), 2, ReduceOp::sum, "x").wait();
+  comm.all_reduce(data.data(), 2, ReduceOp::sum, "y").wait();
+  EXPECT_EQ(sub->counters().total().calls, 1u);  // the child's own still read only its own
+  EXPECT_EQ(comm.counters().total().calls, 2u);
+  EXPECT_EQ(comm.take_counters().total().calls, 2u);  // taking resets both
+  EXPECT_EQ(comm.counters().total().calls, 0u);
+  EXPECT_EQ(sub->counters().total().calls, 0u);
+  EXPECT_THROW(comm.count_with_parent(comm), Error);
+}
+
 TEST(SingleProcessCommunicatorDeathTest, AbortJobPrintsRankAndExitsNonZero) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   SingleProcessCommunicator comm;

@@ -35,6 +35,26 @@ Communicator::Communicator(int rank, int size, std::string name, CommOptions opt
 
 std::string Communicator::who() const { return fmt::format("rank {}", rank_); }
 
+CommCounters Communicator::counters() const {
+  CommCounters total = counters_->snapshot();
+  std::lock_guard lock(mutex_);
+  for (const auto& child : children_counters_) total += child->snapshot();
+  return total;
+}
+
+CommCounters Communicator::take_counters() {
+  CommCounters total = counters_->take();
+  std::lock_guard lock(mutex_);
+  for (const auto& child : children_counters_) total += child->take();
+  return total;
+}
+
+void Communicator::count_with_parent(const Communicator& child) {
+  SHARDLM_CHECK(&child != this, "internal: communicator '{}' counted with itself", name_);
+  std::lock_guard lock(mutex_);
+  children_counters_.push_back(child.counters_);
+}
+
 uint64_t Communicator::next_sequence() const {
   std::lock_guard lock(mutex_);
   return next_sequence_;

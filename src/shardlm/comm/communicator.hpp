@@ -137,8 +137,15 @@ class Communicator {
   virtual void finalize();
 
   // --- counters ---
-  CommCounters counters() const { return counters_->snapshot(); }
-  CommCounters take_counters() { return counters_->take(); }  // read and reset (per step)
+  // This communicator's, and those of the groups split off it that count_with_parent()
+  // folded in.
+  CommCounters counters() const;
+  CommCounters take_counters();  // read and reset (per step)
+  // `child` (split off this communicator inside a component, as hybrid attention splits
+  // its context group) counts its traffic into this one's counters too, so that whoever
+  // reads this group's traffic (the trainer's per-step bytes) reads the child's as well.
+  // The child's own counters() still read only its own; this one's take_counters() resets both.
+  void count_with_parent(const Communicator& child);
   // Sequence number the next collective will get (the first is 0).
   uint64_t next_sequence() const;
 
@@ -208,6 +215,7 @@ class Communicator {
   const std::string name_;
   const CommOptions options_;
   const std::shared_ptr<CounterBlock> counters_ = std::make_shared<CounterBlock>();
+  std::vector<std::shared_ptr<CounterBlock>> children_counters_;  // count_with_parent(); under mutex_
   mutable std::mutex mutex_;
   uint64_t next_sequence_ = 0;
   std::vector<uint64_t> sends_to_;        // per peer: point-to-point messages sent to it

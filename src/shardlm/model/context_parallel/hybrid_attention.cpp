@@ -6,10 +6,18 @@ namespace shardlm {
 
 namespace {
 
+// A sub-group of the context group whose traffic the context group's counters include
+// (the trainer reads the mesh groups' counters for a step's bytes, which plan predicts).
+std::unique_ptr<Communicator> sub_group(Communicator& group, int color, const std::string& suffix) {
+  std::unique_ptr<Communicator> sub = group.split(color, group.rank(), group.name() + suffix);
+  group.count_with_parent(*sub);
+  return sub;
+}
+
 std::unique_ptr<Communicator> ulysses_group(Communicator& group, int U) {
   SHARDLM_CHECK(U > 1 && group.size() % U == 0 && U < group.size(),
                 "internal: hybrid attention with Ulysses groups of {} in {} ranks", U, group.size());
-  return group.split(group.rank() / U, group.rank(), group.name() + ".ulysses");
+  return sub_group(group, group.rank() / U, ".ulysses");
 }
 
 }  // namespace
@@ -17,7 +25,7 @@ std::unique_ptr<Communicator> ulysses_group(Communicator& group, int U) {
 HybridAttention::HybridAttention(Communicator& group, int U, const ContextSplit& split,
                                  const ContextHeads& heads, int seq_len, DType compute)
     : ulysses_group_(ulysses_group(group, U)),
-      ring_group_(group.split(group.rank() % U, group.rank(), group.name() + ".ring")),
+      ring_group_(sub_group(group, group.rank() % U, ".ring")),
       ulysses_(*ulysses_group_, split, heads, seq_len, compute, group.size() / U),
       ring_(*ring_group_, split, ulysses_.local_heads(), seq_len, compute) {}
 
