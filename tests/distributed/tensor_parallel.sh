@@ -12,7 +12,10 @@
 # head are vocabulary-parallel (llama-tiny's untied head, qwen3-tiny's tied one). With
 # --sequence-parallel the same within the same bounds, ddp x T and zero3 x T. LoRA
 # on every module at T = 2 (adapters split with their base) equals the unsplit LoRA run,
-# and its T = 2 checkpoint exports the adapter its T = 1 copy exports. A tensor group
+# and its T = 2 checkpoint exports the adapter its T = 1 copy exports. QLoRA likewise
+# (its NF4 base split block for block: the T = 1 base bit for bit, loaded at T = 1,
+# imported from Hugging Face at T = 2). --check-replicas compares the replicas of each
+# tensor rank and names a diverged one. A tensor group
 # across hosts is warned about. Bad input is refused in one line before a run directory
 # exists. plan at T = 2 (ddp and zero3, with and without --sequence-parallel)
 # predicts the runs' peak bytes per category exactly and their traffic within 0.1% (its
@@ -50,10 +53,11 @@ done
 # plan = measured at T = 2: every memory category to the byte, the bus bytes of a step
 # (the tensor group's all-reduces among them) within 0.1% (the measured count adds the
 # 8-byte scalars plan leaves out), 4 all-reduces of the tensor group per layer.
-# plan_is_measured RUN_DIR TENSOR_CALLS PLAN_FLAGS...: TENSOR_CALLS "-" leaves the count out.
+# plan_is_measured RUN_DIR TENSOR_CALLS PLAN_FLAGS... (--model among them): TENSOR_CALLS
+# "-" leaves the count out.
 plan_is_measured() {
   local run="$1" calls="$2"; shift 2
-  "$SHARDLM" plan --model llama-tiny -n 4 --seq-len 32 --micro-batch 4 --global-batch 8 \
+  "$SHARDLM" plan -n 4 --seq-len 32 --micro-batch 4 --global-batch 8 \
     --data "$WORK/data" --tensor-parallel 2 "$@" --json > "$run.plan.json" || fail "plan $* failed"
   python3 - "$run.plan.json" "$run/metrics.jsonl" "$calls" "$*" <<'PY' || fail "plan $* differs from the measured run"
 import json, sys
@@ -74,7 +78,7 @@ PY
 }
 # 4 per layer (3) and the vocabulary-parallel embedding's and head's 4.
 for strategy in ddp zero3; do
-  plan_is_measured "$WORK/llama-tiny_t2_$strategy" $((4 * 3 + 4)) --strategy "$strategy"
+  plan_is_measured "$WORK/llama-tiny_t2_$strategy" $((4 * 3 + 4)) --model llama-tiny --strategy "$strategy"
 done
 
 # T = 4 on one data-parallel rank against one process.
@@ -106,7 +110,7 @@ echo "sequence parallel: ddp x T=2 = zero3 x T=2 bitwise, = T=1 within 1e-5; T=4
 # residual stream, norms and residual adds at 1/T: fewer activation bytes than without),
 # their bus bytes within 0.1%.
 for strategy in ddp zero3; do
-  plan_is_measured "$WORK/sp_t2_$strategy" - --strategy "$strategy" --sequence-parallel
+  plan_is_measured "$WORK/sp_t2_$strategy" - --model llama-tiny --strategy "$strategy" --sequence-parallel
 done
 python3 - "$WORK/sp_t2_zero3.plan.json" "$WORK/llama-tiny_t2_zero3.plan.json" <<'PY' || fail "--sequence-parallel planned no fewer activation bytes"
 import json, sys
@@ -148,6 +152,66 @@ SHARDLM_FAULT="save_after_load=$WORK/lora_loaded_t1" run_mpi 2 "$SHARDLM" train 
 cmp "$WORK/adapter_t2/adapter_model.safetensors" "$WORK/adapter_t1/adapter_model.safetensors" \
   || fail "the LoRA T=2 checkpoint exports another adapter than its T=1 copy"
 echo "LoRA: zero3 x T=2 = ddp x 2 (T=1) within 1e-5; the T=2 adapter exports as its T=1 copy's"
+
+# QLoRA under tensor parallelism: the NF4 base split like the fp32 one, each piece the
+# NF4 tensor of its own values, block for block the whole tensor's (NF4's blocks are 64
+# values: a llama shape whose split runs are multiples of 64, head_dim 64 and an MLP of
+# 256; llama-tiny's are not and is refused). zero3 x T=2 against the unsplit ddp x 2:
+# loss and gradient norm within 1e-6 relative (measured 4.0e-8); the adapters within 1e-5
+# of the model's largest weight (measured 4.0e-7). Per tensor they reach 2.6e-5 of the
+# tensor's largest (layer 0's k_proj lora_B): the same as two unsplit runs that differ
+# only in the order of the data-parallel sum (one process against ddp x 2: 2.6e-5, the
+# same tensor), AdamW's normalised steps on B's near-zero gradients. plan = measured
+# (the NF4 pieces' frozen bytes among them).
+mkdir -p "$WORK/llama64"
+cat > "$WORK/llama64/config.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 256,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+QLORA=(--model "$WORK/llama64" --quantize-base nf4 "${LORA[@]}")
+train 2 "$WORK/qlora_t1" --micro-batch 4 --strategy ddp "${QLORA[@]}"
+train 4 "$WORK/qlora_t2" --micro-batch 4 --strategy zero3 --tensor-parallel 2 "${QLORA[@]}"
+same_curves "$WORK/qlora_t2" "$WORK/qlora_t1" 1e-6
+"$SHARDLM" inspect "$WORK/qlora_t2" --compare "$WORK/qlora_t1" --tolerance 1e-5 --relative-to model \
+  || fail "QLoRA T=2 weights differ from T=1's"
+# The NF4 base put together from the T=2 pieces is the T=1 run's, bit for bit (both
+# exported dequantized), and the T=2 checkpoint loads at T=1 as saved.
+for run in qlora_t1 qlora_t2; do
+  "$SHARDLM" export --checkpoint "$WORK/$run" --out "$WORK/${run}_base" --base-only > /dev/null 2>&1 \
+    || fail "export --base-only of $run"
+done
+cmp "$WORK/qlora_t2_base/model.safetensors" "$WORK/qlora_t1_base/model.safetensors" \
+  || fail "the T=2 NF4 base differs from the T=1 run's"
+cp -r "$WORK/qlora_t2" "$WORK/qlora_resume_t1"
+SHARDLM_FAULT="save_after_load=$WORK/qlora_loaded_t1" run_mpi 2 "$SHARDLM" train "${COMMON[@]}" \
+  --micro-batch 4 "${QLORA[@]}" --steps 8 --resume --out "$WORK/qlora_resume_t1" \
+  > "$WORK/qlora_resume_t1.log" 2>&1 || { cat "$WORK/qlora_resume_t1.log"; fail "QLoRA T=2 -> T=1 resume"; }
+[ "$("$SHARDLM" inspect "$WORK/qlora_loaded_t1" --quiet)" = "$("$SHARDLM" inspect "$WORK/qlora_t2" --quiet)" ] \
+  || fail "the QLoRA T=2 checkpoint loaded at T=1 is not the saved state"
+# A Hugging Face base (the T=1 run's, dequantized) quantized on import at T=2: each
+# rank quantizes its pieces, and they are the T=1 words again.
+train 4 "$WORK/qlora_hf_t2" --micro-batch 4 --strategy zero3 --tensor-parallel 2 --quantize-base nf4 \
+  "${LORA[@]}" --init-from "$WORK/qlora_t1_base" --steps 0
+"$SHARDLM" export --checkpoint "$WORK/qlora_hf_t2" --out "$WORK/qlora_hf_t2_base" --base-only > /dev/null 2>&1 \
+  || fail "export --base-only of the imported T=2 run"
+cmp "$WORK/qlora_hf_t2_base/model.safetensors" "$WORK/qlora_t1_base/model.safetensors" \
+  || fail "the base imported at T=2 quantizes to other words than at T=1"
+plan_is_measured "$WORK/qlora_t2" - --strategy zero3 "${QLORA[@]}"
+echo "QLoRA: zero3 x T=2 = ddp x 2 (T=1) within 1e-6 (loss) and 1e-5 (weights); the NF4 base is T=1's bit for bit, loads at T=1 and imports from Hugging Face at T=2"
+
+# --check-replicas at T = 2: each rank against the first rank of its tensor coordinate
+# (ranks 0, 2 hold tensor rank 0's pieces, 1, 3 tensor rank 1's); a rank whose
+# parameters went their own way (SHARDLM_FAULT=diverge_replica=3 changes one of rank
+# 3's after every step) is named with the rank it differs from.
+train 4 "$WORK/replicas_t2" --model llama-tiny --micro-batch 4 --strategy ddp --tensor-parallel 2 \
+  --steps 2 --check-replicas
+log="$(SHARDLM_FAULT=diverge_replica=3 run_mpi 4 "$SHARDLM" train "${COMMON[@]}" --model llama-tiny \
+  --micro-batch 4 --strategy ddp --tensor-parallel 2 --steps 2 --check-replicas --out "$WORK/diverged" 2>&1)" \
+  && fail "a diverged replica at T=2 went unnoticed"
+echo "$log" | grep -q "error: replicas diverged after step 1: rank 3's parameters differ from rank 1's (both hold tensor rank 1's pieces)" \
+  || fail "expected the diverged rank 3 to be named; got: $log"
+echo "--check-replicas at T=2: the replicas of each tensor rank agree; a diverged one is named"
 
 # bf16 once: zero3 x T=2 against the unsplit bf16 ddp x 2, within the 1e-2 relative
 # that bf16 has against fp32 elsewhere in the project (test_moe_fixture's losses): bf16
@@ -204,6 +268,8 @@ refused 4 "--tensor-parallel 3 must divide the 4 attention heads" --model llama-
 refused 2 "--tensor-parallel 2 must divide the 3 attention heads" --model qwen3-tiny --micro-batch 4 --tensor-parallel 2
 refused 2 "--sequence-parallel splits the tokens of a tensor group" --model llama-tiny --micro-batch 4 --sequence-parallel
 refused 2 "the gpt2 family is not split over tensor ranks yet" --model gpt2-tiny --micro-batch 4 --tensor-parallel 2
+refused 2 "--tensor-parallel 2 with --quantize-base nf4: tensor rank 0 would hold 48 of the 96 columns of model.layers.0.self_attn.o_proj.weight" \
+  --model llama-tiny --micro-batch 4 --tensor-parallel 2 --lora-rank 4 --quantize-base nf4
 refused 2 "--mesh shard=1,tensor=2 has 2 tensor rank(s), --tensor-parallel says 4" --model llama-tiny --micro-batch 4 --mesh shard=1,tensor=2 --tensor-parallel 4
 refused 8 "--context-parallel 4 (ulysses) with --tensor-parallel 2: a tensor rank's 2 query and 1 key/value heads (of the model's 4 and 2) do not split over 4 context ranks" --model llama-tiny --micro-batch 4 --tensor-parallel 2 --context-parallel 4
 echo "bad input refused before a run directory exists"

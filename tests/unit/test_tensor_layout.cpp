@@ -3,10 +3,12 @@
 // from Megatron's rules (column-parallel q/k/v by head and gate/up by channel,
 // row-parallel o_proj/down_proj, vocabulary-parallel embed_tokens/lm_head by rows of
 // the padded vocabulary, the rest whole); each rank's init equals the unsplit
-// init on its piece, bitwise; packing survives; bad shapes get one-line errors.
+// init on its piece, bitwise; packing survives; bad shapes get one-line errors. A
+// QLoRA base's NF4 pieces are the whole tensor's blocks (absmax and codes) word for word.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "shardlm/model/family.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
+#include "qlora_tensor_parallel_config.hpp"
 
 namespace shardlm {
 namespace {
@@ -170,6 +173,38 @@ TEST(TensorLayout, PackedProjectionsStayOneMatrixAndUnitsShrink) {
   }
 }
 
+// QLoRA: each rank's NF4 words are the whole tensor's, block for block. Block k of a
+// piece (its values [64k, 64k + 64)) is block f / 64 of the whole tensor, f the full
+// index of its first value: the same absmax word, the same 8 words of codes.
+TEST(TensorLayout, Nf4PiecesAreTheWholeTensorsBlocks) {
+  const ModelConfig c = qlora_tensor_parallel_config(model_preset("llama-tiny"));
+  const Values full = init_values_of(c, {}, 99);
+  for (int T : {2, 4})
+    for (int t = 0; t < T; ++t) {
+      SCOPED_TRACE("T=" + std::to_string(T) + " rank " + std::to_string(t));
+      const Values local = init_values_of(c, {T, t}, 99);
+      int pieces = 0;
+      for (const auto& [name, words] : local.by_name) {
+        const ParamInfo& p = local.info.at(name);
+        if (!p.quantized()) continue;
+        ASSERT_FALSE(p.piece.whole()) << name;
+        const std::vector<float>& whole = full.by_name.at(name);
+        const int64_t blocks = p.logical_numel() / 64, full_blocks = full.info.at(name).logical_numel() / 64;
+        ASSERT_EQ(static_cast<int64_t>(words.size()), blocks + 8 * blocks) << name;
+        for (int64_t k = 0; k < blocks; ++k) {
+          const int64_t f = p.piece.full_index(p.shape, 64 * k) / 64;
+          ASSERT_EQ(std::memcmp(&words[static_cast<size_t>(k)], &whole[static_cast<size_t>(f)], 4), 0)
+              << name << " absmax of block " << k;
+          ASSERT_EQ(std::memcmp(&words[static_cast<size_t>(blocks + 8 * k)],
+                                &whole[static_cast<size_t>(full_blocks + 8 * f)], 32), 0)
+              << name << " codes of block " << k;
+        }
+        ++pieces;
+      }
+      EXPECT_EQ(pieces, 7 * c.n_layer);
+    }
+}
+
 void expect_error(const ModelConfig& c, int T, const std::string& fragment) {
   try {
     check_tensor_parallel(c, T);
@@ -201,8 +236,19 @@ TEST(TensorLayout, ShapesThatDoNotSplitGetOneLineErrors) {
   lora.lora.targets = {"q_proj", "v_proj"};
   EXPECT_NO_THROW(check_tensor_parallel(lora, 2));
   EXPECT_NO_THROW(check_tensor_parallel(lora, 4));  // key/value heads replicated
-  lora.quantize_base = BaseQuant::nf4;
-  expect_error(lora, 2, "--tensor-parallel 2: QLoRA runs (NF4 base weights) are not split");
+  lora.quantize_base = BaseQuant::nf4;  // o_proj's pieces: 48 of 96 columns a row
+  expect_error(lora, 2, "--tensor-parallel 2 with --quantize-base nf4: tensor rank 0 would hold 48 "
+               "of the 96 columns of model.layers.0.self_attn.o_proj.weight [96 x 96], runs of 48 "
+               "values from value 0 of the tensor, which cut NF4's blocks of 64 values");
+  ModelConfig qlora = qlora_tensor_parallel_config(llama);  // every run a multiple of 64 values
+  EXPECT_NO_THROW(check_tensor_parallel(qlora, 2));
+  EXPECT_NO_THROW(check_tensor_parallel(qlora, 4));
+  qlora.intermediate_size = 320;  // down_proj at T = 2: 160 columns a row
+  expect_error(qlora, 2, "160 of the 320 columns of model.layers.0.mlp.down_proj.weight [128 x 320]");
+  ModelConfig qlora_70b = model_preset("llama-3.1-70b");  // head_dim 128: real shapes split
+  qlora_70b.lora = lora.lora;
+  qlora_70b.quantize_base = BaseQuant::nf4;
+  EXPECT_NO_THROW(check_tensor_parallel(qlora_70b, 8));
   ModelConfig by3 = llama;  // 6 heads, 3 key/value heads, MLP 162: only the vocabulary
   by3.n_head = 6;
   by3.head_dim_override = 8;

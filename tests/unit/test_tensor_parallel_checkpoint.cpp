@@ -7,20 +7,29 @@
 // and LM head are pieces too (rows of the padded vocabulary: 97 tokens in 128 rows, the
 // padding on the last ranks), and a Hugging Face export (unpadded rows) imports into
 // the pieces of T = 2 and T = 4 with every real row in its place and padding zero.
+// QLoRA: each rank holds its NF4 base pieces as the NF4 tensors of their own values; a
+// T = 2 checkpoint reads (words and digests) as the same values quantized whole at
+// T = 1, loads at T = 1 and T = 4 word for word, and the dequantized base exported at
+// T = 1 imports into the pieces of T = 2 and T = 4 as exactly those words.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/ckpt/checkpoint.hpp"
 #include "shardlm/ckpt/hf_export.hpp"
 #include "shardlm/ckpt/hf_import.hpp"
 #include "shardlm/comm/in_process_communicator.hpp"
 #include "shardlm/comm/single_process_communicator.hpp"
 #include "shardlm/model/family.hpp"
+#include "qlora_tensor_parallel_config.hpp"
 
 namespace shardlm {
 namespace {
@@ -69,19 +78,41 @@ float value_of(const std::string& name, int64_t full_index) {
   return static_cast<float>(std::hash<std::string>{}(name) % 1000) + 0.001f * static_cast<float>(full_index);
 }
 
+// An NF4 parameter's words: value_of() of its (piece's) elements, quantized as a
+// QLoRA run quantizes its base (each piece as a tensor of its own).
+std::vector<float> nf4_words_of(const ParamInfo& p) {
+  std::vector<float> values(static_cast<size_t>(p.logical_numel())), words(static_cast<size_t>(p.numel));
+  for (int64_t i = 0; i < p.logical_numel(); ++i)
+    values[static_cast<size_t>(i)] = value_of(p.name, p.piece.full_index(p.shape, i));
+  cpu::nf4_quantize(values.data(), p.logical_numel(), words.data());
+  return words;
+}
+
 void fill(const ParamLayout& layout, SliceState& s) {
   for (int u = 0; u < layout.num_units(); ++u) {
     OwnedSlice o = s.owned(u);
-    for (const ParamInfo& p : layout.units[static_cast<size_t>(u)].params)
+    for (const ParamInfo& p : layout.units[static_cast<size_t>(u)].params) {
+      const std::vector<float> words = p.quantized() ? nf4_words_of(p) : std::vector<float>();
       for (int64_t i = 0; i < p.numel; ++i) {
         const int64_t at = p.offset + i;
         if (at < o.begin || at >= o.end) continue;
-        const float x = value_of(p.name, p.piece.full_index(p.shape, i));
+        // (A frozen NF4 weight has no optimizer state: zeros.)
+        const float x = p.quantized() ? words[static_cast<size_t>(i)] : value_of(p.name, p.piece.full_index(p.shape, i));
         o.master[at - o.begin] = x;
-        o.adam_m[at - o.begin] = -x;
-        o.adam_v[at - o.begin] = 0.5f * x;
+        o.adam_m[at - o.begin] = p.quantized() ? 0.0f : -x;
+        o.adam_v[at - o.begin] = p.quantized() ? 0.0f : 0.5f * x;
       }
+    }
   }
+}
+
+// Bitwise (NF4 words are bytes: some are NaN patterns as floats).
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+      return false;
+  return true;
 }
 
 CheckpointInfo info_for(const ModelConfig& c, int world) {
@@ -112,9 +143,9 @@ void expect_loads_at(const ModelConfig& c, const CheckpointReader& ckpt, int sha
       SliceState loaded(layout, s), expected(layout, s);
       ckpt.load_into(layout, loaded);
       fill(layout, expected);
-      EXPECT_EQ(loaded.master_, expected.master_) << "tensor rank " << t << " shard " << s;
-      EXPECT_EQ(loaded.m_, expected.m_);
-      EXPECT_EQ(loaded.v_, expected.v_);
+      EXPECT_TRUE(same_bits(loaded.master_, expected.master_)) << "tensor rank " << t << " shard " << s;
+      EXPECT_TRUE(same_bits(loaded.m_, expected.m_));
+      EXPECT_TRUE(same_bits(loaded.v_, expected.v_));
     }
 }
 
@@ -129,13 +160,35 @@ class TensorParallelCheckpoint : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(TensorParallelCheckpoint, SavedAtTwoTensorRanksReadsAsTheLogicalTensors) {
-  const ModelConfig c = tiny();
-  const CheckpointReader one(save_from(c, 1, 1, dir_ / "t1"));
+ModelConfig qlora() { return qlora_tensor_parallel_config(tiny()); }
+
+// fill()'s values saved at T = 1, exported to Hugging Face (`lora` says what of a LoRA
+// run) and imported into every tensor rank of each size in `tensors`:
+// check(layout, T, rank, imported, fill()'s values of that layout) for each.
+void for_each_import(const ModelConfig& c, const fs::path& dir, LoraExport lora, std::initializer_list<int> tensors,
+                     const std::function<void(const ParamLayout&, int, int, SliceState&, SliceState&)>& check) {
+  const CheckpointReader one(save_from(c, 1, 1, dir / "t1"));
+  HfExportOptions options;
+  options.out_dir = (dir / "hf").string();
+  options.lora = lora;
+  export_hugging_face(one, options);
+  for (int tensor : tensors)
+    for (int t = 0; t < tensor; ++t) {
+      SCOPED_TRACE(fmt::format("tensor rank {} of {}", t, tensor));
+      const ParamLayout layout = ParamLayout::build(c, 1, 0, {tensor, t});
+      SliceState imported(layout, 0), expected(layout, 0);
+      import_hugging_face(options.out_dir, c, layout, imported);
+      fill(layout, expected);
+      check(layout, tensor, t, imported, expected);
+    }
+}
+
+void expect_saved_at_two_tensor_ranks_reads_as_the_logical_tensors(const ModelConfig& c, const fs::path& dir) {
+  const CheckpointReader one(save_from(c, 1, 1, dir / "t1"));
   for (auto [shard, tensor] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 4}}) {
     const std::string saved_at = fmt::format("shard{}_tensor{}", shard, tensor);
     SCOPED_TRACE("saved at " + saved_at);
-    const CheckpointReader ckpt(save_from(c, shard, tensor, dir_ / saved_at));
+    const CheckpointReader ckpt(save_from(c, shard, tensor, dir / saved_at));
     EXPECT_EQ(ckpt.tensors(), one.tensors());  // logical names and full shapes, in order
     EXPECT_EQ(ckpt.weights_digest(), one.weights_digest());
     EXPECT_EQ(ckpt.optimizer_digest(), one.optimizer_digest());
@@ -146,19 +199,42 @@ TEST_F(TensorParallelCheckpoint, SavedAtTwoTensorRanksReadsAsTheLogicalTensors) 
   expect_loads_at(c, one, 2, 2);  // and an unsplit checkpoint loads split
 }
 
+TEST_F(TensorParallelCheckpoint, SavedAtTwoTensorRanksReadsAsTheLogicalTensors) {
+  expect_saved_at_two_tensor_ranks_reads_as_the_logical_tensors(tiny(), dir_);
+}
+
+TEST_F(TensorParallelCheckpoint, QloraNf4PiecesReadAsTheWholeTensorQuantized) {
+  const ModelConfig c = qlora();
+  int64_t pieces = 0;
+  for (const ParamInfo* p : ParamLayout::build(c, 1, 0, {2, 1}).all_params())
+    pieces += p->quantized() && !p->piece.whole();
+  EXPECT_EQ(pieces, 7 * c.n_layer);  // every NF4 weight is a piece at T = 2
+  expect_saved_at_two_tensor_ranks_reads_as_the_logical_tensors(c, dir_);
+}
+
+// The dequantized base (export --base-only of the T = 1 checkpoint) imported with
+// --quantize-base nf4 at T = 2 and 4: each rank quantizes its pieces' values, which
+// gives back the words of fill() (a dequantized NF4 value code x absmax quantizes to
+// its code again: the block's largest is +-absmax itself).
+TEST_F(TensorParallelCheckpoint, QloraBaseImportsIntoNf4Pieces) {
+  const ModelConfig c = qlora();
+  for_each_import(c, dir_, LoraExport::base_only, {1, 2, 4},
+                  [&](const ParamLayout& layout, int, int, SliceState& imported, SliceState& expected) {
+      int compared = 0;
+      for (size_t u = 0; u < layout.units.size(); ++u)
+        for (const ParamInfo& p : layout.units[u].params) {
+          if (!p.quantized()) continue;
+          EXPECT_EQ(std::memcmp(imported.master_[u].data() + p.offset, expected.master_[u].data() + p.offset,
+                                static_cast<size_t>(p.numel) * sizeof(float)), 0) << p.name;
+          ++compared;
+        }
+      EXPECT_EQ(compared, 7 * c.n_layer);
+    });
+}
+
 TEST_F(TensorParallelCheckpoint, HuggingFaceExportImportsIntoVocabularyPieces) {
-  const ModelConfig c = tiny();
-  const CheckpointReader one(save_from(c, 1, 1, dir_ / "t1"));
-  HfExportOptions options;
-  options.out_dir = (dir_ / "hf").string();
-  export_hugging_face(one, options);
-  for (int tensor : {2, 4})
-    for (int t = 0; t < tensor; ++t) {
-      SCOPED_TRACE(fmt::format("tensor rank {} of {}", t, tensor));
-      const ParamLayout layout = ParamLayout::build(c, 1, 0, {tensor, t});
-      SliceState imported(layout, 0), expected(layout, 0);
-      import_hugging_face(options.out_dir, c, layout, imported);
-      fill(layout, expected);
+  for_each_import(tiny(), dir_, LoraExport::automatic, {2, 4},
+                  [&](const ParamLayout& layout, int tensor, int t, SliceState& imported, SliceState& expected) {
       int64_t padding_rows = 0;
       for (size_t u = 0; u < layout.units.size(); ++u)
         for (const ParamInfo& p : layout.units[u].params) {
@@ -172,7 +248,7 @@ TEST_F(TensorParallelCheckpoint, HuggingFaceExportImportsIntoVocabularyPieces) {
         }
       EXPECT_EQ(padding_rows, t == tensor - 1 ? 2 * (128 - 97) : 0);  // embedding and head
       EXPECT_EQ(imported.master_, expected.master_);
-    }
+    });
 }
 
 }  // namespace

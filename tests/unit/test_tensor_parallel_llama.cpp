@@ -12,8 +12,11 @@
 // last rank holds one real row and 31 padding rows); the tied head's gradient is the
 // lookup's and the head's on each rank's rows. The vocabulary-parallel head's logits
 // chunk is 1 / T of the unsplit head's (VocabParallelHead's carve, qwen2.5's vocabulary).
+// QLoRA: the NF4 base split block for block, its adapters' gradients as LoRA's. Every
+// gradient is also held to 1e-5 of its tensor's largest element.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -27,6 +30,7 @@
 #include "shardlm/model/model_support.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 #include "shardlm/model/tensor_parallel/vocab_parallel.hpp"
+#include "qlora_tensor_parallel_config.hpp"
 
 namespace shardlm {
 namespace {
@@ -97,7 +101,9 @@ RankRun train(const ModelConfig& config, TensorSplit split, Communicator* tensor
 
 void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bool checkpointing,
                                             bool sequence_parallel = false) {
-  const std::string what = config.family + " T=" + std::to_string(T) +
+  const std::string what = config.family +
+                           (config.quantize_base == BaseQuant::nf4 ? " qlora" : config.lora.enabled() ? " lora" : "") +
+                           " T=" + std::to_string(T) +
                            (checkpointing ? " checkpointing" : "") +
                            (sequence_parallel ? " sequence-parallel" : "");
   SCOPED_TRACE(what);
@@ -109,10 +115,11 @@ void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bo
         train(config, {T, comm.rank()}, &comm, checkpointing, sequence_parallel);
   });
   for (int t = 0; t < T; ++t) ASSERT_EQ(errors[static_cast<size_t>(t)], "") << "rank " << t;
-  double worst = 0.0;
+  double worst = 0.0, worst_of_largest = 0.0, worst_loss = 0.0;
   for (int t = 0; t < T; ++t) {
     const RankRun& r = ranks[static_cast<size_t>(t)];
     EXPECT_NEAR(r.loss_sum, whole.loss_sum, 1e-6 * std::abs(whole.loss_sum)) << "rank " << t;
+    worst_loss = std::max(worst_loss, std::abs(r.loss_sum - whole.loss_sum) / std::abs(whole.loss_sum));
     double logit_diff = 0.0, logit_norm = 0.0;
     for (size_t i = 0; i < whole.logits.size(); ++i) {
       logit_diff += (r.logits[i] - whole.logits[i]) * (r.logits[i] - whole.logits[i]);
@@ -124,12 +131,15 @@ void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bo
     }
     for (const auto& [name, piece] : r.grads) {
       const ParamInfo& p = r.info.at(name);
+      if (p.quantized()) continue;  // a QLoRA base weight: frozen, no gradient
       const std::vector<float>& full = whole.grads.at(name);
-      double diff = 0.0, norm = 0.0;
+      double diff = 0.0, norm = 0.0, largest_diff = 0.0, largest = 0.0;
       for (int64_t i = 0; i < p.numel; ++i) {
         const double ref = full[static_cast<size_t>(p.piece.full_index(p.shape, i))];
         diff += (piece[static_cast<size_t>(i)] - ref) * (piece[static_cast<size_t>(i)] - ref);
         norm += ref * ref;
+        largest_diff = std::max(largest_diff, std::abs(piece[static_cast<size_t>(i)] - ref));
+        largest = std::max(largest, std::abs(ref));
       }
       if (norm == 0.0) {  // e.g. embedding rows of tokens the batch does not use
         EXPECT_EQ(diff, 0.0) << name << " on tensor rank " << t << ": the reference is zero";
@@ -137,13 +147,16 @@ void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bo
       }
       const double rel = std::sqrt(diff / norm);
       worst = std::max(worst, rel);
+      worst_of_largest = std::max(worst_of_largest, largest_diff / largest);
       EXPECT_LT(rel, 1e-5) << name << " on tensor rank " << t;
+      EXPECT_LT(largest_diff / largest, 1e-5) << name << " on tensor rank " << t << " (of its largest)";
       if (p.piece.whole() && t > 0) {
         EXPECT_EQ(piece, ranks[0].grads.at(name)) << name << ": replicated copies must stay bitwise equal";
       }
     }
   }
-  std::printf("%s: worst relative gradient difference %.3g\n", what.c_str(), worst);
+  std::printf("%s: loss %.3g relative, worst gradient difference %.3g relative (L2), %.3g of the "
+              "tensor's largest\n", what.c_str(), worst_loss, worst, worst_of_largest);
 }
 
 ModelConfig tiny(const std::string& preset) {
@@ -216,6 +229,19 @@ TEST(TensorParallelLlama, LoraAdaptersEqualOneRank) {
   q2.lora.rank = 2;
   q2.lora.targets = {"q_proj", "v_proj", "down_proj"};
   expect_tensor_parallel_equals_one_rank(q2, 2, false);
+}
+
+// QLoRA: the frozen base's linear weights NF4, split like the fp32 ones, each piece
+// stored as the NF4 tensor of its own values (blocks of 64 values: head_dim 64 and an
+// MLP of 256 make every split run a multiple of 64, so each rank's blocks are the whole
+// tensor's); every rank dequantizes its pieces to the values the unsplit model
+// dequantizes there, and the adapters' gradients equal the unsplit run's.
+TEST(TensorParallelLlama, QloraAdaptersEqualOneRank) {
+  ModelConfig c = qlora_tensor_parallel_config(tiny("llama-tiny"));
+  c.n_layer = 2;
+  expect_tensor_parallel_equals_one_rank(c, 2, false);
+  expect_tensor_parallel_equals_one_rank(c, 2, true, true);
+  expect_tensor_parallel_equals_one_rank(c, 4, false);  // key/value heads replicated
 }
 
 TEST(TensorParallelLlama, VocabularyParallelLogitsChunkIsATthOfTheUnsplitOne) {

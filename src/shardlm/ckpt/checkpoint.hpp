@@ -60,7 +60,8 @@ class CheckpointReader {
     return tensors_;
   }
   // Elements [begin, begin+count) of tensor `name`'s state `kind` (the logical tensor's
-  // row-major elements: a tensor-parallel checkpoint's pieces are put together).
+  // row-major elements, an NF4 tensor's storage words: a tensor-parallel checkpoint's
+  // pieces are put together, NF4 pieces block by block).
   void read(const std::string& name, StateKind kind, int64_t begin, int64_t count,
             float* out) const;
   // Loads the owned slices (any layout) from this checkpoint.

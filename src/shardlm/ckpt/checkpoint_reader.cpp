@@ -12,6 +12,7 @@
 #include "shardlm/core/error.hpp"
 #include "shardlm/core/file_util.hpp"
 #include "shardlm/core/sha256.hpp"
+#include "shardlm/model/tensor_parallel/nf4_pieces.hpp"
 #include "shardlm/parallel/owned_params.hpp"
 
 namespace fs = std::filesystem;
@@ -107,7 +108,7 @@ void CheckpointReader::read(const std::string& name, StateKind kind, int64_t beg
   // heads over more tensor ranks, hold the same values: read again, harmlessly).
   const int64_t end = begin + count;
   for (const ManifestTensor* t : entries)
-    t->piece.for_each_run(t->shape, 0, t->numel, [&](int64_t full, int64_t local, int64_t n) {
+    for_each_storage_run(t->piece, t->storage, t->shape, 0, t->numel, [&](int64_t full, int64_t local, int64_t n) {
       const int64_t lo = std::max(begin, full), hi = std::min(end, full + n);
       if (lo < hi) read_unit_range(t->unit, kind, t->offset + local + (lo - full), hi - lo, out + (lo - begin));
     });
@@ -115,15 +116,12 @@ void CheckpointReader::read(const std::string& name, StateKind kind, int64_t beg
 
 int64_t CheckpointReader::stored_numel(const std::string& name) const {
   const ManifestTensor& t = *locate(name).front();
-  if (t.piece.whole()) return t.numel;
-  int64_t n = 1;
-  for (int64_t d : t.piece.full_shape(t.shape)) n *= d;
-  return n;
+  return t.piece.whole() ? t.numel : full_storage_numel(t.piece, t.storage, t.shape);
 }
 
 void CheckpointReader::read_piece(const ParamInfo& p, StateKind kind, int64_t begin, int64_t count,
                                   float* out) const {
-  p.piece.for_each_run(p.shape, begin, begin + count, [&](int64_t full, int64_t local, int64_t n) {
+  for_each_storage_run(p.piece, p.storage, p.shape, begin, begin + count, [&](int64_t full, int64_t local, int64_t n) {
     read(p.name, kind, full, n, out + (local - begin));
   });
 }

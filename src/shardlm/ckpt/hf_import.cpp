@@ -43,6 +43,15 @@ std::vector<int64_t> hf_shape(const ParamInfo& p) {
   return shape;
 }
 
+// A tensor-parallel piece's values (row-major in the piece) out of the full tensor's.
+std::vector<float> piece_values(const ParamInfo& p, const std::vector<float>& full) {
+  std::vector<float> values(static_cast<size_t>(p.logical_numel()));
+  p.piece.for_each_run(p.shape, 0, p.logical_numel(), [&](int64_t from, int64_t local, int64_t n) {
+    std::copy_n(full.begin() + from, n, values.begin() + local);
+  });
+  return values;
+}
+
 // Where each stored tensor lives: one file, or the shards of an index.
 struct WeightFiles {
   std::map<std::string, std::unique_ptr<safetensors::Reader>> readers;  // by file path
@@ -253,7 +262,13 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
       SHARDLM_CHECK(all_finite(values.data(), static_cast<int64_t>(values.size())),
                     "'{}' tensor '{}' holds non-finite values (NaN or infinity)", reader.path(),
                     stored);
-      if (!p.piece.whole()) {
+      if (p.storage == ParamStorage::nf4) {
+        // A tensor-parallel piece is quantized from its own values, as the run's init is.
+        if (!p.piece.whole()) values = piece_values(p, values);
+        std::vector<float> words(static_cast<size_t>(p.numel));
+        cpu::nf4_quantize(values.data(), static_cast<int64_t>(values.size()), words.data());
+        values = std::move(words);
+      } else if (!p.piece.whole()) {
         // A tensor-parallel piece: its rows or columns of the logical tensor. A
         // vocabulary piece's rows past the stored ones are padding (left zero).
         const int64_t stored_numel = static_cast<int64_t>(values.size());
@@ -262,11 +277,6 @@ void import_hugging_face(const std::string& path, const ModelConfig& config,
           if (count > 0) write_owned_params(s, p.offset + local, count, values.data() + full);
         });
         continue;
-      }
-      if (p.storage == ParamStorage::nf4) {
-        std::vector<float> words(static_cast<size_t>(p.numel));
-        cpu::nf4_quantize(values.data(), static_cast<int64_t>(values.size()), words.data());
-        values = std::move(words);
       }
       write_owned_params(s, lo, hi - lo, values.data() + (lo - p.offset));
     }

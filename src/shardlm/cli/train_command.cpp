@@ -199,7 +199,8 @@ void add_run_flags(CLI::App& cmd_ref, TrainOptions& opts_ref) {
                   "Seconds any wait on a collective may take before the job is aborted")
       ->capture_default_str();
   cmd->add_flag("--check-replicas", opts->check_replicas,
-                "Debug: verify after every step that replicated parameters agree across ranks");
+                "Debug: verify after every step that replicated parameters agree across the "
+                "ranks that hold them (with --tensor-parallel: ranks of the same tensor coordinate)");
   cmd->add_option("--loss-scale", opts->loss_scale, "fp16: initial dynamic loss scale")
       ->capture_default_str();
   cmd->add_option("--loss-scale-growth-interval", opts->loss_scale_growth_interval,

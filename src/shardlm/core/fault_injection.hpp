@@ -18,7 +18,9 @@ void fault_point(std::string_view point);
 // The value of SHARDLM_FAULT=<point>=<value> when it names `point`, else nullopt.
 // Points: save_after_load=DIR (the trainer writes the state it just loaded from a
 // checkpoint, under this run's layout, as a checkpoint under DIR, so a test can check
-// that resharding on load changed no bit).
+// that resharding on load changed no bit); diverge_replica=RANK (with --check-replicas,
+// that rank changes its first owned parameter after every step, so the check must
+// catch a replica that went its own way).
 std::optional<std::string> fault_value(std::string_view point);
 
 // SHARDLM_FAULT_STEP="RANK:STEP[:always]" makes that rank exit at once (status 43)

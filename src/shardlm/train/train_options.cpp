@@ -153,9 +153,6 @@ void TrainOptions::validate_run_shape() const {
   check_at_least("--tensor-parallel", tensor_parallel, 1);
   check_at_least("--expert-parallel", expert_parallel, 1);
   if (!mesh.empty()) validate_mesh();
-  SHARDLM_CHECK(!check_replicas || tensor_size() == 1,
-                "--check-replicas compares every rank's replicated parameters, which tensor "
-                "ranks do not share (--tensor-parallel {}): leave one of them out", tensor_size());
   // --strategy auto gives it to the tensor-parallel layouts it considers.
   SHARDLM_CHECK(!sequence_parallel || tensor_size() > 1 || strategy == "auto",
                 "--sequence-parallel splits the tokens of a tensor group; this run has one tensor "

@@ -384,11 +384,29 @@ UnpackedTargetCount Trainer::load_step_batches(int64_t step) {
 
 void Trainer::check_replicas(int64_t done) {
   strategy().synchronize();
+  // A test's deliberate divergence: SHARDLM_FAULT=diverge_replica=RANK changes that rank's
+  // first owned parameter after every step.
+  if (const auto rank = fault_value("diverge_replica"); rank && std::stoi(*rank) == rank_) {
+    const OwnedSlice first = placed_->owned_state().owned(0);
+    const float changed = 1000.0f + static_cast<float>(done);
+    write_owned_params(first, first.begin, 1, &changed);
+  }
   auto digests = comm_.all_gather_u64(placed_->replicated_params_digest(), "replica digest");
-  for (int r = 1; r < world_; ++r)
-    SHARDLM_CHECK(digests[static_cast<size_t>(r)] == digests[0],
-                  "replicas diverged after step {}: rank {}'s parameters differ from rank 0's", done,
-                  r);
+  // Each rank against the first rank that holds the same pieces: every rank when T = 1;
+  // with tensor parallelism the ranks of the same tensor coordinate (the others hold
+  // other pieces of the split tensors).
+  const MeshDims holders{MeshDim::replicate, MeshDim::shard, MeshDim::context, MeshDim::expert,
+                         MeshDim::pipeline};
+  const bool split = mesh_shape_.size(MeshDim::tensor) > 1;
+  for (int r = 0; r < world_; ++r) {
+    const int first = mesh_shape_.group_ranks(r, holders).front();
+    SHARDLM_CHECK(digests[static_cast<size_t>(r)] == digests[static_cast<size_t>(first)],
+                  "replicas diverged after step {}: rank {}'s parameters differ from rank {}'s{}",
+                  done, r, first,
+                  split ? fmt::format(" (both hold tensor rank {}'s pieces)",
+                                      mesh_shape_.coordinate(r, MeshDim::tensor))
+                        : "");
+  }
 }
 
 int64_t Trainer::set_up() {

@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "shardlm/core/error.hpp"
+#include "shardlm/model/tensor_parallel/nf4_pieces.hpp"
 
 namespace shardlm {
 
@@ -27,9 +28,6 @@ void check_tensor_parallel(const ModelConfig& config, int tensor_size) {
   SHARDLM_CHECK(splits_llama_family(config),
                 "--tensor-parallel {}: the {} family is not split over tensor ranks yet (llama, "
                 "qwen2 and qwen3 are); use --tensor-parallel 1", T, config.family);
-  SHARDLM_CHECK(config.quantize_base == BaseQuant::none,
-                "--tensor-parallel {}: QLoRA runs (NF4 base weights) are not split over tensor "
-                "ranks yet; use --tensor-parallel 1 or LoRA without --quantize-base", T);
   SHARDLM_CHECK(config.n_head % T == 0,
                 "--tensor-parallel {} must divide the {} attention heads of the model ({}); "
                 "use a divisor of {}", T, config.n_head, config.shape_description(), config.n_head);
@@ -44,6 +42,7 @@ void check_tensor_parallel(const ModelConfig& config, int tensor_size) {
                 "--tensor-parallel {} must divide the model's vocabulary of {} rows ({} tokens "
                 "padded to a multiple of {}); use a divisor of {}", T, config.padded_vocab_size(),
                 config.vocab_size, ModelConfig::kVocabPadMultiple, config.padded_vocab_size());
+  check_nf4_pieces(config, T);
 }
 
 int tensor_local_kv_heads(const ModelConfig& config, int tensor_size) {
@@ -102,14 +101,13 @@ std::vector<UnitLayout> split_for_tensor_rank(std::vector<UnitLayout> units,
   for (UnitLayout& unit : units) {
     int64_t end = 0;            // the new layout's end so far
     for (ParamInfo& p : unit.params) {
-      SHARDLM_ASSERT(p.storage == ParamStorage::fp32);
       // Packed parameters (q|k|v, gate|up) stay packed: the kernels read them as one matrix.
       const bool packed = p.packed_with_previous;
       const LocalPiece local = tensor_piece_of(config, p.name, p.shape, split);
       if (!local.piece.whole()) {
         p.shape[static_cast<size_t>(local.piece.dim)] = local.extent;
         p.piece = local.piece;
-        p.numel = p.logical_numel();
+        p.numel = storage_numel(p.storage, p.logical_numel());
       }
       p.offset = packed ? end : round_up(end, ParamLayout::kParamAlignment);
       end = p.offset + p.numel;

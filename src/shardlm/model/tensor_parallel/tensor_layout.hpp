@@ -14,6 +14,9 @@
 //   embed_tokens, lm_head                        vocabulary-parallel: rows of the padded
 //       vocabulary (padded_vocab / T each; the padding rows fall on the last ranks)
 //   norms, o_proj's bias, final norm: whole (replicated)
+//   QLoRA's NF4 base weights are split as the fp32 ones, each piece stored as the NF4
+//   tensor of its own values (model/tensor_parallel/nf4_pieces.hpp: block for block
+//   the full tensor's)
 // Each rank's flat units hold its pieces, laid out as the unsplit unit is (q|k|v and
 // gate|up still back to back), so ZeRO shards the local flat units as it shards any.
 #pragma once
@@ -29,9 +32,9 @@
 namespace shardlm {
 
 // One-line errors (naming --tensor-parallel, the value and what would divide) when
-// `config` cannot be split over `tensor_size` ranks: a family not split yet, QLoRA
-// (not yet), attention heads, key/value heads, MLP width or the padded vocabulary not
-// divisible.
+// `config` cannot be split over `tensor_size` ranks: a family not split yet, attention
+// heads, key/value heads, MLP width or the padded vocabulary not divisible, or a QLoRA
+// base whose split would cut NF4 blocks (check_nf4_pieces).
 void check_tensor_parallel(const ModelConfig& config, int tensor_size);
 
 // Key/value heads on each tensor rank (kv_heads / T, or 1 when they are replicated).
