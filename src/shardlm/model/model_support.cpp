@@ -37,6 +37,10 @@ void ArenaCarver::request(TypedPtr* slot, DType dtype, int64_t count) {
       count * static_cast<int64_t>(dtype_bytes(dtype)));
 }
 
+void ArenaCarver::share(TypedPtr* slot, const TypedPtr* same_as) {
+  requests_.push_back({[slot, same_as](std::byte*) { *slot = *same_as; }, offset_});
+}
+
 TrackedBuffer ArenaCarver::allocate(Backend& backend, MemoryTracker& tracker) {
   TrackedBuffer buffer =
       allocate_on(backend, MemCategory::activations, static_cast<size_t>(offset_), tracker);

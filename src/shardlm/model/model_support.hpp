@@ -22,6 +22,8 @@ class ArenaCarver {
   void request(float** slot, int64_t count);
   void request(int32_t** slot, int64_t count);
   void request(TypedPtr* slot, DType dtype, int64_t count);
+  // `slot` gets the array handed to `same_as` (requested before; no bytes of its own).
+  void share(TypedPtr* slot, const TypedPtr* same_as);
   int64_t bytes() const { return offset_; }
   // On the backend's device (host: counted by `tracker`).
   TrackedBuffer allocate(Backend& backend, MemoryTracker& tracker);

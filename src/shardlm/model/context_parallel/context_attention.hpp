@@ -49,6 +49,11 @@ class ContextAttention {
   // dout: the gradient at this rank's attention output [B * local T, q_columns]; dqkv
   // (written): at its q|k|v [B * local T, qkv_columns].
   virtual void backward(int slot, Backend& backend, const float* dout, float* dqkv, int B) = 0;
+  // Whether backward reads only what the attention saved itself (Ulysses and hybrid keep
+  // the exchanged whole-row q|k|v and output of their heads), so the model's q|k|v of
+  // this rank's tokens is read only by the layer's forward and one array serves every
+  // layer. The ring keeps pointers to the model's q|k|v and output instead.
+  virtual bool keeps_own_qkv() const = 0;
 };
 
 // "ulysses", "ring" or "hybrid" (--context-parallel-kind); Error naming the flag otherwise.

@@ -28,6 +28,7 @@ class HybridAttention final : public ContextAttention {
   void begin_micro_batch(Backend& backend) override;
   void forward(int slot, Backend& backend, ConstTypedPtr qkv, TypedPtr out, int B) override;
   void backward(int slot, Backend& backend, const float* dout, float* dqkv, int B) override;
+  bool keeps_own_qkv() const override { return true; }  // the ring reads Ulysses' rows
 
  private:
   std::unique_ptr<Communicator> ulysses_group_, ring_group_;

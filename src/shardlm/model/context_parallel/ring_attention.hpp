@@ -35,6 +35,7 @@ class RingAttention final : public ContextAttention {
   void begin_micro_batch(Backend& backend) override;
   void forward(int slot, Backend& backend, ConstTypedPtr qkv, TypedPtr out, int B) override;
   void backward(int slot, Backend& backend, const float* dout, float* dqkv, int B) override;
+  bool keeps_own_qkv() const override { return false; }  // Saved points at the model's
 
  private:
   struct Saved {

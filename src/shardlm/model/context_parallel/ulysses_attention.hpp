@@ -29,6 +29,7 @@ class UlyssesAttention final : public ContextAttention {
   void begin_micro_batch(Backend& backend) override;
   void forward(int slot, Backend& backend, ConstTypedPtr qkv, TypedPtr out, int B) override;
   void backward(int slot, Backend& backend, const float* dout, float* dqkv, int B) override;
+  bool keeps_own_qkv() const override { return true; }
 
   // The heads this rank holds after the exchange.
   const ContextHeads& local_heads() const { return local_; }

@@ -227,13 +227,19 @@ void Gpt2Model::Impl::carve_activations(ArenaCarver& carver, int64_t N) {
   m.residual.assign(m.L + 1, nullptr);
   for (auto& r : m.residual) carver.request(&r, N * C);
   m.blocks.resize(options.activation_checkpointing ? 1 : m.L);
+  // Ulysses and hybrid attention save their own q|k|v for backward: one q|k|v array of
+  // this rank's tokens serves every layer. No context attention reads the model's lse.
+  const bool qkv_per_layer = !(context && context->attention().keeps_own_qkv());
   for (auto& a : m.blocks) {
     carver.request(&a.ln1, ct, N * C);
     carver.request(&a.ln1_mean, N);
     carver.request(&a.ln1_rstd, N);
-    carver.request(&a.qkv, ct, 3 * N * C);
+    if (qkv_per_layer || &a == &m.blocks.front())
+      carver.request(&a.qkv, ct, 3 * N * C);
+    else
+      carver.share(&a.qkv, &m.blocks.front().qkv);
     carver.request(&a.att, ct, N * C);
-    carver.request(&a.att_lse, N * m.H);
+    if (!context) carver.request(&a.att_lse, N * m.H);  // context attention keeps its own
     carver.request(&a.res2, N * C);
     carver.request(&a.ln2, ct, N * C);
     carver.request(&a.ln2_mean, N);

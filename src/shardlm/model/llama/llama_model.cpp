@@ -409,6 +409,10 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
   const int64_t nl = sequence_parallel ? n / tensor_size : n;  // residual stream rows here
   for (auto& r : residual) carver.request(&r, nl * C);
   layers.resize(options.activation_checkpointing ? 1 : static_cast<size_t>(L));
+  // Ulysses and hybrid attention save their own (exchanged) q|k|v for backward, so the
+  // model's q|k|v of this rank's tokens lives only through a layer's forward: one array
+  // for every layer. No context attention reads the model's log-sum-exp.
+  const bool qkv_per_layer = !(context && context->attention().keeps_own_qkv());
   for (size_t li = 0; li < layers.size(); ++li) {
     LayerActivations& a = layers[li];
     carver.request(&a.ln1, ct, n * C);
@@ -418,9 +422,12 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
       carver.request(&a.rstd_q, n * H);
       carver.request(&a.rstd_k, n * KV);
     }
-    carver.request(&a.qkv, ct, n * QKV);
+    if (qkv_per_layer || li == 0)
+      carver.request(&a.qkv, ct, n * QKV);
+    else
+      carver.share(&a.qkv, &layers[0].qkv);
     carver.request(&a.att, ct, n * Q);
-    carver.request(&a.lse, n * H);
+    if (!context) carver.request(&a.lse, n * H);  // context attention keeps its own
     carver.request(&a.res2, nl * C);
     carver.request(&a.ln2, ct, n * C);
     carver.request(&a.rstd2, nl);
