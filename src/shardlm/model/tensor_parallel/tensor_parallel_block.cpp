@@ -17,6 +17,7 @@ TensorParallelBlock::TensorParallelBlock(Communicator* tensor, const ModelConfig
     // Ranks t with the same t / (T / kv) hold the same key/value head.
     const int replicas = size() / kv;
     kv_replicas_ = tensor_->split(rank() / replicas, rank(), tensor_->name() + ".kv_replicas");
+    tensor_->count_with_parent(*kv_replicas_);  // a step's measured bytes include its all-reduces
   }
 }
 
