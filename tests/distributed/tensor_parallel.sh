@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tensor parallelism (--tensor-parallel T, the mesh's innermost dimension) in fp32 at
-# N = 4 ranks, llama (GQA, 2 key/value heads) and qwen3 (q/k norms; its one key/value
-# head replicated over the 2 tensor ranks): ddp x T=2 and zero3 x T=2 give bitwise the
+# N = 4 ranks, llama (GQA, 2 key/value heads), qwen3 (q/k norms; its one key/value
+# head replicated over the 2 tensor ranks) and gpt2 (c_attn split by heads inside q, k
+# and v; biases; learned positions; tied head): ddp x T=2 and zero3 x T=2 give bitwise the
 # same weights (the same partition of the same local pieces), and equal the unsplit
 # ddp x 2 run on the same rows: loss and gradient norm of every step within 1e-5
 # relative, the weights within 1e-5 relative (L2 over the model) after 6 AdamW steps
@@ -34,7 +35,7 @@ train() {  # train N OUT FLAGS...
 # (qwen2's q/k/v biases are held to the unsplit model in test_tensor_parallel_llama; its
 # key bias has no gradient but rounding noise, which AdamW turns into lr-sized steps of
 # either sign, so its weights are compared there, not after training.)
-for model in "llama-tiny" "qwen3-tiny --n-head 4"; do
+for model in "llama-tiny" "qwen3-tiny --n-head 4" "gpt2-tiny"; do
   name="${model%% *}"
   # shellcheck disable=SC2086
   train 2 "$WORK/${name}_t1" --model $model --micro-batch 4 --strategy ddp
@@ -76,7 +77,8 @@ print(f"plan = measured at T=2 {sys.argv[4]}: params/grads/optimizer/activations
       f"tensor group {plan['tensor_group']['calls']} collectives per step")
 PY
 }
-# 4 per layer (3) and the vocabulary-parallel embedding's and head's 4.
+# 4 per layer (llama-tiny 3 layers, gpt2-tiny 4) and the vocabulary-parallel embedding's
+# and head's 4.
 for strategy in ddp zero3; do
   plan_is_measured "$WORK/llama-tiny_t2_$strategy" $((4 * 3 + 4)) --model llama-tiny --strategy "$strategy"
 done
@@ -86,6 +88,7 @@ done
 for strategy in ddp zero3; do
   plan_is_measured "$WORK/qwen3-tiny_t2_$strategy" - --model qwen3-tiny --n-head 4 --strategy "$strategy"
 done
+plan_is_measured "$WORK/gpt2-tiny_t2_zero3" $((4 * 4 + 4)) --model gpt2-tiny --strategy zero3
 
 # T = 4 on one data-parallel rank against one process.
 train 1 "$WORK/t4_ref" --model llama-tiny --micro-batch 8
@@ -273,7 +276,7 @@ refused 2 "--tensor-parallel 4 does not divide the job's 2 ranks" --model llama-
 refused 4 "--tensor-parallel 3 must divide the 4 attention heads" --model llama-tiny --micro-batch 4 --tensor-parallel 3
 refused 2 "--tensor-parallel 2 must divide the 3 attention heads" --model qwen3-tiny --micro-batch 4 --tensor-parallel 2
 refused 2 "--sequence-parallel splits the tokens of a tensor group" --model llama-tiny --micro-batch 4 --sequence-parallel
-refused 2 "the gpt2 family is not split over tensor ranks yet" --model gpt2-tiny --micro-batch 4 --tensor-parallel 2
+refused 2 "the qwen3_moe family is not split over tensor ranks yet" --model qwen3-moe-tiny --micro-batch 4 --tensor-parallel 2
 refused 2 "--tensor-parallel 2 with --quantize-base nf4: tensor rank 0 would hold 48 of the 96 columns of model.layers.0.self_attn.o_proj.weight" \
   --model llama-tiny --micro-batch 4 --tensor-parallel 2 --lora-rank 4 --quantize-base nf4
 refused 2 "--mesh shard=1,tensor=2 has 2 tensor rank(s), --tensor-parallel says 4" --model llama-tiny --micro-batch 4 --mesh shard=1,tensor=2 --tensor-parallel 4

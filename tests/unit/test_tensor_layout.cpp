@@ -229,7 +229,8 @@ TEST(TensorLayout, ShapesThatDoNotSplitGetOneLineErrors) {
   kv3.head_dim_override = 8;
   kv3.n_kv_head = 3;
   expect_error(kv3, 4, "the model's 3 key/value heads must be a multiple of it");
-  expect_error(model_preset("gpt2-tiny"), 2, "the gpt2 family is not split over tensor ranks yet");
+  EXPECT_NO_THROW(check_tensor_parallel(model_preset("gpt2-tiny"), 4));
+  expect_error(model_preset("gpt2-tiny"), 8, "--tensor-parallel 8 must divide the 4 attention heads");
   expect_error(model_preset("qwen3-moe-tiny"), 2, "the qwen3_moe family is not split");
   ModelConfig lora = llama;
   lora.lora.rank = 4;

@@ -1,4 +1,4 @@
-// Tensor-parallel checkpoints stay in model space: each tensor rank writes its pieces,
+// Tensor-parallel checkpoints stay in model space (llama-tiny and gpt2-tiny): each tensor rank writes its pieces,
 // the manifest records which rows or columns of which logical tensor each holds, and a
 // reader puts the logical tensors together. A checkpoint saved at T = 2 (alone, and as
 // shard 2 x tensor 2 with ZeRO-style owned slices) has the weight and optimizer digests
@@ -36,12 +36,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ModelConfig tiny() {
-  ModelConfig c = model_preset("llama-tiny");
+// llama-tiny with an untied head (GQA: T = 4 replicates its 2 key/value heads), or
+// gpt2-tiny with its tied one (c_attn's pieces are three groups: q, k and v's columns).
+ModelConfig tiny(const char* preset = "llama-tiny") {
+  ModelConfig c = model_preset(preset);
   c.vocab_size = 97;
   c.max_seq_len = 32;
   c.n_layer = 2;
-  c.tie_embeddings = false;
+  if (c.family == "llama") c.tie_embeddings = false;
   return c;
 }
 
@@ -200,7 +202,8 @@ void expect_saved_at_two_tensor_ranks_reads_as_the_logical_tensors(const ModelCo
 }
 
 TEST_F(TensorParallelCheckpoint, SavedAtTwoTensorRanksReadsAsTheLogicalTensors) {
-  expect_saved_at_two_tensor_ranks_reads_as_the_logical_tensors(tiny(), dir_);
+  expect_saved_at_two_tensor_ranks_reads_as_the_logical_tensors(tiny(), dir_ / "llama");
+  expect_saved_at_two_tensor_ranks_reads_as_the_logical_tensors(tiny("gpt2-tiny"), dir_ / "gpt2");
 }
 
 TEST_F(TensorParallelCheckpoint, QloraNf4PiecesReadAsTheWholeTensorQuantized) {
@@ -233,7 +236,9 @@ TEST_F(TensorParallelCheckpoint, QloraBaseImportsIntoNf4Pieces) {
 }
 
 TEST_F(TensorParallelCheckpoint, HuggingFaceExportImportsIntoVocabularyPieces) {
-  for_each_import(tiny(), dir_, LoraExport::automatic, {2, 4},
+  for (const ModelConfig& c : {tiny(), tiny("gpt2-tiny")}) {
+  SCOPED_TRACE(c.family);
+  for_each_import(c, dir_ / c.family, LoraExport::automatic, {2, 4},
                   [&](const ParamLayout& layout, int tensor, int t, SliceState& imported, SliceState& expected) {
       int64_t padding_rows = 0;
       for (size_t u = 0; u < layout.units.size(); ++u)
@@ -246,9 +251,11 @@ TEST_F(TensorParallelCheckpoint, HuggingFaceExportImportsIntoVocabularyPieces) {
               padding_rows += i % cols == 0;
             }
         }
-      EXPECT_EQ(padding_rows, t == tensor - 1 ? 2 * (128 - 97) : 0);  // embedding and head
+      // The embedding's padding rows, and an untied head's.
+      EXPECT_EQ(padding_rows, t == tensor - 1 ? (c.tie_embeddings ? 1 : 2) * (128 - 97) : 0);
       EXPECT_EQ(imported.master_, expected.master_);
     });
+  }
 }
 
 }  // namespace

@@ -14,157 +14,21 @@
 // chunk is 1 / T of the unsplit head's (VocabParallelHead's carve, qwen2.5's vocabulary).
 // QLoRA: the NF4 base split block for block, its adapters' gradients as LoRA's. Every
 // gradient is also held to 1e-5 of its tensor's largest element.
-#include <gtest/gtest.h>
+#include "tensor_parallel_support.hpp"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
-#include "shardlm/comm/in_process_communicator.hpp"
-#include "shardlm/core/rng.hpp"
-#include "shardlm/model/family.hpp"
-#include "shardlm/model/param_layout.hpp"
-#include "shardlm/model/model_support.hpp"
+#include "qlora_tensor_parallel_config.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 #include "shardlm/model/tensor_parallel/vocab_parallel.hpp"
-#include "qlora_tensor_parallel_config.hpp"
 
 namespace shardlm {
 namespace {
 
-constexpr int kB = 2, kT = 12;
-
-struct RankRun {
-  double loss_sum = 0.0;
-  std::map<std::string, std::vector<float>> grads;  // by parameter name, this rank's piece
-  std::map<std::string, ParamInfo> info;
-  std::vector<float> logits;  // [kB, V] at the last position of an inference forward
-};
-
-// Trains two micro-batches (gradients accumulate) on tensor rank split.rank.
-RankRun train(const ModelConfig& config, TensorSplit split, Communicator* tensor, bool checkpointing,
-              bool sequence_parallel = false) {
-  const ParamLayout layout = ParamLayout::build(config, 1, 0, split);
-  std::vector<std::vector<float>> params, grads;
-  for (const UnitLayout& u : layout.units) {
-    params.emplace_back(static_cast<size_t>(u.padded_numel));
-    grads.emplace_back(static_cast<size_t>(u.padded_numel), 0.0f);
-    init_param_range(u, 77, 0, u.padded_numel, params.back().data());
-    // Non-trivial norm weights and biases (their init is ones and zeros).
-    for (const ParamInfo& p : u.params)
-      if (p.init == ParamInit::ones || p.init == ParamInit::zeros)
-        for (int64_t i = 0; i < p.numel; ++i)
-          params.back()[static_cast<size_t>(p.offset + i)] =
-              (p.init == ParamInit::ones ? 1.0f : 0.0f) + 0.01f * static_cast<float>(p.piece.full_index(p.shape, i) % 7);
-  }
-  std::vector<float*> param_ptrs, grad_ptrs;
-  for (const auto& place : layout.model_units) {
-    param_ptrs.push_back(params[static_cast<size_t>(place.unit)].data() + place.base);
-    grad_ptrs.push_back(grads[static_cast<size_t>(place.unit)].data() + place.base);
-  }
-  ModelOptions options;
-  options.activation_checkpointing = checkpointing;
-  options.parallel_groups.tensor = tensor;
-  options.sequence_parallel = sequence_parallel;
-  MemoryTracker tracker;
-  auto model = model_family(config.family).make_model(config, layout, kB, kT, options, tracker);
-  RankRun run;
-  Rng rng(5);  // the same rows on every tensor rank
-  for (int micro = 0; micro < 2; ++micro) {
-    std::vector<int32_t> tokens, targets;
-    for (int i = 0; i < kB * kT; ++i) {
-      tokens.push_back(static_cast<int32_t>(rng.below(config.vocab_size)));
-      targets.push_back(i % 5 == 2 ? kIgnoreIndex : static_cast<int32_t>(rng.below(config.vocab_size)));
-    }
-    const MicroBatch batch{tokens.data(), targets.data(), kB, kT};
-    for (int u = 0; u < model->num_units(); ++u)
-      model->forward_unit(u, param_ptrs, grad_ptrs, batch, true, 1.0f / 40.0f);
-    run.loss_sum += model->last_loss_sum();
-    for (int u = model->num_units() - 1; u >= 0; --u) model->backward_unit(u, param_ptrs, grad_ptrs, batch);
-    if (micro == 1) {  // the same rows again, without targets: logits (gathered over the group)
-      const MicroBatch rows{tokens.data(), nullptr, kB, kT};
-      for (int u = 0; u < model->num_units(); ++u) model->forward_unit(u, param_ptrs, {}, rows, false, 1.0f);
-      run.logits.resize(static_cast<size_t>(kB) * config.vocab_size);
-      model->logits_at(param_ptrs, kT - 1, run.logits.data());
-    }
-  }
-  for (size_t u = 0; u < layout.units.size(); ++u)
-    for (const ParamInfo& p : layout.units[u].params) {
-      run.grads[p.name].assign(grads[u].begin() + p.offset, grads[u].begin() + p.offset + p.numel);
-      run.info[p.name] = p;
-    }
-  return run;
-}
-
-void expect_tensor_parallel_equals_one_rank(const ModelConfig& config, int T, bool checkpointing,
-                                            bool sequence_parallel = false) {
-  const std::string what = config.family +
-                           (config.quantize_base == BaseQuant::nf4 ? " qlora" : config.lora.enabled() ? " lora" : "") +
-                           " T=" + std::to_string(T) +
-                           (checkpointing ? " checkpointing" : "") +
-                           (sequence_parallel ? " sequence-parallel" : "");
-  SCOPED_TRACE(what);
-  const RankRun whole = train(config, {}, nullptr, checkpointing);
-  std::vector<RankRun> ranks(static_cast<size_t>(T));
-  InProcessJob job(T);
-  const std::vector<std::string> errors = job.run([&](Communicator& comm) {
-    ranks[static_cast<size_t>(comm.rank())] =
-        train(config, {T, comm.rank()}, &comm, checkpointing, sequence_parallel);
-  });
-  for (int t = 0; t < T; ++t) ASSERT_EQ(errors[static_cast<size_t>(t)], "") << "rank " << t;
-  double worst = 0.0, worst_of_largest = 0.0, worst_loss = 0.0;
-  for (int t = 0; t < T; ++t) {
-    const RankRun& r = ranks[static_cast<size_t>(t)];
-    EXPECT_NEAR(r.loss_sum, whole.loss_sum, 1e-6 * std::abs(whole.loss_sum)) << "rank " << t;
-    worst_loss = std::max(worst_loss, std::abs(r.loss_sum - whole.loss_sum) / std::abs(whole.loss_sum));
-    double logit_diff = 0.0, logit_norm = 0.0;
-    for (size_t i = 0; i < whole.logits.size(); ++i) {
-      logit_diff += (r.logits[i] - whole.logits[i]) * (r.logits[i] - whole.logits[i]);
-      logit_norm += whole.logits[i] * whole.logits[i];
-    }
-    EXPECT_LT(std::sqrt(logit_diff / logit_norm), 1e-5) << "logits on tensor rank " << t;
-    if (t > 0) {
-      EXPECT_EQ(r.logits, ranks[0].logits) << "every tensor rank gathers the same logits";
-    }
-    for (const auto& [name, piece] : r.grads) {
-      const ParamInfo& p = r.info.at(name);
-      if (p.quantized()) continue;  // a QLoRA base weight: frozen, no gradient
-      const std::vector<float>& full = whole.grads.at(name);
-      double diff = 0.0, norm = 0.0, largest_diff = 0.0, largest = 0.0;
-      for (int64_t i = 0; i < p.numel; ++i) {
-        const double ref = full[static_cast<size_t>(p.piece.full_index(p.shape, i))];
-        diff += (piece[static_cast<size_t>(i)] - ref) * (piece[static_cast<size_t>(i)] - ref);
-        norm += ref * ref;
-        largest_diff = std::max(largest_diff, std::abs(piece[static_cast<size_t>(i)] - ref));
-        largest = std::max(largest, std::abs(ref));
-      }
-      if (norm == 0.0) {  // e.g. embedding rows of tokens the batch does not use
-        EXPECT_EQ(diff, 0.0) << name << " on tensor rank " << t << ": the reference is zero";
-        continue;
-      }
-      const double rel = std::sqrt(diff / norm);
-      worst = std::max(worst, rel);
-      worst_of_largest = std::max(worst_of_largest, largest_diff / largest);
-      EXPECT_LT(rel, 1e-5) << name << " on tensor rank " << t;
-      EXPECT_LT(largest_diff / largest, 1e-5) << name << " on tensor rank " << t << " (of its largest)";
-      if (p.piece.whole() && t > 0) {
-        EXPECT_EQ(piece, ranks[0].grads.at(name)) << name << ": replicated copies must stay bitwise equal";
-      }
-    }
-  }
-  std::printf("%s: loss %.3g relative, worst gradient difference %.3g relative (L2), %.3g of the "
-              "tensor's largest\n", what.c_str(), worst_loss, worst, worst_of_largest);
-}
-
-ModelConfig tiny(const std::string& preset) {
-  ModelConfig c = model_preset(preset);
-  c.vocab_size = 97;
-  c.max_seq_len = 32;
-  return c;
-}
+using tensor_parallel_test::expect_tensor_parallel_equals_one_rank;
+using tensor_parallel_test::tiny;
 
 TEST(TensorParallelLlama, LlamaTwoAndFourRanksEqualOneRank) {
   const ModelConfig c = tiny("llama-tiny");

@@ -226,7 +226,9 @@ TEST(TensorParallelAuto, TensorSizesAreNodeDivisorsThatSplitTheModel) {
   r.strategy.tensor_parallel = 2;  // asked for: kept
   EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{2}));
   r.strategy.tensor_parallel = 1;
-  r.config = model_preset("gpt2-tiny");  // not split
+  r.config = model_preset("gpt2-tiny");  // 4 heads, MLP 512, vocabulary 50304 rows
+  EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{1, 2, 4}));
+  r.config = model_preset("qwen3-moe-tiny");  // not split (a mixture of experts)
   EXPECT_EQ(tensor_parallel_choices(r, ClusterShape{2, ""}), (std::vector<int>{1}));
   // Context parallelism (Ulysses): P dividing the 4 heads and the 1024 tokens, in a node.
   EXPECT_EQ(context_parallel_choices(long_rows(), ClusterShape{1, ""}), (std::vector<int>{2, 4}));

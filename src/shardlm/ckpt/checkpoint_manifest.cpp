@@ -24,8 +24,11 @@ nlohmann::json layout_to_manifest_units(const ParamLayout& layout, const ModelCo
         // A quantized tensor's elements are its storage words (docs/checkpoint-format.md).
         if (p.storage == ParamStorage::nf4) entry["storage"] = "nf4";
         // A tensor-parallel piece: which rows or columns of the logical tensor these are.
-        if (!p.piece.whole())
+        if (!p.piece.whole()) {
           entry["piece"] = {{"dim", p.piece.dim}, {"begin", p.piece.begin}, {"full", p.piece.full}};
+          // A fused tensor's piece (gpt2's q|k|v): the range inside each of its groups.
+          if (p.piece.groups > 1) entry["piece"]["groups"] = p.piece.groups;
+        }
         params.push_back(std::move(entry));
       }
       nlohmann::json entry = {{"name", unit.name},
@@ -153,7 +156,14 @@ void parse_units(const nlohmann::json& m, const ManifestFields& f, CheckpointMan
         t.piece.dim = static_cast<int>(f.integer(piece, qwhere, "dim", 0, static_cast<int64_t>(t.shape.size()) - 1));
         const int64_t extent = t.shape[static_cast<size_t>(t.piece.dim)];
         t.piece.full = f.integer(piece, qwhere, "full", extent, int64_t{1} << 40);
-        t.piece.begin = f.integer(piece, qwhere, "begin", 0, t.piece.full - extent);
+        if (piece.contains("groups")) {
+          t.piece.groups = static_cast<int>(f.integer(piece, qwhere, "groups", 1, extent));
+          f.require(extent % t.piece.groups == 0 && t.piece.full % t.piece.groups == 0,
+                    fmt::format("{}.groups {} must divide the piece's extent {} and the tensor's {}",
+                                qwhere, t.piece.groups, extent, t.piece.full));
+        }
+        t.piece.begin = f.integer(piece, qwhere, "begin", 0,
+                                  (t.piece.full - extent) / t.piece.groups);
       }
       f.require(t.offset + t.numel <= unit.numel,
                 fmt::format("{} '{}' ends at element {}, past its unit's {}", pwhere, t.name,

@@ -11,6 +11,9 @@
 #include "shardlm/model/context_parallel/context_parallelism.hpp"
 #include "shardlm/model/gpt2/gpt2_family.hpp"
 #include "shardlm/model/model_support.hpp"
+#include "shardlm/model/tensor_parallel/tensor_layout.hpp"
+#include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
+#include "shardlm/model/tensor_parallel/vocab_parallel.hpp"
 
 namespace shardlm {
 
@@ -30,15 +33,15 @@ struct BlockActivations {
   TypedPtr ln1;               // [N, C]
   float* ln1_mean = nullptr;  // [N]
   float* ln1_rstd = nullptr;  // [N]
-  TypedPtr qkv;               // [N, 3C] (biased)
-  TypedPtr att;               // [N, C] attention output, before c_proj
-  float* att_lse = nullptr;   // [B, H, T]
+  TypedPtr qkv;               // [N, 3A] (biased)
+  TypedPtr att;               // [N, A] attention output, before c_proj
+  float* att_lse = nullptr;   // [B, H, T] (this tensor rank's heads)
   float* res2 = nullptr;      // [N, C] fp32: residual after the attention branch
   TypedPtr ln2;               // [N, C]
   float* ln2_mean = nullptr;  // [N]
   float* ln2_rstd = nullptr;  // [N]
-  TypedPtr fc_pre;            // [N, 4C] c_fc output with bias (GELU input)
-  TypedPtr fc_act;            // [N, 4C] GELU output
+  TypedPtr fc_pre;            // [N, F] c_fc output with bias (GELU input)
+  TypedPtr fc_act;            // [N, F] GELU output
 };
 
 // A block's four GEMM weights as the GEMMs read them: the parameters themselves when
@@ -62,8 +65,22 @@ struct Gpt2Model::Impl {
   ModelOptions options;
   int max_batch = 0;
   int max_seq = 0;
-  int L = 0, C = 0, H = 0, V = 0, Vp = 0;
+  int L = 0, C = 0, V = 0, Vp = 0;
+  // This tensor rank's share of the block (the whole model's without tensor parallelism):
+  // H attention heads of A = H x head_dim channels, F MLP channels (shape comments: [N, A]).
+  int H = 0, A = 0, F = 0;
   int final_unit = 0;
+  // Tensor parallelism (tensor_layout.hpp's gpt2 rules): c_attn and c_fc column-parallel,
+  // the c_proj weights row-parallel (their outputs summed over the group before the bias
+  // and the residual add), wte and the LM head vocabulary-parallel.
+  int tensor_size = 1;
+  TensorParallelBlock tp;  // the tensor group's collectives (no-ops alone)
+  VocabShard vocab;
+  VocabParallelEmbedding vocab_embedding;
+  VocabParallelHead vocab_head;
+  bool vocab_parallel() const { return tensor_size > 1; }
+  // Rows of the head weight the GEMMs read: the real vocabulary, or this rank's real rows.
+  int64_t head_rows() const { return vocab_parallel() ? vocab.real : V; }
   // Type of the GEMM inputs kept as activations and of the activation gradients
   // that feed GEMMs.
   DType compute = DType::fp32;
@@ -88,15 +105,15 @@ struct Gpt2Model::Impl {
   float* dlnf = nullptr;         // [N, C] gradient at ln_f's output, from the fused head
   float* dres = nullptr;         // [N, C] gradient of the residual stream, updated in place
   float* dsmall = nullptr;       // [N, C] backward scratch
-  float* dbig = nullptr;         // [N, 4C] backward scratch (also dqkv [N, 3C])
+  float* dbig = nullptr;         // [N, max(3A, F)] backward scratch (dqkv, dfc)
   LmHead head;
   // Compute-type scratch (compute != fp32 only; in fp32 the kernels read and write
   // the stored activations directly). In the forward, dbig also holds the c_attn and
   // c_fc GEMMs' fp32 outputs before they are biased and rounded into qkv and fc_pre.
   TypedPtr dres_c;               // [N, C]  dres rounded for the GEMMs
-  TypedPtr dbig_c;               // [N, 4C] dbig rounded for the GEMMs
+  TypedPtr dbig_c;               // [N, max(3A, F)] dbig rounded for the GEMMs
   // Parameters rounded to the compute type: one unit's weights at a time (a block's
-  // four matrices or the LM head) and one unit's vectors (13 C floats).
+  // four matrices or the LM head) and one unit's vectors (a block's: 6 C + 3 A + F floats).
   std::unique_ptr<ParamRounding> rounding;
 
   // State of the current micro-batch.
@@ -108,6 +125,7 @@ struct Gpt2Model::Impl {
   // During forward_unit_cached: the cache, and the step's positions (cache.length() + t).
   KvCache* kv = nullptr;
   std::vector<int32_t> kv_positions;
+  std::vector<int32_t> default_positions;  // position_ids()' array when the batch has none
   // Context parallelism (options.parallel_groups.context of more than one rank): this
   // rank's tokens of each row (their wpe rows the global positions'), and the attention
   // across the group's ranks; else null.
@@ -128,6 +146,39 @@ struct Gpt2Model::Impl {
     return blocks[options.activation_checkpointing ? 0 : static_cast<size_t>(l)];
   }
 
+  // residual[0] = the staged tokens' wte rows + their positions' wpe rows. Vocabulary-
+  // parallel: the lookup's sum over the group (exact), then the wpe rows added, so each
+  // element is round(wte) + round(wpe) as in the unsplit kernel.
+  void embed_forward(ConstTypedPtr p) {
+    if (!vocab_parallel()) {
+      be->embedding_forward(residual[0], staged.tokens, p.at(wte), p.at(wpe), B, T, C, compute,
+                            staged.positions);
+      return;
+    }
+    vocab_embedding.forward(*be, tp, residual[0], staged.tokens, p.at(wte), B, T, C, compute);
+    be->embedding_forward(branch, position_ids(), p.at(wpe), ConstTypedPtr(), B, T, C, compute,
+                          nullptr);
+    be->accumulate(residual[0], branch, N() * C);
+  }
+  // g (unit 0's gradient) += the embeddings' gradients from dres. Vocabulary-parallel: wpe's
+  // rows first (the lookup's backward zeroes dres's rows of tokens held elsewhere), summed
+  // in the unsplit kernel's order (each position's rows b = 0, 1, ...).
+  void embed_backward(float* g) {
+    if (!vocab_parallel()) {
+      be->embedding_backward(g + wte, g + wpe, dres, staged.tokens, B, T, C, staged.positions);
+      return;
+    }
+    be->embedding_backward(g + wpe, nullptr, dres, position_ids(), B, T, C, nullptr);
+    vocab_embedding.backward(*be, g + wte, dres, staged.tokens, B, T, C);
+  }
+  // The micro-batch's position ids: its own (packed rows, context parallelism, the KV
+  // cache) or t for every row's t-th token.
+  const int32_t* position_ids() {
+    if (staged.positions != nullptr) return staged.positions;
+    default_positions.resize(static_cast<size_t>(N()));
+    for (int64_t i = 0; i < N(); ++i) default_positions[static_cast<size_t>(i)] = static_cast<int32_t>(i % T);
+    return default_positions.data();
+  }
   BlockWeights block_weights(int l, ConstTypedPtr p) const;
   ConstTypedPtr head_weights(ParamPointers params) const;
   BlockVectors block_vectors(int l, ConstTypedPtr p) const;
@@ -136,11 +187,13 @@ struct Gpt2Model::Impl {
   void set_shape(const ModelConfig& model_config, const ModelOptions& run_options);
   // Requests every activation array for N = batch x seq rows.
   void carve_activations(ArenaCarver& carver, int64_t N);
+  int64_t block_width() const { return std::max(3 * A, F); }  // of dbig: dqkv or dfc
   // Elements of the weight scratch: the larger of a block's matrices and the LM head.
   int64_t weight_scratch_elements() const {
-    return std::max<int64_t>(12ll * C * C, static_cast<int64_t>(V) * C);
+    return std::max<int64_t>(int64_t{4} * C * A + int64_t{2} * C * F, head_rows() * C);
   }
-  static constexpr int kVectorFloatsPerC = 13;  // a block's biases and LayerNorm weights
+  // A block's biases and LayerNorm weights (the final unit's two fit in them).
+  int64_t vector_scratch_floats() const { return int64_t{6} * C + 3 * A + F; }
 
   // recompute: refill the activations block_backward reads (activation
   // checkpointing); skips the last GEMM and the residual add, which backward does
@@ -190,20 +243,32 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
                                off("mlp.c_fc.weight"), off("mlp.c_fc.bias"),
                                off("mlp.c_proj.weight"), off("mlp.c_proj.bias")});
   }
+  SHARDLM_CHECK(layout.tensor.size == m.tensor_size &&
+                    (options.parallel_groups.tensor == nullptr ||
+                     layout.tensor.rank == options.parallel_groups.tensor->rank()),
+                "model: the layout holds tensor rank {} of {}, the model's tensor group is rank {} of {}",
+                layout.tensor.rank, layout.tensor.size,
+                options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->rank() : 0,
+                m.tensor_size);
+  SHARDLM_CHECK(m.tensor_size == 1 || options.device.is_host() ||
+                    (options.backend != nullptr && options.backend->is_meta()),
+                "model: tensor parallelism runs on the CPU for now; this run asks for {}",
+                to_string(options.device));
   m.lnf_w = layout.offset_in_model_unit(m.final_unit, "transformer.ln_f.weight");
   m.lnf_b = layout.offset_in_model_unit(m.final_unit, "transformer.ln_f.bias");
   if (!config.tie_embeddings)
     m.lm_head = layout.offset_in_model_unit(m.final_unit, "lm_head.weight");
 
   ArenaCarver carver;
-  m.context = ContextParallelism::make(options, {m.H, m.H, m.C / m.H}, max_batch, max_seq, m.compute,
+  m.context = ContextParallelism::make(options, {m.H, m.H, m.A / m.H}, max_batch, max_seq, m.compute,
                                        options.activation_checkpointing ? 1 : m.L, carver);
   const int local_seq = m.context ? m.context->local_len(max_seq) : max_seq;
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * local_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
+  m.tp = TensorParallelBlock(options.parallel_groups.tensor, config);
   m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
-                                               int64_t{Impl::kVectorFloatsPerC} * m.C, tracker);
+                                               m.vector_scratch_floats(), tracker);
 }
 
 void Gpt2Model::Impl::set_shape(const ModelConfig& model_config, const ModelOptions& run_options) {
@@ -212,9 +277,17 @@ void Gpt2Model::Impl::set_shape(const ModelConfig& model_config, const ModelOpti
   compute = options.precision;
   L = config.n_layer;
   C = config.n_embd;
-  H = config.n_head;
+  tensor_size = options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->size() : 1;
+  check_tensor_parallel(config, tensor_size);
+  SHARDLM_CHECK(!options.sequence_parallel || tensor_size == 1,
+                "--sequence-parallel is implemented for the llama, qwen2 and qwen3 families, not "
+                "gpt2 (use --tensor-parallel {} without it)", tensor_size);
+  H = config.n_head / tensor_size;
+  A = C / tensor_size;
+  F = 4 * C / tensor_size;
   V = config.vocab_size;
   Vp = config.padded_vocab_size();
+  vocab = VocabShard::of(V, Vp, {tensor_size, tensor_size > 1 ? options.parallel_groups.tensor->rank() : 0});
   final_unit = L + 1;
   state = MicroBatchState(L + 2);
 }
@@ -235,30 +308,35 @@ void Gpt2Model::Impl::carve_activations(ArenaCarver& carver, int64_t N) {
     carver.request(&a.ln1_mean, N);
     carver.request(&a.ln1_rstd, N);
     if (qkv_per_layer || &a == &m.blocks.front())
-      carver.request(&a.qkv, ct, 3 * N * C);
+      carver.request(&a.qkv, ct, 3 * N * m.A);
     else
       carver.share(&a.qkv, &m.blocks.front().qkv);
-    carver.request(&a.att, ct, N * C);
+    carver.request(&a.att, ct, N * m.A);
     if (!context) carver.request(&a.att_lse, N * m.H);  // context attention keeps its own
     carver.request(&a.res2, N * C);
     carver.request(&a.ln2, ct, N * C);
     carver.request(&a.ln2_mean, N);
     carver.request(&a.ln2_rstd, N);
-    carver.request(&a.fc_pre, ct, 4 * N * C);
-    carver.request(&a.fc_act, ct, 4 * N * C);
+    carver.request(&a.fc_pre, ct, N * m.F);
+    carver.request(&a.fc_act, ct, N * m.F);
   }
   carver.request(&m.branch, N * C);
   carver.request(&m.lnf, ct, N * C);
   carver.request(&m.lnf_mean, N);
   carver.request(&m.lnf_rstd, N);
   carver.request(&m.dlnf, N * C);
-  m.head.carve(carver, N, m.V, m.Vp, m.C, m.compute);
+  if (m.vocab_parallel()) {
+    m.vocab_embedding.carve(carver, N, m.vocab);
+    m.vocab_head.carve(carver, N, m.vocab, m.Vp, m.C, m.compute);
+  } else {
+    m.head.carve(carver, N, m.V, m.Vp, m.C, m.compute);
+  }
   carver.request(&m.dres, N * C);
   carver.request(&m.dsmall, N * C);
-  carver.request(&m.dbig, 4 * N * C);
+  carver.request(&m.dbig, N * m.block_width());
   if (ct != DType::fp32) {
     carver.request(&m.dres_c, ct, N * C);
-    carver.request(&m.dbig_c, ct, 4 * N * C);
+    carver.request(&m.dbig_c, ct, N * m.block_width());
   }
   m.staged.carve(carver, N, !options.device.is_host());
 }
@@ -273,8 +351,7 @@ ModelMemoryPlan Gpt2Model::plan_memory(const ModelConfig& config, int max_batch,
   ModelMemoryPlan plan;
   plan.activations = carver.bytes();
   plan.params_scratch = ParamRounding::planned_bytes(
-      m.compute, m.weight_scratch_elements(), int64_t{Impl::kVectorFloatsPerC} * m.C,
-      params_in_compute_type);
+      m.compute, m.weight_scratch_elements(), m.vector_scratch_floats(), params_in_compute_type);
   return plan;
 }
 
@@ -283,32 +360,34 @@ Gpt2Model::~Gpt2Model() = default;
 const ModelConfig& Gpt2Model::config() const { return impl_->config; }
 const ParamLayout& Gpt2Model::layout() const { return impl_->layout; }
 const ModelOptions& Gpt2Model::options() const { return impl_->options; }
-int Gpt2Model::logits_chunk_rows() const { return impl_->head.chunk_rows(); }
+int Gpt2Model::logits_chunk_rows() const {
+  return impl_->vocab_parallel() ? impl_->vocab_head.chunk_rows() : impl_->head.chunk_rows();
+}
 int Gpt2Model::num_units() const { return impl_->L + 2; }
 
 BlockWeights Gpt2Model::Impl::block_weights(int l, ConstTypedPtr p) const {
   const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
-  const int64_t cc = static_cast<int64_t>(C) * C;
-  return {rounding->gemm_weight(p.at(o.attn_w), 0, 3 * cc), rounding->gemm_weight(p.at(o.attn_proj_w), 3 * cc, cc),
-          rounding->gemm_weight(p.at(o.fc_w), 4 * cc, 4 * cc), rounding->gemm_weight(p.at(o.fc_proj_w), 8 * cc, 4 * cc)};
+  const int64_t ca = static_cast<int64_t>(C) * A, cf = static_cast<int64_t>(C) * F;
+  return {rounding->gemm_weight(p.at(o.attn_w), 0, 3 * ca), rounding->gemm_weight(p.at(o.attn_proj_w), 3 * ca, ca),
+          rounding->gemm_weight(p.at(o.fc_w), 4 * ca, cf), rounding->gemm_weight(p.at(o.fc_proj_w), 4 * ca + cf, cf)};
 }
 
 ConstTypedPtr Gpt2Model::Impl::head_weights(ParamPointers params) const {
   // Padded vocabulary rows are never read.
-  return rounding->gemm_weight(head_weight(params), 0, static_cast<int64_t>(V) * C);
+  return rounding->gemm_weight(head_weight(params), 0, head_rows() * C);
 }
 
 BlockVectors Gpt2Model::Impl::block_vectors(int l, ConstTypedPtr p) const {
   const BlockOffsets& o = block_offsets[static_cast<size_t>(l)];
-  float* scratch = rounding->vector_scratch();  // 13 C floats: all of a block's vectors
+  float* scratch = rounding->vector_scratch();  // all of a block's vectors
   BlockVectors v{};
   v.ln1_w = rounding->vector_values(p.at(o.ln1_w), C, &scratch);
   v.ln1_b = rounding->vector_values(p.at(o.ln1_b), C, &scratch);
-  v.attn_b = rounding->vector_values(p.at(o.attn_b), 3 * C, &scratch);
+  v.attn_b = rounding->vector_values(p.at(o.attn_b), 3 * A, &scratch);
   v.attn_proj_b = rounding->vector_values(p.at(o.attn_proj_b), C, &scratch);
   v.ln2_w = rounding->vector_values(p.at(o.ln2_w), C, &scratch);
   v.ln2_b = rounding->vector_values(p.at(o.ln2_b), C, &scratch);
-  v.fc_b = rounding->vector_values(p.at(o.fc_b), 4 * C, &scratch);
+  v.fc_b = rounding->vector_values(p.at(o.fc_b), F, &scratch);
   v.fc_proj_b = rounding->vector_values(p.at(o.fc_proj_b), C, &scratch);
   return v;
 }
@@ -323,32 +402,34 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, v.ln1_w, v.ln1_b, n, C);
   // Attention reads the stored (rounded) qkv, as backward will.
   float* qkv_out = fp32 ? a.qkv.f32() : dbig;
-  gemm_forward(rows, 3 * C, C, a.ln1, w.attn, qkv_out);
-  be->add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * C);
+  gemm_forward(rows, 3 * A, C, a.ln1, w.attn, qkv_out);
+  be->add_bias(a.qkv, qkv_out, v.attn_b, n, 3 * A);
   if (kv != nullptr)
     cached_attention(l, a);
   else if (context)
     context->attention().forward(attention_slot(l), *be, a.qkv, a.att, B);
   else
-    be->attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, C / H}, staged.key_begin);
-  gemm_forward(rows, C, C, a.att, w.attn_proj, branch);
+    be->attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, A / H}, staged.key_begin);
+  gemm_forward(rows, C, A, a.att, w.attn_proj, branch);
+  tp.sum_partial(branch, n * C, "tensor.attention_out");  // c_proj is row-parallel
   be->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
                                   v.attn_proj_b, v.ln2_w, v.ln2_b, n, C);
   float* fc_out = fp32 ? a.fc_pre.f32() : dbig;
-  gemm_forward(rows, 4 * C, C, a.ln2, w.fc, fc_out);
-  be->bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, v.fc_b, n, 4 * C);
+  gemm_forward(rows, F, C, a.ln2, w.fc, fc_out);
+  be->bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, v.fc_b, n, F);
   if (recompute) return;
-  gemm_forward(rows, C, 4 * C, a.fc_act, w.fc_proj, branch);
+  gemm_forward(rows, C, F, a.fc_act, w.fc_proj, branch);
+  tp.sum_partial(branch, n * C, "tensor.mlp_out");  // c_proj is row-parallel
   be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, v.fc_proj_b, n,
                          C);
 }
 
 void Gpt2Model::Impl::cached_attention(int l, BlockActivations& a) {
   const int past = kv->length();
-  be->convert_rows(kv->key_row(l, past), C, a.qkv.at(C), 3 * C, T, C);
-  be->convert_rows(kv->value_row(l, past), C, a.qkv.at(2 * C), 3 * C, T, C);
-  be->attention_forward_cached(a.att, a.qkv, 3 * C, kv->keys(l), kv->values(l), C,
-                               {1, T, H, H, C / H}, past);
+  be->convert_rows(kv->key_row(l, past), A, a.qkv.at(A), 3 * A, T, A);
+  be->convert_rows(kv->value_row(l, past), A, a.qkv.at(2 * A), 3 * A, T, A);
+  be->attention_forward_cached(a.att, a.qkv, 3 * A, kv->keys(l), kv->values(l), A,
+                               {1, T, H, H, A / H}, past);
 }
 
 // On entry dres holds dLoss/d(block output); on exit dLoss/d(block input). Weight
@@ -364,36 +445,38 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
 
   // MLP: y = res2 + gelu(ln2 Wfc + bfc) Wproj + bproj
   ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
-  be->gemm(true, false, 4 * C, C, rows, 1.0f, a.fc_act, 4 * C, dy, C, 1.0f, g + o.fc_proj_w, C);
+  be->gemm(true, false, F, C, rows, 1.0f, a.fc_act, F, dy, C, 1.0f, g + o.fc_proj_w, C);
   be->bias_backward(g + o.fc_proj_b, dres, n, C);
   float* dfc = dbig;
-  be->gemm(false, true, rows, 4 * C, C, 1.0f, dy, C, w.fc_proj, C, 0.0f, dfc, 4 * C);
-  be->gelu_backward(dfc, dfc, a.fc_pre, n * 4 * C);
-  const ConstTypedPtr dfc_g = rounding->for_gemm(dfc, dbig_c, n * 4 * C);
-  be->gemm(true, false, C, 4 * C, rows, 1.0f, a.ln2, C, dfc_g, 4 * C, 1.0f, g + o.fc_w, 4 * C);
-  be->bias_backward(g + o.fc_b, dfc, n, 4 * C);
+  be->gemm(false, true, rows, F, C, 1.0f, dy, C, w.fc_proj, C, 0.0f, dfc, F);
+  be->gelu_backward(dfc, dfc, a.fc_pre, n * F);
+  const ConstTypedPtr dfc_g = rounding->for_gemm(dfc, dbig_c, n * F);
+  be->gemm(true, false, C, F, rows, 1.0f, a.ln2, C, dfc_g, F, 1.0f, g + o.fc_w, F);
+  be->bias_backward(g + o.fc_b, dfc, n, F);
   float* dln2 = dsmall;
-  be->gemm(false, true, rows, C, 4 * C, 1.0f, dfc_g, 4 * C, w.fc, 4 * C, 0.0f, dln2, C);
+  be->gemm(false, true, rows, C, F, 1.0f, dfc_g, F, w.fc, F, 0.0f, dln2, C);
+  tp.sum_partial(dln2, n * C, "tensor.mlp_in_grad");  // c_fc is column-parallel
   be->layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln2, a.res2, v.ln2_w, a.ln2_mean,
                           a.ln2_rstd, n, C);
 
   // Attention: res2 = x + attn(ln1 Wqkv + bqkv) Wproj + bproj
   dy = rounding->for_gemm(dres, dres_c, n * C);
-  be->gemm(true, false, C, C, rows, 1.0f, a.att, C, dy, C, 1.0f, g + o.attn_proj_w, C);
+  be->gemm(true, false, A, C, rows, 1.0f, a.att, A, dy, C, 1.0f, g + o.attn_proj_w, C);
   be->bias_backward(g + o.attn_proj_b, dres, n, C);
-  float* datt = dsmall;
-  be->gemm(false, true, rows, C, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, C);
+  float* datt = dsmall;  // [N, A]
+  be->gemm(false, true, rows, A, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, A);
   float* dqkv = dbig;
   if (context)
     context->attention().backward(attention_slot(l), *be, datt, dqkv, B);
   else
-    be->attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, C / H},
+    be->attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, A / H},
                            staged.key_begin);
-  const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * 3 * C);
-  be->gemm(true, false, C, 3 * C, rows, 1.0f, a.ln1, C, dqkv_g, 3 * C, 1.0f, g + o.attn_w, 3 * C);
-  be->bias_backward(g + o.attn_b, dqkv, n, 3 * C);
+  const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * 3 * A);
+  be->gemm(true, false, C, 3 * A, rows, 1.0f, a.ln1, C, dqkv_g, 3 * A, 1.0f, g + o.attn_w, 3 * A);
+  be->bias_backward(g + o.attn_b, dqkv, n, 3 * A);
   float* dln1 = dsmall;
-  be->gemm(false, true, rows, C, 3 * C, 1.0f, dqkv_g, 3 * C, w.attn, 3 * C, 0.0f, dln1, C);
+  be->gemm(false, true, rows, C, 3 * A, 1.0f, dqkv_g, 3 * A, w.attn, 3 * A, 0.0f, dln1, C);
+  tp.sum_partial(dln1, n * C, "tensor.attention_in_grad");  // c_attn is column-parallel
   be->layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dln1, x, v.ln1_w, a.ln1_mean,
                           a.ln1_rstd, n, C);
 }
@@ -422,8 +505,11 @@ void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
                   head_unit, final_unit);
     dhead = grads[head_unit] + (lm_head < 0 ? wte : lm_head);
   }
-  state.loss_sum = head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
-                             training ? dlnf : nullptr, dhead);
+  state.loss_sum = vocab_parallel()
+                       ? vocab_head.loss(*be, tp, lnf, head_weights(params), staged.targets, n,
+                                         grad_scale, training ? dlnf : nullptr, dhead)
+                       : head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
+                                   training ? dlnf : nullptr, dhead);
   state.finish_forward(training);
 }
 
@@ -453,9 +539,7 @@ void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
     m.B = batch.B;
     m.T = batch.T;
     m.staged.stage(*m.be, batch, /*default_positions=*/false);
-    const ConstTypedPtr p = params[0];
-    m.be->embedding_forward(m.residual[0], m.staged.tokens, p.at(m.wte), p.at(m.wpe), m.B, m.T,
-                            m.C, m.compute, m.staged.positions);
+    m.embed_forward(params[0]);
     return;
   }
   m.state.check_forward(unit, batch);
@@ -492,9 +576,7 @@ void Gpt2Model::backward_unit(int unit, ParamPointers params, UnitPointers grads
     m.block_backward(unit - 1, v, w, grads[unit]);
   } else {
     SHARDLM_CHECK(batch.tokens != nullptr, "model: the micro-batch has no tokens");
-    float* g = grads[0];
-    m.be->embedding_backward(g + m.wte, g + m.wpe, m.dres, m.staged.tokens, m.B, m.T, m.C,
-                             m.staged.positions);
+    m.embed_backward(grads[0]);
   }
 }
 
@@ -503,7 +585,7 @@ KvCache Gpt2Model::make_kv_cache(int capacity) const {
   SHARDLM_CHECK(capacity >= 1 && capacity <= m.max_seq,
                 "model: a KV cache of {} positions; the model was built for [1, {}]", capacity,
                 m.max_seq);
-  return KvCache(*m.be, m.L, capacity, m.C, m.compute);
+  return KvCache(*m.be, m.L, capacity, m.A, m.compute);  // this tensor rank's heads
 }
 
 void Gpt2Model::forward_unit_cached(int unit, ParamPointers params, KvCache& cache,
@@ -520,9 +602,7 @@ void Gpt2Model::forward_unit_cached(int unit, ParamPointers params, KvCache& cac
     MicroBatch positioned = batch;
     positioned.positions = m.kv_positions.data();
     m.staged.stage(*m.be, positioned, /*default_positions=*/false);
-    const ConstTypedPtr p = params[0];
-    m.be->embedding_forward(m.residual[0], m.staged.tokens, p.at(m.wte), p.at(m.wpe), 1, m.T,
-                            m.C, m.compute, m.staged.positions);
+    m.embed_forward(params[0]);
     return;
   }
   m.state.check_forward(unit, batch);
@@ -551,8 +631,12 @@ void Gpt2Model::logits_at(ParamPointers params, int t, float* out) const {
   m.state.check_logits_at(t);
   check_param_pointers(params, m.L + 2, m.needed_units(m.final_unit), m.final_unit, m.compute);
   // Row b's hidden state at position t is lnf[(b*T + t)*C]: a strided [B, C] matrix.
-  m.head.logits(*m.be, m.lnf.at(static_cast<int64_t>(t) * m.C), static_cast<int64_t>(m.T) * m.C, m.B,
-                m.head_weights(params), out);
+  const ConstTypedPtr x = m.lnf.at(static_cast<int64_t>(t) * m.C);
+  const int64_t ld = static_cast<int64_t>(m.T) * m.C;
+  if (m.vocab_parallel())
+    m.vocab_head.logits(*m.be, m.tp, x, ld, m.B, m.head_weights(params), out);
+  else
+    m.head.logits(*m.be, x, ld, m.B, m.head_weights(params), out);
 }
 
 }  // namespace shardlm

@@ -19,15 +19,40 @@ bool splits_llama_family(const ModelConfig& config) {
   return config.family == "llama" || config.family == "qwen2" || config.family == "qwen3";
 }
 
+// gpt2 (weights stored [in, out] as Hugging Face's Conv1D does): c_attn's columns are
+// q|k|v side by side, each by head; c_fc's by MLP channel; the c_proj weights' rows are
+// their input (row-parallel); c_proj's biases, the norms and wpe stay whole.
+LocalPiece gpt2_piece_of(const ModelConfig& config, const std::string& name,
+                         const std::vector<int64_t>& full_shape, TensorSplit split) {
+  const int T = split.size, t = split.rank;
+  auto piece = [&](int dim, int64_t begin, int64_t extent, int groups = 1) {
+    SHARDLM_ASSERT(dim < static_cast<int>(full_shape.size()));
+    return LocalPiece{TensorPiece{dim, begin, full_shape[static_cast<size_t>(dim)], groups}, extent};
+  };
+  const int64_t attention = config.n_embd / T;    // this rank's heads' width
+  const int64_t mlp = int64_t{4} * config.n_embd / T;
+  if (ends_with(name, "attn.c_attn.weight")) return piece(1, t * attention, 3 * attention, 3);
+  if (ends_with(name, "attn.c_attn.bias")) return piece(0, t * attention, 3 * attention, 3);
+  if (ends_with(name, "attn.c_proj.weight")) return piece(0, t * attention, attention);
+  if (ends_with(name, "mlp.c_fc.weight")) return piece(1, t * mlp, mlp);
+  if (ends_with(name, "mlp.c_fc.bias")) return piece(0, t * mlp, mlp);
+  if (ends_with(name, "mlp.c_proj.weight")) return piece(0, t * mlp, mlp);
+  if (name == "transformer.wte.weight" || name == "lm_head.weight") {
+    const int64_t rows = full_shape.front() / T;
+    return piece(0, t * rows, rows);
+  }
+  return LocalPiece{TensorPiece{}, full_shape.empty() ? 1 : full_shape.front()};
+}
+
 }  // namespace
 
 void check_tensor_parallel(const ModelConfig& config, int tensor_size) {
   SHARDLM_CHECK(tensor_size >= 1, "--tensor-parallel must be at least 1, got {}", tensor_size);
   if (tensor_size == 1) return;
   const int T = tensor_size;
-  SHARDLM_CHECK(splits_llama_family(config),
-                "--tensor-parallel {}: the {} family is not split over tensor ranks yet (llama, "
-                "qwen2 and qwen3 are); use --tensor-parallel 1", T, config.family);
+  SHARDLM_CHECK(splits_llama_family(config) || config.family == "gpt2",
+                "--tensor-parallel {}: the {} family is not split over tensor ranks yet (gpt2, "
+                "llama, qwen2 and qwen3 are); use --tensor-parallel 1", T, config.family);
   SHARDLM_CHECK(config.n_head % T == 0,
                 "--tensor-parallel {} must divide the {} attention heads of the model ({}); "
                 "use a divisor of {}", T, config.n_head, config.shape_description(), config.n_head);
@@ -59,6 +84,7 @@ LocalPiece tensor_piece_of(const ModelConfig& config, const std::string& name,
     SHARDLM_ASSERT(dim < static_cast<int>(full_shape.size()));
     return LocalPiece{TensorPiece{dim, begin, full_shape[static_cast<size_t>(dim)]}, extent};
   };
+  if (T > 1 && config.family == "gpt2") return gpt2_piece_of(config, name, full_shape, split);
   if (T > 1) {
     const int64_t q_rows = config.n_head / T * hd;
     const int kv_local = tensor_local_kv_heads(config, T);

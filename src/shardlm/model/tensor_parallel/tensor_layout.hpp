@@ -17,6 +17,13 @@
 //   QLoRA's NF4 base weights are split as the fp32 ones, each piece stored as the NF4
 //   tensor of its own values (model/tensor_parallel/nf4_pieces.hpp: block for block
 //   the full tensor's)
+// gpt2, per block (weights stored [in, out]):
+//   attn.c_attn (weight columns, bias)           column-parallel by head, inside each of
+//       q, k and v (a piece of 3 groups: q|k|v stay side by side, as the kernels read them)
+//   mlp.c_fc (weight columns, bias)              column-parallel: by MLP channel
+//   attn.c_proj, mlp.c_proj weights              row-parallel: rows (their input)
+//   wte, lm_head                                 vocabulary-parallel, as above
+//   ln_1, ln_2, ln_f, the c_proj biases, wpe: whole
 // Each rank's flat units hold its pieces, laid out as the unsplit unit is (q|k|v and
 // gate|up still back to back), so ZeRO shards the local flat units as it shards any.
 #pragma once
@@ -32,9 +39,9 @@
 namespace shardlm {
 
 // One-line errors (naming --tensor-parallel, the value and what would divide) when
-// `config` cannot be split over `tensor_size` ranks: a family not split yet, attention
-// heads, key/value heads, MLP width or the padded vocabulary not divisible, or a QLoRA
-// base whose split would cut NF4 blocks (check_nf4_pieces).
+// `config` cannot be split over `tensor_size` ranks: a family not split yet (the MoE
+// families), attention heads, key/value heads, MLP width or the padded vocabulary not
+// divisible, or a QLoRA base whose split would cut NF4 blocks (check_nf4_pieces).
 void check_tensor_parallel(const ModelConfig& config, int tensor_size);
 
 // Key/value heads on each tensor rank (kv_heads / T, or 1 when they are replicated).

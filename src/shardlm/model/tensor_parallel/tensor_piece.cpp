@@ -21,7 +21,10 @@ int64_t TensorPiece::full_index(const std::vector<int64_t>& local_shape, int64_t
   const int64_t outer = local / (extent * inner);
   const int64_t along = (local / inner) % extent;
   const int64_t within = local % inner;
-  return (outer * full + begin + along) * inner + within;
+  // Along dim: the along-th held index is in group along / group_extent.
+  const int64_t group_extent = extent / groups;
+  const int64_t full_along = along / group_extent * (full / groups) + begin + along % group_extent;
+  return (outer * full + full_along) * inner + within;
 }
 
 void TensorPiece::for_each_run(const std::vector<int64_t>& local_shape, int64_t local_begin,
@@ -32,10 +35,11 @@ void TensorPiece::for_each_run(const std::vector<int64_t>& local_shape, int64_t 
     run(local_begin, local_begin, local_end - local_begin);
     return;
   }
-  // A run is what lies along dim and after it: extent x inner elements in the piece.
+  // A run is what lies along dim (inside one group) and after it: extent / groups x inner
+  // elements in the piece.
   int64_t inner = 1;
   for (size_t d = static_cast<size_t>(dim) + 1; d < local_shape.size(); ++d) inner *= local_shape[d];
-  const int64_t block = local_shape[static_cast<size_t>(dim)] * inner;
+  const int64_t block = local_shape[static_cast<size_t>(dim)] / groups * inner;
   for (int64_t at = local_begin; at < local_end;) {
     const int64_t block_end = (at / block + 1) * block;
     const int64_t end = block_end < local_end ? block_end : local_end;

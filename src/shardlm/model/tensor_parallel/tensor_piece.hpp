@@ -13,8 +13,9 @@ namespace shardlm {
 
 struct TensorPiece {
   int dim = -1;        // -1: the whole tensor; 0: rows; 1: columns
-  int64_t begin = 0;   // first index along dim that this rank holds
+  int64_t begin = 0;   // first index along dim that this rank holds (inside each group)
   int64_t full = 0;    // the full tensor's extent along dim (0 when dim is -1)
+  int groups = 1;      // equal parts of dim, each holding its own [begin, begin + extent / groups)
 
   bool whole() const { return dim < 0; }
   // The full tensor's shape, given the piece's (local) shape.
