@@ -121,6 +121,13 @@ echo "sequence parallel: ddp x T=2 = zero3 x T=2 bitwise, = T=1 within 1e-5; T=4
 for strategy in ddp zero3; do
   plan_is_measured "$WORK/sp_t2_$strategy" - --model llama-tiny --strategy "$strategy" --sequence-parallel
 done
+# gpt2 (LayerNorms with biases, learned positions, tied head) likewise at T = 2.
+train 4 "$WORK/gpt2_sp_t2" --model gpt2-tiny --micro-batch 4 --strategy zero3 --tensor-parallel 2 --sequence-parallel
+same_curves "$WORK/gpt2_sp_t2" "$WORK/gpt2-tiny_t1" 1e-5
+"$SHARDLM" inspect "$WORK/gpt2_sp_t2" --compare "$WORK/gpt2-tiny_t1" --tolerance 1e-5 \
+  --relative-to norm || fail "gpt2 sequence parallel: T=2 weights differ from T=1's"
+plan_is_measured "$WORK/gpt2_sp_t2" - --model gpt2-tiny --strategy zero3 --sequence-parallel
+echo "gpt2 sequence parallel: zero3 x T=2 = T=1 within 1e-5, plan = measured"
 python3 - "$WORK/sp_t2_zero3.plan.json" "$WORK/llama-tiny_t2_zero3.plan.json" <<'PY' || fail "--sequence-parallel planned no fewer activation bytes"
 import json, sys
 sp, tp = (json.load(open(p))["activations"] for p in sys.argv[1:3])

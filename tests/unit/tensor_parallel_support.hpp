@@ -37,27 +37,41 @@ struct RankRun {
   std::vector<float> logits;  // [kB, V] at the last position of an inference forward
 };
 
+// A rank's parameters (the init stream's values of its pieces; norm weights and biases
+// perturbed away from their ones / zeros init), zeroed gradients, and the per-model-unit
+// pointers into both.
+struct RankParams {
+  std::vector<std::vector<float>> params, grads;
+  std::vector<float*> param_ptrs, grad_ptrs;
+};
+
+inline RankParams make_params(const ParamLayout& layout) {
+  RankParams r;
+  for (const UnitLayout& u : layout.units) {
+    r.params.emplace_back(static_cast<size_t>(u.padded_numel));
+    r.grads.emplace_back(static_cast<size_t>(u.padded_numel), 0.0f);
+    init_param_range(u, 77, 0, u.padded_numel, r.params.back().data());
+    for (const ParamInfo& p : u.params)
+      if (p.init == ParamInit::ones || p.init == ParamInit::zeros)
+        for (int64_t i = 0; i < p.numel; ++i)
+          r.params.back()[static_cast<size_t>(p.offset + i)] =
+              (p.init == ParamInit::ones ? 1.0f : 0.0f) + 0.01f * static_cast<float>(p.piece.full_index(p.shape, i) % 7);
+  }
+  for (const auto& place : layout.model_units) {
+    r.param_ptrs.push_back(r.params[static_cast<size_t>(place.unit)].data() + place.base);
+    r.grad_ptrs.push_back(r.grads[static_cast<size_t>(place.unit)].data() + place.base);
+  }
+  return r;
+}
+
 // Trains two micro-batches (gradients accumulate) on tensor rank split.rank.
 inline RankRun train(const ModelConfig& config, TensorSplit split, Communicator* tensor, bool checkpointing,
               bool sequence_parallel = false) {
   const ParamLayout layout = ParamLayout::build(config, 1, 0, split);
-  std::vector<std::vector<float>> params, grads;
-  for (const UnitLayout& u : layout.units) {
-    params.emplace_back(static_cast<size_t>(u.padded_numel));
-    grads.emplace_back(static_cast<size_t>(u.padded_numel), 0.0f);
-    init_param_range(u, 77, 0, u.padded_numel, params.back().data());
-    // Non-trivial norm weights and biases (their init is ones and zeros).
-    for (const ParamInfo& p : u.params)
-      if (p.init == ParamInit::ones || p.init == ParamInit::zeros)
-        for (int64_t i = 0; i < p.numel; ++i)
-          params.back()[static_cast<size_t>(p.offset + i)] =
-              (p.init == ParamInit::ones ? 1.0f : 0.0f) + 0.01f * static_cast<float>(p.piece.full_index(p.shape, i) % 7);
-  }
-  std::vector<float*> param_ptrs, grad_ptrs;
-  for (const auto& place : layout.model_units) {
-    param_ptrs.push_back(params[static_cast<size_t>(place.unit)].data() + place.base);
-    grad_ptrs.push_back(grads[static_cast<size_t>(place.unit)].data() + place.base);
-  }
+  RankParams rank = make_params(layout);
+  std::vector<std::vector<float>>& grads = rank.grads;
+  const std::vector<float*>& param_ptrs = rank.param_ptrs;
+  const std::vector<float*>& grad_ptrs = rank.grad_ptrs;
   ModelOptions options;
   options.activation_checkpointing = checkpointing;
   options.parallel_groups.tensor = tensor;

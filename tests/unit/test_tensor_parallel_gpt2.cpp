@@ -6,10 +6,14 @@
 // group before the (whole) bias; wte and the LM head vocabulary-parallel, wpe whole and
 // added after the lookup's sum. gpt2-tiny: 4 heads of 32, C = 128, vocabulary 97 padded
 // to 128 (T = 4: the last rank holds one real row). Tied head (gpt2's own) and untied,
-// with and without activation checkpointing.
+// with and without activation checkpointing and sequence parallelism; generation with
+// a KV cache of this rank's heads.
 #include "tensor_parallel_support.hpp"
 
+#include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 
@@ -59,27 +63,84 @@ TEST(TensorParallelGpt2, QkvPieceHoldsItsHeadsOfEachOfQKV) {
   EXPECT_EQ(runs, 3);
 }
 
-TEST(TensorParallelGpt2, HeadsOrSequenceParallelThatDoNotSplitAreRefused) {
+// Sequence parallelism: the residual stream, the LayerNorms and the residual adds on
+// N / T tokens (24 tokens: 12 or 6 a rank), the embedding's sum reduce-scattered (wpe
+// added to the rows here), the final norm's output gathered for the head; the
+// LayerNorms' weight and bias gradients summed over the group, the c_proj biases'
+// from every token's gradient.
+TEST(TensorParallelGpt2, SequenceParallelEqualsOneRank) {
+  ModelConfig c = tiny("gpt2-tiny");
+  expect_tensor_parallel_equals_one_rank(c, 2, false, true);
+  expect_tensor_parallel_equals_one_rank(c, 4, true, true);
+  c.tie_embeddings = false;
+  expect_tensor_parallel_equals_one_rank(c, 2, true, true);
+}
+
+// Generation with a KV cache at T = 2: each rank caches its own heads' keys and values;
+// a 7-token prompt in one step, then 3 one-token steps: every step's logits (gathered
+// over the group) within 1e-5 of the unsplit model's. With sequence parallelism the
+// cache is refused (it does not split its tokens).
+TEST(TensorParallelGpt2, KvCacheGenerationEqualsOneRank) {
   const ModelConfig c = tiny("gpt2-tiny");
-  try {
-    check_tensor_parallel(c, 8);
-    FAIL() << "8 tensor ranks over 4 heads";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--tensor-parallel 8 must divide the 4 attention heads"),
-              std::string::npos) << e.what();
-  }
+  const std::vector<int32_t> tokens = {5, 17, 3, 96, 40, 2, 61, 8, 33, 70};
+  auto generate = [&](TensorSplit split, Communicator* tensor) {
+    const ParamLayout layout = ParamLayout::build(c, 1, 0, split);
+    tensor_parallel_test::RankParams rank = tensor_parallel_test::make_params(layout);
+    ModelOptions options;
+    options.parallel_groups.tensor = tensor;
+    MemoryTracker tracker;
+    auto model = model_family(c.family).make_model(c, layout, 1, 16, options, tracker);
+    KvCache cache = model->make_kv_cache(16);
+    std::vector<std::vector<float>> steps;
+    for (auto [begin, count] : {std::pair{0, 7}, std::pair{7, 1}, std::pair{8, 1}, std::pair{9, 1}}) {
+      const MicroBatch batch{tokens.data() + begin, nullptr, 1, count};
+      for (int u = 0; u < model->num_units(); ++u) model->forward_unit_cached(u, rank.param_ptrs, cache, batch);
+      steps.emplace_back(static_cast<size_t>(c.vocab_size));
+      model->logits_at(rank.param_ptrs, count - 1, steps.back().data());
+    }
+    return steps;
+  };
+  const std::vector<std::vector<float>> whole = generate({}, nullptr);
+  std::vector<std::vector<std::vector<float>>> ranks(2);
   InProcessJob job(2);
-  const std::vector<std::string> errors = job.run([&](Communicator& comm) {
+  for (const std::string& e : job.run([&](Communicator& comm) {
+         ranks[static_cast<size_t>(comm.rank())] = generate({2, comm.rank()}, &comm);
+       }))
+    ASSERT_EQ(e, "");
+  for (size_t step = 0; step < whole.size(); ++step) {
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < whole[step].size(); ++i) {
+      diff += (ranks[0][step][i] - whole[step][i]) * (ranks[0][step][i] - whole[step][i]);
+      norm += whole[step][i] * whole[step][i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << "step " << step;
+    EXPECT_EQ(ranks[1][step], ranks[0][step]) << "step " << step;
+  }
+  InProcessJob sequence_parallel_job(2);
+  const std::vector<std::string> errors = sequence_parallel_job.run([&](Communicator& comm) {
     ModelOptions options;
     options.parallel_groups.tensor = &comm;
     options.sequence_parallel = true;
     MemoryTracker tracker;
     const ParamLayout layout = ParamLayout::build(c, 1, 0, {2, comm.rank()});
-    model_family(c.family).make_model(c, layout, 1, 8, options, tracker);
+    auto model = model_family(c.family).make_model(c, layout, 1, 16, options, tracker);
+    KvCache cache = model->make_kv_cache(16);
+    tensor_parallel_test::RankParams rank = tensor_parallel_test::make_params(layout);
+    const MicroBatch batch{tokens.data(), nullptr, 1, 4};
+    model->forward_unit_cached(0, rank.param_ptrs, cache, batch);
   });
   for (const std::string& e : errors)
-    EXPECT_NE(e.find("--sequence-parallel is implemented for the llama, qwen2 and qwen3 families"),
-              std::string::npos) << e;
+    EXPECT_NE(e.find("generation with a KV cache does not split its tokens"), std::string::npos) << e;
+}
+
+TEST(TensorParallelGpt2, HeadsThatDoNotSplitAreRefused) {
+  try {
+    check_tensor_parallel(tiny("gpt2-tiny"), 8);
+    FAIL() << "8 tensor ranks over 4 heads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tensor-parallel 8 must divide the 4 attention heads"),
+              std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "shardlm/model/context_parallel/context_parallelism.hpp"
 #include "shardlm/model/gpt2/gpt2_family.hpp"
 #include "shardlm/model/model_support.hpp"
+#include "shardlm/model/tensor_parallel/sequence_parallel_rows.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 #include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
 #include "shardlm/model/tensor_parallel/vocab_parallel.hpp"
@@ -75,6 +76,11 @@ struct Gpt2Model::Impl {
   // and the residual add), wte and the LM head vocabulary-parallel.
   int tensor_size = 1;
   TensorParallelBlock tp;  // the tensor group's collectives (no-ops alone)
+  // Sequence parallelism (options.sequence_parallel with T > 1): this rank's block of
+  // N / T tokens of the residual stream, its LayerNorms and residual adds
+  // (sequence_parallel_rows.hpp); the rest of the block runs on every token.
+  bool sequence_parallel = false;
+  SequenceParallelRows sp;
   VocabShard vocab;
   VocabParallelEmbedding vocab_embedding;
   VocabParallelHead vocab_head;
@@ -132,6 +138,21 @@ struct Gpt2Model::Impl {
   std::unique_ptr<ContextParallelism> context;
 
   int64_t N() const { return static_cast<int64_t>(B) * T; }
+  int64_t NL() const { return sp.rows(N()); }  // rows of the residual stream here
+  TypedPtr block_of(TypedPtr whole) const { return sp.block_of(whole, N()); }
+  void gather(TypedPtr whole, const char* label) const { sp.gather(tp, whole, N(), label); }
+  float* sum_rows(float* partial, const char* label) const { return sp.sum_rows(tp, partial, N(), label); }
+  float* whole_dres() { return sp.whole_dres(*be, tp, dres, N()); }
+  // A LayerNorm's backward into (w, b)'s gradients over this rank's rows: with sequence
+  // parallelism into scratch, summed over the group by finish_norm_grads.
+  std::pair<float*, float*> norm_grad_targets(float* gw, float* gb) const {
+    if (!sp.on()) return {gw, gb};
+    float* scratch = sp.norm_grads(*be, 2 * int64_t{C});
+    return {scratch, scratch + C};
+  }
+  void finish_norm_grads(float* gw, float* gb) const {
+    if (sp.on()) sp.add_norm_grads(*be, tp, {gw, gb}, C);
+  }
   // The micro-batch this rank computes on: `full`, or with context parallelism its
   // slice, cut when the embeddings' forward starts the micro-batch.
   const MicroBatch& local_batch(const MicroBatch& full, bool starts) {
@@ -147,18 +168,21 @@ struct Gpt2Model::Impl {
   }
 
   // residual[0] = the staged tokens' wte rows + their positions' wpe rows. Vocabulary-
-  // parallel: the lookup's sum over the group (exact), then the wpe rows added, so each
-  // element is round(wte) + round(wpe) as in the unsplit kernel.
+  // parallel: the lookup's sum over the group (exact; with sequence parallelism this
+  // rank's block of it), then the wpe rows of those tokens added, so each element is
+  // round(wte) + round(wpe) as in the unsplit kernel.
   void embed_forward(ConstTypedPtr p) {
     if (!vocab_parallel()) {
       be->embedding_forward(residual[0], staged.tokens, p.at(wte), p.at(wpe), B, T, C, compute,
                             staged.positions);
       return;
     }
-    vocab_embedding.forward(*be, tp, residual[0], staged.tokens, p.at(wte), B, T, C, compute);
-    be->embedding_forward(branch, position_ids(), p.at(wpe), ConstTypedPtr(), B, T, C, compute,
-                          nullptr);
-    be->accumulate(residual[0], branch, N() * C);
+    vocab_embedding.forward(*be, tp, sp.on() ? branch : residual[0], staged.tokens, p.at(wte), B, T, C,
+                            compute, sp.on() ? residual[0] : nullptr);
+    const int32_t* positions = position_ids() + sp.block_offset(N()) / C;  // of the rows here
+    be->embedding_forward(branch, positions, p.at(wpe), ConstTypedPtr(), 1, static_cast<int>(NL()), C,
+                          compute, nullptr);
+    be->accumulate(residual[0], branch, NL() * C);
   }
   // g (unit 0's gradient) += the embeddings' gradients from dres. Vocabulary-parallel: wpe's
   // rows first (the lookup's backward zeroes dres's rows of tokens held elsewhere), summed
@@ -168,8 +192,9 @@ struct Gpt2Model::Impl {
       be->embedding_backward(g + wte, g + wpe, dres, staged.tokens, B, T, C, staged.positions);
       return;
     }
-    be->embedding_backward(g + wpe, nullptr, dres, position_ids(), B, T, C, nullptr);
-    vocab_embedding.backward(*be, g + wte, dres, staged.tokens, B, T, C);
+    float* dout = whole_dres();  // every token's gradient (gathered under sequence parallelism)
+    be->embedding_backward(g + wpe, nullptr, dout, position_ids(), B, T, C, nullptr);
+    vocab_embedding.backward(*be, g + wte, dout, staged.tokens, B, T, C);
   }
   // The micro-batch's position ids: its own (packed rows, context parallelism, the KV
   // cache) or t for every row's t-th token.
@@ -263,6 +288,7 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
   m.context = ContextParallelism::make(options, {m.H, m.H, m.A / m.H}, max_batch, max_seq, m.compute,
                                        options.activation_checkpointing ? 1 : m.L, carver);
   const int local_seq = m.context ? m.context->local_len(max_seq) : max_seq;
+  m.sp.check_max_tokens(max_batch, local_seq);
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * local_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
@@ -279,9 +305,9 @@ void Gpt2Model::Impl::set_shape(const ModelConfig& model_config, const ModelOpti
   C = config.n_embd;
   tensor_size = options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->size() : 1;
   check_tensor_parallel(config, tensor_size);
-  SHARDLM_CHECK(!options.sequence_parallel || tensor_size == 1,
-                "--sequence-parallel is implemented for the llama, qwen2 and qwen3 families, not "
-                "gpt2 (use --tensor-parallel {} without it)", tensor_size);
+  sequence_parallel = options.sequence_parallel && tensor_size > 1;
+  sp = SequenceParallelRows(sequence_parallel, tensor_size,
+                            tensor_size > 1 ? options.parallel_groups.tensor->rank() : 0, C);
   H = config.n_head / tensor_size;
   A = C / tensor_size;
   F = 4 * C / tensor_size;
@@ -297,33 +323,34 @@ void Gpt2Model::Impl::carve_activations(ArenaCarver& carver, int64_t N) {
   const int64_t C = m.C;
 
   const DType ct = m.compute;
+  const int64_t NL = m.sp.rows(N);  // residual stream rows here
   m.residual.assign(m.L + 1, nullptr);
-  for (auto& r : m.residual) carver.request(&r, N * C);
+  for (auto& r : m.residual) carver.request(&r, NL * C);
   m.blocks.resize(options.activation_checkpointing ? 1 : m.L);
   // Ulysses and hybrid attention save their own q|k|v for backward: one q|k|v array of
   // this rank's tokens serves every layer. No context attention reads the model's lse.
   const bool qkv_per_layer = !(context && context->attention().keeps_own_qkv());
   for (auto& a : m.blocks) {
     carver.request(&a.ln1, ct, N * C);
-    carver.request(&a.ln1_mean, N);
-    carver.request(&a.ln1_rstd, N);
+    carver.request(&a.ln1_mean, NL);
+    carver.request(&a.ln1_rstd, NL);
     if (qkv_per_layer || &a == &m.blocks.front())
       carver.request(&a.qkv, ct, 3 * N * m.A);
     else
       carver.share(&a.qkv, &m.blocks.front().qkv);
     carver.request(&a.att, ct, N * m.A);
     if (!context) carver.request(&a.att_lse, N * m.H);  // context attention keeps its own
-    carver.request(&a.res2, N * C);
+    carver.request(&a.res2, NL * C);
     carver.request(&a.ln2, ct, N * C);
-    carver.request(&a.ln2_mean, N);
-    carver.request(&a.ln2_rstd, N);
+    carver.request(&a.ln2_mean, NL);
+    carver.request(&a.ln2_rstd, NL);
     carver.request(&a.fc_pre, ct, N * m.F);
     carver.request(&a.fc_act, ct, N * m.F);
   }
   carver.request(&m.branch, N * C);
   carver.request(&m.lnf, ct, N * C);
-  carver.request(&m.lnf_mean, N);
-  carver.request(&m.lnf_rstd, N);
+  carver.request(&m.lnf_mean, NL);
+  carver.request(&m.lnf_rstd, NL);
   carver.request(&m.dlnf, N * C);
   if (m.vocab_parallel()) {
     m.vocab_embedding.carve(carver, N, m.vocab);
@@ -331,7 +358,8 @@ void Gpt2Model::Impl::carve_activations(ArenaCarver& carver, int64_t N) {
   } else {
     m.head.carve(carver, N, m.V, m.Vp, m.C, m.compute);
   }
-  carver.request(&m.dres, N * C);
+  carver.request(&m.dres, NL * C);
+  m.sp.carve(carver, N, 2 * C);  // a LayerNorm's weight and bias gradients
   carver.request(&m.dsmall, N * C);
   carver.request(&m.dbig, N * m.block_width());
   if (ct != DType::fp32) {
@@ -399,7 +427,8 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   const int64_t n = N();
   const int rows = static_cast<int>(n);
   const bool fp32 = compute == DType::fp32;
-  be->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, v.ln1_w, v.ln1_b, n, C);
+  be->layernorm_forward(block_of(a.ln1), a.ln1_mean, a.ln1_rstd, x, v.ln1_w, v.ln1_b, NL(), C);
+  gather(a.ln1, "tensor.sequence_ln1");
   // Attention reads the stored (rounded) qkv, as backward will.
   float* qkv_out = fp32 ? a.qkv.f32() : dbig;
   gemm_forward(rows, 3 * A, C, a.ln1, w.attn, qkv_out);
@@ -411,16 +440,17 @@ void Gpt2Model::Impl::block_forward(int l, const BlockVectors& v, const BlockWei
   else
     be->attention_forward(a.att, a.att_lse, a.qkv, {B, T, H, H, A / H}, staged.key_begin);
   gemm_forward(rows, C, A, a.att, w.attn_proj, branch);
-  tp.sum_partial(branch, n * C, "tensor.attention_out");  // c_proj is row-parallel
-  be->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, branch,
-                                  v.attn_proj_b, v.ln2_w, v.ln2_b, n, C);
+  const float* attention_out = sum_rows(branch, "tensor.attention_out");  // c_proj: row-parallel
+  be->residual_layernorm_forward(a.res2, block_of(a.ln2), a.ln2_mean, a.ln2_rstd, x, attention_out,
+                                  v.attn_proj_b, v.ln2_w, v.ln2_b, NL(), C);
+  gather(a.ln2, "tensor.sequence_ln2");
   float* fc_out = fp32 ? a.fc_pre.f32() : dbig;
   gemm_forward(rows, F, C, a.ln2, w.fc, fc_out);
   be->bias_gelu_forward(a.fc_act, a.fc_pre, fc_out, v.fc_b, n, F);
   if (recompute) return;
   gemm_forward(rows, C, F, a.fc_act, w.fc_proj, branch);
-  tp.sum_partial(branch, n * C, "tensor.mlp_out");  // c_proj is row-parallel
-  be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, branch, v.fc_proj_b, n,
+  const float* mlp_out = sum_rows(branch, "tensor.mlp_out");  // c_proj is row-parallel
+  be->residual_add_bias(residual[static_cast<size_t>(l) + 1], a.res2, mlp_out, v.fc_proj_b, NL(),
                          C);
 }
 
@@ -443,10 +473,12 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
   const int64_t n = N();
   const int rows = static_cast<int>(n);
 
-  // MLP: y = res2 + gelu(ln2 Wfc + bfc) Wproj + bproj
-  ConstTypedPtr dy = rounding->for_gemm(dres, dres_c, n * C);
+  // MLP: y = res2 + gelu(ln2 Wfc + bfc) Wproj + bproj. The GEMMs and the (whole) biases
+  // read every token's gradient: with sequence parallelism the blocks gathered.
+  float* dy_f = whole_dres();
+  ConstTypedPtr dy = rounding->for_gemm(dy_f, dres_c, n * C);
   be->gemm(true, false, F, C, rows, 1.0f, a.fc_act, F, dy, C, 1.0f, g + o.fc_proj_w, C);
-  be->bias_backward(g + o.fc_proj_b, dres, n, C);
+  be->bias_backward(g + o.fc_proj_b, dy_f, n, C);
   float* dfc = dbig;
   be->gemm(false, true, rows, F, C, 1.0f, dy, C, w.fc_proj, C, 0.0f, dfc, F);
   be->gelu_backward(dfc, dfc, a.fc_pre, n * F);
@@ -455,14 +487,16 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
   be->bias_backward(g + o.fc_b, dfc, n, F);
   float* dln2 = dsmall;
   be->gemm(false, true, rows, C, F, 1.0f, dfc_g, F, w.fc, F, 0.0f, dln2, C);
-  tp.sum_partial(dln2, n * C, "tensor.mlp_in_grad");  // c_fc is column-parallel
-  be->layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln2, a.res2, v.ln2_w, a.ln2_mean,
-                          a.ln2_rstd, n, C);
+  const float* dln2_rows = sum_rows(dln2, "tensor.mlp_in_grad");  // c_fc is column-parallel
+  const auto [gw2, gb2] = norm_grad_targets(g + o.ln2_w, g + o.ln2_b);
+  be->layernorm_backward(dres, gw2, gb2, dln2_rows, a.res2, v.ln2_w, a.ln2_mean, a.ln2_rstd, NL(), C);
+  finish_norm_grads(g + o.ln2_w, g + o.ln2_b);
 
   // Attention: res2 = x + attn(ln1 Wqkv + bqkv) Wproj + bproj
-  dy = rounding->for_gemm(dres, dres_c, n * C);
+  dy_f = whole_dres();
+  dy = rounding->for_gemm(dy_f, dres_c, n * C);
   be->gemm(true, false, A, C, rows, 1.0f, a.att, A, dy, C, 1.0f, g + o.attn_proj_w, C);
-  be->bias_backward(g + o.attn_proj_b, dres, n, C);
+  be->bias_backward(g + o.attn_proj_b, dy_f, n, C);
   float* datt = dsmall;  // [N, A]
   be->gemm(false, true, rows, A, C, 1.0f, dy, C, w.attn_proj, C, 0.0f, datt, A);
   float* dqkv = dbig;
@@ -476,9 +510,10 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
   be->bias_backward(g + o.attn_b, dqkv, n, 3 * A);
   float* dln1 = dsmall;
   be->gemm(false, true, rows, C, 3 * A, 1.0f, dqkv_g, 3 * A, w.attn, 3 * A, 0.0f, dln1, C);
-  tp.sum_partial(dln1, n * C, "tensor.attention_in_grad");  // c_attn is column-parallel
-  be->layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dln1, x, v.ln1_w, a.ln1_mean,
-                          a.ln1_rstd, n, C);
+  const float* dln1_rows = sum_rows(dln1, "tensor.attention_in_grad");  // c_attn: column-parallel
+  const auto [gw1, gb1] = norm_grad_targets(g + o.ln1_w, g + o.ln1_b);
+  be->layernorm_backward(dres, gw1, gb1, dln1_rows, x, v.ln1_w, a.ln1_mean, a.ln1_rstd, NL(), C);
+  finish_norm_grads(g + o.ln1_w, g + o.ln1_b);
 }
 
 void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
@@ -488,7 +523,8 @@ void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
   const float* weight = rounding->vector_values(p.at(lnf_w), C, &scratch);
   const float* bias = rounding->vector_values(p.at(lnf_b), C, &scratch);
   const int64_t n = N();
-  be->layernorm_forward(lnf, lnf_mean, lnf_rstd, residual[L], weight, bias, n, C);
+  be->layernorm_forward(block_of(lnf), lnf_mean, lnf_rstd, residual[L], weight, bias, NL(), C);
+  gather(lnf, "tensor.sequence_lnf");  // the vocabulary-parallel head reads every token
   if (batch.targets == nullptr) {
     SHARDLM_CHECK(!training, "model: a training forward needs targets");
     state.finish_forward(false);
@@ -507,7 +543,7 @@ void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
   }
   state.loss_sum = vocab_parallel()
                        ? vocab_head.loss(*be, tp, lnf, head_weights(params), staged.targets, n,
-                                         grad_scale, training ? dlnf : nullptr, dhead)
+                                         grad_scale, training ? dlnf : nullptr, dhead, sp.on())
                        : head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
                                    training ? dlnf : nullptr, dhead);
   state.finish_forward(training);
@@ -535,6 +571,7 @@ void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
   }
   const MicroBatch& batch = m.local_batch(full, unit == 0);
   if (unit == 0) {
+    m.sp.check_tokens(batch.B, batch.T);
     m.state.start(batch);
     m.B = batch.B;
     m.T = batch.T;
@@ -565,9 +602,13 @@ void Gpt2Model::backward_unit(int unit, ParamPointers params, UnitPointers grads
     float* g = grads[unit];
     float* scratch = m.rounding->vector_scratch();
     const float* weight = m.rounding->vector_values(p.at(m.lnf_w), m.C, &scratch);
-    m.be->fill_zero(m.dres, sizeof(float) * n * m.C);
-    m.be->layernorm_backward(m.dres, g + m.lnf_w, g + m.lnf_b, m.dlnf, m.residual[m.L], weight,
-                             m.lnf_mean, m.lnf_rstd, n, m.C);
+    // (sequence parallelism: dlnf's block of this rank's rows, from the head)
+    const int64_t nl = m.NL();
+    m.be->fill_zero(m.dres, sizeof(float) * nl * m.C);
+    const auto [gw, gb] = m.norm_grad_targets(g + m.lnf_w, g + m.lnf_b);
+    m.be->layernorm_backward(m.dres, gw, gb, m.dlnf + m.sp.block_offset(n), m.residual[m.L], weight,
+                             m.lnf_mean, m.lnf_rstd, nl, m.C);
+    m.finish_norm_grads(g + m.lnf_w, g + m.lnf_b);
   } else if (unit > 0) {
     // One conversion serves the recompute and the backward.
     const BlockVectors v = m.block_vectors(unit - 1, p);
@@ -594,8 +635,10 @@ void Gpt2Model::forward_unit_cached(int unit, ParamPointers params, KvCache& cac
   check_param_pointers(params, m.L + 2, m.needed_units(unit), unit, m.compute);
   SHARDLM_CHECK(!m.context, "model: generation with a KV cache runs on one rank; this model "
                 "splits its sequences over a context group");
+  SHARDLM_CHECK(!m.sequence_parallel, "model: generation with a KV cache does not split its "
+                "tokens; this model was built with sequence parallelism");
   if (unit == 0) {
-    m.kv_positions = start_cached_step(batch, cache, m.L, m.C, m.compute, m.max_seq, m.V);
+    m.kv_positions = start_cached_step(batch, cache, m.L, m.A, m.compute, m.max_seq, m.V);
     m.state.start(batch);
     m.B = 1;
     m.T = batch.T;

@@ -15,6 +15,7 @@
 #include "shardlm/model/moe/moe_experts.hpp"
 #include "shardlm/model/moe/moe_names.hpp"
 #include "shardlm/model/moe/moe_shared_expert.hpp"
+#include "shardlm/model/tensor_parallel/sequence_parallel_rows.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 #include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
 #include "shardlm/model/tensor_parallel/vocab_parallel.hpp"
@@ -105,11 +106,9 @@ struct LlamaModel::Impl {
   // Sequence parallelism (options.sequence_parallel with T > 1): this rank's block of
   // N / T tokens of the residual stream, its norms and residual adds; the norms' outputs
   // are gathered whole for the column-parallel GEMMs, the row-parallel GEMMs' partial
-  // sums reduce-scattered back to the block.
+  // sums reduce-scattered back to the block (sequence_parallel_rows.hpp).
   bool sequence_parallel = false;
-  int tensor_rank = 0;
-  float* dres_whole = nullptr;            // [N, C] dres gathered (sequence parallelism)
-  float* norm_grad = nullptr;             // [C] a norm weight's gradient over this block
+  SequenceParallelRows sp;
   float* dkv_replicas = nullptr;          // [N, 2 KVD] key/value heads replicated over ranks
   float* qk_norm_grad = nullptr;          // [2 hd] qwen3 under tensor parallelism
   int V = 0, Vp = 0;
@@ -182,42 +181,21 @@ struct LlamaModel::Impl {
 
   int64_t N() const { return state.N(); }
   // Tokens of the residual stream here: N, or this rank's block of N / T.
-  int64_t NL() const { return sequence_parallel ? N() / tensor_size : N(); }
-  int64_t block_offset() const { return sequence_parallel ? tensor_rank * NL() * C : 0; }
+  int64_t NL() const { return sp.rows(N()); }
+  int64_t block_offset() const { return sp.block_offset(N()); }
   // Where a norm writes its block of a gathered activation, then the gather.
-  TypedPtr block_of(TypedPtr whole) const { return whole.at(block_offset()); }
-  void gather(TypedPtr whole, const char* label) const {
-    if (sequence_parallel) tp.gather_in_place(whole, NL() * C, label);
-  }
+  TypedPtr block_of(TypedPtr whole) const { return sp.block_of(whole, N()); }
+  void gather(TypedPtr whole, const char* label) const { sp.gather(tp, whole, N(), label); }
   // A row-parallel GEMM's output, or the column-parallel GEMMs' input gradient: partial
-  // sums [N, C] -> the sum (sequence parallelism: this rank's block of it, in place at
-  // block_offset()); returns where it is.
-  float* sum_rows(float* partial, const char* label) const {
-    if (!sequence_parallel) {
-      tp.sum_partial(partial, N() * C, label);
-      return partial;
-    }
-    float* block = partial + block_offset();
-    tp.sum_scatter(partial, block, NL() * C, label);
-    return block;
-  }
+  // sums [N, C] -> the sum (sequence parallelism: this rank's block of it); returns where it is.
+  float* sum_rows(float* partial, const char* label) const { return sp.sum_rows(tp, partial, N(), label); }
   // dres as the GEMMs read it: whole (gathered from the blocks under sequence parallelism).
-  float* whole_dres() {
-    if (!sequence_parallel) return dres;
-    be->convert_rows(dres_whole + block_offset(), C, dres, C, NL(), C);
-    tp.gather_in_place(dres_whole, NL() * C, "tensor.sequence_dres");
-    return dres_whole;
-  }
-  // A norm's weight gradient over this rank's block, summed over the group into g.
-  float* norm_grad_target(float* g) const {
-    if (!sequence_parallel || g == nullptr) return g;
-    be->fill_zero(norm_grad, sizeof(float) * static_cast<size_t>(C));
-    return norm_grad;
-  }
+  float* whole_dres() { return sp.whole_dres(*be, tp, dres, N()); }
+  // A norm's weight gradient over this rank's block, summed over the group into g (null:
+  // frozen).
+  float* norm_grad_target(float* g) const { return sp.on() && g != nullptr ? sp.norm_grads(*be, C) : g; }
   void finish_norm_grad(float* g) const {
-    if (!sequence_parallel || g == nullptr) return;
-    tp.sum_partial(norm_grad, C, "tensor.sequence_norm_grad");
-    be->accumulate(g, norm_grad, C);
+    if (sp.on() && g != nullptr) sp.add_norm_grads(*be, tp, {g}, C);
   }
   // The micro-batch this rank computes on: `full`, or with context parallelism its
   // slice, cut when the embeddings' forward starts the micro-batch.
@@ -367,10 +345,11 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
   num_units = llama_num_units(config);
   final_unit = num_units - 1;
   tensor_size = options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->size() : 1;
-  tensor_rank = tensor_size > 1 ? options.parallel_groups.tensor->rank() : 0;
   sequence_parallel = options.sequence_parallel && tensor_size > 1;
   check_tensor_parallel(config, tensor_size);
   C = config.n_embd;
+  sp = SequenceParallelRows(sequence_parallel, tensor_size,
+                            tensor_size > 1 ? options.parallel_groups.tensor->rank() : 0, C);
   H = config.n_head / tensor_size;
   KV = tensor_local_kv_heads(config, tensor_size);
   hd = config.head_dim();
@@ -445,10 +424,7 @@ void LlamaModel::Impl::carve_activations(ArenaCarver& carver, int64_t n) {
   carver.request(&lnf_rstd, nl);
   carver.request(&dlnf, n * C);
   carver.request(&dres, nl * C);
-  if (sequence_parallel) {
-    carver.request(&dres_whole, n * C);
-    carver.request(&norm_grad, C);
-  }
+  sp.carve(carver, n, C);
   carver.request(&dsmall, n * C);
   carver.request(&dmid, n * std::max(Q, I));
   carver.request(&dbig, n * std::max(QKV, 2 * I));
@@ -603,9 +579,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
       options, {static_cast<int>(m.H), static_cast<int>(m.KV), static_cast<int>(m.hd)}, max_batch,
       max_seq, m.compute, options.activation_checkpointing ? 1 : m.L, carver);
   const int local_seq = m.context ? m.context->local_len(max_seq) : max_seq;
-  SHARDLM_CHECK(!m.sequence_parallel || static_cast<int64_t>(max_batch) * local_seq % m.tensor_size == 0,
-                "--sequence-parallel: a micro-batch of {} x {} tokens does not divide into "
-                "--tensor-parallel {} equal parts", max_batch, local_seq, m.tensor_size);
+  m.sp.check_max_tokens(max_batch, local_seq);
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * local_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
@@ -1188,9 +1162,7 @@ void LlamaModel::forward_unit(int unit, ParamPointers params, UnitPointers grads
   const MicroBatch& batch = m.local_batch(full, role.kind == LlamaUnitRole::Kind::embeddings);
   if (role.kind == LlamaUnitRole::Kind::embeddings) {
     check_micro_batch(full, m.max_batch, m.max_seq, m.V);  // the whole rows, as given
-    SHARDLM_CHECK(!m.sequence_parallel || static_cast<int64_t>(batch.B) * batch.T % m.tensor_size == 0,
-                  "--sequence-parallel: the micro-batch's {} x {} tokens here do not divide into "
-                  "--tensor-parallel {} equal parts", batch.B, batch.T, m.tensor_size);
+    m.sp.check_tokens(batch.B, batch.T);
     m.state.start(batch);
     m.staged.stage(*m.be, batch, /*default_positions=*/true);
     if (m.be->device().is_host()) {
