@@ -483,11 +483,13 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
   be->gemm(false, true, rows, F, C, 1.0f, dy, C, w.fc_proj, C, 0.0f, dfc, F);
   be->gelu_backward(dfc, dfc, a.fc_pre, n * F);
   const ConstTypedPtr dfc_g = rounding->for_gemm(dfc, dbig_c, n * F);
-  be->gemm(true, false, C, F, rows, 1.0f, a.ln2, C, dfc_g, F, 1.0f, g + o.fc_w, F);
-  be->bias_backward(g + o.fc_b, dfc, n, F);
   float* dln2 = dsmall;
   be->gemm(false, true, rows, C, F, 1.0f, dfc_g, F, w.fc, F, 0.0f, dln2, C);
-  const float* dln2_rows = sum_rows(dln2, "tensor.mlp_in_grad");  // c_fc is column-parallel
+  // c_fc is column-parallel: the input gradient's sum travels during the weight gradient.
+  SequenceParallelRows::PendingRows dln2_sum = sp.start_sum_rows(tp, dln2, n, "tensor.mlp_in_grad");
+  be->gemm(true, false, C, F, rows, 1.0f, a.ln2, C, dfc_g, F, 1.0f, g + o.fc_w, F);
+  be->bias_backward(g + o.fc_b, dfc, n, F);
+  const float* dln2_rows = dln2_sum.finish();
   const auto [gw2, gb2] = norm_grad_targets(g + o.ln2_w, g + o.ln2_b);
   be->layernorm_backward(dres, gw2, gb2, dln2_rows, a.res2, v.ln2_w, a.ln2_mean, a.ln2_rstd, NL(), C);
   finish_norm_grads(g + o.ln2_w, g + o.ln2_b);
@@ -506,11 +508,13 @@ void Gpt2Model::Impl::block_backward(int l, const BlockVectors& v, const BlockWe
     be->attention_backward(dqkv, datt, a.qkv, a.att, a.att_lse, {B, T, H, H, A / H},
                            staged.key_begin);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * 3 * A);
-  be->gemm(true, false, C, 3 * A, rows, 1.0f, a.ln1, C, dqkv_g, 3 * A, 1.0f, g + o.attn_w, 3 * A);
-  be->bias_backward(g + o.attn_b, dqkv, n, 3 * A);
   float* dln1 = dsmall;
   be->gemm(false, true, rows, C, 3 * A, 1.0f, dqkv_g, 3 * A, w.attn, 3 * A, 0.0f, dln1, C);
-  const float* dln1_rows = sum_rows(dln1, "tensor.attention_in_grad");  // c_attn: column-parallel
+  // c_attn is column-parallel: the input gradient's sum travels during the weight gradient.
+  SequenceParallelRows::PendingRows dln1_sum = sp.start_sum_rows(tp, dln1, n, "tensor.attention_in_grad");
+  be->gemm(true, false, C, 3 * A, rows, 1.0f, a.ln1, C, dqkv_g, 3 * A, 1.0f, g + o.attn_w, 3 * A);
+  be->bias_backward(g + o.attn_b, dqkv, n, 3 * A);
+  const float* dln1_rows = dln1_sum.finish();
   const auto [gw1, gb1] = norm_grad_targets(g + o.ln1_w, g + o.ln1_b);
   be->layernorm_backward(dres, gw1, gb1, dln1_rows, x, v.ln1_w, a.ln1_mean, a.ln1_rstd, NL(), C);
   finish_norm_grads(g + o.ln1_w, g + o.ln1_b);

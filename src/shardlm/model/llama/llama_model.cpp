@@ -1041,11 +1041,13 @@ void LlamaModel::Impl::mlp_backward(int l, const LayerVectors& v, const LayerWei
   float* dgu = dbig;
   be->swiglu_backward(dgu, dact, a.gate_up, n, i1);
   const ConstTypedPtr dgu_g = rounding->for_gemm(dgu, dbig_c, n * 2 * I);
-  if (trains) be->gemm(true, false, i2, c, rows, 1.0f, dgu_g, i2, a.ln2, c, 1.0f, g + o.gu_w, c);
   float* dln2 = dsmall;
   be->gemm(false, false, rows, c, i2, 1.0f, dgu_g, i2, w.gate_up, c, 0.0f, dln2, c);
   if (lora_gu >= 0) lora_backward(static_cast<size_t>(lora_gu), ad, a.ln2, dgu_g, dln2);
-  const float* dln2_rows = sum_rows(dln2, "tensor.mlp_in_grad");  // gate|up: column-parallel
+  // gate|up is column-parallel: the input gradient's sum travels during the weight gradient.
+  SequenceParallelRows::PendingRows dln2_sum = sp.start_sum_rows(tp, dln2, n, "tensor.mlp_in_grad");
+  if (trains) be->gemm(true, false, i2, c, rows, 1.0f, dgu_g, i2, a.ln2, c, 1.0f, g + o.gu_w, c);
+  const float* dln2_rows = dln2_sum.finish();
   be->rmsnorm_backward(dres, C, norm_grad_target(grad(o.ln2)), dln2_rows, C, a.res2, C, v.ln2,
                         a.rstd2, {NL(), 1, c}, /*accumulate_dx=*/true);
   finish_norm_grad(grad(o.ln2));
@@ -1107,14 +1109,16 @@ void LlamaModel::Impl::layer_backward(int l, const LayerVectors& v, const LayerW
   }
   if (trains && o.qkv_b >= 0) be->bias_backward(g + o.qkv_b, dqkv, n, qkv);
   const ConstTypedPtr dqkv_g = rounding->for_gemm(dqkv, dbig_c, n * QKV);
-  if (trains) be->gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
   if (!tp.replicates_kv())
     be->gemm(false, false, rows, c, qkv, 1.0f, dqkv_g, qkv, w.qkv, c, 0.0f, dln1, c);
   if (lora_qkv >= 0 && tp.replicates_kv())
     lora_b_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g);
   else if (lora_qkv >= 0)
     lora_backward(static_cast<size_t>(lora_qkv), ad, a.ln1, dqkv_g, dln1);
-  const float* dln1_rows = sum_rows(dln1, "tensor.attention_in_grad");  // q|k|v: column-parallel
+  // q|k|v is column-parallel: the input gradient's sum travels during the weight gradient.
+  SequenceParallelRows::PendingRows dln1_sum = sp.start_sum_rows(tp, dln1, n, "tensor.attention_in_grad");
+  if (trains) be->gemm(true, false, qkv, c, rows, 1.0f, dqkv_g, qkv, a.ln1, c, 1.0f, g + o.qkv_w, c);
+  const float* dln1_rows = dln1_sum.finish();
   be->rmsnorm_backward(dres, C, norm_grad_target(grad(o.ln1)), dln1_rows, C, x, C, v.ln1, a.rstd1,
                         {NL(), 1, c}, /*accumulate_dx=*/true);
   finish_norm_grad(grad(o.ln1));

@@ -30,13 +30,15 @@ void SequenceParallelRows::gather(const TensorParallelBlock& tp, TypedPtr whole,
 
 float* SequenceParallelRows::sum_rows(const TensorParallelBlock& tp, float* partial, int64_t n,
                                       const char* label) const {
-  if (!on_) {
-    tp.sum_partial(partial, n * width_, label);
-    return partial;
-  }
+  return start_sum_rows(tp, partial, n, label).finish();
+}
+
+SequenceParallelRows::PendingRows SequenceParallelRows::start_sum_rows(const TensorParallelBlock& tp,
+                                                                       float* partial, int64_t n,
+                                                                       const char* label) const {
+  if (!on_) return {tp.start_sum_partial(partial, n * width_, label), partial};
   float* block = partial + block_offset(n);
-  tp.sum_scatter(partial, block, rows(n) * width_, label);
-  return block;
+  return {tp.start_sum_scatter(partial, block, rows(n) * width_, label), block};
 }
 
 float* SequenceParallelRows::whole_dres(Backend& backend, const TensorParallelBlock& tp, float* dres,

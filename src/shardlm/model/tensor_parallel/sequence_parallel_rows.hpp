@@ -46,6 +46,18 @@ class SequenceParallelRows {
   // sums [n, width] -> the sum (when on: this rank's block of it, in place at
   // block_offset); returns where it is.
   float* sum_rows(const TensorParallelBlock& tp, float* partial, int64_t n, const char* label) const;
+  // sum_rows started: the caller computes meanwhile (the column-parallel input
+  // gradient's reduction travels while the weight gradient's GEMM runs, Megatron's
+  // overlap) and reads the rows only after finish().
+  struct PendingRows {
+    Work work;
+    float* rows = nullptr;
+    float* finish() {
+      work.wait();
+      return rows;
+    }
+  };
+  PendingRows start_sum_rows(const TensorParallelBlock& tp, float* partial, int64_t n, const char* label) const;
   // The residual gradient as the GEMMs read it: dres itself, or (when on) every rank's
   // block of it gathered into the whole [n, width] scratch.
   float* whole_dres(Backend& backend, const TensorParallelBlock& tp, float* dres, int64_t n) const;

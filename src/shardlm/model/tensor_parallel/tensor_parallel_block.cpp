@@ -29,8 +29,12 @@ int TensorParallelBlock::size() const { return tensor_ != nullptr ? tensor_->siz
 int TensorParallelBlock::rank() const { return tensor_ != nullptr ? tensor_->rank() : 0; }
 
 void TensorParallelBlock::sum_partial(float* data, int64_t count, const std::string& label) const {
-  if (!active()) return;
-  tensor_->all_reduce(data, static_cast<size_t>(count), ReduceOp::sum, label).wait();
+  start_sum_partial(data, count, label).wait();
+}
+
+Work TensorParallelBlock::start_sum_partial(float* data, int64_t count, const std::string& label) const {
+  if (!active()) return Work();
+  return tensor_->all_reduce(data, static_cast<size_t>(count), ReduceOp::sum, label);
 }
 
 void TensorParallelBlock::max_partial(float* data, int64_t count, const std::string& label) const {
@@ -49,8 +53,13 @@ void TensorParallelBlock::gather(const float* send, float* recv, int64_t count,
 
 void TensorParallelBlock::sum_scatter(const float* send, float* recv, int64_t count,
                                       const std::string& label) const {
+  start_sum_scatter(send, recv, count, label).wait();
+}
+
+Work TensorParallelBlock::start_sum_scatter(const float* send, float* recv, int64_t count,
+                                            const std::string& label) const {
   SHARDLM_ASSERT(active());
-  tensor_->reduce_scatter(send, recv, static_cast<size_t>(count), ReduceOp::sum, label).wait();
+  return tensor_->reduce_scatter(send, recv, static_cast<size_t>(count), ReduceOp::sum, label);
 }
 
 void TensorParallelBlock::gather_in_place(TypedPtr data, int64_t count, const std::string& label) const {

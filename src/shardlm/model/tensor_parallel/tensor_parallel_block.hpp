@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "shardlm/comm/work.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/model/config.hpp"
 
@@ -44,6 +45,9 @@ class TensorParallelBlock {
 
   // data[0, count) becomes the sum over the tensor ranks (waited for: the next kernel reads it).
   void sum_partial(float* data, int64_t count, const std::string& label) const;
+  // The same started, for the caller to compute meanwhile and wait on the Work before
+  // reading data (a finished no-op without a group).
+  Work start_sum_partial(float* data, int64_t count, const std::string& label) const;
   // data[0, count) becomes the maximum over the tensor ranks (the vocabulary-parallel
   // softmax's row maxima).
   void max_partial(float* data, int64_t count, const std::string& label) const;
@@ -54,6 +58,7 @@ class TensorParallelBlock {
   // rank's block [count] of data (its own at data + rank() * count) into data [size() x
   // count], in place.
   void sum_scatter(const float* send, float* recv, int64_t count, const std::string& label) const;
+  Work start_sum_scatter(const float* send, float* recv, int64_t count, const std::string& label) const;
   void gather_in_place(TypedPtr data, int64_t count, const std::string& label) const;
   // Sum over the ranks holding this rank's key/value head (no-op unless replicates_kv()).
   void sum_kv_replicas(float* data, int64_t count, const std::string& label) const;
