@@ -113,6 +113,25 @@ sys.exit(0 if ok else 1)
 PY
 done
 
+# Context parallelism on the device path (Ulysses' all-to-alls and the ring's block
+# kernels, send_recv and log-sum-exp merge on device memory): bitwise the CPU run's
+# weights, llama-tiny zero3 at P = 2 (fp32 Ulysses, bf16 ring) and gpt2-tiny ring.
+cp_run() {  # out, then flags
+  local out="$1"; shift
+  run_mpi 2 "$SHARDLM" train --data "$WORK/data" --out "$WORK/$out" --steps 3 --micro-batch 2 \
+    --seq-len 32 --global-batch 2 --strategy zero3 --context-parallel 2 --threads 1 \
+    --eval-batches 0 --sample-tokens 0 "$@" > "$WORK/$out.log" 2>&1 || { cat "$WORK/$out.log"; fail "$out"; }
+}
+for cp in "ulysses llama-tiny fp32" "ring llama-tiny bf16" "ring gpt2-tiny fp32"; do
+  read -r kind model precision <<< "$cp"
+  for device in cpu emulated; do
+    cp_run "cp_${kind}_${model}_${precision}_$device" --context-parallel-kind "$kind" --model "$model" \
+      --precision "$precision" --device "$device"
+  done
+  same "cp_${kind}_${model}_${precision}_cpu" "cp_${kind}_${model}_${precision}_emulated"
+  echo "context parallel $kind P=2 $model $precision: cpu = emulated"
+done
+
 # Bad input: one line each, nothing written.
 expect_error "--offload optimizer moves the optimizer state" \
   "$SHARDLM" train "${TINY[@]}" --data "$WORK/data" --out "$WORK/bad1" --device cpu --offload optimizer

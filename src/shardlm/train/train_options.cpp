@@ -330,10 +330,6 @@ void TrainOptions::validate() const {
   check_at_least("--loss-scale-growth-interval", loss_scale_growth_interval, int64_t{1});
   if (threads) check_at_least("--threads", *threads, 1);
   check_at_least("--log-every", log_every, int64_t{0});
-  // (plan may plan a device run with it: the traced step runs on the meta device.)
-  SHARDLM_CHECK(context_parallel_size() == 1 || parse_device(device, "--device").is_host(),
-                "--context-parallel runs on the CPU for now (this run asks for --device {})",
-                device);
   check_at_least("--sample-tokens", sample_tokens, 0);
   SHARDLM_CHECK(sample_tokens == 0 || context_parallel_size() == 1,
                 "--sample-tokens generates with a KV cache on one rank; a run with "
