@@ -20,10 +20,14 @@
 #   its E = 2 checkpoint loads bitwise at E = 1 and E = 4, which continue to one digest;
 #   QLoRA (NF4 experts) at E = 2 against E = 1 as LoRA;
 # - --activation-checkpointing at E = 2 is bitwise E = 2 without it;
-# - plan's memory per category is the measured peak (E = 2; with checkpointing);
+# - --context-parallel 2 beside E = 2 (Ulysses; the ring with checkpointing) against
+#   E = 1 at the same P: losses to 1e-6, weights to 1e-5;
+# - plan's memory per category is the measured peak (E = 2; with checkpointing; with
+#   the ring);
 # - --mesh expert=2 is --expert-parallel 2;
 # - bad input is one line before anything is written: E not dividing the world,
-#   experts not divisible by E, a dense model, E with hybrid.
+#   experts not divisible by E, a dense model, E with hybrid, E not dividing the
+#   data-parallel ranks beside the context ones.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 BASE=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --micro-batch 2
@@ -134,6 +138,26 @@ run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --expert-paral
 same_losses "$WORK/e2_ckpt" "$WORK/e1_ddp" "E=2 + checkpointing vs E=1"
 compare_weights "$WORK/e2_ckpt" "$WORK/e1_ddp" "E=2 + checkpointing vs E=1 (bitwise E=2 without)"
 plan_is_measured "$WORK/e2_ckpt" --strategy zero3 --expert-parallel 2 --activation-checkpointing
+# Context parallelism with the experts (mesh expert=2,context=2): each context rank
+# routes its own tokens to the holders at its context coordinate. The dense units'
+# partial gradients come in E = 1's rank order (context ranks inside the expert ones),
+# so only the experts' summation differs, as above. Ulysses and the ring (with
+# checkpointing) at E = 2 against E = 1 at the same P: the losses and weights to the
+# bounds above; plan = measured for the ring.
+for cp in "ulysses" "ring --activation-checkpointing"; do
+  set -- $cp
+  for E in 1 2; do
+    out="$WORK/cp_$1_e$E"
+    run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --context-parallel 2 \
+      --context-parallel-kind $cp --expert-parallel "$E" --out "$out" > "$out.log" 2>&1 \
+      || { cat "$out.log"; fail "--context-parallel 2 ($cp) E=$E failed"; }
+  done
+  same_losses "$WORK/cp_$1_e2" "$WORK/cp_$1_e1" "P=2 $cp: E=2 vs E=1"
+  same_losses "$WORK/cp_$1_e2" "$WORK/e2_zero3" "P=2 $cp vs P=1, both E=2"
+  compare_weights "$WORK/cp_$1_e2" "$WORK/cp_$1_e1" "P=2 $cp: E=2 vs E=1"
+done
+plan_is_measured "$WORK/cp_ring_e2" --strategy zero3 --context-parallel 2 --context-parallel-kind ring \
+  --expert-parallel 2 --activation-checkpointing
 # LoRA on the attention and the experts: each expert's adapters travel with it (a unit
 # of its own beside the expert's); E = 2 against E = 1 as the full model above.
 for E in 1 2; do
@@ -232,5 +256,7 @@ expect_ranks_error "with --strategy hybrid is not supported yet" \
 expect_error "--expert-parallel 2 with --offload optimizer is not supported yet" \
   "$SHARDLM" plan --model qwen3-moe-tiny -n 2 --strategy zero3 --expert-parallel 2 \
   --offload optimizer --profile h100-80g --seq-len 32 --micro-batch 2
-for b in bad1 bad2 bad3 bad4; do [ ! -e "$WORK/$b" ] || fail "a refused run wrote $WORK/$b"; done
+expect_ranks_error "--expert-parallel 2 with --context-parallel 4: the experts spread over the 1 data-parallel ranks" \
+  run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 1 --context-parallel 4 --expert-parallel 2 --out "$WORK/bad5"
+for b in bad1 bad2 bad3 bad4 bad5; do [ ! -e "$WORK/$b" ] || fail "a refused run wrote $WORK/$b"; done
 echo "expert parallelism bad input: refused by name, nothing written"

@@ -7,7 +7,8 @@
 // hybrid (Ulysses groups of U = 2 in a ring of 2 at P = 4); gpt2 (learned positions:
 // each rank's wpe rows are its tokens' global positions, the zigzag's too; fused biased
 // c_attn) under the three kinds, in fp32 and bf16 (against one bf16 rank); LoRA of the
-// mixtures of experts' routed experts. The reference is the same model without a context
+// mixtures of experts' routed experts, and the mixtures of experts with expert
+// parallelism outside the context ranks (E x P ranks). The reference is the same model without a context
 // group on the whole micro-batch (itself held to float64 transformers by
 // test_llama_fixture and the gpt2 fixture tests). Not bitwise: each rank's weight
 // gradients sum over its own tokens, and those partial sums are added across ranks,
@@ -76,9 +77,9 @@ struct Rows {
 };
 
 // B rows of T tokens; packed: each row holds documents of 11 and T - 11 tokens.
-Rows make_rows(int B, int T, int vocab) {
+Rows make_rows(int B, int T, int vocab, uint64_t seed = 5) {
   Rows r;
-  Rng rng(5);
+  Rng rng(seed);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       r.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
@@ -101,6 +102,10 @@ struct Case {
   double aux_coef = -1;    // mixtures of experts: the load-balancing loss's (-1: the preset's)
   DType precision = DType::fp32;
   std::vector<std::string> lora_targets{};  // rank-4 adapters on these modules; empty: none
+  // Expert parallelism with the context ranks: E x P ranks, expert coordinate x (the
+  // outer one, as the mesh lays them out) reading rows of its own, its experts' tokens
+  // exchanged with the other expert coordinates of its context coordinate.
+  int E = 1;
 };
 
 // bf16 rounds every GEMM's inputs and outputs, and each rank's partial sums round where
@@ -115,8 +120,8 @@ void expect_context_parallel_matches(const Case& c) {
       "{}{}{}{}", c.packed ? "packed" : "padded", c.checkpointing ? " checkpointing" : "",
       c.precision != DType::fp32 ? fmt::format(" {}", dtype_name(c.precision)) : "",
       c.lora_targets.empty() ? "" : fmt::format(" lora {}", fmt::join(c.lora_targets, ",")));
-  SCOPED_TRACE(c.preset + " " + kind + " P=" + std::to_string(c.P) + " U=" + std::to_string(c.ulysses_degree) + " " +
-               variant);
+  SCOPED_TRACE(c.preset + " " + kind + " P=" + std::to_string(c.P) + " U=" + std::to_string(c.ulysses_degree) +
+               " E=" + std::to_string(c.E) + " " + variant);
   ModelConfig config = tiny_family_config(c.preset);
   if (c.n_head > 0) config.n_head = c.n_head;
   if (c.aux_coef >= 0) config.moe.router_aux_loss_coef = c.aux_coef;
@@ -126,37 +131,57 @@ void expect_context_parallel_matches(const Case& c) {
   }
   const int B = 2, T = 24;
   const ParamLayout layout = ParamLayout::build(config, 1, 0);
-  const Rows rows = make_rows(B, T, config.vocab_size);
+  std::vector<Rows> rows;  // per expert coordinate
+  for (int x = 0; x < c.E; ++x) rows.push_back(make_rows(B, T, config.vocab_size, 5 + static_cast<uint64_t>(x)));
   ModelOptions options;
   options.activation_checkpointing = c.checkpointing;
   options.precision = c.precision;
-  auto reference_model = model_family(config.family).make_model(config, layout, B, T, options,
-                                                                MemoryTracker::global());
-  Weights reference(*reference_model, layout);
-  MicroBatch full = rows.batch(B, T, c.packed);
-  full.aux_loss_share = 1.0f;  // the load-balancing loss's gradient at full weight
-  const double want_loss = run(*reference_model, reference, full);
-  const int64_t want_count = reference_model->last_target_count();
-  const double want_aux = reference_model->last_aux_loss();
-  const std::vector<double> want_routed = reference_model->last_expert_tokens();
+  // The reference: one model on each expert coordinate's whole rows.
+  std::vector<Weights> reference;
+  double want_loss = 0.0;
+  int64_t want_count = 0;
+  std::vector<double> want_aux;
+  std::vector<std::vector<double>> want_routed;
+  for (int x = 0; x < c.E; ++x) {
+    auto reference_model = model_family(config.family).make_model(config, layout, B, T, options,
+                                                                  MemoryTracker::global());
+    reference.emplace_back(*reference_model, layout);
+    MicroBatch full = rows[static_cast<size_t>(x)].batch(B, T, c.packed);
+    full.aux_loss_share = 1.0f;  // the load-balancing loss's gradient at full weight
+    want_loss += run(*reference_model, reference.back(), full);
+    want_count += reference_model->last_target_count();
+    want_aux.push_back(reference_model->last_aux_loss());
+    want_routed.push_back(reference_model->last_expert_tokens());
+  }
 
+  const int ranks = c.E * c.P;
   std::vector<Weights> per_rank;
-  std::vector<double> losses(static_cast<size_t>(c.P));
-  std::vector<int64_t> counts(static_cast<size_t>(c.P));
-  std::vector<double> aux(static_cast<size_t>(c.P));
-  std::vector<std::vector<double>> routed(static_cast<size_t>(c.P));
+  std::vector<double> losses(static_cast<size_t>(ranks));
+  std::vector<int64_t> counts(static_cast<size_t>(ranks));
+  std::vector<double> aux(static_cast<size_t>(ranks));
+  std::vector<std::vector<double>> routed(static_cast<size_t>(ranks));
   std::mutex mutex;
   CommOptions comm_options;
   comm_options.timeout_seconds = 20;  // a rank that fails leaves the others waiting no longer
-  InProcessJob job(c.P, comm_options);
+  InProcessJob job(ranks, comm_options);
   const auto errors = job.run([&](Communicator& world) {
+    const int x = world.rank() / c.P;
+    std::unique_ptr<Communicator> context_group, expert_group;
     ModelOptions o = options;
     o.parallel_groups.context = &world;
+    if (c.E > 1) {
+      context_group = world.split(x, world.rank() % c.P, "context group");
+      expert_group = world.split(world.rank() % c.P, x, "expert group");
+      o.parallel_groups.context = context_group.get();
+      o.parallel_groups.expert = expert_group.get();
+    }
     o.context_parallel_kind = c.kind;
     o.ulysses_degree = c.ulysses_degree;
     auto model = model_family(config.family).make_model(config, layout, B, T, o, MemoryTracker::global());
     Weights w(*model, layout);
     const size_t r = static_cast<size_t>(world.rank());
+    MicroBatch full = rows[static_cast<size_t>(x)].batch(B, T, c.packed);
+    full.aux_loss_share = 1.0f;
     losses[r] = run(*model, w, full);
     counts[r] = model->last_target_count();
     aux[r] = model->last_aux_loss();
@@ -173,20 +198,22 @@ void expect_context_parallel_matches(const Case& c) {
   EXPECT_NEAR(loss, want_loss, loss_tolerance(c.precision) * std::abs(want_loss));
   // The load-balancing loss and the assignments are the whole rows' on every rank.
   for (size_t r = 0; r < aux.size(); ++r) {
-    EXPECT_NEAR(aux[r], want_aux, loss_tolerance(c.precision) * std::abs(want_aux)) << "rank " << r;
-    EXPECT_EQ(routed[r], want_routed) << "rank " << r;
+    const size_t x = r / static_cast<size_t>(c.P);
+    EXPECT_NEAR(aux[r], want_aux[x], loss_tolerance(c.precision) * std::abs(want_aux[x])) << "rank " << r;
+    EXPECT_EQ(routed[r], want_routed[x]) << "rank " << r;
   }
   double worst = 0.0;  // the largest |difference| / max |gradient| of a unit, reported
   int compared = 0;
-  for (size_t u = 0; u < reference.grads.size(); ++u) {
+  for (size_t u = 0; u < reference.front().grads.size(); ++u) {
     if (!layout.units[u].trainable) continue;  // a LoRA run's frozen base: no gradient
     ++compared;
     double max_abs = 0.0, max_diff = 0.0;
-    for (size_t i = 0; i < reference.grads[u].size(); ++i) {
-      double sum = 0.0;  // the ranks' partial gradients, as the strategy's reduction adds them
+    for (size_t i = 0; i < reference.front().grads[u].size(); ++i) {
+      double sum = 0.0, want = 0.0;  // the ranks' partial gradients, as the strategy's reduction adds them
       for (const Weights& w : per_rank) sum += w.grads[u][i];
-      max_abs = std::max(max_abs, std::abs(static_cast<double>(reference.grads[u][i])));
-      max_diff = std::max(max_diff, std::abs(sum - reference.grads[u][i]));
+      for (const Weights& w : reference) want += w.grads[u][i];
+      max_abs = std::max(max_abs, std::abs(want));
+      max_diff = std::max(max_diff, std::abs(sum - want));
     }
     if (max_abs == 0.0 && config.moe.enabled()) {  // an expert no token of the rows reached
       EXPECT_EQ(max_diff, 0.0) << "flat unit " << u;
@@ -198,8 +225,8 @@ void expect_context_parallel_matches(const Case& c) {
         << "flat unit " << u << ": max |diff| " << max_diff << " of max |grad| " << max_abs;
   }
   EXPECT_GT(compared, 0);
-  std::printf("%s %s P=%d %s: loss rel diff %.1e, %d units' gradients within %.1e of each unit's largest\n",
-              c.preset.c_str(), kind.c_str(), c.P, variant.c_str(), std::abs(loss - want_loss) / std::abs(want_loss),
+  std::printf("%s %s P=%d E=%d %s: loss rel diff %.1e, %d units' gradients within %.1e of each unit's largest\n",
+              c.preset.c_str(), kind.c_str(), c.P, c.E, variant.c_str(), std::abs(loss - want_loss) / std::abs(want_loss),
               compared, worst);
 }
 
@@ -286,6 +313,22 @@ TEST(ContextParallel, MixturesOfExpertsMatchOneRank) {
   }
   expect_context_parallel_matches({"mixtral-tiny", 4, true, false, hybrid, 2, 0, 1.0});
   expect_context_parallel_matches({"qwen3-moe-tiny", 4, true, true, ring, 1, 0, 1.0});
+}
+
+TEST(ContextParallel, ExpertParallelismWithTheContextRanksMatchesOneRank) {
+  // E = 2 expert ranks x P = 2 (hybrid: 4) context ranks: each context rank routes its
+  // own tokens to the holders at its context coordinate; against one rank per expert
+  // coordinate's rows (with activation checkpointing too: the held rows sent again in
+  // backward).
+  const ContextParallelKind ring = ContextParallelKind::ring, ulysses = ContextParallelKind::ulysses;
+  Case cases[] = {{"qwen3-moe-tiny", 2, false, false, ulysses, 1, 0, 1.0},
+                  {"mixtral-tiny", 2, true, false, ring, 1, 0, 1.0},
+                  {"qwen2-moe-tiny", 2, true, true, ring, 1, 0, 1.0},
+                  {"mixtral-tiny", 4, true, false, ContextParallelKind::hybrid, 2, 0, 1.0}};
+  for (Case& c : cases) {
+    c.E = 2;
+    expect_context_parallel_matches(c);
+  }
 }
 
 // A rank whose message never arrives: the other ranks' waits run into the deadline, and

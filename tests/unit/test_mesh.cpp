@@ -19,8 +19,8 @@
 namespace shardlm {
 namespace {
 
-const MeshDim kDims[] = {MeshDim::replicate, MeshDim::shard,  MeshDim::context,
-                         MeshDim::expert,    MeshDim::tensor, MeshDim::pipeline};
+const MeshDim kDims[] = {MeshDim::replicate, MeshDim::shard,  MeshDim::expert,
+                         MeshDim::context,   MeshDim::tensor, MeshDim::pipeline};
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -236,6 +236,29 @@ TEST(MeshShape, TheTensorDimensionIsInnermostAndTheOthersShareTheRest) {
   EXPECT_EQ(error_of([&] { strategy_mesh(o, 8); }),
             "--tensor-parallel 3 does not divide the job's 8 ranks (the tensor ranks are a "
             "factor of the world)");
+}
+
+TEST(MeshShape, TheExpertDimensionIsCarvedOutOfTheDataRanksOutsideTheContextOnes) {
+  // Megatron's order: context ranks consecutive inside the expert ones, so a dense
+  // unit's partition meets the data-parallel ranks in the order it does without experts.
+  StrategyOptions o;
+  o.kind = StrategyKind::zero3;
+  o.context_parallel = 2;
+  o.expert_parallel = 2;
+  const MeshShape m = strategy_mesh(o, 8);
+  EXPECT_EQ(m.to_string(), "replicate=1,shard=2,expert=2,context=2");
+  EXPECT_EQ(m.group_ranks(5, {MeshDim::context}), (std::vector<int>{4, 5}));
+  EXPECT_EQ(m.group_ranks(5, {MeshDim::expert}), (std::vector<int>{5, 7}));
+  EXPECT_EQ(m.group_ranks(5, expert_partition_dims()), (std::vector<int>{0, 1, 4, 5}));
+  o.expert_parallel = 1;
+  const MeshShape dense = strategy_mesh(o, 8);
+  for (int r = 0; r < 8; ++r)  // the rows a rank reads: the same with and without experts
+    EXPECT_EQ(m.data_parallel_rank(r), dense.data_parallel_rank(r)) << r;
+  o.expert_parallel = 4;
+  EXPECT_EQ(error_of([&] { strategy_mesh(o, 4); }),
+            "--expert-parallel 4 with --context-parallel 2: the experts spread over the 2 "
+            "data-parallel ranks (the job's 4 / 2), which 4 does not divide (expected a divisor "
+            "of 2)");
 }
 
 TEST(HostPlacement, ATensorGroupAcrossHostsIsAWarningNamingIt) {

@@ -9,7 +9,7 @@ namespace shardlm {
 namespace {
 
 // The name messages and counters know a group by. A partition (shard and the
-// dimensions it spans beyond it: context, expert) is named by shard and those of its
+// dimensions it spans beyond it: expert, context) is named by shard and those of its
 // other dimensions that have more than one rank, so without them it is the "shard
 // group", as it was before they existed.
 std::string group_name(MeshDims dims, const MeshShape& shape) {
@@ -17,7 +17,7 @@ std::string group_name(MeshDims dims, const MeshShape& shape) {
   if (dims == MeshShape::data_parallel()) return "data-parallel group";
   if (dims.contains(MeshDim::shard) && !dims.contains(MeshDim::replicate)) {
     std::string name = "shard";
-    for (MeshDim d : {MeshDim::context, MeshDim::expert, MeshDim::tensor, MeshDim::pipeline})
+    for (MeshDim d : {MeshDim::expert, MeshDim::context, MeshDim::tensor, MeshDim::pipeline})
       if (dims.contains(d) && shape.size(d) > 1) name += std::string(" x ") + mesh_dim_name(d);
     return name + " group";
   }

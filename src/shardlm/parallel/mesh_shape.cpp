@@ -12,9 +12,9 @@ namespace shardlm {
 namespace {
 
 constexpr std::array<MeshDim, kMeshDims> kAllDims = {MeshDim::replicate, MeshDim::shard,
-                                                     MeshDim::context,   MeshDim::expert,
+                                                     MeshDim::expert,    MeshDim::context,
                                                      MeshDim::tensor,    MeshDim::pipeline};
-constexpr const char* kDimList = "replicate, shard, context, expert, tensor, pipeline";
+constexpr const char* kDimList = "replicate, shard, expert, context, tensor, pipeline";
 
 }  // namespace
 

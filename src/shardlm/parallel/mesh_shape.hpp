@@ -1,10 +1,13 @@
 // The shape of the device mesh: the job's ranks laid out on named dimensions.
 //
-// Dimensions come in one fixed order, outermost first: replicate, shard, context,
-// expert, tensor, pipeline. A rank's coordinates are its index in row-major order
+// Dimensions come in one fixed order, outermost first: replicate, shard, expert,
+// context, tensor, pipeline. A rank's coordinates are its index in row-major order
 // (the last dimension varies fastest), so ranks that differ only in an inner
 // dimension are neighbours: hybrid's shard groups are runs of consecutive ranks,
-// which `launch` places on one node. Today's strategies use two dimensions:
+// which `launch` places on one node; so are context groups (under tensor ranks), as
+// Megatron places context parallelism inside expert and data parallelism (and the
+// data-parallel ranks of a dense unit's partition come in the same order with and
+// without an expert dimension). Today's strategies use two dimensions:
 //   ddp, zero1, zero2, zero3   shard=N (ddp too: its all-reduce is a reduce-scatter and an
 //                              all-gather over the same partition as zero's, which keeps the
 //                              strategies bitwise equal; what is replicated is the strategy's
@@ -26,7 +29,7 @@
 
 namespace shardlm {
 
-enum class MeshDim { replicate, shard, context, expert, tensor, pipeline };
+enum class MeshDim { replicate, shard, expert, context, tensor, pipeline };
 inline constexpr int kMeshDims = 6;
 const char* mesh_dim_name(MeshDim dim);
 

@@ -44,17 +44,23 @@ MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) 
     SHARDLM_CHECK(options.kind != StrategyKind::hybrid,
                   "--expert-parallel {} with --strategy hybrid is not supported yet (use ddp, "
                   "zero1, zero2 or zero3)", E);
-    SHARDLM_CHECK(P == 1,
-                  "--expert-parallel {} with --context-parallel {} is not supported yet (use one "
-                  "of them)", E, P);
+    // The expert dimension is carved out of the data-parallel ranks, outside the
+    // context one: a context group's ranks route their own tokens to the experts'
+    // holders among the ranks at the same context coordinate.
+    SHARDLM_CHECK(world_size / P % E == 0,
+                  "--expert-parallel {} with --context-parallel {}: the experts spread over "
+                  "the {} data-parallel ranks (the job's {} / {}), which {} does not divide "
+                  "(expected a divisor of {})", E, P, world_size / P, world_size, P, E,
+                  world_size / P);
     // The host optimizer writes each owned slice's compute copy back to the device; the
     // expert-sharded units keep none there yet (plan's traced step failed an assertion).
     SHARDLM_CHECK(!options.optimizer_on_host,
                   "--expert-parallel {} with --offload optimizer is not supported yet (use "
                   "--offload none, or --expert-parallel 1 with the offload)", E);
     MeshShape shape;
-    shape.set_size(MeshDim::shard, world_size / E);
+    shape.set_size(MeshDim::shard, world_size / (P * E));
     shape.set_size(MeshDim::expert, E);
+    shape.set_size(MeshDim::context, P);
     return shape;
   }
   const int data_ranks = world_size / P;

@@ -40,9 +40,10 @@ struct StrategyOptions {
   // DP x SP: with P context ranks a unit is cut into shard x P slices.
   int context_parallel = 1;
   // --expert-parallel E: the mesh's expert dimension. Its ranks read different rows
-  // and each holds experts / E of every sparse layer's experts; dense units are
-  // partitioned over shard x expert, expert units over shard (the expert-data-parallel
-  // group of the ranks that hold the same experts).
+  // (carved out of the data-parallel ranks, outside the context ones) and each holds
+  // experts / E of every sparse layer's experts; dense units are partitioned over
+  // shard x context x expert, expert units over shard x context (the expert-data-
+  // parallel group of the ranks that hold the same experts).
   int expert_parallel = 1;
   // --tensor-parallel T: the mesh's tensor dimension, innermost (the fastest ranks).
   // Its ranks hold different pieces of the split layers (each tensor coordinate has
@@ -63,8 +64,8 @@ std::string to_string(StrategyKind kind);
 // The mesh a run lays out (mesh_shape.hpp), the one place it is built, with P =
 // context_parallel, E = expert_parallel, T = tensor_parallel and M = N/T:
 // shard=M/P x context=P for ddp/zero*, replicate=M/(G P) x shard=G x context=P for
-// hybrid, shard=M/E x expert=E with expert parallelism (not yet with P > 1 or hybrid),
-// each with tensor=T innermost. Error naming the flag if the world cannot be laid out so.
+// hybrid, shard=M/(P E) x expert=E x context=P with expert parallelism (not yet with
+// hybrid), each with tensor=T innermost. Error naming the flag if the world cannot be laid out so.
 MeshShape strategy_mesh(const StrategyOptions& options, int world_size);
 // The mesh dimensions a dense unit is partitioned over (and its gradients reduced
 // over): shard x context x expert.

@@ -20,6 +20,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.world_size = n;
   plan.partition = partition_size(mesh);
   plan.expert_parallel = r.strategy.expert_parallel;
+  plan.context_parallel = r.strategy.context_parallel;
   plan.tensor_parallel = r.strategy.tensor_parallel;
   // Default: a micro-batch per data-parallel rank (context ranks share their rows).
   const int global_batch = r.global_batch > 0 ? r.global_batch : r.micro_batch * mesh.data_parallel_size();

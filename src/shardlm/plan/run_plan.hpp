@@ -45,6 +45,7 @@ struct RunPlan {
   int world_size = 1;
   int partition = 1;      // ranks a unit is sharded over
   int expert_parallel = 1;  // the mesh's expert dimension
+  int context_parallel = 1;  // the mesh's context dimension
   int tensor_parallel = 1;  // the mesh's tensor dimension (innermost)
   int accumulation = 1;   // micro-batches per rank and step
   int64_t parameters = 0; // padded parameter count (Psi)

@@ -14,8 +14,8 @@
 
 namespace shardlm {
 
-// expert: the expert group (E consecutive ranks); expert_data: the ranks that hold the
-// same experts (every E-th rank: the mesh's shard group under expert parallelism);
+// expert: the expert group (E ranks, P x T apart); expert_data: the ranks that hold the
+// same experts (shard x context under expert parallelism);
 // tensor: the tensor group (T consecutive ranks, the mesh's innermost dimension).
 enum class CommGroup { world, shard, replica, context, expert, expert_data, tensor };
 

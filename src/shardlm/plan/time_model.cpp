@@ -24,11 +24,12 @@ GroupPlacement place_strided(int stride, int size, int ranks_per_node) {
 }  // namespace
 
 GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node,
-                           int expert_parallel, int tensor_parallel) {
+                           int expert_parallel, int tensor_parallel, int context_parallel) {
   if (world_size <= ranks_per_node) return {true, 1};
-  // Mesh order (parallel/mesh_shape.hpp): replicate, shard, context, expert, tensor
-  // (innermost): every dimension's ranks are the tensor dimension's size apart.
-  const int T = tensor_parallel;
+  // Mesh order (parallel/mesh_shape.hpp): replicate, shard, expert, context, tensor
+  // (innermost): every dimension's ranks are the tensor dimension's size apart, the
+  // expert dimension's the context one's times that.
+  const int T = tensor_parallel, P = context_parallel;
   switch (group) {
     case CommGroup::world:
       return {false, 1};
@@ -39,10 +40,15 @@ GroupPlacement place_group(CommGroup group, int world_size, int partition, int r
       return place_strided(T, partition, ranks_per_node);
     case CommGroup::replica:  // every (partition x T)-th rank
       return place_strided(partition * T, world_size / (partition * T), ranks_per_node);
-    case CommGroup::expert:  // expert_parallel consecutive tensor groups' ranks
-      return place_strided(T, expert_parallel, ranks_per_node);
-    case CommGroup::expert_data:  // every (expert_parallel x T)-th rank, as replica groups
-      return place_strided(expert_parallel * T, world_size / (expert_parallel * T), ranks_per_node);
+    case CommGroup::expert:  // expert_parallel ranks P x T apart
+      return place_strided(P * T, expert_parallel, ranks_per_node);
+    case CommGroup::expert_data: {  // shard x context: runs of P consecutive tensor groups'
+                                    // ranks, every (expert_parallel x P x T)-th rank
+      const GroupPlacement run = place_strided(T, P, ranks_per_node);
+      if (!run.within_node) return run;
+      return place_strided(expert_parallel * P * T, world_size / (expert_parallel * P * T),
+                           ranks_per_node);
+    }
   }
   return {false, 1};
 }
@@ -83,7 +89,8 @@ StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile&
   std::vector<double> comm_seconds, shares;
   for (const PlannedCollective& c : program.collectives) {
     const GroupPlacement place = place_group(c.group, n, plan.partition, ranks_per_node,
-                                               plan.expert_parallel, plan.tensor_parallel);
+                                               plan.expert_parallel, plan.tensor_parallel,
+                                               plan.context_parallel);
     const TransportFigures& t = place.within_node ? profile.intra_node : inter;
     // Across nodes the slower of the node's own transport and its link sets the pace.
     CollectiveRate rate = t.rate(c.kind);

@@ -34,7 +34,8 @@ struct GroupPlacement {
   int nic_sharing = 1;
 };
 GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node,
-                           int expert_parallel = 1, int tensor_parallel = 1);
+                           int expert_parallel = 1, int tensor_parallel = 1,
+                           int context_parallel = 1);
 
 // Seconds of `work` at `rates`: each FLOP or byte count over its rate, summed.
 double compute_seconds(const ComputeWork& work, const ComputeRates& rates);

@@ -88,11 +88,10 @@ CommGroup comm_group(const std::string& communicator, bool expert_parallel, bool
   if (communicator == "world") return CommGroup::world;
   if (communicator == "expert group") return CommGroup::expert;
   // The partition (consecutive ranks): shard, or shard x context; under expert
-  // parallelism the shard group is the experts' (every E-th rank; the dense units'
-  // partition is the world).
-  if (communicator == "shard group")
+  // parallelism these are the experts' (shard x context outside the expert ranks; the
+  // dense units' partition is the world).
+  if (communicator == "shard group" || communicator == "shard x context group")
     return expert_parallel ? CommGroup::expert_data : CommGroup::shard;
-  if (communicator == "shard x context group") return CommGroup::shard;
   if (communicator == "replica group") return CommGroup::replica;
   if (communicator == "context group") return CommGroup::context;
   // The tensor group and its key/value-head replica groups (runs of consecutive ranks

@@ -197,7 +197,7 @@ void TrainOptions::validate_mesh() const {
   for (MeshDim d : {MeshDim::pipeline})
     SHARDLM_CHECK(m.size(d) == 1,
                   "--mesh {}: {} parallelism is not there yet (the dimensions today: replicate, "
-                  "shard, context, expert, tensor)",
+                  "shard, expert, context, tensor)",
                   mesh, mesh_dim_name(d));
   SHARDLM_CHECK(expert_parallel == 1 || expert_parallel == m.size(MeshDim::expert),
                 "--mesh {} has an expert dimension of {}, --expert-parallel says {}", mesh,
