@@ -268,17 +268,7 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
                                off("mlp.c_fc.weight"), off("mlp.c_fc.bias"),
                                off("mlp.c_proj.weight"), off("mlp.c_proj.bias")});
   }
-  SHARDLM_CHECK(layout.tensor.size == m.tensor_size &&
-                    (options.parallel_groups.tensor == nullptr ||
-                     layout.tensor.rank == options.parallel_groups.tensor->rank()),
-                "model: the layout holds tensor rank {} of {}, the model's tensor group is rank {} of {}",
-                layout.tensor.rank, layout.tensor.size,
-                options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->rank() : 0,
-                m.tensor_size);
-  SHARDLM_CHECK(m.tensor_size == 1 || options.device.is_host() ||
-                    (options.backend != nullptr && options.backend->is_meta()),
-                "model: tensor parallelism runs on the CPU for now; this run asks for {}",
-                to_string(options.device));
+  check_tensor_parallel_model(layout, options, m.tensor_size);
   m.lnf_w = layout.offset_in_model_unit(m.final_unit, "transformer.ln_f.weight");
   m.lnf_b = layout.offset_in_model_unit(m.final_unit, "transformer.ln_f.bias");
   if (!config.tie_embeddings)

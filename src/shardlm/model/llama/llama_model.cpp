@@ -482,17 +482,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
                   "for now (routing is computed on the host); this run asks for {}",
                   to_string(options.device));
   }
-  SHARDLM_CHECK(layout.tensor.size == m.tensor_size &&
-                    (options.parallel_groups.tensor == nullptr ||
-                     layout.tensor.rank == options.parallel_groups.tensor->rank()),
-                "model: the layout holds tensor rank {} of {}, the model's tensor group is rank {} of {}",
-                layout.tensor.rank, layout.tensor.size,
-                options.parallel_groups.tensor != nullptr ? options.parallel_groups.tensor->rank() : 0,
-                m.tensor_size);
-  SHARDLM_CHECK(m.tensor_size == 1 || options.device.is_host() ||
-                    (options.backend != nullptr && options.backend->is_meta()),
-                "model: tensor parallelism runs on the CPU for now; this run asks for {}",
-                to_string(options.device));
+  check_tensor_parallel_model(layout, options, m.tensor_size);
   SHARDLM_CHECK(layout.num_model_units() == m.num_units,
                 "model: layout has {} model units, the config needs {}", layout.num_model_units(),
                 m.num_units);

@@ -2,6 +2,8 @@
 
 #include <string_view>
 
+#include "shardlm/backend/backend.hpp"
+#include "shardlm/comm/communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/tensor_parallel/nf4_pieces.hpp"
 
@@ -68,6 +70,17 @@ void check_tensor_parallel(const ModelConfig& config, int tensor_size) {
                 "padded to a multiple of {}); use a divisor of {}", T, config.padded_vocab_size(),
                 config.vocab_size, ModelConfig::kVocabPadMultiple, config.padded_vocab_size());
   check_nf4_pieces(config, T);
+}
+
+void check_tensor_parallel_model(const ParamLayout& layout, const ModelOptions& options, int tensor_size) {
+  const Communicator* group = options.parallel_groups.tensor;
+  SHARDLM_CHECK(layout.tensor.size == tensor_size && (group == nullptr || layout.tensor.rank == group->rank()),
+                "model: the layout holds tensor rank {} of {}, the model's tensor group is rank {} of {}",
+                layout.tensor.rank, layout.tensor.size, group != nullptr ? group->rank() : 0, tensor_size);
+  SHARDLM_CHECK(tensor_size == 1 || options.device.is_host() ||
+                    (options.backend != nullptr && options.backend->is_meta()),
+                "model: tensor parallelism runs on the CPU for now; this run asks for {}",
+                to_string(options.device));
 }
 
 int tensor_local_kv_heads(const ModelConfig& config, int tensor_size) {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "shardlm/model/config.hpp"
+#include "shardlm/model/model.hpp"
 #include "shardlm/model/param_layout.hpp"
 #include "shardlm/model/tensor_parallel/tensor_piece.hpp"
 
@@ -43,6 +44,11 @@ namespace shardlm {
 // families), attention heads, key/value heads, MLP width or the padded vocabulary not
 // divisible, or a QLoRA base whose split would cut NF4 blocks (check_nf4_pieces).
 void check_tensor_parallel(const ModelConfig& config, int tensor_size);
+
+// One-line errors when a model of `tensor_size` tensor ranks is built from a layout of
+// another tensor split than its tensor group's, or on a device (tensor parallelism runs
+// on the CPU and, for plan, the meta backend).
+void check_tensor_parallel_model(const ParamLayout& layout, const ModelOptions& options, int tensor_size);
 
 // Key/value heads on each tensor rank (kv_heads / T, or 1 when they are replicated).
 int tensor_local_kv_heads(const ModelConfig& config, int tensor_size);
