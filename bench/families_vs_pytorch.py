@@ -80,15 +80,19 @@ def run_pytorch(python, config_json, data, name, dtype, compiled, args, extra=()
     return out
 
 
-def run_shardlm(shardlm, data, work, name, dtype, args):
+def run_shardlm(shardlm, data, work, name, dtype, args, ranks=1, extra=()):
+    """One shardlm training run; ranks > 1 runs `ranks` processes under mpirun, each with
+    batch / ranks rows of the same global batch and threads / ranks threads."""
     preset, batch, seq = CONFIGS[name]
     out = os.path.join(work, f"shardlm_{name}_{dtype}")
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [shardlm, "train", "--model", preset, "--data", data, "--out", out, "--steps",
-           str(args.steps), "--micro-batch", str(batch), "--seq-len", str(seq), "--eval-batches",
-           "0", "--threads", str(args.threads), "--precision", dtype, "--log-every",
+    launcher = [] if ranks == 1 else ["mpirun", "--oversubscribe", "-n", str(ranks)]
+    cmd = launcher + [shardlm, "train", "--model", preset, "--data", data, "--out", out, "--steps",
+           str(args.steps), "--micro-batch", str(batch // ranks), "--global-batch", str(batch),
+           "--seq-len", str(seq), "--eval-batches", "0", "--threads",
+           str(max(1, args.threads // ranks)), "--precision", dtype, "--log-every",
            str(args.steps), "--save-every", "0", "--keep", "1"] + OPTIMIZER + (
-               ["--lora-rank", str(args.lora_rank), "--lora-alpha", "16"] if args.lora_rank > 0 else [])
+               ["--lora-rank", str(args.lora_rank), "--lora-alpha", "16"] if args.lora_rank > 0 else []) + list(extra)
     result = run([sys.executable, "-c", MEASURE] + cmd, "shardlm")
     peak_rss_mib = int(result.stdout.strip().splitlines()[-1]) / 1024
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]

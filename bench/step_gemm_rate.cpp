@@ -125,14 +125,20 @@ std::vector<Call> record_step_calls(const shardlm::ModelConfig& config, int B, i
   return calls;
 }
 
-// prepare (untimed) runs before every timed run.
+// prepare (untimed) runs before every timed run. min_time bounds the wall time of the
+// timed runs and their preparations together: a cache flush costs far more than a small
+// GEMM, and counting only the GEMM made a MoE step's ~200 small expert shapes take
+// 200 flushes each (over 14 minutes per configuration).
 double median_seconds(const std::function<void()>& run, double min_time,
                       const std::function<void()>& prepare) {
+  Stopwatch prep;
   prepare();
+  const double prepare_seconds = prep.seconds();
   Stopwatch warm;
   run();
   const double first = warm.seconds();
-  const int reps = std::clamp(static_cast<int>(min_time / std::max(first, 1e-7)), 3, 200);
+  const int reps = std::clamp(
+      static_cast<int>(min_time / std::max(first + prepare_seconds, 1e-7)), 3, 200);
   std::vector<double> times(static_cast<size_t>(reps));
   for (auto& t : times) {
     prepare();
