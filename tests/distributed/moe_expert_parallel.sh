@@ -24,10 +24,11 @@
 #   E = 1 at the same P: losses to 1e-6, weights to 1e-5;
 # - plan's memory per category is the measured peak (E = 2; with checkpointing; with
 #   the ring);
+# - hybrid (shard groups of 2) at E = 2 is bitwise hybrid at E = 1;
 # - --mesh expert=2 is --expert-parallel 2;
 # - bad input is one line before anything is written: E not dividing the world,
-#   experts not divisible by E, a dense model, E with hybrid, E not dividing the
-#   data-parallel ranks beside the context ones.
+#   experts not divisible by E, a dense model, E not dividing hybrid's shard groups
+#   or the data-parallel ranks beside the context ones.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 BASE=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --micro-batch 2
@@ -158,6 +159,20 @@ for cp in "ulysses" "ring --activation-checkpointing"; do
 done
 plan_is_measured "$WORK/cp_ring_e2" --strategy zero3 --context-parallel 2 --context-parallel-kind ring \
   --expert-parallel 2 --activation-checkpointing
+# hybrid (--shard-group-size 2: replicate=2,shard=1,expert=2): the expert ranks are
+# carved out of each shard group; a dense unit is partitioned over the group and
+# replicated across groups as at E = 1, each expert's unit held by one rank of each
+# group, its gradient the sum of the group's two sources in E = 1's order, then
+# all-reduced over the replicas: bitwise E = 1's; plan = measured.
+for E in 1 2; do
+  out="$WORK/hybrid_e$E"
+  run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy hybrid --shard-group-size 2 \
+    --expert-parallel "$E" --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "hybrid E=$E failed"; }
+done
+[ "$(digest_of "$WORK/hybrid_e2")" = "$(digest_of "$WORK/hybrid_e1")" ] \
+  || fail "hybrid E=2 differs from hybrid E=1"
+echo "hybrid --shard-group-size 2: E=2 bitwise E=1"
+plan_is_measured "$WORK/hybrid_e2" --strategy hybrid --shard-group-size 2 --expert-parallel 2
 # LoRA on the attention and the experts: each expert's adapters travel with it (a unit
 # of its own beside the expert's); E = 2 against E = 1 as the full model above.
 for E in 1 2; do
@@ -248,9 +263,9 @@ expect_ranks_error "the model has 8 experts per layer, which 3 ranks cannot shar
   run_mpi 3 "$SHARDLM" train --model qwen3-moe-tiny --global-batch 6 "${BASE[@]}" --steps 1 --expert-parallel 3 --out "$WORK/bad2"
 expect_ranks_error "is a dense model" \
   run_mpi 2 "$SHARDLM" train --model qwen3-tiny --global-batch 4 "${BASE[@]}" --steps 1 --expert-parallel 2 --out "$WORK/bad3"
-expect_ranks_error "with --strategy hybrid is not supported yet" \
+expect_ranks_error "--expert-parallel 4 with --strategy hybrid: the experts spread over each shard group's 2 ranks" \
   run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 1 --strategy hybrid --shard-group-size 2 \
-  --expert-parallel 2 --out "$WORK/bad4"
+  --expert-parallel 4 --out "$WORK/bad4"
 # plan traces the step a device run would take: with the host optimizer it failed an
 # internal assertion (host_owned_state.cpp); now the combination is refused by name.
 expect_error "--expert-parallel 2 with --offload optimizer is not supported yet" \

@@ -254,7 +254,19 @@ TEST(MeshShape, TheExpertDimensionIsCarvedOutOfTheDataRanksOutsideTheContextOnes
   const MeshShape dense = strategy_mesh(o, 8);
   for (int r = 0; r < 8; ++r)  // the rows a rank reads: the same with and without experts
     EXPECT_EQ(m.data_parallel_rank(r), dense.data_parallel_rank(r)) << r;
+  o.kind = StrategyKind::hybrid;  // carved out of each shard group of G ranks
+  o.shard_group_size = 2;
+  o.expert_parallel = 2;
+  const MeshShape hybrid = strategy_mesh(o, 8);
+  EXPECT_EQ(hybrid.to_string(), "replicate=2,shard=1,expert=2,context=2");
+  EXPECT_EQ(hybrid.group_ranks(5, partition_dims()), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(hybrid.group_ranks(5, expert_partition_dims()), (std::vector<int>{4, 5}));
   o.expert_parallel = 4;
+  EXPECT_EQ(error_of([&] { strategy_mesh(o, 8); }),
+            "--expert-parallel 4 with --strategy hybrid: the experts spread over each shard "
+            "group's 2 ranks (--shard-group-size), which 4 does not divide (expected a divisor "
+            "of 2)");
+  o.kind = StrategyKind::zero3;
   EXPECT_EQ(error_of([&] { strategy_mesh(o, 4); }),
             "--expert-parallel 4 with --context-parallel 2: the experts spread over the 2 "
             "data-parallel ranks (the job's 4 / 2), which 4 does not divide (expected a divisor "

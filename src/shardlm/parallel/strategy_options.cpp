@@ -41,9 +41,6 @@ MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) 
     SHARDLM_CHECK(E >= 1 && world_size % E == 0,
                   "--expert-parallel {} does not divide the job's {} ranks (expected a divisor "
                   "of {})", E, world_size, world_size);
-    SHARDLM_CHECK(options.kind != StrategyKind::hybrid,
-                  "--expert-parallel {} with --strategy hybrid is not supported yet (use ddp, "
-                  "zero1, zero2 or zero3)", E);
     // The expert dimension is carved out of the data-parallel ranks, outside the
     // context one: a context group's ranks route their own tokens to the experts'
     // holders among the ranks at the same context coordinate.
@@ -57,8 +54,18 @@ MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) 
     SHARDLM_CHECK(!options.optimizer_on_host,
                   "--expert-parallel {} with --offload optimizer is not supported yet (use "
                   "--offload none, or --expert-parallel 1 with the offload)", E);
-    MeshShape shape;
-    shape.set_size(MeshDim::shard, world_size / (P * E));
+    // hybrid: the expert ranks are carved out of each shard group (its G data-parallel
+    // ranks partition a dense unit, as without experts), replicated across the groups.
+    MeshShape shape = MeshShape::replicated_shards(world_size / P, world_size / P);
+    if (options.kind == StrategyKind::hybrid) {
+      const int G = options.shard_group_size;
+      shape = MeshShape::replicated_shards(world_size / P, G);
+      SHARDLM_CHECK(G % E == 0,
+                    "--expert-parallel {} with --strategy hybrid: the experts spread over each "
+                    "shard group's {} ranks (--shard-group-size), which {} does not divide "
+                    "(expected a divisor of {})", E, G, E, G);
+    }
+    shape.set_size(MeshDim::shard, shape.size(MeshDim::shard) / E);
     shape.set_size(MeshDim::expert, E);
     shape.set_size(MeshDim::context, P);
     return shape;

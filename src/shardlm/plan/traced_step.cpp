@@ -89,9 +89,11 @@ CommGroup comm_group(const std::string& communicator, bool expert_parallel, bool
   if (communicator == "expert group") return CommGroup::expert;
   // The partition (consecutive ranks): shard, or shard x context; under expert
   // parallelism these are the experts' (shard x context outside the expert ranks; the
-  // dense units' partition is the world).
+  // dense units' partition is the world, or with hybrid its shard group's ranks).
   if (communicator == "shard group" || communicator == "shard x context group")
     return expert_parallel ? CommGroup::expert_data : CommGroup::shard;
+  if (communicator == "shard x expert group" || communicator == "shard x expert x context group")
+    return CommGroup::shard;
   if (communicator == "replica group") return CommGroup::replica;
   if (communicator == "context group") return CommGroup::context;
   // The tensor group and its key/value-head replica groups (runs of consecutive ranks

@@ -207,7 +207,8 @@ void TrainOptions::validate_mesh() const {
   SHARDLM_CHECK(tensor_parallel == 1 || tensor_parallel == m.size(MeshDim::tensor),
                 "--mesh {} has {} tensor rank(s), --tensor-parallel says {}", mesh,
                 m.size(MeshDim::tensor), tensor_parallel);
-  const int replicas = m.size(MeshDim::replicate), shards = m.size(MeshDim::shard);
+  const int replicas = m.size(MeshDim::replicate);
+  const int shards = m.size(MeshDim::shard) * m.size(MeshDim::expert);
   if (parse_strategy_kind(strategy) == StrategyKind::hybrid) {
     SHARDLM_CHECK(shard_group_size == 0 || shard_group_size == shards,
                   "--mesh {} has shard groups of {} ranks, --shard-group-size says {}", mesh,
@@ -267,8 +268,11 @@ AdamWConfig TrainOptions::adamw_config() const {
 }
 
 int TrainOptions::shard_group() const {
-  if (!mesh.empty() && strategy != "auto" && parse_strategy_kind(strategy) == StrategyKind::hybrid)
-    return MeshShape::parse(mesh).size(MeshDim::shard);
+  // (With expert parallelism a shard group's data-parallel ranks are shard x expert.)
+  if (!mesh.empty() && strategy != "auto" && parse_strategy_kind(strategy) == StrategyKind::hybrid) {
+    const MeshShape m = MeshShape::parse(mesh);
+    return m.size(MeshDim::shard) * m.size(MeshDim::expert);
+  }
   return shard_group_size;
 }
 
