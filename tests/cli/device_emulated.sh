@@ -131,6 +131,11 @@ for cp in "ulysses llama-tiny fp32" "ring llama-tiny bf16" "ring gpt2-tiny fp32"
   same "cp_${kind}_${model}_${precision}_cpu" "cp_${kind}_${model}_${precision}_emulated"
   echo "context parallel $kind P=2 $model $precision: cpu = emulated"
 done
+# ... and with the optimizer offloaded to the host.
+cp_run cp_ring_offload --context-parallel-kind ring --model llama-tiny --precision bf16 --device emulated \
+  --offload optimizer
+same cp_ring_llama-tiny_bf16_cpu cp_ring_offload
+echo "context parallel ring P=2 llama-tiny bf16: cpu = emulated + --offload optimizer"
 
 # Bad input: one line each, nothing written.
 expect_error "--offload optimizer moves the optimizer state" \
