@@ -240,6 +240,14 @@ echo "bf16: zero3 x T=2 = ddp x 2 (T=1) within 1e-2"
 # 3-D: shard 2 x context 2 x tensor 2 = 8 ranks against one process (T = 4's), fp32:
 # each tensor rank's 2 query heads split over its 2 context ranks (ulysses; its one
 # key/value head replicated there), the unit partition spans shard x context.
+# hybrid x T = 2 on 8 ranks: zero3 inside shard groups of 2, replicated twice, each rank
+# a tensor pair's half (replicate=2, shard=2, tensor=2), against the unsplit ddp x 2.
+train 8 "$WORK/hybrid_t2" --model llama-tiny --micro-batch 2 --strategy hybrid --shard-group-size 2 --tensor-parallel 2
+grep -q "replicate=2,shard=2,tensor=2" "$WORK/hybrid_t2.log" || { cat "$WORK/hybrid_t2.log"; fail "hybrid x T=2: not the replicate=2,shard=2,tensor=2 mesh"; }
+same_curves "$WORK/hybrid_t2" "$WORK/llama-tiny_t1" 1e-5
+"$SHARDLM" inspect "$WORK/hybrid_t2" --compare "$WORK/llama-tiny_t1" --tolerance 1e-5 --relative-to norm \
+  || fail "hybrid x T=2 weights differ from T=1's"
+echo "hybrid x T=2 (8 ranks) = ddp x 2 (T=1) within 1e-5"
 train 8 "$WORK/mesh3d" --model llama-tiny --micro-batch 4 --strategy zero3 --mesh shard=2,context=2,tensor=2
 same_curves "$WORK/mesh3d" "$WORK/t4_ref" 1e-5
 "$SHARDLM" inspect "$WORK/mesh3d" --compare "$WORK/t4_ref" --tolerance 1e-5 --relative-to norm \
