@@ -9,6 +9,12 @@
 // bitwise-neutral changes apart.
 //   attention_bench [threads=2] [reps=9] [row filter, e.g. "qwen" or "fp32"]
 //   attention_bench custom DTYPE B T N_HEAD N_KV_HEAD HEAD_DIM [threads=2] [reps=9]
+// `ring` times ring attention's block kernels instead (attention_block.hpp: forward,
+// backward, log-sum-exp merge) on one batch row of Q_LEN queries over KV_LEN keys, with
+// every query seeing every key ("all": a block from earlier in the row) and with the
+// causal prefix (query i sees keys [0, i]: a rank's own block); GFLOP/s on the visible
+// pairs as above:
+//   attention_bench ring DTYPE Q_LEN KV_LEN N_HEAD N_KV_HEAD HEAD_DIM [threads=2] [reps=9]
 #include <omp.h>
 
 #include <algorithm>
@@ -20,6 +26,7 @@
 
 #include "quiet_machine.hpp"
 #include "shardlm/backend/cpu/attention.hpp"
+#include "shardlm/backend/cpu/attention_block.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/core/rng.hpp"
 #include "shardlm/core/timer.hpp"
@@ -42,6 +49,13 @@ struct Timing {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// FNV-1a over the bytes of results, to tell bitwise-neutral changes apart.
+constexpr uint64_t kFnvStart = 1469598103934665603ull;
+void fnv1a(uint64_t& hash, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
 }
 
 Timing time_row(const Row& row, int reps) {
@@ -75,15 +89,10 @@ Timing time_row(const Row& row, int reps) {
       bwd.push_back(bwd_ms);
     }
   }
-  // FNV-1a over the bytes of the results.
-  uint64_t hash = 1469598103934665603ull;
-  auto mix = [&hash](const void* data, size_t bytes) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-  };
-  mix(out.data, out_n * dtype_bytes(row.dtype));
-  mix(lse.data(), lse.size() * sizeof(float));
-  mix(dqkv.data(), dqkv.size() * sizeof(float));
+  uint64_t hash = kFnvStart;
+  fnv1a(hash, out.data, out_n * dtype_bytes(row.dtype));
+  fnv1a(hash, lse.data(), lse.size() * sizeof(float));
+  fnv1a(hash, dqkv.data(), dqkv.size() * sizeof(float));
   return {median(fwd), median(bwd), *std::min_element(fwd.begin(), fwd.end()),
           *std::min_element(bwd.begin(), bwd.end()), hash};
 }
@@ -112,9 +121,93 @@ void print_row(const Row& row, const Timing& t) {
   std::fflush(stdout);
 }
 
+// Ring attention's block kernels on one batch row (the `ring` mode): for each key
+// pattern, the median ms of the forward, the backward and the merge, and GFLOP/s of
+// forward and backward on the visible pairs (forward 4 n_head hd per pair).
+void time_ring_blocks(DType dtype, const AttentionBlockShape& s, int threads, int reps) {
+  const bool bf16 = dtype == DType::bf16;
+  const int64_t queries = int64_t(s.B) * s.q_len, ld_q = s.q_columns();
+  const size_t q_n = size_t(queries * ld_q), kv_n = size_t(int64_t(s.B) * s.kv_len * s.kv_columns());
+  const size_t lse_n = size_t(s.B) * s.n_head * s.q_len;
+  Rng rng(7);
+  std::vector<float> q32(q_n), kv32(kv_n), dout(q_n), out(q_n), out2(q_n), dq(q_n), dkv(kv_n);
+  std::vector<float> lse(lse_n), lse2(lse_n);
+  for (float& x : q32) x = static_cast<float>(rng.normal());
+  for (float& x : kv32) x = static_cast<float>(rng.normal());
+  for (float& x : dout) x = 0.01f * static_cast<float>(rng.normal());
+  std::vector<uint16_t> q16(q_n), kv16(kv_n), out16(q_n);
+  for (size_t i = 0; i < q_n; ++i) q16[i] = float_to_bf16(q32[i]);
+  for (size_t i = 0; i < kv_n; ++i) kv16[i] = float_to_bf16(kv32[i]);
+  const ConstTypedPtr q = bf16 ? ConstTypedPtr{q16.data(), dtype} : ConstTypedPtr{q32.data(), dtype};
+  const ConstTypedPtr kv = bf16 ? ConstTypedPtr{kv16.data(), dtype} : ConstTypedPtr{kv32.data(), dtype};
+  std::printf("ring attention blocks, %s, %d queries x %d keys, heads %d:%d, hd %d, %d threads\n",
+              std::string(dtype_name(dtype)).c_str(), s.q_len, s.kv_len, s.n_head, s.n_kv_head,
+              s.head_dim, threads);
+  std::printf("| keys | fwd ms | fwd GFLOP/s | bwd ms | bwd GFLOP/s | merge ms | hash |\n|---|---|---|---|---|---|---|\n");
+  for (const bool causal : {false, true}) {
+    std::vector<int32_t> range;
+    double pairs = 0;
+    for (int64_t i = 0; i < queries; ++i) {
+      const int end = causal ? std::min<int>(s.kv_len, int(i % s.q_len) + 1) : s.kv_len;
+      range.push_back(0);
+      range.push_back(end);
+      pairs += end;
+    }
+    const double fwd_flops = 4.0 * s.n_head * s.head_dim * pairs;
+    bench::wait_until_quiet(20.0);
+    std::vector<double> fwd, bwd, merge;
+    for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+      Stopwatch f;
+      cpu::attention_block_forward(out.data(), lse.data(), q, ld_q, kv, s, range.data());
+      const double fwd_ms = f.millis();
+      cpu::attention_block_forward(out2.data(), lse2.data(), q, ld_q, kv, s, range.data());
+      Stopwatch m;
+      cpu::attention_lse_merge(out.data(), lse.data(), out2.data(), lse2.data(), s);
+      const double merge_ms = m.millis();
+      for (size_t i = 0; i < q_n; ++i) out16[i] = float_to_bf16(out[i]);
+      const ConstTypedPtr stored = bf16 ? ConstTypedPtr{out16.data(), dtype} : ConstTypedPtr{out.data(), dtype};
+      std::fill(dq.begin(), dq.end(), 0.0f);
+      std::fill(dkv.begin(), dkv.end(), 0.0f);
+      Stopwatch g;
+      cpu::attention_block_backward(dq.data(), dkv.data(), dout.data(), stored, lse.data(), q, ld_q, kv, s,
+                                    range.data());
+      const double bwd_ms = g.millis();
+      if (rep > 0) {
+        fwd.push_back(fwd_ms);
+        bwd.push_back(bwd_ms);
+        merge.push_back(merge_ms);
+      }
+    }
+    uint64_t hash = kFnvStart;
+    fnv1a(hash, out.data(), q_n * sizeof(float));
+    fnv1a(hash, lse.data(), lse_n * sizeof(float));
+    fnv1a(hash, dq.data(), q_n * sizeof(float));
+    fnv1a(hash, dkv.data(), kv_n * sizeof(float));
+    std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.2f | %016llx |\n", causal ? "causal" : "all",
+                median(fwd), fwd_flops / median(fwd) * 1e-6, median(bwd), 2 * fwd_flops / median(bwd) * 1e-6,
+                median(merge), static_cast<unsigned long long>(hash));
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "ring") {
+    if (argc < 8) {
+      std::fprintf(stderr, "usage: attention_bench ring DTYPE Q_LEN KV_LEN N_HEAD N_KV_HEAD HEAD_DIM "
+                           "[threads] [reps]\n");
+      return 2;
+    }
+    const int threads = argc > 8 ? std::atoi(argv[8]) : 2;
+    omp_set_num_threads(threads);
+    time_ring_blocks(parse_dtype(argv[2], "DTYPE"),
+                     {1, std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
+                      std::atoi(argv[7])},
+                     threads, argc > 9 ? std::atoi(argv[9]) : 9);
+    std::printf("load %s\n", bench::load_average().c_str());
+    return 0;
+  }
   const bool custom = argc > 1 && std::string(argv[1]) == "custom";
   if (custom && argc < 8) {
     std::fprintf(stderr, "usage: attention_bench custom DTYPE B T N_HEAD N_KV_HEAD HEAD_DIM "

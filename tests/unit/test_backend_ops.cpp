@@ -697,125 +697,136 @@ TEST_P(BackendOps, AttentionOverKvCache) {
 // written out here; the backward of both blocks (with the merged output and lse) against
 // its float64 gradient. GQA 4:2, head_dim 40, q read at a row stride wider than its heads.
 TEST_P(BackendOps, RingAttentionBlocksMatchFloat64) {
-  const int B = 2, Tq = 9, H = 4, KV = 2, hd = 40, kv_lens[2] = {6, 8}, Tk = 14;
-  const int64_t ld_q = int64_t(H) * hd + 16, q_cols = int64_t(H) * hd, kv_cols = 2 * int64_t(KV) * hd;
-  std::vector<int32_t> first(size_t(B) * Tq), end(size_t(B) * Tq);
-  for (int q = 0; q < B * Tq; ++q) {  // ranges over the 14 keys: [2q mod 11, ...)
-    first[size_t(q)] = (2 * q) % 11;
-    end[size_t(q)] = std::min(Tk, first[size_t(q)] + 1 + (5 * q) % 9);
-  }
-  first[3] = end[3] = 4;                 // sees nothing
-  first[4] = 0, end[4] = 3;              // the first block only
-  first[5] = 8, end[5] = 14;             // the second only
-  const Vec q = random_vec(size_t(B) * Tq * ld_q, 301, 1.0);
-  const Vec dout = random_vec(size_t(B) * Tq * q_cols, 302);
-  Vec kv_block[2];
-  for (int k = 0; k < 2; ++k) kv_block[k] = random_vec(size_t(B) * kv_lens[k] * kv_cols, 303 + k);
-  std::vector<int32_t> ranges[2];
-  for (int k = 0; k < 2; ++k)
-    for (int i = 0; i < B * Tq; ++i) {
-      const int offset = k == 0 ? 0 : kv_lens[0];
-      ranges[k].push_back(std::clamp(first[size_t(i)] - offset, 0, kv_lens[k]));
-      ranges[k].push_back(std::clamp(end[size_t(i)] - offset, 0, kv_lens[k]));
+  // Each query's keys [first, end) over the two blocks' keys: [(a q) mod m, ... + 1 +
+  // (c q) mod len). The small case fits one tile; the large one spans several query and
+  // key tiles (64) with ranges that start and end inside them.
+  struct Case {
+    int Tq, hd, kv_lens[2], a, m, c, len;
+  };
+  for (const Case& ring_case : {Case{9, 40, {6, 8}, 2, 11, 5, 9}, Case{150, 64, {100, 90}, 7, 180, 37, 120}}) {
+    const int B = 2, Tq = ring_case.Tq, H = 4, KV = 2, hd = ring_case.hd;
+    const int kv_lens[2] = {ring_case.kv_lens[0], ring_case.kv_lens[1]}, Tk = kv_lens[0] + kv_lens[1];
+    const int64_t ld_q = int64_t(H) * hd + 16, q_cols = int64_t(H) * hd, kv_cols = 2 * int64_t(KV) * hd;
+    std::vector<int32_t> first(size_t(B) * Tq), end(size_t(B) * Tq);
+    for (int q = 0; q < B * Tq; ++q) {
+      first[size_t(q)] = (ring_case.a * q) % ring_case.m;
+      end[size_t(q)] = std::min(Tk, first[size_t(q)] + 1 + (ring_case.c * q) % ring_case.len);
     }
-  for (DType type : {DType::fp32, DType::bf16}) {
-    const Vec qr = rounded(type, q);
-    const Vec kvr[2] = {rounded(type, kv_block[0]), rounded(type, kv_block[1])};
-    // key j of row b (0 <= j < 14), column c of k | v
-    auto key = [&](int b, int j, int64_t c) {
-      const int k = j < kv_lens[0] ? 0 : 1, jj = k == 0 ? j : j - kv_lens[0];
-      return double(kvr[k][(size_t(b) * kv_lens[k] + jj) * kv_cols + c]);
-    };
-    auto run = [&](Backend& be) {
-      const Buffer q_d = upload(be, q, type), dout_d = upload(be, dout);
-      Buffer kv_d[2] = {upload(be, kv_block[0], type), upload(be, kv_block[1], type)};
-      Buffer range_d[2] = {upload_ints(be, ranges[0]), upload_ints(be, ranges[1])};
-      const size_t out_n = size_t(B) * Tq * q_cols, lse_n = size_t(B) * H * Tq;
-      Buffer out(be, out_n * 4), lse(be, lse_n * 4), bout(be, out_n * 4), blse(be, lse_n * 4);
-      shardlm::AttentionBlockShape s[2];
-      for (int k = 0; k < 2; ++k) s[k] = {B, Tq, kv_lens[k], H, KV, hd};
-      be.attention_block_forward(out.f32(), lse.f32(), q_d.typed(type), ld_q, kv_d[0].typed(type), s[0], range_d[0].i32());
-      be.attention_block_forward(bout.f32(), blse.f32(), q_d.typed(type), ld_q, kv_d[1].typed(type), s[1], range_d[1].i32());
-      be.attention_lse_merge(out.f32(), lse.f32(), bout.f32(), blse.f32(), s[1]);
-      const Vec merged = out.read(out_n);
-      const Buffer stored = upload(be, merged, type);  // the output as the model stores it
-      Buffer dq = upload(be, Vec(out_n, 0.0f));
-      Buffer dkv[2] = {upload(be, Vec(size_t(B) * kv_lens[0] * kv_cols, 0.0f)),
-                       upload(be, Vec(size_t(B) * kv_lens[1] * kv_cols, 0.0f))};
-      for (int k = 0; k < 2; ++k)
-        be.attention_block_backward(dq.f32(), dkv[k].f32(), dout_d.f32(), stored.typed(type), lse.f32(),
-                                    q_d.typed(type), ld_q, kv_d[k].typed(type), s[k], range_d[k].i32());
-      return std::vector<Vec>{merged, lse.read(lse_n), dq.read(out_n),
-                              dkv[0].read(size_t(B) * kv_lens[0] * kv_cols),
-                              dkv[1].read(size_t(B) * kv_lens[1] * kv_cols)};
-    };
-    const std::vector<Vec> got = run(tested());
-    // float64: softmax over each query's keys, the gradient of sum(dout . out), D_i from
-    // the output as stored (what the kernels read).
-    const double scale = 1.0 / std::sqrt(double(hd));
-    const Vec stored = rounded(type, got[0]);
-    Vec want_out(got[0].size(), 0.0f), want_lse(got[1].size()), want_dq(got[2].size(), 0.0f);
-    std::vector<double> dkv_all(size_t(B) * Tk * kv_cols, 0.0);
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < H; ++h)
-        for (int i = 0; i < Tq; ++i) {
-          const int qi = b * Tq + i, g = h / (H / KV);
-          const size_t lse_at = (size_t(b) * H + h) * Tq + i;
-          const int f = first[size_t(qi)], e = end[size_t(qi)];
-          if (f >= e) {
-            want_lse[lse_at] = -std::numeric_limits<float>::infinity();
-            continue;
-          }
-          std::vector<double> p(size_t(e - f));
-          double max = -1e300, sum = 0;
-          for (int j = f; j < e; ++j) {
-            double dot = 0;
-            for (int d = 0; d < hd; ++d) dot += double(qr[size_t(qi) * ld_q + h * hd + d]) * key(b, j, int64_t(g) * hd + d);
-            p[size_t(j - f)] = dot * scale;
-            max = std::max(max, dot * scale);
-          }
-          for (double& v : p) sum += v = std::exp(v - max);
-          for (double& v : p) v /= sum;
-          want_lse[lse_at] = float(max + std::log(sum));
-          const size_t row = size_t(qi) * q_cols + size_t(h) * hd;
-          double D = 0;
-          for (int d = 0; d < hd; ++d) D += double(dout[row + d]) * double(stored[row + d]);
-          for (int d = 0; d < hd; ++d) {
-            double o = 0;
-            for (int j = f; j < e; ++j) o += p[size_t(j - f)] * key(b, j, int64_t(KV + g) * hd + d);
-            want_out[row + d] = float(o);
-          }
-          for (int j = f; j < e; ++j) {
-            double dp = 0;
-            for (int d = 0; d < hd; ++d) dp += double(dout[row + d]) * key(b, j, int64_t(KV + g) * hd + d);
-            const double ds = p[size_t(j - f)] * (dp - D) * scale;
-            double* dkv_row = dkv_all.data() + (size_t(b) * Tk + j) * kv_cols;
+    first[3] = end[3] = 4;                       // sees nothing
+    first[4] = 0, end[4] = 3;                    // the first block only
+    first[5] = kv_lens[0] + 2, end[5] = Tk;      // the second only
+    first[Tq + 1] = 0, end[Tq + 1] = Tk;         // every key
+    const Vec q = random_vec(size_t(B) * Tq * ld_q, 301, 1.0);
+    const Vec dout = random_vec(size_t(B) * Tq * q_cols, 302);
+    Vec kv_block[2];
+    for (int k = 0; k < 2; ++k) kv_block[k] = random_vec(size_t(B) * kv_lens[k] * kv_cols, 303 + k);
+    std::vector<int32_t> ranges[2];
+    for (int k = 0; k < 2; ++k)
+      for (int i = 0; i < B * Tq; ++i) {
+        const int offset = k == 0 ? 0 : kv_lens[0];
+        ranges[k].push_back(std::clamp(first[size_t(i)] - offset, 0, kv_lens[k]));
+        ranges[k].push_back(std::clamp(end[size_t(i)] - offset, 0, kv_lens[k]));
+      }
+    for (DType type : {DType::fp32, DType::bf16}) {
+      const Vec qr = rounded(type, q);
+      const Vec kvr[2] = {rounded(type, kv_block[0]), rounded(type, kv_block[1])};
+      // key j of row b (0 <= j < 14), column c of k | v
+      auto key = [&](int b, int j, int64_t c) {
+        const int k = j < kv_lens[0] ? 0 : 1, jj = k == 0 ? j : j - kv_lens[0];
+        return double(kvr[k][(size_t(b) * kv_lens[k] + jj) * kv_cols + c]);
+      };
+      auto run = [&](Backend& be) {
+        const Buffer q_d = upload(be, q, type), dout_d = upload(be, dout);
+        Buffer kv_d[2] = {upload(be, kv_block[0], type), upload(be, kv_block[1], type)};
+        Buffer range_d[2] = {upload_ints(be, ranges[0]), upload_ints(be, ranges[1])};
+        const size_t out_n = size_t(B) * Tq * q_cols, lse_n = size_t(B) * H * Tq;
+        Buffer out(be, out_n * 4), lse(be, lse_n * 4), bout(be, out_n * 4), blse(be, lse_n * 4);
+        shardlm::AttentionBlockShape s[2];
+        for (int k = 0; k < 2; ++k) s[k] = {B, Tq, kv_lens[k], H, KV, hd};
+        be.attention_block_forward(out.f32(), lse.f32(), q_d.typed(type), ld_q, kv_d[0].typed(type), s[0], range_d[0].i32());
+        be.attention_block_forward(bout.f32(), blse.f32(), q_d.typed(type), ld_q, kv_d[1].typed(type), s[1], range_d[1].i32());
+        be.attention_lse_merge(out.f32(), lse.f32(), bout.f32(), blse.f32(), s[1]);
+        const Vec merged = out.read(out_n);
+        const Buffer stored = upload(be, merged, type);  // the output as the model stores it
+        Buffer dq = upload(be, Vec(out_n, 0.0f));
+        Buffer dkv[2] = {upload(be, Vec(size_t(B) * kv_lens[0] * kv_cols, 0.0f)),
+                         upload(be, Vec(size_t(B) * kv_lens[1] * kv_cols, 0.0f))};
+        for (int k = 0; k < 2; ++k)
+          be.attention_block_backward(dq.f32(), dkv[k].f32(), dout_d.f32(), stored.typed(type), lse.f32(),
+                                      q_d.typed(type), ld_q, kv_d[k].typed(type), s[k], range_d[k].i32());
+        return std::vector<Vec>{merged, lse.read(lse_n), dq.read(out_n),
+                                dkv[0].read(size_t(B) * kv_lens[0] * kv_cols),
+                                dkv[1].read(size_t(B) * kv_lens[1] * kv_cols)};
+      };
+      const std::vector<Vec> got = run(tested());
+      // float64: softmax over each query's keys, the gradient of sum(dout . out), D_i from
+      // the output as stored (what the kernels read).
+      const double scale = 1.0 / std::sqrt(double(hd));
+      const Vec stored = rounded(type, got[0]);
+      Vec want_out(got[0].size(), 0.0f), want_lse(got[1].size()), want_dq(got[2].size(), 0.0f);
+      std::vector<double> dkv_all(size_t(B) * Tk * kv_cols, 0.0);
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+          for (int i = 0; i < Tq; ++i) {
+            const int qi = b * Tq + i, g = h / (H / KV);
+            const size_t lse_at = (size_t(b) * H + h) * Tq + i;
+            const int f = first[size_t(qi)], e = end[size_t(qi)];
+            if (f >= e) {
+              want_lse[lse_at] = -std::numeric_limits<float>::infinity();
+              continue;
+            }
+            std::vector<double> p(size_t(e - f));
+            double max = -1e300, sum = 0;
+            for (int j = f; j < e; ++j) {
+              double dot = 0;
+              for (int d = 0; d < hd; ++d) dot += double(qr[size_t(qi) * ld_q + h * hd + d]) * key(b, j, int64_t(g) * hd + d);
+              p[size_t(j - f)] = dot * scale;
+              max = std::max(max, dot * scale);
+            }
+            for (double& v : p) sum += v = std::exp(v - max);
+            for (double& v : p) v /= sum;
+            want_lse[lse_at] = float(max + std::log(sum));
+            const size_t row = size_t(qi) * q_cols + size_t(h) * hd;
+            double D = 0;
+            for (int d = 0; d < hd; ++d) D += double(dout[row + d]) * double(stored[row + d]);
             for (int d = 0; d < hd; ++d) {
-              want_dq[row + d] += float(ds * key(b, j, int64_t(g) * hd + d));
-              dkv_row[g * hd + d] += ds * double(qr[size_t(qi) * ld_q + h * hd + d]);
-              dkv_row[(KV + g) * hd + d] += p[size_t(j - f)] * double(dout[row + d]);
+              double o = 0;
+              for (int j = f; j < e; ++j) o += p[size_t(j - f)] * key(b, j, int64_t(KV + g) * hd + d);
+              want_out[row + d] = float(o);
+            }
+            for (int j = f; j < e; ++j) {
+              double dp = 0;
+              for (int d = 0; d < hd; ++d) dp += double(dout[row + d]) * key(b, j, int64_t(KV + g) * hd + d);
+              const double ds = p[size_t(j - f)] * (dp - D) * scale;
+              double* dkv_row = dkv_all.data() + (size_t(b) * Tk + j) * kv_cols;
+              for (int d = 0; d < hd; ++d) {
+                want_dq[row + d] += float(ds * key(b, j, int64_t(g) * hd + d));
+                dkv_row[g * hd + d] += ds * double(qr[size_t(qi) * ld_q + h * hd + d]);
+                dkv_row[(KV + g) * hd + d] += p[size_t(j - f)] * double(dout[row + d]);
+              }
             }
           }
+      Vec want_dkv[2];
+      for (int b = 0; b < B; ++b)
+        for (int j = 0; j < Tk; ++j) {
+          const int k = j < kv_lens[0] ? 0 : 1;
+          for (int64_t c = 0; c < kv_cols; ++c) want_dkv[k].push_back(float(dkv_all[(size_t(b) * Tk + j) * kv_cols + c]));
         }
-    Vec want_dkv[2];
-    for (int b = 0; b < B; ++b)
-      for (int j = 0; j < Tk; ++j) {
-        const int k = j < kv_lens[0] ? 0 : 1;
-        for (int64_t c = 0; c < kv_cols; ++c) want_dkv[k].push_back(float(dkv_all[(size_t(b) * Tk + j) * kv_cols + c]));
-      }
-    const std::string what = "ring attention blocks " + std::string(shardlm::dtype_name(type));
-    for (size_t i = 0; i < want_lse.size(); ++i)
-      if (std::isinf(want_lse[i])) {
-        EXPECT_TRUE(std::isinf(got[1][i]) && got[1][i] < 0) << what << ": lse " << i;
-        want_lse[i] = 0.0f;  // compared above; the relative error needs finite values
-      }
-    Vec got_lse = got[1];
-    for (size_t i = 0; i < got_lse.size(); ++i) if (std::isinf(got_lse[i])) got_lse[i] = 0.0f;
-    expect_close(got[0], want_out, kFp32Tol, what + " output");
-    expect_close(got_lse, want_lse, kFp32Tol, what + " lse");
-    expect_close(got[2], want_dq, kFp32Tol, what + " dq");
-    expect_close(got[3], want_dkv[0], kFp32Tol, what + " dk|dv of the first block");
-    expect_close(got[4], want_dkv[1], kFp32Tol, what + " dk|dv of the second block");
+      const std::string what = "ring attention blocks, " + std::to_string(Tq) + " queries, " +
+                               std::string(shardlm::dtype_name(type));
+      for (size_t i = 0; i < want_lse.size(); ++i)
+        if (std::isinf(want_lse[i])) {
+          EXPECT_TRUE(std::isinf(got[1][i]) && got[1][i] < 0) << what << ": lse " << i;
+          want_lse[i] = 0.0f;  // compared above; the relative error needs finite values
+        }
+      Vec got_lse = got[1];
+      for (size_t i = 0; i < got_lse.size(); ++i) if (std::isinf(got_lse[i])) got_lse[i] = 0.0f;
+      expect_close(got[0], want_out, kFp32Tol, what + " output");
+      expect_close(got_lse, want_lse, kFp32Tol, what + " lse");
+      expect_close(got[2], want_dq, kFp32Tol, what + " dq");
+      expect_close(got[3], want_dkv[0], kFp32Tol, what + " dk|dv of the first block");
+      expect_close(got[4], want_dkv[1], kFp32Tol, what + " dk|dv of the second block");
+    }
   }
 }
 

@@ -18,10 +18,13 @@
 // A query that sees no key gets out = 0 and lse = -inf (a merge then keeps the other
 // side). GQA as in attention.hpp: query head h reads kv head h / (n_head / KV).
 //
-// Arithmetic: fp32 on the stored (widened) values, exp by std::exp; scores scaled by
-// 1/sqrt(hd) as in attention.cpp. Each query's keys are summed in key order, the
-// gradients of a kv head over its group's query heads in head order, then queries in
-// order: deterministic, independent of the thread count.
+// Arithmetic: fp32 on the stored (widened) values, tiled as attention.cpp's whole-row
+// kernel (attention_tiles.hpp): 64 x 64 tiles of queries and keys, register-blocked tile
+// products, exp by exp_approx (~2 ulp), the forward an online softmax over the key
+// tiles a query tile sees. Scores scaled by 1/sqrt(hd) as in attention.cpp. A task
+// owns a (batch row, query head) in the forward and a (batch row, kv head) in the
+// backward, whose key gradients it sums over its group's query heads in head order,
+// each over the query tiles in order: deterministic, independent of the thread count.
 #pragma once
 
 #include <cstdint>
