@@ -37,6 +37,7 @@ MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) 
                 "over that many ranks)",
                 P, world_size);
   const int E = options.expert_parallel;
+  const bool hybrid = options.kind == StrategyKind::hybrid;
   if (E != 1) {
     SHARDLM_CHECK(E >= 1 && world_size % E == 0,
                   "--expert-parallel {} does not divide the job's {} ranks (expected a divisor "
@@ -56,24 +57,16 @@ MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) 
                   "--offload none, or --expert-parallel 1 with the offload)", E);
     // hybrid: the expert ranks are carved out of each shard group (its G data-parallel
     // ranks partition a dense unit, as without experts), replicated across the groups.
-    MeshShape shape = MeshShape::replicated_shards(world_size / P, world_size / P);
-    if (options.kind == StrategyKind::hybrid) {
-      const int G = options.shard_group_size;
-      shape = MeshShape::replicated_shards(world_size / P, G);
-      SHARDLM_CHECK(G % E == 0,
-                    "--expert-parallel {} with --strategy hybrid: the experts spread over each "
-                    "shard group's {} ranks (--shard-group-size), which {} does not divide "
-                    "(expected a divisor of {})", E, G, E, G);
-    }
-    shape.set_size(MeshDim::shard, shape.size(MeshDim::shard) / E);
-    shape.set_size(MeshDim::expert, E);
-    shape.set_size(MeshDim::context, P);
-    return shape;
+    const int G = options.shard_group_size;
+    SHARDLM_CHECK(!hybrid || G % E == 0,
+                  "--expert-parallel {} with --strategy hybrid: the experts spread over each "
+                  "shard group's {} ranks (--shard-group-size), which {} does not divide "
+                  "(expected a divisor of {})", E, G, E, G);
   }
   const int data_ranks = world_size / P;
-  MeshShape shape = options.kind == StrategyKind::hybrid
-                        ? MeshShape::replicated_shards(data_ranks, options.shard_group_size)
-                        : MeshShape::replicated_shards(data_ranks, data_ranks);
+  MeshShape shape = MeshShape::replicated_shards(data_ranks, hybrid ? options.shard_group_size : data_ranks);
+  shape.set_size(MeshDim::shard, shape.size(MeshDim::shard) / E);
+  shape.set_size(MeshDim::expert, E);
   shape.set_size(MeshDim::context, P);
   return shape;
 }

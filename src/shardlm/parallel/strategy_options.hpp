@@ -65,7 +65,8 @@ std::string to_string(StrategyKind kind);
 // context_parallel, E = expert_parallel, T = tensor_parallel and M = N/T:
 // shard=M/P x context=P for ddp/zero*, replicate=M/(G P) x shard=G x context=P for
 // hybrid, shard=M/(P E) x expert=E x context=P with expert parallelism (hybrid:
-// replicate=M/(G P) x shard=G/E x expert=E x context=P), each with tensor=T innermost. Error naming the flag if the world cannot be laid out so.
+// replicate=M/(G P) x shard=G/E x expert=E x context=P), each with tensor=T innermost.
+// Error naming the flag if the world cannot be laid out so.
 MeshShape strategy_mesh(const StrategyOptions& options, int world_size);
 // The mesh dimensions a dense unit is partitioned over (and its gradients reduced
 // over): shard x context x expert.

@@ -34,9 +34,10 @@ bool nf4_blocks_exact(const TensorPiece& piece, const std::vector<int64_t>& loca
   if (piece.whole()) return true;
   const int64_t inner = inner_extent(piece, local_shape);
   const int64_t extent = local_shape[static_cast<size_t>(piece.dim)];
-  // Runs start at (outer * full + begin) * inner and hold extent * inner values.
-  return piece.begin * inner % kBlock == 0 && extent * inner % kBlock == 0 &&
-         piece.full * inner % kBlock == 0;
+  // Runs start at (outer * full + g * full / groups + begin) * inner and hold
+  // extent / groups * inner values (one group of a fused piece at a time).
+  return piece.begin * inner % kBlock == 0 && extent / piece.groups * inner % kBlock == 0 &&
+         piece.full / piece.groups * inner % kBlock == 0;
 }
 
 void check_nf4_pieces(const ModelConfig& config, int tensor_size) {
