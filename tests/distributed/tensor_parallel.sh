@@ -150,6 +150,30 @@ cmp "$WORK/hf_t2/model.safetensors" "$WORK/hf_loaded_t1/model.safetensors" \
   || fail "the T=2 checkpoint exports other weights than its T=1 copy"
 echo "T=2 checkpoint: loaded bitwise at T=1 (and trained on), exported to Hugging Face as its T=1 copy is"
 
+# gpt2's pieces (c_attn's three groups) through the checkpoint and Hugging Face: the
+# zero3 x T=2 checkpoint resumes at T=4 with the saved state (the loaded state saved
+# again), and its export imported at T=2 (--init-from) trains as the unsplit ddp x 2
+# does from the same directory, within the bounds above (at lr 3e-4: at the script's 3e-3
+# the trained weights meet a gradient spike, norm 57 at step 2, that carries the partial
+# sums' rounding to 5e-5 relative in both layouts alike).
+want="$("$SHARDLM" inspect "$WORK/gpt2-tiny_t2_zero3" --quiet)"
+cp -r "$WORK/gpt2-tiny_t2_zero3" "$WORK/gpt2_resume_t4"
+SHARDLM_FAULT="save_after_load=$WORK/gpt2_loaded_t4" run_mpi 4 "$SHARDLM" train "${COMMON[@]}" \
+  --model gpt2-tiny --micro-batch 2 --strategy zero3 --tensor-parallel 4 --steps 8 --resume \
+  --out "$WORK/gpt2_resume_t4" > "$WORK/gpt2_resume_t4.log" 2>&1 \
+  || { cat "$WORK/gpt2_resume_t4.log"; fail "gpt2 T=2 -> T=4 resume"; }
+[ "$("$SHARDLM" inspect "$WORK/gpt2_loaded_t4" --quiet)" = "$want" ] \
+  || fail "gpt2: the T=2 checkpoint loaded at T=4 is not the saved state"
+"$SHARDLM" export --checkpoint "$WORK/gpt2-tiny_t2_zero3" --out "$WORK/gpt2_hf" > /dev/null 2>&1 \
+  || fail "export of gpt2's T=2 checkpoint"
+train 2 "$WORK/gpt2_init_t1" --init-from "$WORK/gpt2_hf" --micro-batch 4 --strategy ddp --steps 3 --lr 3e-4
+train 4 "$WORK/gpt2_init_t2" --init-from "$WORK/gpt2_hf" --micro-batch 4 --strategy zero3 \
+  --tensor-parallel 2 --steps 3 --lr 3e-4
+same_curves "$WORK/gpt2_init_t2" "$WORK/gpt2_init_t1" 1e-5
+"$SHARDLM" inspect "$WORK/gpt2_init_t2" --compare "$WORK/gpt2_init_t1" --tolerance 1e-5 --relative-to norm \
+  || fail "gpt2: --init-from at T=2 differs from T=1"
+echo "gpt2 T=2 checkpoint: resumed at T=4 with the saved state; its export imported at T=2 = T=1 within 1e-5"
+
 # LoRA under tensor parallelism: zero3 x T=2 against the unsplit ddp x 2.
 LORA=(--lora-rank 4 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
 train 2 "$WORK/lora_t1" --model llama-tiny --micro-batch 4 --strategy ddp "${LORA[@]}"
