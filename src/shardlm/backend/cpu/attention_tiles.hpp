@@ -36,24 +36,18 @@ inline constexpr int kBlock = 64;
 // Each element's sum runs over k in order, one fused multiply-add per term, whatever
 // the blocking, so the results do not depend on it.
 #ifdef __AVX512F__
-inline constexpr int kVecLanes = 16;
 inline constexpr int kTileRows = 6;
 inline constexpr int kTileVectors = 4;
 #else
-inline constexpr int kVecLanes = 8;
 inline constexpr int kTileRows = 6;
 inline constexpr int kTileVectors = 2;
 #endif
-using FloatVec = float __attribute__((vector_size(kVecLanes * sizeof(float))));
-
-inline FloatVec load_vec(const float* p) {
-  FloatVec v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store_vec(float* p, FloatVec v) { std::memcpy(p, &v, sizeof(v)); }
-
-using IntVec = int32_t __attribute__((vector_size(kVecLanes * sizeof(int32_t))));
+// The register-wide vectors of vector_math.hpp (their lane count follows the same rule).
+inline constexpr int kVecLanes = kNativeLanes;
+using FloatVec = NativeFloats;
+using IntVec = NativeInts;
+inline FloatVec load_vec(const float* p) { return load_native(p); }
+inline void store_vec(float* p, FloatVec v) { store_native(p, v); }
 
 // 0, 1, ..., kVecLanes - 1.
 inline const IntVec kLaneIndex = [] {
