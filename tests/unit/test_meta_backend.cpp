@@ -105,5 +105,47 @@ TEST(RecordingCommunicator, RecordsCollectivesGroupsWaitsAndTheComputeBetween) {
             bus_bytes_for(CollectiveKind::all_gather, 128 * 4 * 8, 8));
 }
 
+TEST(RecordingCommunicator, ASpansWorkReplacesItsKernelsWhereTheyRan) {
+  // A tensor-parallel backward as the trace sees it: the input gradient's GEMM (6
+  // FLOPs), its reduction issued, the weight gradient's GEMM (2) while it travels, the
+  // wait, then a norm (elementwise only). The span's own work (80 FLOPs, 100 bytes, 7
+  // loss bytes no kernel recorded) replaces the kernels': 60 | 20 FLOPs around the
+  // issue, the bytes where the norm ran, the loss bytes after the last event.
+  meta::MetaBackend meta(Device{});
+  StepRecording recording;
+  recording.add_compute_source(meta);
+  RecordingCommunicator world(2, recording, {}, meta);
+  TrackedBuffer x = allocate_on(meta, MemCategory::activations, 4 * 64);
+  meta.fill_zero(x.data(), 8);  // before the span: its own op
+  const size_t span = recording.begin_span();
+  const auto gemm = [&](int k) {
+    meta.gemm(false, false, 1, 1, k, 1.0f, ConstTypedPtr(), k, ConstTypedPtr(), 1, 0.0f, x.as<float>(), 1);
+  };
+  gemm(3);
+  Work sum = world.all_reduce(x.as<float>(), 4, ReduceOp::sum, "tensor.mlp_in_grad");
+  gemm(1);
+  sum.wait();
+  meta.add_bias(x.as<float>(), nullptr, 1, 5);  // the norm: elementwise only
+  ComputeWork work;
+  work.gemm_flops = 80;
+  work.elementwise_bytes = 100;
+  work.loss_bytes = 7;
+  recording.end_span(span, work, "backward unit 1");
+  using K = RecordedOp::Kind;
+  const auto& ops = recording.ops();
+  ASSERT_EQ(ops.size(), 6u);
+  const std::vector<K> kinds = {K::compute, K::compute, K::issue, K::compute, K::wait, K::compute};
+  for (size_t i = 0; i < ops.size(); ++i) EXPECT_EQ(ops[i].kind, kinds[i]) << i;
+  EXPECT_EQ(ops[0].work.state_bytes, 8.0);
+  EXPECT_EQ(ops[0].label, "kernels");
+  EXPECT_EQ(ops[1].work.gemm_flops, 60.0);
+  EXPECT_EQ(ops[3].work.gemm_flops, 20.0);
+  EXPECT_EQ(ops[5].work.gemm_flops, 0.0);
+  EXPECT_EQ(ops[1].work.elementwise_bytes + ops[3].work.elementwise_bytes, 0.0);
+  EXPECT_EQ(ops[5].work.elementwise_bytes, 100.0);
+  EXPECT_EQ(ops[5].work.loss_bytes, 7.0);
+  for (size_t i : {1, 3, 5}) EXPECT_EQ(ops[i].label, "backward unit 1");
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -12,7 +12,10 @@
 #include "shardlm/plan/recommend.hpp"
 #include "shardlm/plan/time_model.hpp"
 
+#include <fmt/format.h>
+
 #include <limits>
+#include <map>
 
 using namespace shardlm;
 
@@ -193,6 +196,122 @@ TEST(TensorParallelPlan, TimeModelKeepsTensorTrafficOnTheNode) {
   // vocabulary-parallel embedding's and head's four.
   EXPECT_EQ(last_step_traffic(p, CommGroup::tensor).calls, 5 * r.config.n_layer + 4);
   EXPECT_GT(last_step_traffic(p, CommGroup::shard).calls, 0);
+}
+
+// Backward overlaps each column-parallel input gradient's reduction with the weight
+// gradient's GEMM (TensorParallelBlock::start_sum_partial): the traced program has that
+// GEMM between the reduction's issue and its wait, so the time model exposes only
+// max(0, reduction - GEMM). And a unit's work is counted once (its UnitWork, shared out
+// over the stretches between its collectives), not its kernels' beside it.
+namespace {
+
+std::vector<StepOp> last_step_ops(const RunPlan& p) {
+  const auto& ops = p.program.ops;
+  size_t first = 0;
+  for (size_t i = 0, ends = 0; i < ops.size(); ++i)
+    if (ops[i].kind == StepOp::Kind::step_end && ++ends == kPlannedSteps - 1) first = i + 1;
+  return {ops.begin() + static_cast<std::ptrdiff_t>(first), ops.end()};
+}
+
+bool overlapped_reduction(const PlannedCollective& c) {
+  return c.label == "tensor.mlp_in_grad" || c.label == "tensor.attention_in_grad";
+}
+
+// A rank's weight-gradient GEMM FLOPs under the reduction: gate|up's (2 x tokens x
+// n_embd x 2 mlp / T) under the MLP's, q|k|v's (2 x tokens x n_embd x (H + 2 KV) hd / T)
+// under attention's.
+double weight_gradient_flops(const RunPlanRequest& r, const PlannedCollective& c) {
+  const ModelConfig& m = r.config;
+  const double tokens = static_cast<double>(r.micro_batch) * r.seq_len;
+  const double T = r.strategy.tensor_parallel;
+  if (c.label == "tensor.mlp_in_grad") return 2 * tokens * m.n_embd * 2.0 * m.mlp_width() / T;
+  return 2 * tokens * m.n_embd * (m.n_head + 2.0 * m.kv_heads()) * m.head_dim() / T;
+}
+
+}  // namespace
+
+TEST(TensorParallelPlan, BackwardComputesTheWeightGradientWhileTheInputGradientIsSummed) {
+  const RunPlanRequest r = tiny(2, 2);  // llama-tiny, ddp x T = 2: no data-parallel traffic
+  const RunPlan p = plan_run(r);
+  ASSERT_EQ(p.accumulation, 1);
+  const std::vector<StepOp> ops = last_step_ops(p);
+  int overlapped = 0;
+  std::map<std::string, ComputeWork> by_unit;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind == StepOp::Kind::compute) {
+      by_unit[ops[i].label] += ops[i].work;
+      // GEMMs are the units' alone (the kernels' own count of them is not added again).
+      if (ops[i].label.find(" unit ") == std::string::npos) {
+        EXPECT_EQ(ops[i].work.gemm_flops, 0.0) << i;
+      }
+    }
+    if (ops[i].kind != StepOp::Kind::issue) continue;
+    const PlannedCollective& c = p.program.collectives[static_cast<size_t>(ops[i].collective)];
+    if (!overlapped_reduction(c)) continue;
+    ++overlapped;
+    double between = 0;
+    size_t j = i + 1;
+    for (; j < ops.size() && ops[j].kind == StepOp::Kind::compute; ++j) between += ops[j].work.gemm_flops;
+    ASSERT_LT(j, ops.size());
+    EXPECT_EQ(ops[j].kind, StepOp::Kind::wait) << c.label;
+    EXPECT_EQ(ops[j].collective, ops[i].collective) << c.label;
+    EXPECT_DOUBLE_EQ(between, weight_gradient_flops(r, c)) << c.label;
+  }
+  EXPECT_EQ(overlapped, 2 * r.config.n_layer);
+  // Each unit's pass adds up to its UnitWork once.
+  for (size_t u = 0; u < p.unit_work.size(); ++u)
+    for (const auto& [pass, work] : {std::pair{"forward", p.unit_work[u].forward},
+                                     std::pair{"backward", p.unit_work[u].backward}}) {
+      const ComputeWork& traced = by_unit[fmt::format("{} unit {}", pass, u)];
+      EXPECT_NEAR(traced.gemm_flops, work.gemm_flops, 1e-9 * work.gemm_flops) << pass << " " << u;
+      EXPECT_NEAR(traced.attention_flops, work.attention_flops, 1e-9 * work.attention_flops) << pass << " " << u;
+      EXPECT_NEAR(traced.elementwise_bytes, work.elementwise_bytes, 1e-9 * work.elementwise_bytes)
+          << pass << " " << u;
+    }
+}
+
+TEST(TensorParallelPlan, OnlyTheReductionTimeBeyondTheWeightGradientGemmIsExposed) {
+  // GEMMs at 1e9 FLOP/s, everything else free; collectives at `bandwidth` bus bytes/s,
+  // no latency, no slowdown of compute beside them. Every tensor collective but the two
+  // overlapped ones per layer is waited for as soon as it is issued (exposed whole);
+  // those expose max(0, reduction - weight-gradient GEMM).
+  const RunPlanRequest r = tiny(2, 2);
+  const RunPlan p = plan_run(r);
+  constexpr double kGemm = 1e9;
+  const double reduction_bytes = 4.0 * r.micro_batch * r.seq_len * r.config.n_embd;  // [tokens, C] fp32
+  // The reduction lasts 1, 3 and 5 ms: hidden behind both GEMMs (3.9 ms under the MLP's,
+  // 2.4 ms under attention's), behind the MLP's only, behind neither.
+  for (const double reduction_s : {1e-3, 3e-3, 5e-3}) {
+    const double bandwidth = reduction_bytes / reduction_s;
+    HardwareProfile profile;
+    profile.name = "test";
+    ComputeFigures c;
+    c.ranks_per_node = 2;
+    c.by_precision["fp32"] = {kGemm, 1e30, 1e30, 1e30, 1e30};
+    profile.compute.push_back(c);
+    profile.ranks_per_node = 2;
+    const CollectiveRate rate{0, bandwidth};
+    profile.intra_node = {"test", rate, rate, rate, rate, rate, 1.0};
+    profile.inter_node = profile.intra_node;
+    const StepTimePrediction t = predict_step_time(p, profile, ClusterShape{1, ""});
+    double exposed = 0, compute = 0;
+    for (const StepOp& op : last_step_ops(p)) {
+      compute += op.work.gemm_flops / kGemm;
+      if (op.kind != StepOp::Kind::issue) continue;
+      const PlannedCollective& k = p.program.collectives[static_cast<size_t>(op.collective)];
+      const double seconds = k.bus_bytes / bandwidth;
+      exposed += overlapped_reduction(k)
+                     ? std::max(0.0, seconds - weight_gradient_flops(r, k) / kGemm)
+                     : seconds;
+    }
+    // Compute: each unit's GEMMs once (the unsplit half of llama-tiny's per rank).
+    double unit_gemm = 0;
+    for (const UnitWork& w : p.unit_work) unit_gemm += w.forward.gemm_flops + w.backward.gemm_flops;
+    EXPECT_NEAR(t.compute_s, unit_gemm / kGemm, 1e-12) << reduction_s;
+    EXPECT_NEAR(compute, t.compute_s, 1e-12);
+    EXPECT_NEAR(t.exposed_s, exposed, 1e-12) << reduction_s;
+    EXPECT_NEAR(t.step_s, t.compute_s + exposed, 1e-12) << reduction_s;
+  }
 }
 
 // --strategy auto's search over tensor (and context) parallelism.

@@ -27,9 +27,62 @@ void StepRecording::drop_kernels() {
   for (auto* s : sources_) s->take_work();
 }
 
-void StepRecording::add_compute(const ComputeWork& work, std::string label) {
+size_t StepRecording::begin_span() {
   flush_compute();
-  if (!work.empty()) ops_.push_back({RecordedOp::Kind::compute, work, -1, std::move(label)});
+  return ops_.size();
+}
+
+namespace {
+
+// ComputeWork's counts, one at a time.
+constexpr double ComputeWork::* kWorkCounts[] = {
+    &ComputeWork::gemm_flops,  &ComputeWork::attention_flops, &ComputeWork::elementwise_bytes,
+    &ComputeWork::loss_bytes,  &ComputeWork::state_bytes,     &ComputeWork::optimizer_bytes};
+
+}  // namespace
+
+void StepRecording::end_span(size_t span, const ComputeWork& work, const std::string& label) {
+  SHARDLM_ASSERT(span <= ops_.size());
+  flush_compute();
+  // The span's segments: its compute ops (the kernels' work between its events), and
+  // one after its last event for the counts no kernel recorded.
+  if (ops_.size() == span || ops_.back().kind != RecordedOp::Kind::compute)
+    ops_.push_back({RecordedOp::Kind::compute, {}, -1, label});
+  std::vector<size_t> segments;
+  for (size_t i = span; i < ops_.size(); ++i)
+    if (ops_[i].kind == RecordedOp::Kind::compute) segments.push_back(i);
+  std::vector<ComputeWork> placed(segments.size());
+  for (double ComputeWork::*count : kWorkCounts) {
+    double recorded = 0;
+    for (size_t i : segments) recorded += ops_[i].work.*count;
+    if (recorded <= 0) {
+      placed.back().*count = work.*count;
+      continue;
+    }
+    // The last segment the kernels counted in takes the remainder, so the span's total
+    // is work's.
+    double given = 0;
+    size_t last = 0;
+    for (size_t k = 0; k < segments.size(); ++k)
+      if (ops_[segments[k]].work.*count > 0) last = k;
+    for (size_t k = 0; k < last; ++k) {
+      placed[k].*count = work.*count * (ops_[segments[k]].work.*count / recorded);
+      given += placed[k].*count;
+    }
+    placed[last].*count = work.*count - given;
+  }
+  // Segments left with nothing are no ops at all.
+  std::vector<RecordedOp> tail;
+  for (size_t i = span, k = 0; i < ops_.size(); ++i) {
+    if (ops_[i].kind != RecordedOp::Kind::compute) {
+      tail.push_back(std::move(ops_[i]));
+      continue;
+    }
+    if (!placed[k].empty()) tail.push_back({RecordedOp::Kind::compute, placed[k], -1, label});
+    ++k;
+  }
+  ops_.resize(span);
+  for (RecordedOp& op : tail) ops_.push_back(std::move(op));
 }
 
 int StepRecording::issue(RecordedCollective collective) {

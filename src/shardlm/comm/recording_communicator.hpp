@@ -54,13 +54,16 @@ class StepRecording {
   // The first wait for collective `id` (later ones find it done and are not recorded).
   void wait(int id);
   void end_step();
-  // Work the caller accounts for itself, in place of what the kernels recorded since
-  // the last event (plan's model units: plan/traced_step.cpp). flush() first closes
-  // the kernels' work before it as its own compute op; drop_kernels() forgets the
-  // kernels' work since.
-  void flush() { flush_compute(); }
-  void drop_kernels();
-  void add_compute(const ComputeWork& work, std::string label);
+  // A span whose work the caller accounts for itself (plan's model units:
+  // plan/traced_step.cpp). begin_span() closes the kernels' work before it as its own
+  // compute op and returns the span's start; end_span() replaces the kernels' work
+  // recorded since with `work`, placed where the kernels ran: the span's collectives
+  // cut it into segments (a tensor-parallel backward's weight-gradient GEMM runs
+  // between the issue and the wait of its input gradient's reduction), and each of
+  // work's counts is shared out over the segments in proportion to the kernels' own
+  // count there (a count no kernel recorded goes after the span's last event).
+  size_t begin_span();
+  void end_span(size_t span, const ComputeWork& work, const std::string& label);
   // Forgets everything recorded so far (construction and initialisation, before the
   // steps) and the compute sources' pending work.
   void clear();
@@ -70,6 +73,7 @@ class StepRecording {
 
  private:
   void flush_compute();
+  void drop_kernels();
   std::vector<meta::MetaBackend*> sources_;
   std::vector<RecordedCollective> collectives_;
   std::vector<bool> waited_;

@@ -25,7 +25,10 @@ namespace {
 constexpr uint64_t kScalarBytes = 8;
 
 // The run's model, its forward and backward of each unit counted in the recording
-// as that unit's UnitWork instead of what its kernels recorded.
+// as that unit's UnitWork instead of what its kernels recorded, placed where they ran
+// between the unit's own collectives (StepRecording::end_span): the overlap of a
+// tensor-parallel input gradient's reduction with the weight-gradient GEMM is in the
+// program as the backward runs it.
 class UnitWorkModel final : public Model {
  public:
   UnitWorkModel(Model& model, StepRecording& recording, const std::vector<UnitWork>& work)
@@ -42,15 +45,15 @@ class UnitWorkModel final : public Model {
   int logits_chunk_rows() const override { return model_.logits_chunk_rows(); }
   void forward_unit(int unit, ParamPointers params, UnitPointers grads, const MicroBatch& batch,
                     bool training, float grad_scale) override {
-    recording_.flush();
+    const size_t span = recording_.begin_span();
     model_.forward_unit(unit, params, grads, batch, training, grad_scale);
-    account(work_[static_cast<size_t>(unit)].forward, "forward", unit);
+    recording_.end_span(span, work_[static_cast<size_t>(unit)].forward, fmt::format("forward unit {}", unit));
   }
   void backward_unit(int unit, ParamPointers params, UnitPointers grads,
                      const MicroBatch& batch) override {
-    recording_.flush();
+    const size_t span = recording_.begin_span();
     model_.backward_unit(unit, params, grads, batch);
-    account(work_[static_cast<size_t>(unit)].backward, "backward", unit);
+    recording_.end_span(span, work_[static_cast<size_t>(unit)].backward, fmt::format("backward unit {}", unit));
   }
   double last_loss_sum() const override { return model_.last_loss_sum(); }
   int64_t last_target_count() const override { return model_.last_target_count(); }
@@ -64,10 +67,6 @@ class UnitWorkModel final : public Model {
   }
 
  private:
-  void account(const ComputeWork& w, const char* pass, int unit) {
-    recording_.drop_kernels();
-    recording_.add_compute(w, fmt::format("{} unit {}", pass, unit));
-  }
   Model& model_;
   StepRecording& recording_;
   const std::vector<UnitWork>& work_;

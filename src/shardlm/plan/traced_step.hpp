@@ -13,7 +13,9 @@
 //    what the meta kernels recorded (the strategy's and the optimizer's state work:
 //    zeroing, rounding, accumulating, norms, AdamW), except inside a model unit,
 //    whose forward or backward counts as that unit's UnitWork (plan/unit_work.hpp):
-//    the conventions the hardware profiles' rates and `calibrate` are measured in.
+//    the conventions the hardware profiles' rates and `calibrate` are measured in,
+//    shared out over the stretches between the unit's own collectives (tensor,
+//    context and expert exchanges) as its kernels' work was.
 #pragma once
 
 #include <array>
