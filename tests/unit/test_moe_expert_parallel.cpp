@@ -7,11 +7,13 @@
 // gradients of that expert over the group's rows (within float rounding of the
 // order: summed in one buffer here, rank by rank there); experts held elsewhere get
 // no gradient. With activation checkpointing (the holders receive the h2 rows again in
-// backward and recompute) the same, against the one-rank model without it. Bad groups
-// are one-line errors.
+// backward and recompute) the same, against the one-rank model without it. The
+// exchanges go one held expert at a time, each beside another held expert's GEMMs (the
+// traced step plan times). Bad groups are one-line errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "shardlm/comm/in_process_communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/family.hpp"
+#include "shardlm/plan/run_plan.hpp"
 
 using namespace shardlm;
 using namespace shardlm::testing;
@@ -113,6 +116,63 @@ TEST_P(MoeExpertParallel, EachRankComputesWhatItWouldAloneAndHeldExpertsSumTheGr
 INSTANTIATE_TEST_SUITE_P(Groups, MoeExpertParallel,
                          ::testing::Combine(::testing::Values("qwen3_moe", "mixtral"),
                                             ::testing::Values(2, 4), ::testing::Bool()));
+
+// The step plan traces (the real schedule on the meta device): after a layer's router
+// one dispatch per held expert, each waited for right before its expert's GEMMs, so
+// that the later ones travel beside the earlier experts' GEMMs; each expert's outputs
+// start back at once and are waited for after the last held expert; backward the
+// same in reverse. At N = 2, E = 2 each rank holds 4 of qwen3-moe-tiny's 8 experts.
+TEST(MoeExpertParallelPlan, EachHeldExpertsRowsTravelBesideAnotherHeldExpertsGemms) {
+  RunPlanRequest r;
+  r.config = model_preset("qwen3-moe-tiny");
+  r.world_size = 2;
+  r.strategy.expert_parallel = 2;
+  r.micro_batch = 2;
+  r.seq_len = 32;
+  const RunPlan p = plan_run(r);
+  const auto& ops = p.program.ops;
+  std::vector<size_t> issued(p.program.collectives.size(), 0);
+  struct Seen {
+    int count = 0;
+    double least_gemm_flops_beside = -1;  // between issue and wait: the least of them
+  };
+  std::map<std::string, Seen> seen;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const size_t c = static_cast<size_t>(ops[i].collective);
+    if (ops[i].kind == StepOp::Kind::issue) issued[c] = i;
+    if (ops[i].kind != StepOp::Kind::wait) continue;
+    const std::string& label = p.program.collectives[c].label;
+    if (label.rfind("expert ", 0) != 0) continue;
+    double beside = 0;
+    for (size_t j = issued[c] + 1; j < i; ++j)
+      if (ops[j].kind == StepOp::Kind::compute) beside += ops[j].work.gemm_flops;
+    Seen& s = seen[label];
+    ++s.count;
+    if (s.least_gemm_flops_beside < 0 || beside < s.least_gemm_flops_beside)
+      s.least_gemm_flops_beside = beside;
+  }
+  const int exchanges = seen["expert dispatch counts"].count;  // one per sparse layer's forward
+  ASSERT_GT(exchanges, 0);
+  const int held = 4;
+  for (int c = 0; c < held; ++c) {
+    // (label, whether another held expert's GEMMs run beside every one of them)
+    const std::vector<std::pair<std::string, bool>> chunk = {
+        {"expert dispatch", c > 0},
+        {"expert combine", c < held - 1},
+        {"expert dispatch dy", c < held - 1},
+        {"expert dispatch weights", c < held - 1},
+        {"expert combine dh2", c > 0},
+        {"expert combine weights' gradients", c > 0}};
+    for (const auto& [what, overlapped] : chunk) {
+      const std::string label = what + " " + std::to_string(c);
+      const Seen& s = seen[label];
+      EXPECT_EQ(s.count, exchanges) << label;
+      if (overlapped) {
+        EXPECT_GT(s.least_gemm_flops_beside, 0.0) << label;
+      }
+    }
+  }
+}
 
 TEST(MoeExpertParallelBadInput, ExpertsThatTheGroupCannotShareAreRefusedByName) {
   const Reference ref = load_reference("qwen3_moe");

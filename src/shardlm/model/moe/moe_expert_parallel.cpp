@@ -2,11 +2,21 @@
 // (dispatch, combine and their backward), as moe_experts.hpp describes it.
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/moe/moe_experts.hpp"
 
 namespace shardlm {
+
+namespace {
+
+void wait_all(std::vector<Work>& works) {
+  for (Work& w : works) w.wait();
+  works.clear();
+}
+
+}  // namespace
 
 void MoeExperts::ep_carve(ArenaCarver& carver, int64_t n) {
   const DType ct = compute_;
@@ -46,31 +56,45 @@ int64_t MoeExperts::received_rows(const LayerRouting& r, int peer, int local) co
 }
 
 int64_t MoeExperts::received_begin(const LayerRouting& r, int peer, int local) const {
-  const size_t end = static_cast<size_t>(peer) * static_cast<size_t>(local_experts_) +
-                     static_cast<size_t>(local);
+  // Chunk-major: every source's rows for held expert 0, then for held expert 1, ...
   int64_t begin = 0;
-  for (size_t i = 0; i < end; ++i) begin += r.received[i];
+  for (int e = 0; e <= local; ++e)
+    for (int j = 0; j < (e == local ? peer : group_->size()); ++j) begin += received_rows(r, j, e);
   return begin;
 }
 
-std::vector<size_t> MoeExperts::sent_counts(const LayerRouting& r, int64_t width) const {
-  std::vector<size_t> counts;
-  for (int p = 0; p < group_->size(); ++p) {
-    const int64_t first = assignments(r, p * local_experts_).first;
-    const int64_t last = assignments(r, (p + 1) * local_experts_ - 1).second;
-    counts.push_back(static_cast<size_t>((last - first) * width));
-  }
-  return counts;
+std::vector<int64_t> MoeExperts::sent_begin(const LayerRouting& r) const {
+  std::vector<int64_t> begin(static_cast<size_t>(E_));
+  int64_t row = 0;
+  for (int chunk = 0; chunk < local_experts_; ++chunk)
+    for (int p = 0; p < group_->size(); ++p) {
+      const int x = p * local_experts_ + chunk;
+      begin[static_cast<size_t>(x)] = row;
+      const auto [first, last] = assignments(r, x);
+      row += last - first;
+    }
+  return begin;
 }
 
-std::vector<size_t> MoeExperts::received_counts(const LayerRouting& r, int64_t width) const {
-  std::vector<size_t> counts;
-  for (int j = 0; j < group_->size(); ++j) {
-    int64_t rows = 0;
-    for (int e = 0; e < local_experts_; ++e) rows += received_rows(r, j, e);
-    counts.push_back(static_cast<size_t>(rows * width));
+Work MoeExperts::exchange_chunk(const LayerRouting& r, const std::vector<int64_t>& sent, int chunk,
+                                Direction direction, ConstTypedPtr from, TypedPtr to,
+                                int64_t width, const char* what) {
+  std::vector<size_t> at_sources, at_holders;  // elements per peer
+  for (int p = 0; p < group_->size(); ++p) {
+    const auto [first, last] = assignments(r, p * local_experts_ + chunk);
+    at_sources.push_back(static_cast<size_t>((last - first) * width));
+    at_holders.push_back(static_cast<size_t>(received_rows(r, p, chunk) * width));
   }
-  return counts;
+  // The chunk's first rows: peer 0's expert `chunk` in the send layout, source 0's
+  // rows for held expert `chunk` among the received ones.
+  const int64_t source_row = sent[static_cast<size_t>(chunk)];
+  const int64_t held_row = received_begin(r, 0, chunk);
+  std::string label = std::string(what) + " " + std::to_string(chunk);
+  if (direction == Direction::to_holders)
+    return group_->all_to_all_v(from.at(source_row * width), at_sources, to.at(held_row * width),
+                                at_holders, std::move(label));
+  return group_->all_to_all_v(from.at(held_row * width), at_holders, to.at(source_row * width),
+                              at_sources, std::move(label));
 }
 
 void MoeExperts::dispatch(int l, Backend& be, ConstTypedPtr h2) {
@@ -100,21 +124,30 @@ void MoeExperts::dispatch(int l, Backend& be, ConstTypedPtr h2) {
   SHARDLM_CHECK(total <= ep_capacity_,
                 "internal: expert dispatch receives {} rows, the buffers hold {}", total,
                 ep_capacity_);
-  send_h2_rows(r, be, h2).wait();
+  // One exchange per held expert, in the order the holders run them: the first
+  // expert's GEMMs start while the later experts' rows travel.
+  const std::vector<int64_t> sent = sent_begin(r);
+  pack_h2_rows(r, be, h2, sent);
+  arriving_.assign(static_cast<size_t>(local_experts_), {});
+  returning_.assign(static_cast<size_t>(local_experts_), {});
+  for (int chunk = 0; chunk < local_experts_; ++chunk)
+    arriving_[static_cast<size_t>(chunk)].push_back(
+        exchange_chunk(r, sent, chunk, Direction::to_holders, ep_send_h2_, held_rows(r).h2, C_,
+                       "expert dispatch"));
 }
 
-Work MoeExperts::send_h2_rows(LayerRouting& r, Backend& be, ConstTypedPtr h2) {
-  // Each assignment's h2 row, in the grouping order: peer p's block is its experts'.
-  const int64_t nk = n_ * k_;
+void MoeExperts::pack_h2_rows(LayerRouting& r, Backend& be, ConstTypedPtr h2,
+                              const std::vector<int64_t>& sent) {
   if (meta_) {
-    be.convert_rows(ep_send_h2_, C_, h2, C_, nk, C_);  // the same bytes
-  } else {
-    for (int64_t i = 0; i < nk; ++i)
-      be.convert_rows(ep_send_h2_.at(i * C_), C_,
+    const int64_t nk = n_ * k_;
+    return be.convert_rows(ep_send_h2_, C_, h2, C_, nk, C_);  // the same bytes
+  }
+  for (int x = 0; x < E_; ++x) {
+    const auto [begin, end] = assignments(r, x);
+    for (int64_t i = begin; i < end; ++i)
+      be.convert_rows(ep_send_h2_.at((sent[static_cast<size_t>(x)] + i - begin) * C_), C_,
                       h2.at(static_cast<int64_t>(r.routing.token[i]) * C_), C_, 1, C_);
   }
-  return group_->all_to_all_v(ep_send_h2_, sent_counts(r, C_), held_rows(r).h2,
-                              received_counts(r, C_), "expert dispatch");
 }
 
 void MoeExperts::held_activations(LayerRouting& r, int local, int peer, Backend& be,
@@ -137,6 +170,7 @@ void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row
   const int c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   if (holds(e)) {
     const int local = e - local_begin_;
+    wait_all(arriving_[static_cast<size_t>(local)]);
     for (int j = 0; j < group_->size(); ++j) {
       const int64_t rows = received_rows(r, j, local);
       if (rows == 0) continue;
@@ -149,20 +183,23 @@ void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row
       if (w.lora.down.targeted())
         lora_->forward(be, row_by_row, w.lora.down, m, i1, c, act, ep_rows_ + b * C_, c);
     }
+    // Its outputs start back while the next held expert computes.
+    returning_[static_cast<size_t>(local)].push_back(
+        exchange_chunk(r, sent_begin(r), local, Direction::to_sources, ep_rows_, ep_back_, C_,
+                       "expert combine"));
   }
   if (e != E_ - 1) return;
-  // Combine: the outputs back to their sources, added in expert order as at P = 1.
-  group_->all_to_all_v(ConstTypedPtr(ep_rows_), received_counts(r, C_), TypedPtr(ep_back_),
-                       sent_counts(r, C_), "expert combine")
-      .wait();
+  // Combine: the outputs back at their sources, added in expert order as at P = 1.
+  for (auto& works : returning_) wait_all(works);
   if (meta_) return;
+  const std::vector<int64_t> sent = sent_begin(r);
   for (int x = 0; x < E_; ++x) {
     const auto [begin, end] = assignments(r, x);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = r.routing.token[i];
       const float weight = r.routing.top_weight[t * k_ + r.routing.slot[i]];
       float* y = out + t * C_;
-      const float* o = ep_back_ + i * C_;
+      const float* o = ep_back_ + (sent[static_cast<size_t>(x)] + i - begin) * C_;
       for (int64_t j = 0; j < C_; ++j) y[j] += weight * o[j];
     }
   }
@@ -176,27 +213,42 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
   if (e == E_ - 1) {  // the layer's first backward expert unit: dy rows to the holders
     // (recompute: the h2 rows again first, into the shared set the forward's later
     // layers overwrote; every rank of the group starts the same exchanges in order)
-    Work h2_rows = recompute_ ? send_h2_rows(r, be, h2) : Work();
+    const std::vector<int64_t> sent = sent_begin(r);
+    if (recompute_) pack_h2_rows(r, be, h2, sent);
     be.fill_zero(dh2_, sizeof(float) * static_cast<size_t>(n_ * C_));
     be.fill_zero(dtop_, sizeof(float) * static_cast<size_t>(nk));
     if (!meta_)
-      for (int64_t i = 0; i < nk; ++i) {
-        const int64_t t = r.routing.token[i];
-        std::copy_n(dy + t * C_, C_, ep_back_ + i * C_);
-        ep_send_w_[i] = r.routing.top_weight[t * k_ + r.routing.slot[i]];
+      for (int x = 0; x < E_; ++x) {
+        const auto [begin, end] = assignments(r, x);
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t t = r.routing.token[i];
+          const int64_t row = sent[static_cast<size_t>(x)] + i - begin;
+          std::copy_n(dy + t * C_, C_, ep_back_ + row * C_);
+          ep_send_w_[row] = r.routing.top_weight[t * k_ + r.routing.slot[i]];
+        }
       }
-    Work rows = group_->all_to_all_v(ConstTypedPtr(ep_back_), sent_counts(r, C_),
-                                     TypedPtr(ep_dy_), received_counts(r, C_), "expert dispatch dy");
-    Work weights = group_->all_to_all_v(ConstTypedPtr(ep_send_w_), sent_counts(r, 1),
-                                        TypedPtr(ep_w_), received_counts(r, 1),
-                                        "expert dispatch weights");
-    h2_rows.wait();
-    rows.wait();
-    weights.wait();
+    // One set of exchanges per held expert, in the order the holders run them
+    // backward (the last first), so that each expert's backward starts once its own
+    // rows are in.
+    arriving_.assign(static_cast<size_t>(local_experts_), {});
+    returning_.assign(static_cast<size_t>(local_experts_), {});
+    for (int chunk = local_experts_ - 1; chunk >= 0; --chunk) {
+      std::vector<Work>& in = arriving_[static_cast<size_t>(chunk)];
+      if (recompute_)
+        in.push_back(exchange_chunk(r, sent, chunk, Direction::to_holders, ep_send_h2_,
+                                    held_rows(r).h2, C_, "expert dispatch h2 again"));
+      in.push_back(exchange_chunk(r, sent, chunk, Direction::to_holders, ep_back_, ep_dy_, C_,
+                                  "expert dispatch dy"));
+      in.push_back(exchange_chunk(r, sent, chunk, Direction::to_holders, ep_send_w_, ep_w_, 1,
+                                  "expert dispatch weights"));
+    }
   }
   const int c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   if (holds(e)) {
     const int local = e - local_begin_;
+    // (Its dy rows' exchange, whose sent half reads ep_back_, is done before its dh2
+    // rows come back into the same rows of ep_back_.)
+    wait_all(arriving_[static_cast<size_t>(local)]);
     const HeldRows& held = held_rows(r);
     for (int j = 0; j < group_->size(); ++j) {
       const int64_t rows = received_rows(r, j, local);
@@ -241,25 +293,29 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
         lora_->input_gradient(be, w.lora.gate_up, m, c, 2 * i1, dgu, ep_rows_ + b * C_);
       }
     }
+    // Its dh2 rows and the top-k weights' gradients start back while the next held
+    // expert computes.
+    const std::vector<int64_t> sent = sent_begin(r);
+    std::vector<Work>& out = returning_[static_cast<size_t>(local)];
+    out.push_back(exchange_chunk(r, sent, local, Direction::to_sources, ep_rows_, ep_back_, C_,
+                                 "expert combine dh2"));
+    out.push_back(exchange_chunk(r, sent, local, Direction::to_sources, ep_dot_, ep_dot_back_, 1,
+                                 "expert combine weights' gradients"));
   }
   if (e != 0) return;
-  // The layer's last backward expert unit: dh2 rows and the weights' gradients back,
-  // added in the P = 1 order (experts descending).
-  Work rows = group_->all_to_all_v(ConstTypedPtr(ep_rows_), received_counts(r, C_),
-                                   TypedPtr(ep_back_), sent_counts(r, C_), "expert combine dh2");
-  Work dots = group_->all_to_all_v(ConstTypedPtr(ep_dot_), received_counts(r, 1),
-                                   TypedPtr(ep_dot_back_), sent_counts(r, 1),
-                                   "expert combine weights' gradients");
-  rows.wait();
-  dots.wait();
+  // The layer's last backward expert unit: dh2 rows and the weights' gradients are
+  // back; added in the P = 1 order (experts descending).
+  for (auto& works : returning_) wait_all(works);
   if (meta_) return;
+  const std::vector<int64_t> sent = sent_begin(r);
   for (int x = E_ - 1; x >= 0; --x) {
     const auto [begin, end] = assignments(r, x);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = r.routing.token[i];
-      dtop_[t * k_ + r.routing.slot[i]] += ep_dot_back_[i];
+      const int64_t row = sent[static_cast<size_t>(x)] + i - begin;
+      dtop_[t * k_ + r.routing.slot[i]] += ep_dot_back_[row];
       float* d = dh2_ + t * C_;
-      const float* dx = ep_back_ + i * C_;
+      const float* dx = ep_back_ + row * C_;
       for (int64_t j = 0; j < C_; ++j) d[j] += dx[j];
     }
   }

@@ -28,19 +28,31 @@
 // Expert parallelism (an expert group of P ranks, ModelParallelGroups::expert; the
 // ranks of a group read different rows): rank q of the group holds experts
 // [q E/P, (q+1) E/P) of every sparse layer, and only their units run anything.
-// moe_expert_parallel.cpp moves the tokens:
-//   dispatch (after route): the per-expert counts first (all_to_all), then every
-//     assignment's h2 row, in the routing's grouping (by expert, tokens ascending), so
-//     a peer's block is its experts' rows in expert order (all_to_all_v); rank q keeps,
-//     per layer, the rows of every source j for each of its experts.
-//   each held expert runs one GEMM pair per source block: the same rows in the same
-//     order, so the same results, as that expert's GEMMs on the source rank at P = 1.
-//   combine (the layer's last expert unit): the outputs go back by the reverse
-//     all_to_all_v and each source adds w * o in expert order, as at P = 1.
-//   backward: the layer's first backward expert unit sends dy rows and top-k weights
-//     to the holders; each holder's blocks give dW (+=, over its sources in rank
-//     order), the top-k weights' dot products and dh2 rows, which the layer's last
-//     backward expert unit brings back and adds in the P = 1 order.
+// moe_expert_parallel.cpp moves the tokens, one exchange per held expert ("chunk" c:
+// between every pair of ranks, the rows of the receiver's c-th held expert), so that
+// an expert computes while the next one's rows travel (DeepSpeed-MoE's and Megatron's
+// overlapped all-to-all):
+//   dispatch (after route): the per-expert counts first (all_to_all), then, one
+//     all_to_all_v per chunk, every assignment's h2 row in the routing's grouping (by
+//     expert, tokens ascending); a source lays its rows out chunk by chunk (its rows
+//     for peer 0's c-th expert, peer 1's, ...), a holder keeps, per layer, each held
+//     expert's rows from every source j in turn.
+//   each held expert waits for its own chunk, then runs one GEMM pair per source
+//     block: the same rows in the same order, so the same results, as that expert's
+//     GEMMs on the source rank at P = 1; its outputs start back (the reverse
+//     all_to_all_v of its chunk) while the next held expert computes.
+//   combine (the layer's last expert unit): once every chunk is back, each source adds
+//     w * o in expert order, as at P = 1.
+//   backward: the layer's first backward expert unit starts every chunk's dy rows and
+//     top-k weights towards the holders (the last held expert's first); each held
+//     expert waits for its chunk, and its blocks give dW (+=, over its sources in rank
+//     order), the top-k weights' dot products and dh2 rows, which start back at once;
+//     the layer's last backward expert unit waits for them and adds in the P = 1 order.
+// Every rank issues its chunks at the same place of its own held experts (and the
+// dispatches at the same units), so the group's collectives and the other groups'
+// come in one order on every rank (comm/comm_thread.hpp runs them in issue order).
+// With SHARDLM_COMM_OVERLAP=0 a collective starts only once waited for: the same
+// exchanges, none beside the GEMMs.
 // With activation checkpointing each sparse layer keeps h2 and its routing and the
 // counts received, the holders one shared set of received rows and activations: the
 // layer's first backward expert unit sends the h2 rows again (beside the dy rows, in
@@ -153,9 +165,18 @@ class MoeExperts {
   // The layer's held rows: its own, or with activation checkpointing the one set the
   // layers share (the backward receives the h2 rows again and recomputes the rest).
   HeldRows& held_rows(LayerRouting& r) { return recompute_ ? shared_held_ : r.held; }
-  // Starts sending the layer's assignments' h2 rows to their experts' holders (the
-  // counts exchanged, r.received set), into held_rows(r).h2.
-  Work send_h2_rows(LayerRouting& r, Backend& be, ConstTypedPtr h2);
+  // Where each expert's rows start in this rank's send layout [n k]: chunk by chunk
+  // (held expert c of every peer in turn), each expert's rows in the grouping's order.
+  std::vector<int64_t> sent_begin(const LayerRouting& r) const;
+  // The layer's assignments' h2 rows into ep_send_h2_, in the send layout.
+  void pack_h2_rows(LayerRouting& r, Backend& be, ConstTypedPtr h2,
+                    const std::vector<int64_t>& sent);
+  // Starts chunk `chunk`'s all_to_all_v of `width` elements per row: from the send
+  // layout at `from` to the held rows at `to` (to_holders), or back (to_sources).
+  enum class Direction { to_holders, to_sources };
+  Work exchange_chunk(const LayerRouting& r, const std::vector<int64_t>& sent, int chunk,
+                      Direction direction, ConstTypedPtr from, TypedPtr to, int64_t width,
+                      const char* what);
   // Held expert `local`'s g|u and silu(g) * u on the rows received from peer j.
   void held_activations(LayerRouting& r, int local, int peer, Backend& be, bool row_by_row,
                         const ExpertWeights& w);
@@ -165,13 +186,11 @@ class MoeExperts {
                           ConstTypedPtr h2, const ExpertWeights& w, const float* dy,
                           float* grad_gate_up, float* grad_down);
   // Rows each peer of the group sends this rank for each held expert: the layer's
-  // counts [P x E/P]; the running sum over the peers' blocks (source-major) is where
-  // block (j, e) starts among the received rows.
+  // counts [P x E/P]; the received rows lie chunk by chunk (held expert 0's from every
+  // source in rank order, then held expert 1's, ...): block (j, e) starts at
+  // received_begin.
   int64_t received_rows(const LayerRouting& r, int peer, int local) const;
   int64_t received_begin(const LayerRouting& r, int peer, int local) const;
-  // Elements per peer of this rank's assignments grouped by holder (`width` per row).
-  std::vector<size_t> sent_counts(const LayerRouting& r, int64_t width) const;
-  std::vector<size_t> received_counts(const LayerRouting& r, int64_t width) const;
   void meta_expert_backward(const LayerRouting& r, int64_t begin, int64_t rows, Backend& be,
                             const ParamRounding& rounding,
                             ConstTypedPtr h2, const ExpertWeights& w, float* grad_gate_up,
@@ -212,14 +231,17 @@ class MoeExperts {
   HeldRows shared_held_;      // recompute: the layers' one set
   TypedPtr ep_send_h2_;       // [n k, C] assignments' h2 rows, grouped by expert
   float* ep_rows_ = nullptr;  // [R, C] held experts' outputs; backward: their dh2 rows
-  float* ep_back_ = nullptr;  // [n k, C] those rows back at their source; backward, first
-                              // the assignments' dy rows sent
+  float* ep_back_ = nullptr;  // [n k, C] those rows back at their source (send layout);
+                              // backward, first the assignments' dy rows sent
   float* ep_dy_ = nullptr;       // [R, C] the dy rows received
   float* ep_send_w_ = nullptr;   // [n k] assignments' top-k weights
   float* ep_w_ = nullptr;        // [R] received
   float* ep_dot_ = nullptr;      // [R] top-k weight gradients of the received rows
   float* ep_dot_back_ = nullptr;  // [n k] back at their source
   float* ep_counts_ = nullptr;    // [2 E] counts exchanged (fp32: exact below 2^24 rows)
+  // Per held expert: the exchanges in flight that its compute waits for, and those
+  // that bring its rows back, which the layer's last (backward) expert unit waits for.
+  std::vector<std::vector<Work>> arriving_, returning_;
 };
 
 }  // namespace shardlm
