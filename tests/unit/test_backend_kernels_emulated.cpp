@@ -42,6 +42,7 @@ TEST(BackendKernelsEmulated, Unavailable) {
 #include "shardlm/backend/cpu/rmsnorm.hpp"
 #include "shardlm/backend/cpu/rope.hpp"
 #include "shardlm/backend/cpu/swiglu.hpp"
+#include "shardlm/backend/cpu/vocab_shard.hpp"
 #include "shardlm/backend/kernel_args.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/optim/adamw.hpp"
@@ -394,6 +395,69 @@ TEST(BackendKernelsEmulated, RopeEmbeddingNf4) {
     shardlm::cpu::nf4_dequantize(words.data(), n, TypedPtr(want.data(), type));
     expect_equal_values(widen_storage(type, got, n), widen_storage(type, want, n), "nf4");
   }
+}
+
+// The vocabulary-parallel kernels: 37 rows (five blocks of 8 warps, the last part idle)
+// of 75 held columns (lanes striding past 32 twice, a tail) at row stride 80, targets held
+// here, held elsewhere and ignored. Masks, maxima and target logits exact; the warp's
+// sums add in lane order (1e-5); the numerators and gradients are the same formulas.
+TEST(BackendKernelsEmulated, VocabShardKernels) {
+  const shardlm::VocabShardRows shard{150, 75};
+  const int rows = 37, ld = 80, C = 33;
+  std::vector<int32_t> targets(static_cast<size_t>(rows)), tokens(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    targets[size_t(r)] = r % 5 == 0 ? -1 : (r * 37) % 300;  // ~1/4 of them held here
+    tokens[size_t(r)] = (r * 53) % 320 - 10;
+  }
+  targets[1] = 150;
+  targets[2] = 224;
+  const Vec logits0 = random_vec(size_t(rows) * ld, 141, 6.0);
+  const Vec rows0 = random_vec(size_t(rows) * C, 142);
+  std::vector<int32_t> local_got(static_cast<size_t>(rows)), local_want(static_cast<size_t>(rows));
+  ASSERT_EQ(gpu::vocab_shard_localize(kStream, local_got.data(), tokens.data(), rows, shard), cudaSuccess);
+  shardlm::cpu::vocab_shard_localize(local_want.data(), tokens.data(), rows, shard);
+  EXPECT_EQ(local_got, local_want);
+  Vec masked_got = rows0, masked_want = rows0;
+  gpu::vocab_shard_mask_rows(kStream, masked_got.data(), tokens.data(), rows, C, shard);
+  shardlm::cpu::vocab_shard_mask_rows(masked_want.data(), tokens.data(), rows, C, shard);
+  expect_equal_values(masked_got, masked_want, "vocab_shard_mask_rows");
+
+  Vec max_got(rows), max_want(rows);
+  ASSERT_EQ(gpu::vocab_shard_row_max(kStream, max_got.data(), logits0.data(), ld, rows, shard), cudaSuccess);
+  shardlm::cpu::vocab_shard_row_max(max_want.data(), logits0.data(), ld, rows, shard);
+  expect_equal_values(max_got, max_want, "vocab_shard_row_max");
+  Vec group_max = max_want;
+  for (int r = 0; r < rows; r += 3) group_max[size_t(r)] += 0.75f;  // another rank's larger one
+  Vec numer_got = logits0, numer_want = logits0, sums_got(2 * rows), sums_want(2 * rows);
+  ASSERT_EQ(gpu::vocab_shard_softmax_sums(kStream, sums_got.data(), numer_got.data(), ld,
+                                          group_max.data(), targets.data(), rows, shard),
+            cudaSuccess);
+  shardlm::cpu::vocab_shard_softmax_sums(sums_want.data(), numer_want.data(), ld, group_max.data(),
+                                         targets.data(), rows, shard);
+  expect_close(numer_got, numer_want, 1e-6, "vocab_shard_softmax_sums numerators");
+  Vec sum_got(rows), sum_want(rows), target_got(rows), target_want(rows);
+  for (int r = 0; r < rows; ++r) {
+    sum_got[size_t(r)] = sums_got[size_t(2 * r)];
+    sum_want[size_t(r)] = sums_want[size_t(2 * r)];
+    target_got[size_t(r)] = sums_got[size_t(2 * r + 1)];
+    target_want[size_t(r)] = sums_want[size_t(2 * r + 1)];
+  }
+  expect_close(sum_got, sum_want, kFp32Tol, "vocab_shard_softmax_sums sums");
+  expect_equal_values(target_got, target_want, "vocab_shard_softmax_sums target logits");
+
+  Vec loss_got(rows, std::nanf("")), loss_want(rows);
+  ASSERT_EQ(gpu::vocab_shard_loss(kStream, loss_got.data(), group_max.data(), sums_want.data(),
+                                  targets.data(), rows),
+            cudaSuccess);
+  shardlm::cpu::vocab_shard_loss(loss_want.data(), group_max.data(), sums_want.data(), targets.data(), rows);
+  expect_close(loss_got, loss_want, kFp32Tol, "vocab_shard_loss");
+  Vec grad_got = numer_want, grad_want = numer_want;
+  ASSERT_EQ(gpu::vocab_shard_softmax_backward(kStream, grad_got.data(), ld, sums_want.data(),
+                                              targets.data(), rows, 0.125f, shard),
+            cudaSuccess);
+  shardlm::cpu::vocab_shard_softmax_backward(grad_want.data(), ld, sums_want.data(), targets.data(),
+                                             rows, 0.125f, shard);
+  expect_close(grad_got, grad_want, kFp32Tol, "vocab_shard_softmax_backward");
 }
 
 TEST(BackendKernelsEmulated, AdamWAndSums) {

@@ -12,7 +12,7 @@
 // On the CPU backend the comparison with itself is exact by construction, so each op
 // family also has an independent check here where it is cheap (a double-precision
 // reference written out in the test: GEMM, conversions, bias adds, LayerNorm, RMSNorm,
-// RoPE, embeddings, sums, NF4, AdamW). The cpu:: kernels have their own reference tests
+// RoPE, embeddings, the vocabulary-parallel kernels, sums, NF4, AdamW). The cpu:: kernels have their own reference tests
 // besides (tests/unit/test_cpu_kernels.cpp, test_gemm.cpp, test_rmsnorm.cpp,
 // test_rope.cpp, test_swiglu.cpp, test_attention_gqa.cpp, test_nf4.cpp, test_adamw.cpp,
 // test_compute_type_kernels.cpp); GELU, SwiGLU, attention and the LM head rely on those.
@@ -932,6 +932,108 @@ TEST_P(BackendOps, LmHeadCrossEntropy) {
                        "lm head " + std::string(shardlm::dtype_name(type)) +
                            (with_grad ? " with gradients" : " loss only"));
     }
+}
+
+// The vocabulary-parallel lookup's and loss's per-row kernels (backend/cpu/vocab_shard.hpp),
+// in the order VocabParallelEmbedding / VocabParallelHead call them, on a shard of rows
+// [10, 27) of a 23-column logits chunk: targets held here, held elsewhere and ignored.
+// "Group" maxima and sums stand in for the collectives' results (another rank's larger
+// maximum, its share of the sum). Against the CPU backend (exact for the masks, 1e-5 for
+// the sums: lanes in another order on a GPU), then on the tested backend against a
+// float64 reference written out here: maxima, target logits and masks exact; the
+// numerators and their sums, losses and gradients within 1e-6 of the largest (exp_approx
+// is ~2 fp32 ulps, 2.4e-7, and the fp32 sum of 17 positive terms adds ~1e-6 at most).
+TEST_P(BackendOps, VocabShardKernels) {
+  const shardlm::VocabShardRows shard{10, 17};
+  const int rows = 6, ld = 23;
+  const std::vector<int32_t> targets = {12, -1, 3, 26, 40, 10};
+  const Vec logits0 = random_vec(size_t(rows) * ld, 131, 4.0);
+  const Vec group_max_extra = {0.0f, 0.5f, 0.0f, 1.25f, 0.0f, 0.0f};
+  const Vec other_sums = {0.0f, 0.0f, 3.5f, 0.0f, 0.0f, 1.5f, 2.0f, -0.75f, 0.25f, 1.0f, 0.0f, 0.0f};
+  const float grad_scale = 0.25f;
+  const std::vector<int32_t> tokens = {11, 3, 26, 27, 10, -5, 100};
+  const int C = 9;
+  const Vec table_rows = random_vec(tokens.size() * C, 132);
+  auto run = [&](Backend& b) {
+    const Buffer tok = upload_ints(b, tokens), tg = upload_ints(b, targets);
+    Buffer local(b, tokens.size() * 4), masked = upload(b, table_rows);
+    b.vocab_shard_localize(local.i32(), tok.i32(), int64_t(tokens.size()), shard);
+    b.vocab_shard_mask_rows(masked.f32(), tok.i32(), int64_t(tokens.size()), C, shard);
+    Vec local_tokens(tokens.size());
+    std::vector<int32_t> raw(tokens.size());
+    b.copy_to_host(raw.data(), local.data(), raw.size() * 4);
+    std::copy(raw.begin(), raw.end(), local_tokens.begin());
+
+    Buffer logits = upload(b, logits0), row_max(b, rows * 4), sums(b, 2 * rows * 4);
+    b.vocab_shard_row_max(row_max.f32(), logits.f32(), ld, rows, shard);
+    const Vec local_max = row_max.read(rows);
+    Vec group_max(rows);
+    for (int r = 0; r < rows; ++r) group_max[size_t(r)] = local_max[size_t(r)] + group_max_extra[size_t(r)];
+    const Buffer gmax = upload(b, group_max);
+    b.vocab_shard_softmax_sums(sums.f32(), logits.f32(), ld, gmax.f32(), tg.i32(), rows, shard);
+    const Vec local_sums = sums.read(2 * rows), numerators = logits.read(size_t(rows) * ld);
+    Vec group_sums(2 * rows);
+    for (int i = 0; i < 2 * rows; ++i) group_sums[size_t(i)] = local_sums[size_t(i)] + other_sums[size_t(i)];
+    const Buffer gsums = upload(b, group_sums);
+    Buffer losses = upload(b, Vec(rows, std::nanf("")));
+    b.vocab_shard_loss(losses.f32(), gmax.f32(), gsums.f32(), tg.i32(), rows);
+    b.vocab_shard_softmax_backward(logits.f32(), ld, gsums.f32(), tg.i32(), rows, grad_scale, shard);
+    return std::vector<Vec>{local_tokens, masked.read(tokens.size() * C), local_max, local_sums,
+                            numerators, losses.read(rows), logits.read(size_t(rows) * ld)};
+  };
+  compare_with_cpu(tested(), run, {0, 0, 0, kFp32Tol, kFp32Tol, kFp32Tol, kFp32Tol},
+                   "vocab shard kernels");
+
+  // Independent: float64, written out.
+  const std::vector<Vec> got = run(tested());
+  auto held = [&](int32_t t) { return t >= shard.begin && t < shard.begin + shard.real; };
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    EXPECT_EQ(got[0][i], held(tokens[i]) ? float(tokens[i] - shard.begin) : 0.0f) << i;
+    for (int c = 0; c < C; ++c)
+      EXPECT_EQ(got[1][i * C + size_t(c)], held(tokens[i]) ? table_rows[i * C + size_t(c)] : 0.0f);
+  }
+  Vec numerators(size_t(rows) * ld), sums(2 * rows), losses(rows), grads(size_t(rows) * ld);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = logits0.data() + size_t(r) * ld;
+    EXPECT_EQ(got[2][size_t(r)], *std::max_element(row, row + shard.real)) << "row max " << r;
+    const double m = double(got[2][size_t(r)] + group_max_extra[size_t(r)]);  // fp32, as run
+    const int32_t t = targets[size_t(r)];
+    double sum = 0.0;
+    for (int j = 0; j < ld; ++j) {
+      const double e = j < shard.real ? std::exp(double(row[j]) - m) : double(row[j]);
+      numerators[size_t(r) * ld + size_t(j)] = float(e);
+      if (j < shard.real) sum += e;
+    }
+    sums[size_t(2 * r)] = float(sum);
+    sums[size_t(2 * r + 1)] = held(t) ? row[t - shard.begin] : 0.0f;
+    EXPECT_EQ(got[3][size_t(2 * r + 1)], sums[size_t(2 * r + 1)]) << "target logit " << r;
+    const double total = sum + other_sums[size_t(2 * r)];
+    const double target_logit = double(sums[size_t(2 * r + 1)]) + other_sums[size_t(2 * r + 1)];
+    losses[size_t(r)] = t < 0 ? 0.0f : float(m + std::log(total) - target_logit);
+    for (int j = 0; j < ld; ++j) {
+      double g = double(row[j]);  // the padding columns stay as they were
+      if (j < shard.real)
+        g = t < 0 ? 0.0 : grad_scale * (std::exp(double(row[j]) - m) / total -
+                                        (held(t) && j == t - shard.begin ? 1.0 : 0.0));
+      grads[size_t(r) * ld + size_t(j)] = float(g);
+    }
+  }
+  expect_close(got[3], sums, 1e-6, "vocab shard sums vs double");
+  expect_close(got[4], numerators, 1e-6, "vocab shard numerators vs double");
+  expect_close(got[5], losses, 1e-6, "vocab shard losses vs double");
+  expect_close(got[6], grads, 1e-6, "vocab shard gradients vs double");
+
+  // A rank of padding rows only: no logits, a maximum of -inf and empty sums.
+  Backend& b = tested();
+  const shardlm::VocabShardRows padding{30, 0};
+  const Buffer logits = upload(b, logits0), tg = upload_ints(b, targets);
+  Buffer row_max(b, rows * 4), part(b, 2 * rows * 4);
+  b.vocab_shard_row_max(row_max.f32(), logits.f32(), ld, rows, padding);
+  const Buffer gmax = upload(b, Vec(rows, 1.0f));
+  b.vocab_shard_softmax_sums(part.f32(), logits.f32(), ld, gmax.f32(), tg.i32(), rows, padding);
+  for (float v : row_max.read(rows)) EXPECT_EQ(v, -std::numeric_limits<float>::infinity());
+  for (float v : part.read(2 * rows)) EXPECT_EQ(v, 0.0f);
+  EXPECT_EQ(logits.read(size_t(rows) * ld), logits0);
 }
 
 TEST_P(BackendOps, Sums) {

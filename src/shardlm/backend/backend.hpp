@@ -159,6 +159,24 @@ class Backend {
   // backend sums in index order.
   virtual double sum(const float* data, int64_t n) = 0;
 
+  // --- vocabulary-parallel embedding and loss (cpu/vocab_shard.hpp) ---------------------
+  // A tensor rank's share of the lookup and of the softmax between the GEMMs and the
+  // collectives over the tensor group; tokens and targets: device memory.
+  virtual void vocab_shard_localize(int32_t* local_tokens, const int32_t* tokens, int64_t n,
+                                    VocabShardRows shard) = 0;
+  virtual void vocab_shard_mask_rows(float* rows, const int32_t* tokens, int64_t n, int C,
+                                     VocabShardRows shard) = 0;
+  virtual void vocab_shard_row_max(float* row_max, const float* logits, int64_t ld, int rows,
+                                   VocabShardRows shard) = 0;
+  virtual void vocab_shard_softmax_sums(float* sums, float* logits, int64_t ld,
+                                        const float* row_max, const int32_t* targets, int rows,
+                                        VocabShardRows shard) = 0;
+  virtual void vocab_shard_loss(float* losses, const float* row_max, const float* sums,
+                                const int32_t* targets, int rows) = 0;
+  virtual void vocab_shard_softmax_backward(float* logits, int64_t ld, const float* sums,
+                                            const int32_t* targets, int rows, float grad_scale,
+                                            VocabShardRows shard) = 0;
+
   // --- quantized weights ---------------------------------------------------------
   virtual void nf4_dequantize(const void* in, int64_t n, TypedPtr out) = 0;
 

@@ -1,6 +1,6 @@
 // The argument records that kernels share across backends (backend.hpp) and that
 // the cpu:: kernels take: shapes of attention and RMSNorm, the LM head's arguments, a
-// view of the rotary tables.
+// view of the rotary tables, a tensor rank's vocabulary rows.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +49,14 @@ struct LmHeadLossArgs {
   TypedPtr dlogits_scratch;          // [chunk_rows, logits_stride] in x's type when not fp32
   int64_t logits_stride = 0;         // >= V
   int chunk_rows = 0;
+};
+
+// The vocabulary rows [begin, begin + real) one tensor rank holds (the real ones of its
+// block of the padded vocabulary; model/tensor_parallel/vocab_parallel.hpp): the
+// vocabulary-parallel embedding's and loss's kernels (backend/cpu/vocab_shard.hpp).
+struct VocabShardRows {
+  int64_t begin = 0;
+  int real = 0;
 };
 
 }  // namespace shardlm

@@ -18,6 +18,7 @@
 #include "shardlm/backend/cpu/rmsnorm.hpp"
 #include "shardlm/backend/cpu/rope.hpp"
 #include "shardlm/backend/cpu/swiglu.hpp"
+#include "shardlm/backend/cpu/vocab_shard.hpp"
 
 namespace shardlm {
 
@@ -180,6 +181,32 @@ class CpuBackend final : public Backend {
     double total = 0.0;
     for (int64_t i = 0; i < n; ++i) total += data[i];
     return total;
+  }
+
+  void vocab_shard_localize(int32_t* local_tokens, const int32_t* tokens, int64_t n,
+                            VocabShardRows shard) override {
+    cpu::vocab_shard_localize(local_tokens, tokens, n, shard);
+  }
+  void vocab_shard_mask_rows(float* rows, const int32_t* tokens, int64_t n, int C,
+                             VocabShardRows shard) override {
+    cpu::vocab_shard_mask_rows(rows, tokens, n, C, shard);
+  }
+  void vocab_shard_row_max(float* row_max, const float* logits, int64_t ld, int rows,
+                           VocabShardRows shard) override {
+    cpu::vocab_shard_row_max(row_max, logits, ld, rows, shard);
+  }
+  void vocab_shard_softmax_sums(float* sums, float* logits, int64_t ld, const float* row_max,
+                                const int32_t* targets, int rows, VocabShardRows shard) override {
+    cpu::vocab_shard_softmax_sums(sums, logits, ld, row_max, targets, rows, shard);
+  }
+  void vocab_shard_loss(float* losses, const float* row_max, const float* sums,
+                        const int32_t* targets, int rows) override {
+    cpu::vocab_shard_loss(losses, row_max, sums, targets, rows);
+  }
+  void vocab_shard_softmax_backward(float* logits, int64_t ld, const float* sums,
+                                    const int32_t* targets, int rows, float grad_scale,
+                                    VocabShardRows shard) override {
+    cpu::vocab_shard_softmax_backward(logits, ld, sums, targets, rows, grad_scale, shard);
   }
 
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override {

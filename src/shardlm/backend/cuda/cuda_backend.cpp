@@ -589,6 +589,40 @@ class CudaBackend final : public Backend {
   }
   double sum(const float* data, int64_t n) override { return device_sum(data, n, false); }
 
+  void vocab_shard_localize(int32_t* local_tokens, const int32_t* tokens, int64_t n,
+                            VocabShardRows shard) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::vocab_shard_localize(stream_, local_tokens, tokens, n, shard));
+  }
+  void vocab_shard_mask_rows(float* rows, const int32_t* tokens, int64_t n, int C,
+                             VocabShardRows shard) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::vocab_shard_mask_rows(stream_, rows, tokens, n, C, shard));
+  }
+  void vocab_shard_row_max(float* row_max, const float* logits, int64_t ld, int rows,
+                           VocabShardRows shard) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::vocab_shard_row_max(stream_, row_max, logits, ld, rows, shard));
+  }
+  void vocab_shard_softmax_sums(float* sums, float* logits, int64_t ld, const float* row_max,
+                                const int32_t* targets, int rows, VocabShardRows shard) override {
+    select();
+    SHARDLM_CUDA_CHECK(
+        kernels::vocab_shard_softmax_sums(stream_, sums, logits, ld, row_max, targets, rows, shard));
+  }
+  void vocab_shard_loss(float* losses, const float* row_max, const float* sums,
+                        const int32_t* targets, int rows) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::vocab_shard_loss(stream_, losses, row_max, sums, targets, rows));
+  }
+  void vocab_shard_softmax_backward(float* logits, int64_t ld, const float* sums,
+                                    const int32_t* targets, int rows, float grad_scale,
+                                    VocabShardRows shard) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::vocab_shard_softmax_backward(stream_, logits, ld, sums, targets,
+                                                             rows, grad_scale, shard));
+  }
+
   // --- quantized weights
   // ---------------------------------------------------------------------------
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override {

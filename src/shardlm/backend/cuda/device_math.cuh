@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "shardlm/backend/kernel_args.hpp"
 #include "shardlm/core/dtype.hpp"
 
 // Launches `kernel` (a __global__ function or a pointer to one: template instances go
@@ -137,6 +138,11 @@ __device__ __forceinline__ float tanh_approx(float x) {
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+// Whether a tensor rank's vocabulary rows hold token (or target) t.
+__device__ __forceinline__ bool vocab_shard_holds(VocabShardRows shard, int32_t t) {
+  return t >= shard.begin && t < shard.begin + shard.real;
 }
 
 // Grid-stride loop bounds: the first index of this thread and the stride.

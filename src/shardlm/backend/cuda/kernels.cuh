@@ -63,6 +63,25 @@ cudaError_t embedding_backward(cudaStream_t stream, float* dwte, float* dwpe, co
                                const int32_t* positions, int32_t* order_scratch);
 cudaError_t nf4_dequantize(cudaStream_t stream, const void* in, int64_t n, TypedPtr out);
 
+// --- vocabulary-parallel lookup and loss (cpu/vocab_shard.hpp's contracts) ----------------------
+// Elementwise (kernels_elementwise.cu):
+cudaError_t vocab_shard_localize(cudaStream_t stream, int32_t* local_tokens, const int32_t* tokens,
+                                 int64_t n, VocabShardRows shard);
+cudaError_t vocab_shard_mask_rows(cudaStream_t stream, float* rows, const int32_t* tokens, int64_t n,
+                                  int C, VocabShardRows shard);
+cudaError_t vocab_shard_loss(cudaStream_t stream, float* losses, const float* row_max,
+                             const float* sums, const int32_t* targets, int rows);
+cudaError_t vocab_shard_softmax_backward(cudaStream_t stream, float* logits, int64_t ld,
+                                         const float* sums, const int32_t* targets, int rows,
+                                         float grad_scale, VocabShardRows shard);
+// A warp per row (kernels_reduce.cu): the sums run in lane order, not the CPU's column
+// order (a few fp32 ulps apart).
+cudaError_t vocab_shard_row_max(cudaStream_t stream, float* row_max, const float* logits,
+                                int64_t ld, int rows, VocabShardRows shard);
+cudaError_t vocab_shard_softmax_sums(cudaStream_t stream, float* sums, float* logits, int64_t ld,
+                                     const float* row_max, const int32_t* targets, int rows,
+                                     VocabShardRows shard);
+
 // --- AdamW ---------------------------------------------------------------------------------
 // The per-step constants, computed on the host exactly as backend/cpu/adamw.cpp does.
 struct AdamConstants {

@@ -1,5 +1,6 @@
 // Elementwise kernels of the CUDA backend: conversions, bias adds, GELU, SwiGLU, RoPE,
-// embedding lookup, NF4 dequantization and AdamW. Each thread handles whole elements
+// embedding lookup, NF4 dequantization, AdamW and the vocabulary-parallel lookup's
+// masking, per-row loss and softmax gradient. Each thread handles whole elements
 // (grid-stride loops), reads before it writes the same indices, so the in-place forms
 // the cpu:: contracts allow (out == in) are safe. Formulas are written in the CPU
 // kernels' operation order (device_math.cuh says how close that makes them).
@@ -257,6 +258,47 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
   }
 }
 
+// --- the vocabulary-parallel lookup's masking, the loss and its gradient over a shard -------
+
+__global__ void vocab_shard_localize_kernel(int32_t* local_tokens, const int32_t* tokens, int64_t n,
+                                            VocabShardRows shard) {
+  for (int64_t i = grid_first(); i < n; i += grid_stride())
+    local_tokens[i] = vocab_shard_holds(shard, tokens[i]) ? static_cast<int32_t>(tokens[i] - shard.begin) : 0;
+}
+
+__global__ void vocab_shard_mask_rows_kernel(float* rows, const int32_t* tokens, int64_t n, int C,
+                                             VocabShardRows shard) {
+  const int64_t total = n * C;
+  for (int64_t idx = grid_first(); idx < total; idx += grid_stride())
+    if (!vocab_shard_holds(shard, tokens[idx / C])) rows[idx] = 0.0f;
+}
+
+__global__ void vocab_shard_loss_kernel(float* losses, const float* row_max, const float* sums,
+                                        const int32_t* targets, int rows) {
+  for (int64_t r = grid_first(); r < rows; r += grid_stride())
+    losses[r] = targets[r] < 0 ? 0.0f : row_max[r] + logf(sums[2 * r]) - sums[2 * r + 1];
+}
+
+// e * (grad_scale / sum), then minus grad_scale at a held target: the CPU's two steps.
+__global__ void vocab_shard_softmax_backward_kernel(float* logits, int64_t ld, const float* sums,
+                                                    const int32_t* targets, int rows,
+                                                    float grad_scale, VocabShardRows shard) {
+  const int64_t total = static_cast<int64_t>(rows) * shard.real;
+  for (int64_t idx = grid_first(); idx < total; idx += grid_stride()) {
+    const int64_t r = idx / shard.real;
+    const int64_t j = idx - r * shard.real;
+    float* value = logits + r * ld + j;
+    const int32_t t = targets[r];
+    if (t < 0) {
+      *value = 0.0f;
+      continue;
+    }
+    float g = *value * (grad_scale / sums[2 * r]);
+    if (vocab_shard_holds(shard, t) && j == t - shard.begin) g -= grad_scale;
+    *value = g;
+  }
+}
+
 }  // namespace
 
 // --- launchers -----------------------------------------------------------------------------------
@@ -481,6 +523,40 @@ cudaError_t adamw_update(cudaStream_t stream, float* params, const float* grads,
     }
     lo = hi;
   } while (lo < n);
+  return cudaGetLastError();
+}
+
+cudaError_t vocab_shard_localize(cudaStream_t stream, int32_t* local_tokens, const int32_t* tokens,
+                                 int64_t n, VocabShardRows shard) {
+  if (n <= 0) return cudaGetLastError();
+  SHARDLM_KERNEL(vocab_shard_localize_kernel, blocks_for(n), kThreads, stream, local_tokens, tokens,
+                 n, shard);
+  return cudaGetLastError();
+}
+
+cudaError_t vocab_shard_mask_rows(cudaStream_t stream, float* rows, const int32_t* tokens, int64_t n,
+                                  int C, VocabShardRows shard) {
+  if (n <= 0 || C <= 0) return cudaGetLastError();
+  SHARDLM_KERNEL(vocab_shard_mask_rows_kernel, blocks_for(n * C), kThreads, stream, rows, tokens, n,
+                 C, shard);
+  return cudaGetLastError();
+}
+
+cudaError_t vocab_shard_loss(cudaStream_t stream, float* losses, const float* row_max,
+                             const float* sums, const int32_t* targets, int rows) {
+  if (rows <= 0) return cudaGetLastError();
+  SHARDLM_KERNEL(vocab_shard_loss_kernel, blocks_for(rows), kThreads, stream, losses, row_max, sums,
+                 targets, rows);
+  return cudaGetLastError();
+}
+
+cudaError_t vocab_shard_softmax_backward(cudaStream_t stream, float* logits, int64_t ld,
+                                         const float* sums, const int32_t* targets, int rows,
+                                         float grad_scale, VocabShardRows shard) {
+  if (rows <= 0 || shard.real <= 0) return cudaGetLastError();
+  SHARDLM_KERNEL(vocab_shard_softmax_backward_kernel,
+                 blocks_for(static_cast<int64_t>(rows) * shard.real), kThreads, stream, logits, ld,
+                 sums, targets, rows, grad_scale, shard);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 // Kernels of the CUDA backend that reduce: LayerNorm and RMSNorm (one warp per
 // normalized vector, sums by warp butterflies), parameter gradients as deterministic
-// column sums, the embedding's scatter-add, and whole-array sums in double.
+// column sums, the embedding's scatter-add, whole-array sums in double, and the
+// vocabulary-parallel softmax's row maxima and sums (a warp per row).
 //
 // No atomics anywhere: every sum has an order fixed by the shapes alone, so a run
 // repeats bit for bit on the same GPU (the project's reproducibility promise).
@@ -383,6 +384,53 @@ __global__ void sum_final_kernel(const double* partials, int count, double* resu
   *result = total;
 }
 
+// --- the vocabulary-parallel softmax's row statistics: a warp per row ----------------------
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__global__ void vocab_shard_row_max_kernel(float* row_max, const float* logits, int64_t ld,
+                                           int rows, VocabShardRows shard) {
+  const bool active = warp_vector() < rows;  // (an idle warp still shuffles, see above)
+  const int64_t r = active ? warp_vector() : 0;
+  const int width = active ? shard.real : 0;
+  const float* row = logits + r * ld;
+  float m = -INFINITY;
+  for (int j = lane_id(); j < width; j += 32) m = fmaxf(m, row[j]);
+  m = warp_max(m);
+  if (active && lane_id() == 0) row_max[r] = m;
+}
+
+// Each lane reads and overwrites only its own columns; the lane holding the target's
+// column contributes its logit, every other lane 0, to a second warp sum (exact).
+__global__ void vocab_shard_softmax_sums_kernel(float* sums, float* logits, int64_t ld,
+                                                const float* row_max, const int32_t* targets,
+                                                int rows, VocabShardRows shard) {
+  const bool active = warp_vector() < rows;
+  const int64_t r = active ? warp_vector() : 0;
+  const int width = active ? shard.real : 0;
+  float* row = logits + r * ld;
+  const int32_t t = active ? targets[r] : -1;
+  const int64_t target_column = vocab_shard_holds(shard, t) ? t - shard.begin : -1;
+  const float m = active ? row_max[r] : 0.0f;
+  float sum = 0.0f, target_logit = 0.0f;
+  for (int j = lane_id(); j < width; j += 32) {
+    const float l = row[j];
+    if (j == target_column) target_logit = l;
+    const float e = exp_approx(l - m);
+    row[j] = e;
+    sum += e;
+  }
+  sum = warp_sum(sum);
+  target_logit = warp_sum(target_logit);
+  if (active && lane_id() == 0) {
+    sums[2 * r] = sum;
+    sums[2 * r + 1] = target_logit;
+  }
+}
+
 }  // namespace
 
 // --- launchers
@@ -519,6 +567,23 @@ cudaError_t sum(cudaStream_t stream, const float* data, int64_t n, bool squares,
   // A fixed grid (kSumBlocks x kSumThreads, whatever n is) fixes the summation order.
   SHARDLM_KERNEL(sum_partials_kernel, kSumBlocks, kSumThreads, stream, data, n, squares, partials);
   SHARDLM_KERNEL(sum_final_kernel, 1, 32, stream, partials, kSumBlocks, result);
+  return cudaGetLastError();
+}
+
+cudaError_t vocab_shard_row_max(cudaStream_t stream, float* row_max, const float* logits,
+                                int64_t ld, int rows, VocabShardRows shard) {
+  if (rows <= 0) return cudaGetLastError();
+  SHARDLM_KERNEL(vocab_shard_row_max_kernel, norm_blocks(rows), kNormThreads, stream, row_max,
+                 logits, ld, rows, shard);
+  return cudaGetLastError();
+}
+
+cudaError_t vocab_shard_softmax_sums(cudaStream_t stream, float* sums, float* logits, int64_t ld,
+                                     const float* row_max, const int32_t* targets, int rows,
+                                     VocabShardRows shard) {
+  if (rows <= 0) return cudaGetLastError();
+  SHARDLM_KERNEL(vocab_shard_softmax_sums_kernel, norm_blocks(rows), kNormThreads, stream, sums,
+                 logits, ld, row_max, targets, rows, shard);
   return cudaGetLastError();
 }
 

@@ -242,6 +242,40 @@ class EmulatedBackend final : public Backend {
   }
   double sum(const float* data, int64_t n) override { return cpu_.sum(dev(data, "sum"), n); }
 
+  void vocab_shard_localize(int32_t* local_tokens, const int32_t* tokens, int64_t n,
+                            VocabShardRows shard) override {
+    const char* k = "vocab_shard_localize";
+    cpu_.vocab_shard_localize(dev(local_tokens, k), dev(tokens, k), n, shard);
+  }
+  void vocab_shard_mask_rows(float* rows, const int32_t* tokens, int64_t n, int C,
+                             VocabShardRows shard) override {
+    const char* k = "vocab_shard_mask_rows";
+    cpu_.vocab_shard_mask_rows(dev(rows, k), dev(tokens, k), n, C, shard);
+  }
+  void vocab_shard_row_max(float* row_max, const float* logits, int64_t ld, int rows,
+                           VocabShardRows shard) override {
+    const char* k = "vocab_shard_row_max";
+    cpu_.vocab_shard_row_max(dev(row_max, k), dev(logits, k), ld, rows, shard);
+  }
+  void vocab_shard_softmax_sums(float* sums, float* logits, int64_t ld, const float* row_max,
+                                const int32_t* targets, int rows, VocabShardRows shard) override {
+    const char* k = "vocab_shard_softmax_sums";
+    cpu_.vocab_shard_softmax_sums(dev(sums, k), dev(logits, k), ld, dev(row_max, k),
+                                  dev(targets, k), rows, shard);
+  }
+  void vocab_shard_loss(float* losses, const float* row_max, const float* sums,
+                        const int32_t* targets, int rows) override {
+    const char* k = "vocab_shard_loss";
+    cpu_.vocab_shard_loss(dev(losses, k), dev(row_max, k), dev(sums, k), dev(targets, k), rows);
+  }
+  void vocab_shard_softmax_backward(float* logits, int64_t ld, const float* sums,
+                                    const int32_t* targets, int rows, float grad_scale,
+                                    VocabShardRows shard) override {
+    const char* k = "vocab_shard_softmax_backward";
+    cpu_.vocab_shard_softmax_backward(dev(logits, k), ld, dev(sums, k), dev(targets, k), rows,
+                                      grad_scale, shard);
+  }
+
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override {
     cpu_.nf4_dequantize(dev(in, "nf4_dequantize"), n, dev(out, "nf4_dequantize"));
   }

@@ -207,6 +207,28 @@ double MetaBackend::sum(const float*, int64_t n) {
   return 0.0;
 }
 
+// ---- the vocabulary-parallel lookup's masking and the loss's softmax over a shard ----
+void MetaBackend::vocab_shard_localize(int32_t*, const int32_t*, int64_t n, VocabShardRows) {
+  elementwise(2 * f32(n));
+}
+void MetaBackend::vocab_shard_mask_rows(float*, const int32_t*, int64_t n, int C, VocabShardRows) {
+  elementwise(f32(n) + f32(n * C));  // the tokens read, at most every row written
+}
+void MetaBackend::vocab_shard_row_max(float*, const float*, int64_t, int rows, VocabShardRows shard) {
+  work_.loss_bytes += f32(static_cast<int64_t>(rows) * shard.real);
+}
+void MetaBackend::vocab_shard_softmax_sums(float*, float*, int64_t, const float*, const int32_t*,
+                                           int rows, VocabShardRows shard) {
+  work_.loss_bytes += 2 * f32(static_cast<int64_t>(rows) * shard.real);
+}
+void MetaBackend::vocab_shard_loss(float*, const float*, const float*, const int32_t*, int rows) {
+  work_.loss_bytes += 5 * f32(rows);
+}
+void MetaBackend::vocab_shard_softmax_backward(float*, int64_t, const float*, const int32_t*,
+                                               int rows, float, VocabShardRows shard) {
+  work_.loss_bytes += 2 * f32(static_cast<int64_t>(rows) * shard.real);
+}
+
 void MetaBackend::nf4_dequantize(const void*, int64_t n, TypedPtr out) {
   elementwise(static_cast<double>(n) / 2 + bytes_of(out.dtype, n));
 }

@@ -119,6 +119,19 @@ class MetaBackend final : public Backend {
   void lm_head_cross_entropy(const LmHeadLossArgs& args, float* losses, float* dx,
                              float* dweight) override;
   double sum(const float* data, int64_t n) override;
+  void vocab_shard_localize(int32_t* local_tokens, const int32_t* tokens, int64_t n,
+                            VocabShardRows shard) override;
+  void vocab_shard_mask_rows(float* rows, const int32_t* tokens, int64_t n, int C,
+                             VocabShardRows shard) override;
+  void vocab_shard_row_max(float* row_max, const float* logits, int64_t ld, int rows,
+                           VocabShardRows shard) override;
+  void vocab_shard_softmax_sums(float* sums, float* logits, int64_t ld, const float* row_max,
+                                const int32_t* targets, int rows, VocabShardRows shard) override;
+  void vocab_shard_loss(float* losses, const float* row_max, const float* sums,
+                        const int32_t* targets, int rows) override;
+  void vocab_shard_softmax_backward(float* logits, int64_t ld, const float* sums,
+                                    const int32_t* targets, int rows, float grad_scale,
+                                    VocabShardRows shard) override;
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                     std::span<const ElementRange> decay_ranges, float lr, float grad_multiplier,

@@ -197,7 +197,8 @@ struct Gpt2Model::Impl {
     vocab_embedding.backward(*be, g + wte, dout, staged.tokens, B, T, C);
   }
   // The micro-batch's position ids: its own (packed rows, context parallelism, the KV
-  // cache) or t for every row's t-th token.
+  // cache) or t for every row's t-th token (host memory: on a device, staged.positions
+  // holds them, the vocabulary-parallel path staging defaults).
   const int32_t* position_ids() {
     if (staged.positions != nullptr) return staged.positions;
     default_positions.resize(static_cast<size_t>(N()));
@@ -282,7 +283,7 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, const ParamLayout& layout, int m
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * local_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
-  m.tp = TensorParallelBlock(options.parallel_groups.tensor, config);
+  m.tp = TensorParallelBlock(options.parallel_groups.tensor, config, m.be->stream_handle());
   m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
                                                m.vector_scratch_floats(), tracker);
 }
@@ -536,7 +537,8 @@ void Gpt2Model::Impl::final_forward(ParamPointers params, UnitPointers grads,
     dhead = grads[head_unit] + (lm_head < 0 ? wte : lm_head);
   }
   state.loss_sum = vocab_parallel()
-                       ? vocab_head.loss(*be, tp, lnf, head_weights(params), staged.targets, n,
+                       ? vocab_head.loss(*be, tp, lnf, head_weights(params), staged.targets,
+                                         batch.targets, n,
                                          grad_scale, training ? dlnf : nullptr, dhead, sp.on())
                        : head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,
                                    training ? dlnf : nullptr, dhead);
@@ -569,7 +571,8 @@ void Gpt2Model::forward_unit(int unit, ParamPointers params, UnitPointers grads,
     m.state.start(batch);
     m.B = batch.B;
     m.T = batch.T;
-    m.staged.stage(*m.be, batch, /*default_positions=*/false);
+    // (the vocabulary-parallel lookup adds wpe rows by position ids: on a device, staged)
+    m.staged.stage(*m.be, batch, /*default_positions=*/m.vocab_parallel());
     m.embed_forward(params[0]);
     return;
   }

@@ -573,7 +573,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   m.carve_activations(carver, static_cast<int64_t>(max_batch) * local_seq);
   m.be = options.backend != nullptr ? options.backend : &backend_for(options.device);
   m.arena = carver.allocate(*m.be, tracker);
-  m.tp = TensorParallelBlock(options.parallel_groups.tensor, config);
+  m.tp = TensorParallelBlock(options.parallel_groups.tensor, config, m.be->stream_handle());
   m.rounding = std::make_unique<ParamRounding>(*m.be, m.compute, m.weight_scratch_elements(),
                                                m.vector_scratch_floats(), tracker);
   m.rope = std::make_unique<cpu::RopeTable>(static_cast<int>(m.hd), max_seq, config.rope_theta,
@@ -1140,7 +1140,8 @@ void LlamaModel::Impl::final_forward(ParamPointers params, UnitPointers grads,
     dhead = grads[head_unit] + (lm_head < 0 ? embed : lm_head);
   }
   state.loss_sum = vocab_parallel()
-                       ? vocab_head.loss(*be, tp, lnf, head_weights(params), staged.targets, n,
+                       ? vocab_head.loss(*be, tp, lnf, head_weights(params), staged.targets,
+                                         batch.targets, n,
                                          grad_scale, training ? dlnf : nullptr, dhead,
                                          sequence_parallel)
                        : head.loss(*be, lnf, head_weights(params), staged.targets, n, grad_scale,

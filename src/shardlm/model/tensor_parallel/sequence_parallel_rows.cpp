@@ -36,9 +36,9 @@ float* SequenceParallelRows::sum_rows(const TensorParallelBlock& tp, float* part
 SequenceParallelRows::PendingRows SequenceParallelRows::start_sum_rows(const TensorParallelBlock& tp,
                                                                        float* partial, int64_t n,
                                                                        const char* label) const {
-  if (!on_) return {tp.start_sum_partial(partial, n * width_, label), partial};
+  if (!on_) return {&tp, tp.start_sum_partial(partial, n * width_, label), partial};
   float* block = partial + block_offset(n);
-  return {tp.start_sum_scatter(partial, block, rows(n) * width_, label), block};
+  return {&tp, tp.start_sum_scatter(partial, block, rows(n) * width_, label), block};
 }
 
 float* SequenceParallelRows::whole_dres(Backend& backend, const TensorParallelBlock& tp, float* dres,

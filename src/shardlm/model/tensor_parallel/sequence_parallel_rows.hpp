@@ -50,10 +50,11 @@ class SequenceParallelRows {
   // gradient's reduction travels while the weight gradient's GEMM runs, Megatron's
   // overlap) and reads the rows only after finish().
   struct PendingRows {
+    const TensorParallelBlock* tp = nullptr;
     Work work;
     float* rows = nullptr;
     float* finish() {
-      work.wait();
+      tp->wait(work);
       return rows;
     }
   };

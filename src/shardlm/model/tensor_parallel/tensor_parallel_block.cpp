@@ -1,15 +1,14 @@
 #include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
 
-#include <algorithm>
-
 #include "shardlm/comm/communicator.hpp"
 #include "shardlm/core/error.hpp"
 #include "shardlm/model/tensor_parallel/tensor_layout.hpp"
 
 namespace shardlm {
 
-TensorParallelBlock::TensorParallelBlock(Communicator* tensor, const ModelConfig& config)
-    : tensor_(tensor) {
+TensorParallelBlock::TensorParallelBlock(Communicator* tensor, const ModelConfig& config,
+                                         void* stream)
+    : tensor_(tensor), stream_(stream) {
   if (!active()) return;
   check_tensor_parallel(config, size());
   const int kv = config.kv_heads();
@@ -28,8 +27,16 @@ TensorParallelBlock& TensorParallelBlock::operator=(TensorParallelBlock&&) noexc
 int TensorParallelBlock::size() const { return tensor_ != nullptr ? tensor_->size() : 1; }
 int TensorParallelBlock::rank() const { return tensor_ != nullptr ? tensor_->rank() : 0; }
 
+void TensorParallelBlock::wait(Work& work) const {
+  if (stream_ != nullptr)
+    work.wait_on_stream(stream_);
+  else
+    work.wait();
+}
+
 void TensorParallelBlock::sum_partial(float* data, int64_t count, const std::string& label) const {
-  start_sum_partial(data, count, label).wait();
+  Work work = start_sum_partial(data, count, label);
+  wait(work);
 }
 
 Work TensorParallelBlock::start_sum_partial(float* data, int64_t count, const std::string& label) const {
@@ -39,21 +46,21 @@ Work TensorParallelBlock::start_sum_partial(float* data, int64_t count, const st
 
 void TensorParallelBlock::max_partial(float* data, int64_t count, const std::string& label) const {
   if (!active()) return;
-  tensor_->all_reduce(data, static_cast<size_t>(count), ReduceOp::max, label).wait();
+  Work work = tensor_->all_reduce(data, static_cast<size_t>(count), ReduceOp::max, label);
+  wait(work);
 }
 
 void TensorParallelBlock::gather(const float* send, float* recv, int64_t count,
                                  const std::string& label) const {
-  if (!active()) {
-    std::copy(send, send + count, recv);
-    return;
-  }
-  tensor_->all_gather(send, recv, static_cast<size_t>(count), label).wait();
+  SHARDLM_ASSERT(active());
+  Work work = tensor_->all_gather(send, recv, static_cast<size_t>(count), label);
+  wait(work);
 }
 
 void TensorParallelBlock::sum_scatter(const float* send, float* recv, int64_t count,
                                       const std::string& label) const {
-  start_sum_scatter(send, recv, count, label).wait();
+  Work work = start_sum_scatter(send, recv, count, label);
+  wait(work);
 }
 
 Work TensorParallelBlock::start_sum_scatter(const float* send, float* recv, int64_t count,
@@ -65,14 +72,16 @@ Work TensorParallelBlock::start_sum_scatter(const float* send, float* recv, int6
 void TensorParallelBlock::gather_in_place(TypedPtr data, int64_t count, const std::string& label) const {
   SHARDLM_ASSERT(active());
   const size_t bytes = static_cast<size_t>(count) * dtype_bytes(data.dtype);
-  tensor_->all_gather_bytes(static_cast<std::byte*>(data.data) + static_cast<size_t>(rank()) * bytes,
-                            data.data, bytes, label).wait();
+  Work work = tensor_->all_gather_bytes(
+      static_cast<std::byte*>(data.data) + static_cast<size_t>(rank()) * bytes, data.data, bytes, label);
+  wait(work);
 }
 
 void TensorParallelBlock::sum_kv_replicas(float* data, int64_t count,
                                           const std::string& label) const {
   if (!replicates_kv()) return;
-  kv_replicas_->all_reduce(data, static_cast<size_t>(count), ReduceOp::sum, label).wait();
+  Work work = kv_replicas_->all_reduce(data, static_cast<size_t>(count), ReduceOp::sum, label);
+  wait(work);
 }
 
 }  // namespace shardlm

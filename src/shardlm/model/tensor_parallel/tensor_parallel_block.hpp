@@ -14,6 +14,11 @@
 //   GQA with more tensor ranks than key/value heads: each rank holds the head its queries
 //             read, replicated; the head's weight gradient is the sum of its replicas'
 //             (sum_kv_replicas over the ranks that hold the same head)
+//
+// On a device the group is the device communicator's (NCCL on its communication stream):
+// "waited for" then means the backend's stream waits for the collective (wait()), so the
+// next kernel reads its result while the host goes on issuing; where kernels run on the
+// calling thread (CPU, emulated: no stream) it is a host wait.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +38,8 @@ class TensorParallelBlock {
   TensorParallelBlock() = default;
   // `tensor`: the tensor group or null. Splits it (a collective over the group) into the
   // key/value-head replica groups when the model has fewer key/value heads than ranks.
-  TensorParallelBlock(Communicator* tensor, const ModelConfig& config);
+  // stream: the model backend's stream_handle() (null where kernels run on the host).
+  TensorParallelBlock(Communicator* tensor, const ModelConfig& config, void* stream);
   ~TensorParallelBlock();
   TensorParallelBlock(TensorParallelBlock&&) noexcept;
   TensorParallelBlock& operator=(TensorParallelBlock&&) noexcept;
@@ -45,13 +51,16 @@ class TensorParallelBlock {
 
   // data[0, count) becomes the sum over the tensor ranks (waited for: the next kernel reads it).
   void sum_partial(float* data, int64_t count, const std::string& label) const;
-  // The same started, for the caller to compute meanwhile and wait on the Work before
+  // The same started, for the caller to compute meanwhile and wait() on the Work before
   // reading data (a finished no-op without a group).
   Work start_sum_partial(float* data, int64_t count, const std::string& label) const;
+  // The kernels issued after this call see the collective's result: the backend's stream
+  // waits for it, or (no stream) the host does.
+  void wait(Work& work) const;
   // data[0, count) becomes the maximum over the tensor ranks (the vocabulary-parallel
   // softmax's row maxima).
   void max_partial(float* data, int64_t count, const std::string& label) const;
-  // recv [size() x count] holds every rank's send [count], in rank order (alone: a copy).
+  // recv [size() x count] holds every rank's send [count], in rank order (with a group).
   void gather(const float* send, float* recv, int64_t count, const std::string& label) const;
   // Sequence parallelism: recv [count] = block rank() of the sum over the ranks of send
   // [size() x count] (recv may be send + rank() * count), and the all-gather of each
@@ -66,6 +75,7 @@ class TensorParallelBlock {
  private:
   Communicator* tensor_ = nullptr;
   std::unique_ptr<Communicator> kv_replicas_;
+  void* stream_ = nullptr;
 };
 
 }  // namespace shardlm

@@ -1,14 +1,11 @@
 #include "shardlm/model/tensor_parallel/vocab_parallel.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
 #include <vector>
 
 #include "shardlm/backend/backend.hpp"
-#include "shardlm/backend/cpu/fast_math.hpp"
 #include "shardlm/core/error.hpp"
+#include "shardlm/core/memory_tracker.hpp"
 #include "shardlm/core/phase_profile.hpp"
 
 namespace shardlm {
@@ -28,21 +25,13 @@ void VocabParallelEmbedding::carve(ArenaCarver& carver, int64_t n, VocabShard sh
   carver.request(&local_tokens_, n);
 }
 
-void VocabParallelEmbedding::localize(const int32_t* tokens, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    local_tokens_[i] = shard_.holds(tokens[i]) ? static_cast<int32_t>(tokens[i] - shard_.begin) : 0;
-}
-
 void VocabParallelEmbedding::forward(Backend& be, const TensorParallelBlock& tp, float* out,
                                      const int32_t* tokens, ConstTypedPtr table, int B, int T,
                                      int C, DType value_type, float* scatter_to) {
   const int64_t n = static_cast<int64_t>(B) * T;
-  const bool meta = be.is_meta();
-  if (!meta) localize(tokens, n);
+  be.vocab_shard_localize(local_tokens_, tokens, n, shard_.held());
   be.embedding_forward(out, local_tokens_, table, ConstTypedPtr(), B, T, C, value_type, nullptr);
-  if (!meta)
-    for (int64_t i = 0; i < n; ++i)
-      if (!shard_.holds(tokens[i])) std::memset(out + i * C, 0, sizeof(float) * static_cast<size_t>(C));
+  be.vocab_shard_mask_rows(out, tokens, n, C, shard_.held());
   if (scatter_to != nullptr)
     tp.sum_scatter(out, scatter_to, n / tp.size() * C, "tensor.vocab_embedding");
   else
@@ -54,9 +43,7 @@ void VocabParallelEmbedding::backward(Backend& be, float* dtable, float* dout,
   const int64_t n = static_cast<int64_t>(B) * T;
   // A held-elsewhere token adds a zero row to row 0: x + 0 is x, so the rows held here
   // sum their tokens in the unsplit kernel's order.
-  if (!be.is_meta())
-    for (int64_t i = 0; i < n; ++i)
-      if (!shard_.holds(tokens[i])) std::memset(dout + i * C, 0, sizeof(float) * static_cast<size_t>(C));
+  be.vocab_shard_mask_rows(dout, tokens, n, C, shard_.held());
   be.embedding_backward(dtable, nullptr, dout, local_tokens_, B, T, C, nullptr);
 }
 
@@ -74,73 +61,40 @@ void VocabParallelHead::carve(ArenaCarver& carver, int64_t n, VocabShard shard, 
 }
 
 double VocabParallelHead::loss(Backend& be, const TensorParallelBlock& tp, ConstTypedPtr x,
-                               ConstTypedPtr weight, const int32_t* targets, int64_t n,
-                               float grad_scale, float* dx, float* dweight,
-                               bool scatter_dx) const {
+                               ConstTypedPtr weight, const int32_t* targets,
+                               const int32_t* host_targets, int64_t n, float grad_scale,
+                               float* dx, float* dweight, bool scatter_dx) const {
   const PhaseScope phase(Phase::loss);
-  const bool meta = be.is_meta(), want_grad = dx != nullptr;
+  const bool want_grad = dx != nullptr;
   const int Vl = shard_.rows, Vr = shard_.real, C = C_;
+  const VocabShardRows held = shard_.held();
+  const size_t row_bytes = sizeof(float) * static_cast<size_t>(C);
   for (int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
     const int rows = static_cast<int>(std::min<int64_t>(chunk_rows_, n - r0));
     const int32_t* t = targets + r0;
     const ConstTypedPtr xc = x.at(r0 * C);
-    if (!meta && std::none_of(t, t + rows, [](int32_t v) { return v >= 0; })) {
+    if (!be.is_meta() &&
+        std::none_of(host_targets + r0, host_targets + r0 + rows, [](int32_t v) { return v >= 0; })) {
       // Every tensor rank sees the same targets: all skip the chunk's collectives.
-      std::fill(row_loss_ + r0, row_loss_ + r0 + rows, 0.0f);
-      if (want_grad) std::memset(dx + r0 * C, 0, sizeof(float) * static_cast<size_t>(rows) * C);
+      be.fill_zero(row_loss_ + r0, sizeof(float) * static_cast<size_t>(rows));
+      if (want_grad) be.fill_zero(dx + r0 * C, row_bytes * static_cast<size_t>(rows));
       continue;
     }
     float* logits = logits_chunk_;
     if (Vr > 0) be.gemm(false, true, rows, Vr, C, 1.0f, xc, C, weight, C, 0.0f, logits, Vl);
-    if (!meta)
-      for (int r = 0; r < rows; ++r) {
-        const float* row = logits + static_cast<int64_t>(r) * Vl;
-        row_max_[r] = Vr > 0 ? *std::max_element(row, row + Vr) : -std::numeric_limits<float>::infinity();
-      }
+    be.vocab_shard_row_max(row_max_, logits, Vl, rows, held);
     tp.max_partial(row_max_, rows, "tensor.vocab_head_max");
-    if (!meta) {
-#pragma omp parallel for schedule(static)
-      for (int r = 0; r < rows; ++r) {
-        float* row = logits + static_cast<int64_t>(r) * Vl;
-        // The target's logit, then the row becomes its softmax numerators e^(l - max).
-        row_sums_[2 * r + 1] = t[r] >= 0 && shard_.holds(t[r]) ? row[t[r] - shard_.begin] : 0.0f;
-        float sum = 0.0f;
-        for (int j = 0; j < Vr; ++j) {
-          row[j] = cpu::exp_approx(row[j] - row_max_[r]);
-          sum += row[j];
-        }
-        row_sums_[2 * r] = sum;
-      }
-    }
+    // The target's logit, then the row becomes its softmax numerators e^(l - max).
+    be.vocab_shard_softmax_sums(row_sums_, logits, Vl, row_max_, t, rows, held);
     tp.sum_partial(row_sums_, 2 * static_cast<int64_t>(rows), "tensor.vocab_head_sums");
-    if (meta) {
-      if (want_grad && Vr > 0) {
-        be.gemm(false, false, rows, C, Vr, 1.0f, logits, Vl, weight, C, 0.0f, dx + r0 * C, C);
-        if (dweight != nullptr)
-          be.gemm(true, false, Vr, C, rows, 1.0f, logits, Vl, xc, C, 1.0f, dweight, C);
-      }
-      continue;
-    }
-    for (int r = 0; r < rows; ++r)
-      row_loss_[r0 + r] = t[r] < 0 ? 0.0f
-                                   : row_max_[r] + std::log(row_sums_[2 * r]) - row_sums_[2 * r + 1];
+    be.vocab_shard_loss(row_loss_ + r0, row_max_, row_sums_, t, rows);
     if (!want_grad) continue;
     if (Vr == 0) {  // a rank of padding rows only: no logits, no share of the input gradient
-      std::memset(dx + r0 * C, 0, sizeof(float) * static_cast<size_t>(rows) * C);
+      be.fill_zero(dx + r0 * C, row_bytes * static_cast<size_t>(rows));
       continue;
     }
     // grad_scale * (softmax - onehot) in place, as the unsplit kernel forms it.
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; ++r) {
-      float* row = logits + static_cast<int64_t>(r) * Vl;
-      if (t[r] < 0) {
-        std::fill(row, row + Vr, 0.0f);
-        continue;
-      }
-      const float factor = grad_scale / row_sums_[2 * r];
-      for (int j = 0; j < Vr; ++j) row[j] *= factor;
-      if (shard_.holds(t[r])) row[t[r] - shard_.begin] -= grad_scale;
-    }
+    be.vocab_shard_softmax_backward(logits, Vl, row_sums_, t, rows, grad_scale, held);
     ConstTypedPtr dlogits(logits);
     if (dlogits_c_.data != nullptr) {
       be.convert_rows(dlogits_c_, Vl, ConstTypedPtr(logits), Vl, rows, Vr);
@@ -154,27 +108,32 @@ double VocabParallelHead::loss(Backend& be, const TensorParallelBlock& tp, Const
     tp.sum_scatter(dx, dx + tp.rank() * block, block, "tensor.vocab_head_in_grad");
   else if (want_grad)
     tp.sum_partial(dx, n * C, "tensor.vocab_head_in_grad");
-  return meta ? 0.0 : be.sum(row_loss_, n);
+  return be.sum(row_loss_, n);
 }
 
 void VocabParallelHead::logits(Backend& be, const TensorParallelBlock& tp, ConstTypedPtr x,
                                int64_t ld, int rows, ConstTypedPtr weight, float* out) const {
-  SHARDLM_CHECK(be.device().is_host(), "model: vocabulary-parallel logits run on the CPU; this "
-                "model runs on {}", be.description());
   const int Vl = shard_.rows;
-  std::vector<float> local(static_cast<size_t>(rows) * Vl, 0.0f);
+  const int64_t local_count = static_cast<int64_t>(rows) * Vl;
+  const size_t local_bytes = sizeof(float) * static_cast<size_t>(local_count);
+  // This rank's [rows, Vl] columns (the padding ones stay zero) and every rank's after them.
+  const TrackedBuffer scratch =
+      allocate_on(be, MemCategory::other, local_bytes * static_cast<size_t>(tp.size() + 1));
+  float* local = scratch.as<float>();
+  float* all = local + local_count;
   if (shard_.real > 0)
     be.gemm(false, true, rows, shard_.real, C_, 1.0f, x, static_cast<int>(ld), weight, C_, 0.0f,
-            local.data(), Vl);
-  std::vector<float> all(static_cast<size_t>(tp.size()) * local.size());
-  tp.gather(local.data(), all.data(), static_cast<int64_t>(local.size()), "tensor.vocab_logits");
+            local, Vl);
+  tp.gather(local, all, local_count, "tensor.vocab_logits");
+  std::vector<float> host(static_cast<size_t>(tp.size()) * static_cast<size_t>(local_count));
+  be.copy_to_host(host.data(), all, sizeof(float) * host.size());
   for (int t = 0; t < tp.size(); ++t)
     for (int r = 0; r < rows; ++r)
       for (int j = 0; j < Vl; ++j) {
         const int64_t column = static_cast<int64_t>(t) * Vl + j;
         if (column < shard_.vocab)
           out[static_cast<int64_t>(r) * shard_.vocab + column] =
-              all[(static_cast<size_t>(t) * rows + static_cast<size_t>(r)) * Vl + static_cast<size_t>(j)];
+              host[(static_cast<size_t>(t) * rows + static_cast<size_t>(r)) * Vl + static_cast<size_t>(j)];
       }
 }
 

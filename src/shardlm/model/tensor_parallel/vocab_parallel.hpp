@@ -14,12 +14,16 @@
 //            and a partial input gradient, summed over the group after the last chunk.
 //            No rank ever holds a [tokens x V] logits tensor.
 //
-// Runs on the host (tensor parallelism is CPU-only) and on the meta backend, where the
-// kernels and collectives are issued as usual and nothing on the host is read.
+// The per-row work between the GEMMs and the collectives is the backend's
+// (backend/cpu/vocab_shard.hpp: vocab_shard_*), so it runs on every backend: the host,
+// a device (tokens and targets: the model's device copies) and the meta backend, which
+// records it. The host reads only the host copy of the targets (to skip a chunk that
+// has none) and, for generation, the gathered logits.
 #pragma once
 
 #include <cstdint>
 
+#include "shardlm/backend/kernel_args.hpp"
 #include "shardlm/core/dtype.hpp"
 #include "shardlm/model/model_support.hpp"
 #include "shardlm/model/tensor_parallel/tensor_parallel_block.hpp"
@@ -36,12 +40,13 @@ struct VocabShard {
   int real = 0;       // of them inside the real vocabulary (a prefix; 0 on a padding-only rank)
   int vocab = 0;      // the real vocabulary, over all ranks
   static VocabShard of(int vocab_size, int padded_vocab, TensorSplit split);
-  bool holds(int32_t token) const { return token >= begin && token < begin + real; }
+  VocabShardRows held() const { return {begin, real}; }
 };
 
 class VocabParallelEmbedding {
  public:
   void carve(ArenaCarver& carver, int64_t n, VocabShard shard);
+  // tokens: on the backend's device.
   // out [B T, C] fp32 = the rows of `tokens` in the table (this rank's rows, compute type
   // value_type), summed over the group. With scatter_to (sequence parallelism) the sum's
   // block of this rank's tokens goes there instead ([B T / size, C]; out is scratch).
@@ -54,10 +59,9 @@ class VocabParallelEmbedding {
                 int C);
 
  private:
-  // Tokens as rows of this rank's table (0 for the tokens held elsewhere, then masked).
-  void localize(const int32_t* tokens, int64_t n);
   VocabShard shard_;
-  int32_t* local_tokens_ = nullptr;  // [n]
+  // [n] the tokens as rows of this rank's table (0 for those held elsewhere, then masked)
+  int32_t* local_tokens_ = nullptr;
 };
 
 class VocabParallelHead {
@@ -70,12 +74,14 @@ class VocabParallelHead {
   // LmHead::loss over the group: weight is this rank's rows, dweight (+=) their gradient
   // (null: frozen), dx (overwritten) the whole input gradient, the same on every rank;
   // with scatter_dx (sequence parallelism) only its block of this rank's n / size rows,
-  // at dx + rank * n / size * C (the other rows are scratch).
+  // at dx + rank * n / size * C (the other rows are scratch). targets: on the device;
+  // host_targets: the same in host memory.
   double loss(Backend& backend, const TensorParallelBlock& tp, ConstTypedPtr x,
-              ConstTypedPtr weight, const int32_t* targets, int64_t n, float grad_scale,
-              float* dx, float* dweight, bool scatter_dx = false) const;
+              ConstTypedPtr weight, const int32_t* targets, const int32_t* host_targets,
+              int64_t n, float grad_scale, float* dx, float* dweight,
+              bool scatter_dx = false) const;
   // logits [rows, V] (host memory) of `rows` hidden states at stride ld: the local
-  // columns gathered from the group.
+  // columns gathered from the group (in a scratch of the backend's memory).
   void logits(Backend& backend, const TensorParallelBlock& tp, ConstTypedPtr x, int64_t ld,
               int rows, ConstTypedPtr weight, float* out) const;
 
