@@ -6,6 +6,7 @@
 # weights for ddp and zero3 at N=1 and N=2, in fp32 and bf16, with and without
 # --offload optimizer; its checkpoints resume on the CPU and back; memory is counted
 # on the device (and, offloaded, the optimizer state on the host, as `plan` says).
+# Context and tensor parallelism run their device paths too (bitwise the CPU's weights).
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 run() {  # out, then flags
@@ -136,6 +137,40 @@ cp_run cp_ring_offload --context-parallel-kind ring --model llama-tiny --precisi
   --offload optimizer
 same cp_ring_llama-tiny_bf16_cpu cp_ring_offload
 echo "context parallel ring P=2 llama-tiny bf16: cpu = emulated + --offload optimizer"
+
+# Tensor parallelism on the device path (the vocabulary-parallel lookup and loss as
+# backend kernels on device memory, the layers' all-reduces and sequence parallelism's
+# reduce-scatters and all-gathers through the device communicator): bitwise the CPU
+# run's weights at T = 2 on 2 ranks, and (gpt2, ddp: zero3 cannot sample in a run yet)
+# the same sample generated at the end (the emulated device reruns the context per token
+# through the gathered vocabulary-parallel logits; the CPU uses its KV cache).
+tp_run() {  # out, then flags
+  local out="$1"; shift
+  run_mpi 2 --tag-output "$SHARDLM" train --data "$WORK/data" --out "$WORK/$out" --steps 3 \
+    --micro-batch 2 --seq-len 32 --global-batch 2 --tensor-parallel 2 --threads 1 \
+    --eval-batches 0 "$@" > "$WORK/$out.log" 2>&1 || { cat "$WORK/$out.log"; fail "$out"; }
+}
+sample_of() {  # rank 0's sample block in a tp_run log
+  grep -a '^\[1,0\]<stdout>:' "$WORK/$1.log" | sed -n '/--- sample ---/,/^[^:]*:-----*$/p'
+}
+for tp in "llama-tiny zero3 fp32 --sample-tokens 0" \
+          "llama-tiny zero3 bf16 --sequence-parallel --sample-tokens 0" \
+          "gpt2-tiny ddp fp32 --sample-tokens 12"; do
+  read -r model strategy precision extra <<< "$tp"
+  name="tp_${model}_${strategy}_${precision}${extra//[^a-z]/}"
+  for device in cpu emulated; do
+    # shellcheck disable=SC2086
+    tp_run "${name}_$device" --model "$model" --strategy "$strategy" --precision "$precision" \
+      --device "$device" $extra
+  done
+  same "${name}_cpu" "${name}_emulated"
+  if [[ "$extra" == "--sample-tokens 12" ]]; then
+    [ -n "$(sample_of "${name}_cpu")" ] || fail "${name}_cpu printed no sample"
+    [ "$(sample_of "${name}_cpu")" = "$(sample_of "${name}_emulated")" ] \
+      || fail "$name: the emulated device's sample differs from the CPU's"
+  fi
+  echo "tensor parallel T=2 $model $strategy $precision $extra: cpu = emulated"
+done
 
 # Bad input: one line each, nothing written.
 expect_error "--offload optimizer moves the optimizer state" \

@@ -77,10 +77,6 @@ void check_tensor_parallel_model(const ParamLayout& layout, const ModelOptions& 
   SHARDLM_CHECK(layout.tensor.size == tensor_size && (group == nullptr || layout.tensor.rank == group->rank()),
                 "model: the layout holds tensor rank {} of {}, the model's tensor group is rank {} of {}",
                 layout.tensor.rank, layout.tensor.size, group != nullptr ? group->rank() : 0, tensor_size);
-  SHARDLM_CHECK(tensor_size == 1 || options.device.is_host() ||
-                    (options.backend != nullptr && options.backend->is_meta()),
-                "model: tensor parallelism runs on the CPU for now; this run asks for {}",
-                to_string(options.device));
 }
 
 int tensor_local_kv_heads(const ModelConfig& config, int tensor_size) {

@@ -45,9 +45,8 @@ namespace shardlm {
 // divisible, or a QLoRA base whose split would cut NF4 blocks (check_nf4_pieces).
 void check_tensor_parallel(const ModelConfig& config, int tensor_size);
 
-// One-line errors when a model of `tensor_size` tensor ranks is built from a layout of
-// another tensor split than its tensor group's, or on a device (tensor parallelism runs
-// on the CPU and, for plan, the meta backend).
+// A one-line error when a model of `tensor_size` tensor ranks is built from a layout of
+// another tensor split than its tensor group's.
 void check_tensor_parallel_model(const ParamLayout& layout, const ModelOptions& options, int tensor_size);
 
 // Key/value heads on each tensor rank (kv_heads / T, or 1 when they are replicated).
