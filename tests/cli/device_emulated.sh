@@ -91,11 +91,11 @@ dev_opt="$(metric "$WORK/offload_fp32" device_mem.peak.optimizer)"
   || fail "the emulated run's activations are not on the device"
 [ "$(metric "$WORK/emulated_fp32" mem.peak.activations)" = 0 ] \
   || fail "the emulated run put activations in host memory"
-SHAPE=(--model gpt2-tiny --n-layer 2 --n-embd 32 --n-head 2 --seq-len 32 --micro-batch 4)
-for run_dir in offload_fp32 offload_bf16 emulated_bf16; do
-  flags=(--device emulated --precision "${run_dir#*_}")
-  [[ "$run_dir" == offload_* ]] && flags+=(--offload optimizer)
-  "$SHARDLM" plan "${SHAPE[@]}" --data "$WORK/data" "${flags[@]}" --json > "$WORK/$run_dir.plan.json"
+# memory_as_planned RUN_DIR PLAN_FLAGS...: the run's peak bytes per category, on the
+# device and on the host, are what `plan` with those flags predicts.
+memory_as_planned() {
+  local run_dir="$1"; shift
+  "$SHARDLM" plan "$@" --data "$WORK/data" --json > "$WORK/$run_dir.plan.json"
   python3 - "$WORK/$run_dir.plan.json" "$WORK/$run_dir/metrics.jsonl" "$run_dir" <<'PY' || fail "$run_dir: memory is not as planned"
 import json, sys
 plan = json.load(open(sys.argv[1]))
@@ -112,6 +112,12 @@ for category in ("params", "grads", "optimizer", "frozen", "comm"):
 print(f"{sys.argv[3]}: device and host memory by category = plan (host {plan['host']['total']} bytes)")
 sys.exit(0 if ok else 1)
 PY
+}
+SHAPE=(--model gpt2-tiny --n-layer 2 --n-embd 32 --n-head 2 --seq-len 32 --micro-batch 4)
+for run_dir in offload_fp32 offload_bf16 emulated_bf16; do
+  flags=(--device emulated --precision "${run_dir#*_}")
+  [[ "$run_dir" == offload_* ]] && flags+=(--offload optimizer)
+  memory_as_planned "$run_dir" "${SHAPE[@]}" "${flags[@]}"
 done
 
 # Context parallelism on the device path (Ulysses' all-to-alls and the ring's block
@@ -157,7 +163,8 @@ for tp in "llama-tiny zero3 fp32 --sample-tokens 0" \
           "llama-tiny zero3 bf16 --sequence-parallel --sample-tokens 0" \
           "gpt2-tiny ddp fp32 --sample-tokens 12"; do
   read -r model strategy precision extra <<< "$tp"
-  name="tp_${model}_${strategy}_${precision}${extra//[^a-z]/}"
+  name="tp_${model}_${strategy}_${precision}"
+  [[ "$extra" == *--sequence-parallel* ]] && name+="_sp"
   for device in cpu emulated; do
     # shellcheck disable=SC2086
     tp_run "${name}_$device" --model "$model" --strategy "$strategy" --precision "$precision" \
@@ -171,6 +178,11 @@ for tp in "llama-tiny zero3 fp32 --sample-tokens 0" \
   fi
   echo "tensor parallel T=2 $model $strategy $precision $extra: cpu = emulated"
 done
+# plan traces the tensor-parallel model on the meta device, the vocabulary-parallel
+# kernels included: its bytes per category are the emulated run's.
+memory_as_planned tp_llama-tiny_zero3_bf16_sp_emulated \
+  --model llama-tiny --seq-len 32 --micro-batch 2 --global-batch 2 -n 2 --strategy zero3 \
+  --precision bf16 --tensor-parallel 2 --sequence-parallel --device emulated
 
 # Bad input: one line each, nothing written.
 expect_error "--offload optimizer moves the optimizer state" \
