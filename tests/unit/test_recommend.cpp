@@ -443,29 +443,183 @@ TEST(AutoLayouts, AMixtureOfExpertsIsPlannedAtEachExpertParallelSize) {
   RunPlanRequest asked = moe;
   asked.strategy.expert_parallel = 2;  // named: kept
   EXPECT_EQ(expert_parallel_choices(asked), (std::vector<int>{2}));
-  RunPlanRequest ckpt = moe;  // not combined with expert parallelism yet
+  RunPlanRequest ckpt = moe;  // checkpointing combines with every E
   ckpt.model.activation_checkpointing = true;
-  EXPECT_EQ(expert_parallel_choices(ckpt), (std::vector<int>{1}));
+  EXPECT_EQ(expert_parallel_choices(ckpt), (std::vector<int>{1, 2, 4}));
+  RunPlanRequest split = moe;  // E divides the data-parallel ranks: 4 / P = 2
+  split.strategy.context_parallel = 2;
+  EXPECT_EQ(expert_parallel_choices(split), (std::vector<int>{1, 2}));
+  RunPlanRequest offloaded = moe;  // the offloaded optimizer does not hold experts yet
+  offloaded.strategy.optimizer_on_host = true;
+  EXPECT_EQ(expert_parallel_choices(offloaded), (std::vector<int>{1}));
   EXPECT_EQ(expert_parallel_choices(request("llama-tiny", 4, DType::bf16)), (std::vector<int>{1}));
 
-  // The search: every strategy but hybrid at E = 2 and 4, none with checkpointing.
+  // The search: every strategy at E = 2 and 4, with and without checkpointing; hybrid
+  // only with shard groups E divides (groups of 2 at E = 2; E = 4 has none).
   const AutoSearch search = auto_search(moe, nullptr, ClusterShape{1, ""}, MemoryBudget());
-  int spread = 0;
+  int spread = 0, hybrid = 0, checkpointed = 0;
   for (const Candidate& c : search.candidates) {
     if (c.request.strategy.expert_parallel == 1) continue;
     ++spread;
-    EXPECT_NE(c.request.strategy.kind, StrategyKind::hybrid) << c.label;
-    EXPECT_FALSE(c.request.model.activation_checkpointing) << c.label;
-    EXPECT_EQ(c.plan.expert_parallel, c.request.strategy.expert_parallel) << c.label;
+    const StrategyOptions& s = c.request.strategy;
+    if (s.kind == StrategyKind::hybrid) {
+      ++hybrid;
+      EXPECT_EQ(s.shard_group_size % s.expert_parallel, 0) << c.label;
+      EXPECT_TRUE(contains(candidate_flags(c), fmt::format("--shard-group-size {}", s.shard_group_size)))
+          << candidate_flags(c);
+    }
+    if (c.request.model.activation_checkpointing) {
+      ++checkpointed;
+      EXPECT_TRUE(contains(c.label, " + ckpt")) << c.label;
+      EXPECT_TRUE(contains(candidate_flags(c), "--activation-checkpointing")) << candidate_flags(c);
+    }
+    EXPECT_EQ(c.plan.expert_parallel, s.expert_parallel) << c.label;
     EXPECT_TRUE(contains(c.label, fmt::format(" x ep{}", c.plan.expert_parallel))) << c.label;
     EXPECT_TRUE(contains(candidate_flags(c), fmt::format("--expert-parallel {}", c.plan.expert_parallel)))
         << candidate_flags(c);
   }
-  EXPECT_EQ(spread, 2 * 5);  // ddp, zero1, zero2, zero3, zero3 no-reshard at E = 2 and 4
+  // ddp, zero1, zero2, zero3, zero3 no-reshard at E = 2 and 4, hybrid 2 at E = 2; each
+  // with and without checkpointing.
+  EXPECT_EQ(spread, 2 * (2 * 5 + 1));
+  EXPECT_EQ(hybrid, 2);
+  EXPECT_EQ(checkpointed, spread / 2);
   // Without a profile the fewest bytes win. ddp x ep4 all-reduces only the dense units'
   // gradients (each expert's live on one rank) and exchanges the tokens.
   ASSERT_TRUE(search.recommendation.chosen);
   const Candidate& chosen = search.candidates[*search.recommendation.chosen];
   for (const Candidate& c : search.candidates)
     EXPECT_LE(chosen.plan.wire_bytes_per_step, c.plan.wire_bytes_per_step) << c.label;
+}
+
+// --strategy auto tries expert parallelism with checkpointing, hybrid and context
+// parallelism (wherever the mesh lays it out) and chooses among them by the same rule:
+// what fits, then the predicted step time. Each case's budget comes from the plans'
+// own totals; the chosen candidate's bytes and step time are a direct plan of its
+// layout's.
+namespace {
+
+RunPlanRequest moe_on_gpus(const std::string& model, int n_layer, int n, int seq_len) {
+  RunPlanRequest r = request(model, n, DType::bf16);
+  r.config.n_layer = n_layer;
+  r.micro_batch = 1;
+  r.seq_len = seq_len;
+  r.model.device = Device{DeviceKind::cuda, 0};
+  return r;
+}
+
+// The chosen candidate is what plan_run and predict_step_time give its request, and no
+// candidate that fits is predicted faster (beyond the model's 1%).
+void expect_planned_and_fastest(const std::vector<Candidate>& c, size_t chosen, const MemoryBudget& budget,
+                                const HardwareProfile& profile, const ClusterShape& cluster) {
+  const Candidate& x = c[chosen];
+  const RunPlan direct = plan_run(x.request);
+  EXPECT_EQ(direct.total(), x.plan.total()) << x.label;
+  EXPECT_EQ(direct.activations, x.plan.activations) << x.label;
+  EXPECT_EQ(direct.wire_bytes_per_step, x.plan.wire_bytes_per_step) << x.label;
+  ASSERT_TRUE(x.time);
+  EXPECT_EQ(predict_step_time(direct, profile, cluster).step_s, x.time->step_s) << x.label;
+  for (const Candidate& o : c) {
+    if (budget.fits(o.plan)) {
+      EXPECT_GE(o.time->step_s * 1.01, x.time->step_s) << o.label << " beats " << x.label;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(AutoExperts, ActivationsThatFitOnlyCheckpointedMakeExpertParallelismWithCheckpointingTheChoice) {
+  // Four of qwen3-30b-a3b's 48 layers (128 experts of 768, top-8) at 8192 tokens on 2
+  // nodes x 8 H100s. The experts' receive buffers make every E > 1 layout need more
+  // than the budget (the least of them, less a byte) unless it checkpoints; E = 4 with
+  // checkpointing is then predicted faster than every E = 1 layout that fits, because
+  // zero3 gathers and reduce-scatters every expert across the nodes and E > 1 only its
+  // own experts' slices.
+  const RunPlanRequest base = moe_on_gpus("qwen3-30b-a3b", 4, 16, 8192);
+  const HardwareProfile h100 = builtin_profile("h100-80g");
+  const ClusterShape cluster{2, ""};
+  const AutoSearch all = auto_search(base, &h100, cluster, MemoryBudget());
+  double least_spread = std::numeric_limits<double>::infinity();
+  for (const Candidate& c : all.candidates)
+    if (c.request.strategy.expert_parallel > 1 && !c.request.model.activation_checkpointing)
+      least_spread = std::min(least_spread, static_cast<double>(c.plan.total()));
+  const MemoryBudget budget(least_spread - 1);
+  const Recommendation rec = recommend(all.candidates, budget, base, &h100, cluster);
+  ASSERT_TRUE(rec.chosen) << rec.explanation;
+  const Candidate& x = all.candidates[*rec.chosen];
+  EXPECT_GT(x.request.strategy.expert_parallel, 1) << rec.explanation;
+  EXPECT_TRUE(x.request.model.activation_checkpointing) << rec.explanation;
+  EXPECT_TRUE(contains(candidate_flags(x), "--activation-checkpointing")) << candidate_flags(x);
+  expect_planned_and_fastest(all.candidates, *rec.chosen, budget, h100, cluster);
+  // Without expert parallelism it would be slower by more than the model's resolution.
+  bool e1_fits = false;
+  for (const Candidate& c : all.candidates)
+    if (c.request.strategy.expert_parallel == 1 && budget.fits(c.plan)) {
+      e1_fits = true;
+      EXPECT_GT(c.time->step_s, 1.01 * x.time->step_s) << c.label;
+    }
+  EXPECT_TRUE(e1_fits);
+}
+
+TEST(AutoExperts, ASlowLinkMakesHybridWithExpertParallelismTheChoice) {
+  // Two of qwen1.5-moe-a2.7b's layers (60 experts: E = 2 or 4) at 2048 tokens on 2
+  // nodes x 8 H100s over 1 Gbit/s: hybrid 8 keeps the gathers inside each node (only
+  // the replicas' all-reduce crosses the link, as for dense models), and spreading
+  // the experts over 4 ranks of each shard group is predicted fastest of all and
+  // moves the fewest bytes of the hybrid layouts.
+  const RunPlanRequest base = moe_on_gpus("qwen1.5-moe-a2.7b", 2, 16, 2048);
+  const HardwareProfile h100 = builtin_profile("h100-80g");
+  const ClusterShape slow{2, "1gbit"};
+  const MemoryBudget budget(h100.memory_per_rank_bytes);
+  const AutoSearch search = auto_search(base, &h100, slow, budget);
+  ASSERT_TRUE(search.recommendation.chosen) << search.recommendation.explanation;
+  const Candidate& x = search.candidates[*search.recommendation.chosen];
+  EXPECT_EQ(x.request.strategy.kind, StrategyKind::hybrid) << search.recommendation.explanation;
+  EXPECT_GT(x.request.strategy.expert_parallel, 1) << search.recommendation.explanation;
+  EXPECT_TRUE(contains(candidate_flags(x), fmt::format("--strategy hybrid --shard-group-size {} --expert-parallel {}",
+                                                       x.request.strategy.shard_group_size,
+                                                       x.request.strategy.expert_parallel)))
+      << candidate_flags(x);
+  expect_planned_and_fastest(search.candidates, *search.recommendation.chosen, budget, h100, slow);
+  // Every layout that is not hybrid is slower beyond the resolution, and the same
+  // hybrid at E = 1 moves more bytes.
+  for (const Candidate& c : search.candidates) {
+    if (!budget.fits(c.plan)) continue;
+    if (c.request.strategy.kind != StrategyKind::hybrid) {
+      EXPECT_GT(c.time->step_s, 1.01 * x.time->step_s) << c.label;
+    } else if (c.request.strategy.expert_parallel == 1 &&
+               c.request.strategy.shard_group_size == x.request.strategy.shard_group_size &&
+               c.request.model.activation_checkpointing == x.request.model.activation_checkpointing) {
+      EXPECT_GT(c.plan.wire_bytes_per_step, x.plan.wire_bytes_per_step) << c.label;
+    }
+  }
+}
+
+TEST(AutoExperts, ExpertParallelismIsTriedWithTheContextSizesWhenNothingFitsWhole) {
+  // qwen3-moe-tiny at 1024 tokens on 4 ranks: a budget below every whole-row layout
+  // (any E, with or without checkpointing) makes auto split the sequence, and the
+  // split candidates include E = 2 at P = 2 (E divides the 2 data-parallel ranks)
+  // but no E = 4 there.
+  RunPlanRequest base = request("qwen3-moe-tiny", 4, DType::bf16);
+  base.micro_batch = 1;
+  base.seq_len = 1024;
+  const ClusterShape one_node{1, ""};
+  const auto whole = plan_candidates(base, nullptr, one_node, true, tensor_parallel_choices(base, one_node), {},
+                                     expert_parallel_choices(base));
+  double least = std::numeric_limits<double>::infinity();
+  for (const Candidate& c : whole) least = std::min(least, static_cast<double>(c.plan.total()));
+  const AutoSearch search = auto_search(base, nullptr, one_node, MemoryBudget(least - 1));
+  ASSERT_TRUE(search.recommendation.chosen) << search.recommendation.explanation;
+  EXPECT_GT(search.candidates[*search.recommendation.chosen].request.strategy.context_parallel, 1);
+  bool ep_with_cp = false;
+  for (const Candidate& c : search.candidates) {
+    const StrategyOptions& s = c.request.strategy;
+    if (s.context_parallel == 1) continue;
+    EXPECT_EQ(base.world_size / s.context_parallel % s.expert_parallel, 0) << c.label;
+    if (s.expert_parallel > 1) {
+      ep_with_cp = true;
+      EXPECT_TRUE(contains(c.label, fmt::format(" x ep{} x cp{}", s.expert_parallel, s.context_parallel))) << c.label;
+      EXPECT_EQ(plan_run(c.request).total(), c.plan.total()) << c.label;
+    }
+  }
+  EXPECT_TRUE(ep_with_cp);
 }

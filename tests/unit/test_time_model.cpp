@@ -88,6 +88,13 @@ TEST(TimeModel, GroupsAcrossNodesShareTheLink) {
   // Everything on one node.
   EXPECT_TRUE(place_group(CommGroup::world, 4, 4, 8).within_node);
   EXPECT_TRUE(place_group(CommGroup::replica, 8, 2, 8).within_node);
+  // Expert parallelism E = 2: the ranks holding the same experts (shard x context) are
+  // every other rank of the partition. zero3: the world's 16, across the link, both
+  // expert coordinates' groups through it; hybrid with shard groups of 8: the group's 4,
+  // on its node.
+  EXPECT_FALSE(place_group(CommGroup::expert_data, 16, 16, 8, 2).within_node);
+  EXPECT_EQ(place_group(CommGroup::expert_data, 16, 16, 8, 2).nic_sharing, 2);
+  EXPECT_TRUE(place_group(CommGroup::expert_data, 16, 8, 8, 2).within_node);
 }
 
 TEST(StepSimulation, CommunicationShorterThanTheComputeAfterItIsHidden) {

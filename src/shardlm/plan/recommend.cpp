@@ -49,6 +49,20 @@ std::vector<Choice> strategy_choices(int world_size) {
 
 bool fits(const Candidate& c, const MemoryBudget& budget) { return budget.fits(c.plan); }
 
+bool accepted(const std::function<void()>& check) {
+  try {
+    check();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// Whether the run's mesh lays out (strategy_mesh's checks, which the trainer runs).
+bool lays_out(const RunPlanRequest& r) {
+  return accepted([&] { strategy_mesh(r.strategy, r.world_size); });
+}
+
 // The flags and label suffix of a context-parallel kind other than Ulysses.
 std::string context_flags(const ContextLayout& l) {
   if (l.kind == ContextParallelKind::ulysses) return "";
@@ -298,9 +312,7 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
                                        const std::vector<int>& context_sizes,
                                        const std::vector<int>& expert_sizes) {
   std::vector<bool> checkpointing = {base.model.activation_checkpointing};
-  // Expert parallelism runs without hybrid and activation checkpointing (for now).
-  if (vary_checkpointing && !base.model.activation_checkpointing && base.strategy.expert_parallel == 1)
-    checkpointing.push_back(true);
+  if (vary_checkpointing && !base.model.activation_checkpointing) checkpointing.push_back(true);
   const auto or_base = [](const std::vector<int>& sizes, int asked) {
     return sizes.empty() ? std::vector<int>{asked} : sizes;
   };
@@ -319,7 +331,6 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
         for (int E : Es) {
           if (base.world_size % (P * T) != 0) continue;
           const bool experts_spread = E > 1;
-          if (experts_spread && (T > 1 || P > 1 || ckpt) && E != base.strategy.expert_parallel) continue;
           const bool varied = T != base.strategy.tensor_parallel || P != base.strategy.context_parallel ||
                               E != base.strategy.expert_parallel;
           if (varied && global % (base.micro_batch * (base.world_size / (P * T))) != 0) continue;
@@ -336,7 +347,6 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
           // Hybrid groups share out the data-parallel ranks (context ranks split
           // sequences, tensor ranks the layers).
           for (const Choice& choice : strategy_choices(base.world_size / (P * T))) {
-            if (experts_spread && choice.kind == StrategyKind::hybrid) continue;
             Candidate c;
             c.request = base;
             if (context) {
@@ -354,6 +364,9 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
             c.request.strategy.context_parallel = P;
             c.request.strategy.tensor_parallel = T;
             c.request.strategy.expert_parallel = E;
+            // The expert ranks are carved out of the data-parallel ones (of each shard
+            // group under hybrid): a layout the mesh refuses is no candidate.
+            if (experts_spread && !lays_out(c.request)) continue;
             if (varied) c.request.global_batch = global;
             c.request.model.activation_checkpointing = ckpt;
             c.plan = plan_run(c.request);
@@ -366,15 +379,6 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
 
 namespace {
 
-bool accepted(const std::function<void()>& check) {
-  try {
-    check();
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 int ranks_per_node(const RunPlanRequest& base, const ClusterShape& cluster) {
   const int nodes = std::max(1, cluster.nodes);
   return base.world_size % nodes == 0 ? base.world_size / nodes : base.world_size;
@@ -383,7 +387,7 @@ int ranks_per_node(const RunPlanRequest& base, const ClusterShape& cluster) {
 }  // namespace
 
 std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster) {
-  if (base.strategy.tensor_parallel > 1 || base.strategy.expert_parallel > 1) return {base.strategy.tensor_parallel};
+  if (base.strategy.tensor_parallel > 1) return {base.strategy.tensor_parallel};
   const int node = ranks_per_node(base, cluster);
   const int data = base.world_size / base.strategy.context_parallel;
   std::vector<int> out = {1};
@@ -417,7 +421,7 @@ std::optional<ContextLayout> context_layout(const RunPlanRequest& base, int P, i
 }
 
 std::vector<int> context_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster) {
-  if (base.strategy.context_parallel > 1 || base.strategy.expert_parallel > 1) return {};
+  if (base.strategy.context_parallel > 1) return {};
   const int node = ranks_per_node(base, cluster);
   const int T = base.strategy.tensor_parallel;
   std::vector<int> out;
@@ -430,12 +434,11 @@ std::vector<int> context_parallel_choices(const RunPlanRequest& base, const Clus
 
 std::vector<int> expert_parallel_choices(const RunPlanRequest& base) {
   const StrategyOptions& s = base.strategy;
-  if (s.expert_parallel > 1 || !base.config.moe.enabled() || s.tensor_parallel > 1 ||
-      s.context_parallel > 1 || base.model.activation_checkpointing || s.optimizer_on_host)
-    return {s.expert_parallel};
+  if (s.expert_parallel > 1 || !base.config.moe.enabled() || s.optimizer_on_host) return {s.expert_parallel};
+  const int data = base.world_size / (s.context_parallel * s.tensor_parallel);
   std::vector<int> out = {1};
-  for (int E = 2; E <= base.world_size; ++E)
-    if (base.world_size % E == 0 && base.config.moe.num_experts % E == 0) out.push_back(E);
+  for (int E = 2; E <= data; ++E)
+    if (data % E == 0 && base.config.moe.num_experts % E == 0) out.push_back(E);
   return out;
 }
 
@@ -443,15 +446,16 @@ AutoSearch auto_search(const RunPlanRequest& base, const HardwareProfile* profil
                        const ClusterShape& cluster, const MemoryBudget& budget) {
   AutoSearch out;
   const std::vector<int> tensor_sizes = tensor_parallel_choices(base, cluster);
+  const std::vector<int> expert_sizes = expert_parallel_choices(base);
   out.candidates = plan_candidates(base, profile, cluster, /*vary_checkpointing=*/true, tensor_sizes,
-                                   {}, expert_parallel_choices(base));
+                                   {}, expert_sizes);
   out.recommendation = recommend(out.candidates, budget, base, profile, cluster);
   if (out.recommendation.chosen) return out;
   // The sequence does not fit whole on any rank: split it too (the kind each P allows).
   const std::vector<int> context_sizes = context_parallel_choices(base, cluster);
   if (context_sizes.empty()) return out;
-  std::vector<Candidate> split =
-      plan_candidates(base, profile, cluster, /*vary_checkpointing=*/true, tensor_sizes, context_sizes);
+  std::vector<Candidate> split = plan_candidates(base, profile, cluster, /*vary_checkpointing=*/true,
+                                                 tensor_sizes, context_sizes, expert_sizes);
   const Recommendation with_context = recommend(split, budget, base, profile, cluster);
   if (!with_context.chosen) return out;
   const size_t whole = out.candidates.size();
@@ -504,8 +508,8 @@ Recommendation recommend(const std::vector<Candidate>& candidates, const MemoryB
       "nothing fits in {} per rank (the smallest, {}, needs {}): {}", gib(budget_bytes.per_rank),
       candidates.empty() ? "-" : candidates[smallest].label,
       candidates.empty() ? "-" : gib(candidates[smallest].plan.total()),
-      smallest_change(base, checkpointing_tried || base.strategy.expert_parallel > 1,
-                      tensor_tried, expert_tried, context_tried, profile, cluster, budget_bytes));
+      smallest_change(base, checkpointing_tried, tensor_tried, expert_tried, context_tried, profile,
+                      cluster, budget_bytes));
   return out;
 }
 

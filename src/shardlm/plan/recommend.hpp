@@ -8,7 +8,8 @@
 //     --strategy auto each at every tensor-parallel size inside a node and, for a
 //     mixture of experts, every expert-parallel size, and, when none of those fits, at
 //     every context-parallel size too, each with the context-parallel kind its heads
-//     allow (auto_search).
+//     allow (auto_search); expert parallelism with each of those, with checkpointing and
+//     with hybrid, wherever the mesh lays it out.
 //  2. Those whose planned bytes per rank fit the budget are eligible (a device run's
 //     host side too: its host bytes per rank times the ranks on a node within the
 //     node's host memory, where that is known).
@@ -46,9 +47,9 @@ struct Candidate {
 // resharding and group size are kept), each planned and, with a profile, timed; for
 // each tensor-parallel size in tensor_sizes, context-parallel size in context_sizes and
 // expert-parallel size in expert_sizes (empty: base's), T = 1, P = 1 and E = 1 first.
-// A context size other than base's runs the kind context_layout gives it; an expert
-// size > 1 only at T = 1, P = 1, without hybrid and checkpointing (what the trainer
-// runs it with).
+// A context size other than base's runs the kind context_layout gives it; a layout
+// with E > 1 that strategy_mesh refuses (E not dividing the data-parallel ranks, or a
+// hybrid shard group) is left out.
 std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const HardwareProfile* profile,
                                        const ClusterShape& cluster, bool vary_checkpointing,
                                        const std::vector<int>& tensor_sizes = {},
@@ -58,17 +59,18 @@ std::vector<Candidate> plan_candidates(const RunPlanRequest& base, const Hardwar
 // The tensor-parallel sizes --strategy auto considers: 1 and the divisors of a node's
 // ranks (the tensor group stays inside a node) that divide the data-parallel ranks and
 // split the model (check_tensor_parallel) and, with --sequence-parallel, a rank's
-// tokens; base's alone when it fixes one (> 1) or runs expert parallelism.
+// tokens; base's alone when it fixes one (> 1).
 std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster);
 // The context-parallel sizes > 1 it tries when no candidate fits: divisors of a node's
-// ranks for which context_layout finds a kind; none when base fixes one or runs expert
-// parallelism.
+// ranks for which context_layout finds a kind; none when base fixes one.
 std::vector<int> context_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster);
 // The expert-parallel sizes it considers for a mixture of experts: 1 and every E > 1
-// dividing the world and the experts of a layer; base's alone when it fixes one (> 1),
-// when the model is dense, or when base splits tensors or sequences, checkpoints
-// activations or offloads the optimizer (none of which the trainer combines with expert
+// dividing base's data-parallel ranks (the world over its context and tensor sizes) and
+// the experts of a layer; base's alone when it fixes one (> 1), when the model is dense,
+// or when base offloads the optimizer (which the trainer does not combine with expert
 // parallelism yet: HostOwnedState fails on the experts a rank does not hold).
+// plan_candidates leaves out the sizes another context size or a hybrid group does not
+// lay out.
 std::vector<int> expert_parallel_choices(const RunPlanRequest& base);
 
 // How P context ranks at T tensor ranks split the attention: base's kind when it names

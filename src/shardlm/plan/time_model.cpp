@@ -43,11 +43,11 @@ GroupPlacement place_group(CommGroup group, int world_size, int partition, int r
     case CommGroup::expert:  // expert_parallel ranks P x T apart
       return place_strided(P * T, expert_parallel, ranks_per_node);
     case CommGroup::expert_data: {  // shard x context: runs of P consecutive tensor groups'
-                                    // ranks, every (expert_parallel x P x T)-th rank
+                                    // ranks, every (expert_parallel x P x T)-th rank of
+                                    // the partition (a hybrid shard group's, not the world's)
       const GroupPlacement run = place_strided(T, P, ranks_per_node);
       if (!run.within_node) return run;
-      return place_strided(expert_parallel * P * T, world_size / (expert_parallel * P * T),
-                           ranks_per_node);
+      return place_strided(expert_parallel * P * T, partition / (expert_parallel * P), ranks_per_node);
     }
   }
   return {false, 1};
