@@ -63,8 +63,7 @@ const std::vector<float>& Generator::feed(std::span<const int32_t> tokens) {
                   vocab);
   const int T = static_cast<int>(tokens.size());
   MicroBatch batch{tokens.data(), nullptr, 1, T};
-  runner_.forward_cached(batch, cache_);
-  runner_.model().logits_at(runner_.strategy().params(), T - 1, logits_.data());
+  runner_.forward_cached(batch, cache_, logits_.data());
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   return logits_;
 }
@@ -154,8 +153,7 @@ std::vector<int32_t> generate_without_cache(ModelRunner& runner, std::vector<int
   for (int i = 0; i < options.num_tokens; ++i) {
     const int T = std::min<int>(static_cast<int>(prompt.size()), max_context);
     MicroBatch batch{prompt.data() + (prompt.size() - static_cast<size_t>(T)), nullptr, 1, T};
-    runner.forward(batch, /*training=*/false, 0.0f);
-    runner.model().logits_at(runner.strategy().params(), T - 1, logits.data());
+    runner.forward(batch, /*training=*/false, 0.0f, logits.data());
     const int32_t next =
         sample_from_logits(logits, options.temperature, options.top_k, rng, options.top_p);
     prompt.push_back(next);
