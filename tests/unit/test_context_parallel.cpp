@@ -106,6 +106,10 @@ struct Case {
   // outer one, as the mesh lays them out) reading rows of its own, its experts' tokens
   // exchanged with the other expert coordinates of its context coordinate.
   int E = 1;
+  // The expert group spans the context ranks (E > the data-parallel ranks): E / P data
+  // coordinates x P context ranks, every rank holding E_local experts of its own, a
+  // context rank's tokens routed to any of them.
+  bool experts_span_context = false;
 };
 
 // bf16 rounds every GEMM's inputs and outputs, and each rank's partial sums round where
@@ -121,7 +125,7 @@ void expect_context_parallel_matches(const Case& c) {
       c.precision != DType::fp32 ? fmt::format(" {}", dtype_name(c.precision)) : "",
       c.lora_targets.empty() ? "" : fmt::format(" lora {}", fmt::join(c.lora_targets, ",")));
   SCOPED_TRACE(c.preset + " " + kind + " P=" + std::to_string(c.P) + " U=" + std::to_string(c.ulysses_degree) +
-               " E=" + std::to_string(c.E) + " " + variant);
+               " E=" + std::to_string(c.E) + (c.experts_span_context ? " over the context ranks " : " ") + variant);
   ModelConfig config = tiny_family_config(c.preset);
   if (c.n_head > 0) config.n_head = c.n_head;
   if (c.aux_coef >= 0) config.moe.router_aux_loss_coef = c.aux_coef;
@@ -131,8 +135,9 @@ void expect_context_parallel_matches(const Case& c) {
   }
   const int B = 2, T = 24;
   const ParamLayout layout = ParamLayout::build(config, 1, 0);
-  std::vector<Rows> rows;  // per expert coordinate
-  for (int x = 0; x < c.E; ++x) rows.push_back(make_rows(B, T, config.vocab_size, 5 + static_cast<uint64_t>(x)));
+  const int data_ranks = c.experts_span_context ? c.E / c.P : c.E;  // rows' coordinates
+  std::vector<Rows> rows;  // per data coordinate
+  for (int x = 0; x < data_ranks; ++x) rows.push_back(make_rows(B, T, config.vocab_size, 5 + static_cast<uint64_t>(x)));
   ModelOptions options;
   options.activation_checkpointing = c.checkpointing;
   options.precision = c.precision;
@@ -142,7 +147,7 @@ void expect_context_parallel_matches(const Case& c) {
   int64_t want_count = 0;
   std::vector<double> want_aux;
   std::vector<std::vector<double>> want_routed;
-  for (int x = 0; x < c.E; ++x) {
+  for (int x = 0; x < data_ranks; ++x) {
     auto reference_model = model_family(config.family).make_model(config, layout, B, T, options,
                                                                   MemoryTracker::global());
     reference.emplace_back(*reference_model, layout);
@@ -154,7 +159,7 @@ void expect_context_parallel_matches(const Case& c) {
     want_routed.push_back(reference_model->last_expert_tokens());
   }
 
-  const int ranks = c.E * c.P;
+  const int ranks = data_ranks * c.P;
   std::vector<Weights> per_rank;
   std::vector<double> losses(static_cast<size_t>(ranks));
   std::vector<int64_t> counts(static_cast<size_t>(ranks));
@@ -169,10 +174,12 @@ void expect_context_parallel_matches(const Case& c) {
     std::unique_ptr<Communicator> context_group, expert_group;
     ModelOptions o = options;
     o.parallel_groups.context = &world;
-    if (c.E > 1) {
-      context_group = world.split(x, world.rank() % c.P, "context group");
+    if (data_ranks > 1) context_group = world.split(x, world.rank() % c.P, "context group");
+    if (context_group) o.parallel_groups.context = context_group.get();
+    if (c.experts_span_context) {
+      o.parallel_groups.expert = &world;  // the expert x context group: every rank here
+    } else if (c.E > 1) {
       expert_group = world.split(world.rank() % c.P, x, "expert group");
-      o.parallel_groups.context = context_group.get();
       o.parallel_groups.expert = expert_group.get();
     }
     o.context_parallel_kind = c.kind;
@@ -225,8 +232,9 @@ void expect_context_parallel_matches(const Case& c) {
         << "flat unit " << u << ": max |diff| " << max_diff << " of max |grad| " << max_abs;
   }
   EXPECT_GT(compared, 0);
-  std::printf("%s %s P=%d E=%d %s: loss rel diff %.1e, %d units' gradients within %.1e of each unit's largest\n",
-              c.preset.c_str(), kind.c_str(), c.P, c.E, variant.c_str(), std::abs(loss - want_loss) / std::abs(want_loss),
+  std::printf("%s %s P=%d E=%d%s %s: loss rel diff %.1e, %d units' gradients within %.1e of each unit's largest\n",
+              c.preset.c_str(), kind.c_str(), c.P, c.E, c.experts_span_context ? " (over the context ranks)" : "",
+              variant.c_str(), std::abs(loss - want_loss) / std::abs(want_loss),
               compared, worst);
 }
 
@@ -327,6 +335,23 @@ TEST(ContextParallel, ExpertParallelismWithTheContextRanksMatchesOneRank) {
                   {"mixtral-tiny", 4, true, false, ContextParallelKind::hybrid, 2, 0, 1.0}};
   for (Case& c : cases) {
     c.E = 2;
+    expect_context_parallel_matches(c);
+  }
+}
+
+TEST(ContextParallel, AnExpertGroupSpanningTheContextRanksMatchesOneRank) {
+  // E > the data-parallel ranks: the expert group is expert x context (E = N: N=2 P=2
+  // E=2, one data coordinate; N=4 P=2 E=4, two), a context rank's tokens reaching
+  // experts held by the other context ranks of its rows and by the other rows' ranks.
+  const ContextParallelKind ring = ContextParallelKind::ring, ulysses = ContextParallelKind::ulysses;
+  Case cases[] = {{"qwen3-moe-tiny", 2, false, false, ulysses, 1, 0, 1.0},
+                  {"mixtral-tiny", 2, true, true, ring, 1, 0, 1.0},
+                  {"qwen2-moe-tiny", 2, true, false, ring, 1, 0, 1.0}};
+  cases[0].E = 2;
+  cases[1].E = 4;
+  cases[2].E = 4;
+  for (Case& c : cases) {
+    c.experts_span_context = true;
     expect_context_parallel_matches(c);
   }
 }
