@@ -183,6 +183,32 @@ done
 memory_as_planned tp_llama-tiny_zero3_bf16_sp_emulated \
   --model llama-tiny --seq-len 32 --micro-batch 2 --global-batch 2 -n 2 --strategy zero3 \
   --precision bf16 --tensor-parallel 2 --sequence-parallel --device emulated
+# Mixtures of experts on the device path (the router GEMM, row gathers, expert GEMMs,
+# combine and the router's backward as kernels on device memory; the routing decided on
+# the host from a copy of the router logits; expert parallelism's all-to-alls through the
+# device communicator): bitwise the CPU run's weights, qwen3-moe-tiny at one rank (fp32),
+# zero3 x --expert-parallel 2 (bf16), and that with the optimizer offloaded.
+moe_run() {  # ranks, out, then flags
+  local n="$1" out="$2"; shift 2
+  run_mpi "$n" "$SHARDLM" train --model qwen3-moe-tiny --data "$WORK/data" --out "$WORK/$out" \
+    --steps 3 --micro-batch 2 --seq-len 32 --global-batch $((2 * n)) --threads 1 --eval-batches 0 \
+    --sample-tokens 0 "$@" > "$WORK/$out.log" 2>&1 || { cat "$WORK/$out.log"; fail "$out"; }
+}
+for device in cpu emulated; do
+  moe_run 1 "moe_fp32_$device" --precision fp32 --device "$device"
+  moe_run 2 "moe_e2_bf16_$device" --precision bf16 --strategy zero3 --expert-parallel 2 --device "$device"
+done
+same moe_fp32_cpu moe_fp32_emulated
+same moe_e2_bf16_cpu moe_e2_bf16_emulated
+moe_run 2 moe_e2_offload --precision bf16 --strategy zero3 --expert-parallel 2 --device emulated \
+  --offload optimizer
+same moe_e2_bf16_cpu moe_e2_offload
+# plan traces that step on the meta device (the same kernels, balanced routing): its bytes
+# per category, on the device and on the host, are the run's.
+memory_as_planned moe_e2_offload --model qwen3-moe-tiny --seq-len 32 --micro-batch 2 \
+  --global-batch 4 -n 2 --strategy zero3 --precision bf16 --expert-parallel 2 --device emulated \
+  --offload optimizer
+echo "qwen3-moe-tiny: cpu = emulated (fp32 N=1; bf16 zero3 x E=2, and + --offload optimizer, memory as planned)"
 
 # Bad input: one line each, nothing written.
 expect_error "--offload optimizer moves the optimizer state" \

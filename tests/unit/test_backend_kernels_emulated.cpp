@@ -1,4 +1,5 @@
-// The CUDA backend's own kernels (backend/cuda/kernels_elementwise.cu, kernels_reduce.cu)
+// The CUDA backend's own kernels (backend/cuda/kernels_elementwise.cu, kernels_reduce.cu,
+// kernels_moe.cu)
 // compiled as plain C++ and run on host threads (tests/cuda_emulation/include: a block
 // is blockDim.x std::threads, __syncthreads a barrier, shuffles an exchange), against
 // the cpu:: kernels on the same inputs. It runs in every build, GPU or not, and checks
@@ -38,6 +39,7 @@ TEST(BackendKernelsEmulated, Unavailable) {
 #include "shardlm/backend/cpu/embedding.hpp"
 #include "shardlm/backend/cpu/gelu.hpp"
 #include "shardlm/backend/cpu/layernorm.hpp"
+#include "shardlm/backend/cpu/moe.hpp"
 #include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/backend/cpu/rmsnorm.hpp"
 #include "shardlm/backend/cpu/rope.hpp"
@@ -52,6 +54,7 @@ TEST(BackendKernelsEmulated, Unavailable) {
 #define cuda cuda_emulated
 #include "shardlm/backend/cuda/kernels_elementwise.cu"
 #include "shardlm/backend/cuda/kernels_reduce.cu"
+#include "shardlm/backend/cuda/kernels_moe.cu"
 #undef cuda
 
 namespace {
@@ -504,6 +507,87 @@ TEST(BackendKernelsEmulated, AdamWAndSums) {
   gpu::sum(kStream, grads.data(), n, true, partials.data(), &partials[gpu::kSumBlocks]);
   EXPECT_NEAR(partials[gpu::kSumBlocks], shardlm::sum_of_squares(grads.data(), n),
               1e-12 * double(n));
+}
+
+// The mixture-of-experts kernels: 6 tokens, top-2 of 4 experts, grouped by expert (a
+// token's rows scattered back in assignment order, columns over several blocks).
+TEST(BackendKernelsEmulated, MixtureOfExperts) {
+  const int n = 6, E = 4, k = 2;
+  const int64_t width = 300, I = 19;
+  std::vector<int32_t> top_expert, token, slot;
+  for (int t = 0; t < n; ++t) {
+    top_expert.push_back(t % E);
+    top_expert.push_back((t + 1 + t % 2) % E);
+  }
+  for (int e = 0; e < E; ++e)
+    for (int t = 0; t < n; ++t)
+      for (int j = 0; j < k; ++j)
+        if (top_expert[size_t(t * k + j)] == e) {
+          token.push_back(t);
+          slot.push_back(j);
+        }
+  const int64_t rows = int64_t(token.size());
+  Vec probs = random_vec(size_t(n) * E, 301, 0.2, 0.25);
+  const Vec top_weight = random_vec(size_t(n) * k, 302, 0.3, 0.5);
+  // gather (fp32 and bf16 storage: copies, exact)
+  const Vec src = random_vec(size_t(n) * width, 303);
+  Vec got(static_cast<size_t>(rows) * width), want(static_cast<size_t>(rows) * width);
+  gpu::gather_rows(kStream, TypedPtr(got.data()), shardlm::ConstTypedPtr(src.data()), token.data(), rows, width);
+  shardlm::cpu::gather_rows(TypedPtr(want.data()), shardlm::ConstTypedPtr(src.data()), token.data(), rows, width);
+  expect_equal_values(got, want, "gather_rows fp32");
+  Half half_src(static_cast<size_t>(n) * width), half_got(static_cast<size_t>(rows) * width), half_want(static_cast<size_t>(rows) * width);
+  for (size_t i = 0; i < half_src.size(); ++i) half_src[i] = uint16_t(i * 2654435761u >> 7);
+  gpu::gather_rows(kStream, TypedPtr(half_got.data(), DType::bf16),
+                   shardlm::ConstTypedPtr(half_src.data(), DType::bf16), token.data(), rows, width);
+  shardlm::cpu::gather_rows(TypedPtr(half_want.data(), DType::bf16),
+                            shardlm::ConstTypedPtr(half_src.data(), DType::bf16), token.data(), rows, width);
+  expect_same_bits(half_got, half_want, "gather_rows bf16");
+  // weights, scatter-add (the same adds in the same order per element: exact)
+  Vec w(static_cast<size_t>(rows)), w_want(static_cast<size_t>(rows));
+  gpu::moe_assignment_weights(kStream, w.data(), top_weight.data(), token.data(), slot.data(), k, rows);
+  shardlm::cpu::moe_assignment_weights(w_want.data(), top_weight.data(), token.data(), slot.data(), k, rows);
+  expect_equal_values(w, w_want, "moe_assignment_weights");
+  const Vec rows_in = random_vec(size_t(rows) * width, 304);
+  for (bool weighted : {true, false}) {
+    Vec out = random_vec(size_t(n) * width, 305), out_want = out;
+    gpu::scatter_add_rows(kStream, out.data(), rows_in.data(), token.data(), weighted ? w.data() : nullptr, rows, width);
+    shardlm::cpu::scatter_add_rows(out_want.data(), rows_in.data(), token.data(), weighted ? w.data() : nullptr, rows, width);
+    expect_close(out, out_want, kFp32Tol, weighted ? "scatter_add_rows weighted" : "scatter_add_rows");
+  }
+  // the top-k weights' gradients
+  const Vec act = random_vec(size_t(rows) * I, 306);
+  Vec g = random_vec(size_t(rows) * I, 307), g_want = g;
+  Vec dy = random_vec(size_t(rows) * width, 308), dy_want = dy;
+  Vec dot(static_cast<size_t>(rows)), dot_want(static_cast<size_t>(rows));
+  gpu::moe_weight_backward(kStream, dot.data(), g.data(), act.data(), I, dy.data(), width, w.data(), rows);
+  shardlm::cpu::moe_weight_backward(dot_want.data(), g_want.data(), act.data(), I, dy_want.data(), width, w.data(), rows);
+  expect_close(dot, dot_want, kFp32Tol, "moe_weight_backward dot");
+  expect_close(g, g_want, kFp32Tol, "moe_weight_backward g");
+  expect_close(dy, dy_want, kFp32Tol, "moe_weight_backward dy");
+  Vec dtop = random_vec(size_t(n) * k, 309), dtop_want = dtop;
+  gpu::moe_scatter_weight_grads(kStream, dtop.data(), dot_want.data(), token.data(), slot.data(), k, rows);
+  shardlm::cpu::moe_scatter_weight_grads(dtop_want.data(), dot_want.data(), token.data(), slot.data(), k, rows);
+  expect_equal_values(dtop, dtop_want, "moe_scatter_weight_grads");
+  // the router's backward
+  const Vec aux = random_vec(size_t(E), 310, 0.1);
+  for (bool norm : {true, false}) {
+    Vec dl(static_cast<size_t>(n) * E), dl_want(static_cast<size_t>(n) * E);
+    gpu::moe_router_backward(kStream, dl.data(), probs.data(), top_expert.data(), dtop.data(), aux.data(), n, E, k, norm);
+    shardlm::cpu::moe_router_backward(dl_want.data(), probs.data(), top_expert.data(), dtop.data(), aux.data(), n, E, k, norm);
+    expect_close(dl, dl_want, kFp32Tol, norm ? "moe_router_backward norm_topk" : "moe_router_backward");
+  }
+  // the shared expert's gate
+  const Vec z = random_vec(size_t(n), 311, 3.0), out = random_vec(size_t(n) * width, 312);
+  Vec gate = z, gate_want = z, y = random_vec(size_t(n) * width, 313), y_want = y;
+  gpu::shared_expert_gate_forward(kStream, gate.data(), y.data(), out.data(), n, width);
+  shardlm::cpu::shared_expert_gate_forward(gate_want.data(), y_want.data(), out.data(), n, width);
+  expect_close(gate, gate_want, kFp32Tol, "shared_expert_gate_forward sigmoid");
+  expect_close(y, y_want, kFp32Tol, "shared_expert_gate_forward y");
+  Vec dz(static_cast<size_t>(n)), dz_want(static_cast<size_t>(n)), ds(static_cast<size_t>(n) * width), ds_want(static_cast<size_t>(n) * width);
+  gpu::shared_expert_gate_backward(kStream, dz.data(), ds.data(), dy_want.data(), gate_want.data(), out.data(), n, width);
+  shardlm::cpu::shared_expert_gate_backward(dz_want.data(), ds_want.data(), dy_want.data(), gate_want.data(), out.data(), n, width);
+  expect_close(dz, dz_want, kFp32Tol, "shared_expert_gate_backward dz");
+  expect_close(ds, ds_want, kFp32Tol, "shared_expert_gate_backward ds");
 }
 
 }  // namespace

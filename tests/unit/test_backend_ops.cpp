@@ -12,7 +12,9 @@
 // On the CPU backend the comparison with itself is exact by construction, so each op
 // family also has an independent check here where it is cheap (a double-precision
 // reference written out in the test: GEMM, conversions, bias adds, LayerNorm, RMSNorm,
-// RoPE, embeddings, the vocabulary-parallel kernels, sums, NF4, AdamW). The cpu:: kernels have their own reference tests
+// RoPE, embeddings, the vocabulary-parallel kernels, sums, NF4, AdamW, the
+// mixture-of-experts row movement, top-k weight and router gradients and shared-expert
+// gate). The cpu:: kernels have their own reference tests
 // besides (tests/unit/test_cpu_kernels.cpp, test_gemm.cpp, test_rmsnorm.cpp,
 // test_rope.cpp, test_swiglu.cpp, test_attention_gqa.cpp, test_nf4.cpp, test_adamw.cpp,
 // test_compute_type_kernels.cpp); GELU, SwiGLU, attention and the LM head rely on those.
@@ -883,6 +885,196 @@ TEST_P(BackendOps, Embedding) {
         expect_close(got[1], Vec(dwte.begin(), dwte.end()), kFp32Tol, what + " dwte vs double");
         expect_close(got[2], Vec(dwpe.begin(), dwpe.end()), kFp32Tol, what + " dwpe vs double");
       }
+}
+
+// --- mixture of experts -----------------------------------------------------------------------------
+
+// A routing of n tokens to E experts, top-k, grouped by expert as moe_routing.hpp does
+// (tokens ascending within an expert): the index arrays the MoE kernels read.
+struct TestRouting {
+  int n = 7, E = 5, k = 2;
+  Vec probs, top_weight;
+  std::vector<int32_t> top_expert, token, slot;
+  TestRouting() {
+    probs.assign(size_t(n) * E, 0.0f);
+    const Vec logits = random_vec(size_t(n) * E, 201, 2.0);
+    for (int t = 0; t < n; ++t) {
+      double sum = 0;
+      for (int e = 0; e < E; ++e) sum += std::exp(double(logits[size_t(t * E + e)]));
+      for (int e = 0; e < E; ++e)
+        probs[size_t(t * E + e)] = float(std::exp(double(logits[size_t(t * E + e)])) / sum);
+      const int first = (t * 3) % E, second = (t * 3 + 1 + t % 3) % E;  // distinct
+      top_expert.push_back(first);
+      top_expert.push_back(second);
+      top_weight.push_back(probs[size_t(t * E + first)]);
+      top_weight.push_back(probs[size_t(t * E + second)]);
+    }
+    for (int e = 0; e < E; ++e)
+      for (int t = 0; t < n; ++t)
+        for (int j = 0; j < k; ++j)
+          if (top_expert[size_t(t * k + j)] == e) {
+            token.push_back(t);
+            slot.push_back(j);
+          }
+  }
+  int64_t assignments() const { return int64_t(token.size()); }
+};
+
+TEST_P(BackendOps, MoeGatherAndScatterRows) {
+  const TestRouting r;
+  const int64_t rows = r.assignments(), width = 37;
+  const Vec src = random_vec(size_t(r.n) * width, 211), out0 = random_vec(size_t(r.n) * width, 212);
+  const Vec weight = random_vec(size_t(rows), 213);
+  for (DType type : {DType::fp32, DType::bf16}) {
+    auto run = [&](Backend& b) {
+      const Buffer in = upload(b, src, type), index = upload_ints(b, r.token);
+      Buffer gathered(b, size_t(rows) * width * 4);
+      b.gather_rows(gathered.typed(type), in.typed(type), index.i32(), rows, width);
+      return std::vector<Vec>{gathered.read(type, size_t(rows) * width)};
+    };
+    compare_with_cpu(tested(), run, {0.0}, "gather_rows " + std::string(shardlm::dtype_name(type)));
+    // Independent: the rows looked up by hand (a copy: exact).
+    const Vec stored = rounded(type, src);
+    Vec want;
+    for (int32_t t : r.token)
+      want.insert(want.end(), stored.begin() + t * width, stored.begin() + (t + 1) * width);
+    EXPECT_EQ(run(tested())[0], want) << "gather_rows " << shardlm::dtype_name(type);
+  }
+  // The scatter-add back: every token's k rows add into its output row.
+  const Vec rows_in = random_vec(size_t(rows) * width, 214);
+  for (bool weighted : {true, false}) {
+    auto run = [&](Backend& b) {
+      Buffer out = upload(b, out0);
+      const Buffer in = upload(b, rows_in), index = upload_ints(b, r.token), w = upload(b, weight);
+      b.scatter_add_rows(out.f32(), in.f32(), index.i32(), weighted ? w.f32() : nullptr, rows,
+                         width);
+      return std::vector<Vec>{out.read(size_t(r.n) * width)};
+    };
+    const std::string what = std::string("scatter_add_rows") + (weighted ? " weighted" : "");
+    compare_with_cpu(tested(), run, {kFp32Tol}, what);
+    std::vector<double> want(out0.begin(), out0.end());
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < width; ++c)
+        want[size_t(r.token[size_t(i)] * width + c)] +=
+            (weighted ? double(weight[size_t(i)]) : 1.0) * rows_in[size_t(i * width + c)];
+    expect_close(run(tested())[0], Vec(want.begin(), want.end()), kFp32Tol, what + " vs double");
+  }
+}
+
+TEST_P(BackendOps, MoeTopKWeightGradients) {
+  const TestRouting r;
+  const int64_t rows = r.assignments(), I = 45, C = 38;
+  const Vec g0 = random_vec(size_t(rows) * I, 221), act = random_vec(size_t(rows) * I, 222);
+  const Vec dy0 = random_vec(size_t(rows) * C, 223), dtop0 = random_vec(size_t(r.n) * r.k, 224);
+  auto run = [&](Backend& b) {
+    const Buffer top = upload(b, r.top_weight), token = upload_ints(b, r.token);
+    const Buffer slot = upload_ints(b, r.slot), a = upload(b, act);
+    Buffer weight(b, size_t(rows) * 4), dot(b, size_t(rows) * 4);
+    Buffer g = upload(b, g0), dy = upload(b, dy0), dtop = upload(b, dtop0);
+    b.moe_assignment_weights(weight.f32(), top.f32(), token.i32(), slot.i32(), r.k, rows);
+    b.moe_weight_backward(dot.f32(), g.f32(), a.f32(), I, dy.f32(), C, weight.f32(), rows);
+    b.moe_scatter_weight_grads(dtop.f32(), dot.f32(), token.i32(), slot.i32(), r.k, rows);
+    return std::vector<Vec>{weight.read(size_t(rows)), dot.read(size_t(rows)),
+                            g.read(size_t(rows) * I), dy.read(size_t(rows) * C),
+                            dtop.read(size_t(r.n) * r.k)};
+  };
+  compare_with_cpu(tested(), run, {0.0, kFp32Tol, kFp32Tol, kFp32Tol, kFp32Tol},
+                   "moe top-k weight gradients");
+  // Independent, in double.
+  const std::vector<Vec> got = run(tested());
+  Vec weight(static_cast<size_t>(rows));
+  std::vector<double> dot(static_cast<size_t>(rows)), g(static_cast<size_t>(rows) * I), dy(static_cast<size_t>(rows) * C);
+  std::vector<double> dtop(dtop0.begin(), dtop0.end());
+  for (int64_t i = 0; i < rows; ++i) {
+    const size_t at = size_t(r.token[size_t(i)] * r.k + r.slot[size_t(i)]);
+    weight[size_t(i)] = r.top_weight[at];
+    for (int64_t j = 0; j < I; ++j) dot[size_t(i)] += double(g0[size_t(i * I + j)]) * act[size_t(i * I + j)];
+    for (int64_t j = 0; j < I; ++j) g[size_t(i * I + j)] = double(g0[size_t(i * I + j)]) * weight[size_t(i)];
+    for (int64_t j = 0; j < C; ++j) dy[size_t(i * C + j)] = double(dy0[size_t(i * C + j)]) * weight[size_t(i)];
+    dtop[at] += dot[size_t(i)];
+  }
+  EXPECT_EQ(got[0], weight) << "moe_assignment_weights";
+  expect_close(got[1], Vec(dot.begin(), dot.end()), kFp32Tol, "moe_weight_backward dot vs double");
+  expect_close(got[2], Vec(g.begin(), g.end()), kFp32Tol, "moe_weight_backward g vs double");
+  expect_close(got[3], Vec(dy.begin(), dy.end()), kFp32Tol, "moe_weight_backward dy vs double");
+  expect_close(got[4], Vec(dtop.begin(), dtop.end()), kFp32Tol, "moe_scatter_weight_grads vs double");
+}
+
+TEST_P(BackendOps, MoeRouterBackward) {
+  const TestRouting r;
+  const Vec dw = random_vec(size_t(r.n) * r.k, 231), aux = random_vec(size_t(r.E), 232, 0.1);
+  for (bool norm : {true, false})
+    for (bool with_aux : {true, false}) {
+      auto run = [&](Backend& b) {
+        const Buffer p = upload(b, r.probs), top = upload_ints(b, r.top_expert);
+        const Buffer d = upload(b, dw), a = upload(b, aux);
+        Buffer dlogits(b, size_t(r.n) * r.E * 4);
+        b.moe_router_backward(dlogits.f32(), p.f32(), top.i32(), d.f32(),
+                              with_aux ? a.f32() : nullptr, r.n, r.E, r.k, norm);
+        return std::vector<Vec>{dlogits.read(size_t(r.n) * r.E)};
+      };
+      const std::string what = std::string("moe_router_backward") + (norm ? " norm_topk" : "") +
+                               (with_aux ? " aux" : "");
+      compare_with_cpu(tested(), run, {kFp32Tol}, what);
+      // Independent: the chain written out in double (w_j = p_j or p_j / S; softmax).
+      std::vector<double> want(size_t(r.n) * r.E);
+      for (int t = 0; t < r.n; ++t) {
+        std::vector<double> dp(size_t(r.E), 0.0);
+        for (int e = 0; e < r.E; ++e) dp[size_t(e)] = with_aux ? aux[size_t(e)] : 0.0;
+        double S = 0;
+        for (int j = 0; j < r.k; ++j) S += r.probs[size_t(t * r.E + r.top_expert[size_t(t * r.k + j)])];
+        for (int j = 0; j < r.k; ++j) {  // d w_j / d p_m for the chosen m
+          const int m = r.top_expert[size_t(t * r.k + j)];
+          for (int i = 0; i < r.k; ++i) {
+            const int q = r.top_expert[size_t(t * r.k + i)];
+            const double pq = r.probs[size_t(t * r.E + q)];
+            const double dwq_dpm = norm ? ((q == m ? 1.0 : 0.0) / S - pq / (S * S)) : (q == m ? 1.0 : 0.0);
+            dp[size_t(m)] += dw[size_t(t * r.k + i)] * dwq_dpm;
+          }
+        }
+        double dot = 0;
+        for (int e = 0; e < r.E; ++e) dot += double(r.probs[size_t(t * r.E + e)]) * dp[size_t(e)];
+        for (int e = 0; e < r.E; ++e)
+          want[size_t(t * r.E + e)] = r.probs[size_t(t * r.E + e)] * (dp[size_t(e)] - dot);
+      }
+      expect_close(run(tested())[0], Vec(want.begin(), want.end()), kFp32Tol, what + " vs double");
+    }
+}
+
+TEST_P(BackendOps, SharedExpertGate) {
+  const int64_t n = 9, C = 41;
+  const Vec z = random_vec(size_t(n), 241, 3.0), out = random_vec(size_t(n) * C, 242);
+  const Vec y0 = random_vec(size_t(n) * C, 243), dy = random_vec(size_t(n) * C, 244);
+  for (bool add : {true, false}) {
+    auto run = [&](Backend& b) {
+      Buffer gate = upload(b, z), y = upload(b, y0);
+      const Buffer o = upload(b, out), d = upload(b, dy);
+      Buffer dz(b, size_t(n) * 4), ds(b, size_t(n) * C * 4);
+      b.shared_expert_gate_forward(gate.f32(), add ? y.f32() : nullptr, o.f32(), n, C);
+      b.shared_expert_gate_backward(dz.f32(), ds.f32(), d.f32(), gate.f32(), o.f32(), n, C);
+      return std::vector<Vec>{gate.read(size_t(n)), y.read(size_t(n) * C), dz.read(size_t(n)),
+                              ds.read(size_t(n) * C)};
+    };
+    const std::string what = std::string("shared expert gate") + (add ? " y +=" : "");
+    compare_with_cpu(tested(), run, {kFp32Tol, kFp32Tol, kFp32Tol, kFp32Tol}, what);
+    std::vector<double> gate(static_cast<size_t>(n)), y(y0.begin(), y0.end()), dz(static_cast<size_t>(n)), ds(static_cast<size_t>(n) * C);
+    for (int64_t t = 0; t < n; ++t) {
+      const double g = 1.0 / (1.0 + std::exp(-double(z[size_t(t)])));
+      gate[size_t(t)] = g;
+      double dot = 0;
+      for (int64_t j = 0; j < C; ++j) {
+        if (add) y[size_t(t * C + j)] += g * out[size_t(t * C + j)];
+        dot += double(dy[size_t(t * C + j)]) * out[size_t(t * C + j)];
+        ds[size_t(t * C + j)] = g * dy[size_t(t * C + j)];
+      }
+      dz[size_t(t)] = dot * g * (1 - g);
+    }
+    const std::vector<Vec> got = run(tested());
+    expect_close(got[0], Vec(gate.begin(), gate.end()), kFp32Tol, what + " sigmoid vs double");
+    expect_close(got[1], Vec(y.begin(), y.end()), kFp32Tol, what + " y vs double");
+    expect_close(got[2], Vec(dz.begin(), dz.end()), kFp32Tol, what + " dz vs double");
+    expect_close(got[3], Vec(ds.begin(), ds.end()), kFp32Tol, what + " ds vs double");
+  }
 }
 
 // --- loss ------------------------------------------------------------------------------------------

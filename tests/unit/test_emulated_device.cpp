@@ -147,7 +147,8 @@ TEST_P(EmulatedDevice, TrainingMicroBatchIsBitwiseTheCpuBackends) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny"})
+  for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "qwen3-tiny", "qwen3-moe-tiny",
+                             "qwen2-moe-tiny", "mixtral-tiny"})
     for (DType precision : {DType::fp32, DType::bf16})
       for (bool packed : {false, true}) out.push_back({preset, precision, packed});
   return out;

@@ -177,6 +177,31 @@ class Backend {
                                             const int32_t* targets, int rows, float grad_scale,
                                             VocabShardRows shard) = 0;
 
+  // --- mixture of experts (cpu/moe.hpp) ---------------------------------------------
+  // The row movement and per-row arithmetic around the expert GEMMs; the routing's index
+  // arrays (token, slot, top_expert) are device memory, made on the host and copied.
+  virtual void gather_rows(TypedPtr dst, ConstTypedPtr src, const int32_t* index, int64_t rows,
+                           int64_t width) = 0;
+  virtual void scatter_add_rows(float* out, const float* src, const int32_t* index,
+                                const float* weight, int64_t rows, int64_t width) = 0;
+  virtual void moe_assignment_weights(float* weight, const float* top_weight,
+                                      const int32_t* token, const int32_t* slot, int k,
+                                      int64_t rows) = 0;
+  virtual void moe_scatter_weight_grads(float* d_top_weight, const float* dot,
+                                        const int32_t* token, const int32_t* slot, int k,
+                                        int64_t rows) = 0;
+  virtual void moe_weight_backward(float* dot, float* g, const float* act, int64_t I, float* dy,
+                                   int64_t C, const float* weight, int64_t rows) = 0;
+  // aux_dprob: device memory or null.
+  virtual void moe_router_backward(float* dlogits, const float* probs, const int32_t* top_expert,
+                                   const float* d_top_weight, const float* aux_dprob, int64_t n,
+                                   int E, int k, bool norm_topk_prob) = 0;
+  virtual void shared_expert_gate_forward(float* gate, float* y, const float* out, int64_t n,
+                                          int64_t C) = 0;
+  virtual void shared_expert_gate_backward(float* dz, float* ds, const float* dy,
+                                           const float* gate, const float* out, int64_t n,
+                                           int64_t C) = 0;
+
   // --- quantized weights ---------------------------------------------------------
   virtual void nf4_dequantize(const void* in, int64_t n, TypedPtr out) = 0;
 

@@ -82,6 +82,8 @@ void HostOwnedState::pull() {
 }
 
 void HostOwnedState::send_params(const OwnedSlice& device_slice, const HostSlice& h) {
+  // (An expert unit held on other ranks of the expert group owns nothing here.)
+  if (device_slice.size() == 0) return;
   const TypedPtr stored = device_slice.stored;
   SHARDLM_ASSERT(stored.data != nullptr);
   // Rounded here as the device's strategy rounds its master without offload (the same

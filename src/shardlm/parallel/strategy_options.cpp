@@ -50,11 +50,6 @@ MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) 
                   "the {} data-parallel ranks (the job's {} / {}), which {} does not divide "
                   "(expected a divisor of {})", E, P, world_size / P, world_size, P, E,
                   world_size / P);
-    // The host optimizer writes each owned slice's compute copy back to the device; the
-    // expert-sharded units keep none there yet (plan's traced step failed an assertion).
-    SHARDLM_CHECK(!options.optimizer_on_host,
-                  "--expert-parallel {} with --offload optimizer is not supported yet (use "
-                  "--offload none, or --expert-parallel 1 with the offload)", E);
     // hybrid: the expert ranks are carved out of each shard group (its G data-parallel
     // ranks partition a dense unit, as without experts), replicated across the groups.
     const int G = options.shard_group_size;

@@ -67,8 +67,8 @@ std::vector<int> context_parallel_choices(const RunPlanRequest& base, const Clus
 // The expert-parallel sizes it considers for a mixture of experts: 1 and every E > 1
 // dividing base's data-parallel ranks (the world over its context and tensor sizes) and
 // the experts of a layer; base's alone when it fixes one (> 1), when the model is dense,
-// or when base offloads the optimizer (which the trainer does not combine with expert
-// parallelism yet: HostOwnedState fails on the experts a rank does not hold).
+// or when base offloads the optimizer (which the trainer combines with expert
+// parallelism; auto does not try it there yet).
 // plan_candidates leaves out the sizes another context size or a hybrid group does not
 // lay out.
 std::vector<int> expert_parallel_choices(const RunPlanRequest& base);

@@ -14,6 +14,7 @@
 #include "shardlm/backend/cpu/gemm_mixed.hpp"
 #include "shardlm/backend/cpu/layernorm.hpp"
 #include "shardlm/backend/cpu/lm_head_loss.hpp"
+#include "shardlm/backend/cpu/moe.hpp"
 #include "shardlm/backend/cpu/nf4.hpp"
 #include "shardlm/backend/cpu/rmsnorm.hpp"
 #include "shardlm/backend/cpu/rope.hpp"
@@ -207,6 +208,41 @@ class CpuBackend final : public Backend {
                                     const int32_t* targets, int rows, float grad_scale,
                                     VocabShardRows shard) override {
     cpu::vocab_shard_softmax_backward(logits, ld, sums, targets, rows, grad_scale, shard);
+  }
+
+  void gather_rows(TypedPtr dst, ConstTypedPtr src, const int32_t* index, int64_t rows,
+                   int64_t width) override {
+    cpu::gather_rows(dst, src, index, rows, width);
+  }
+  void scatter_add_rows(float* out, const float* src, const int32_t* index, const float* weight,
+                        int64_t rows, int64_t width) override {
+    cpu::scatter_add_rows(out, src, index, weight, rows, width);
+  }
+  void moe_assignment_weights(float* weight, const float* top_weight, const int32_t* token,
+                              const int32_t* slot, int k, int64_t rows) override {
+    cpu::moe_assignment_weights(weight, top_weight, token, slot, k, rows);
+  }
+  void moe_scatter_weight_grads(float* d_top_weight, const float* dot, const int32_t* token,
+                                const int32_t* slot, int k, int64_t rows) override {
+    cpu::moe_scatter_weight_grads(d_top_weight, dot, token, slot, k, rows);
+  }
+  void moe_weight_backward(float* dot, float* g, const float* act, int64_t I, float* dy, int64_t C,
+                           const float* weight, int64_t rows) override {
+    cpu::moe_weight_backward(dot, g, act, I, dy, C, weight, rows);
+  }
+  void moe_router_backward(float* dlogits, const float* probs, const int32_t* top_expert,
+                           const float* d_top_weight, const float* aux_dprob, int64_t n, int E,
+                           int k, bool norm_topk_prob) override {
+    cpu::moe_router_backward(dlogits, probs, top_expert, d_top_weight, aux_dprob, n, E, k,
+                             norm_topk_prob);
+  }
+  void shared_expert_gate_forward(float* gate, float* y, const float* out, int64_t n,
+                                  int64_t C) override {
+    cpu::shared_expert_gate_forward(gate, y, out, n, C);
+  }
+  void shared_expert_gate_backward(float* dz, float* ds, const float* dy, const float* gate,
+                                   const float* out, int64_t n, int64_t C) override {
+    cpu::shared_expert_gate_backward(dz, ds, dy, gate, out, n, C);
   }
 
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override {

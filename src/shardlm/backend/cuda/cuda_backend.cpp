@@ -625,6 +625,54 @@ class CudaBackend final : public Backend {
 
   // --- quantized weights
   // ---------------------------------------------------------------------------
+  void gather_rows(TypedPtr dst, ConstTypedPtr src, const int32_t* index, int64_t rows,
+                   int64_t width) override {
+    SHARDLM_CHECK(dst.dtype == src.dtype, "gather_rows: {} rows into {} (one storage type)",
+                  dtype_name(src.dtype), dtype_name(dst.dtype));
+    select();
+    SHARDLM_CUDA_CHECK(kernels::gather_rows(stream_, dst, src, index, rows, width));
+  }
+  void scatter_add_rows(float* out, const float* src, const int32_t* index, const float* weight,
+                        int64_t rows, int64_t width) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::scatter_add_rows(stream_, out, src, index, weight, rows, width));
+  }
+  void moe_assignment_weights(float* weight, const float* top_weight, const int32_t* token,
+                              const int32_t* slot, int k, int64_t rows) override {
+    select();
+    SHARDLM_CUDA_CHECK(
+        kernels::moe_assignment_weights(stream_, weight, top_weight, token, slot, k, rows));
+  }
+  void moe_scatter_weight_grads(float* d_top_weight, const float* dot, const int32_t* token,
+                                const int32_t* slot, int k, int64_t rows) override {
+    select();
+    SHARDLM_CUDA_CHECK(
+        kernels::moe_scatter_weight_grads(stream_, d_top_weight, dot, token, slot, k, rows));
+  }
+  void moe_weight_backward(float* dot, float* g, const float* act, int64_t I, float* dy, int64_t C,
+                           const float* weight, int64_t rows) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::moe_weight_backward(stream_, dot, g, act, I, dy, C, weight, rows));
+  }
+  void moe_router_backward(float* dlogits, const float* probs, const int32_t* top_expert,
+                           const float* d_top_weight, const float* aux_dprob, int64_t n, int E,
+                           int k, bool norm_topk_prob) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::moe_router_backward(stream_, dlogits, probs, top_expert,
+                                                    d_top_weight, aux_dprob, n, E, k,
+                                                    norm_topk_prob));
+  }
+  void shared_expert_gate_forward(float* gate, float* y, const float* out, int64_t n,
+                                  int64_t C) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::shared_expert_gate_forward(stream_, gate, y, out, n, C));
+  }
+  void shared_expert_gate_backward(float* dz, float* ds, const float* dy, const float* gate,
+                                   const float* out, int64_t n, int64_t C) override {
+    select();
+    SHARDLM_CUDA_CHECK(kernels::shared_expert_gate_backward(stream_, dz, ds, dy, gate, out, n, C));
+  }
+
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override {
     select();
     SHARDLM_CUDA_CHECK(kernels::nf4_dequantize(stream_, in, n, out));

@@ -82,6 +82,30 @@ cudaError_t vocab_shard_softmax_sums(cudaStream_t stream, float* sums, float* lo
                                      const float* row_max, const int32_t* targets, int rows,
                                      VocabShardRows shard);
 
+// --- mixture of experts (kernels_moe.cu; cpu/moe.hpp's contracts) -----------------------
+cudaError_t gather_rows(cudaStream_t stream, TypedPtr dst, ConstTypedPtr src, const int32_t* index,
+                        int64_t rows, int64_t width);
+cudaError_t scatter_add_rows(cudaStream_t stream, float* out, const float* src,
+                             const int32_t* index, const float* weight, int64_t rows,
+                             int64_t width);
+cudaError_t moe_assignment_weights(cudaStream_t stream, float* weight, const float* top_weight,
+                                   const int32_t* token, const int32_t* slot, int k, int64_t rows);
+cudaError_t moe_scatter_weight_grads(cudaStream_t stream, float* d_top_weight, const float* dot,
+                                     const int32_t* token, const int32_t* slot, int k,
+                                     int64_t rows);
+cudaError_t moe_weight_backward(cudaStream_t stream, float* dot, float* g, const float* act,
+                                int64_t I, float* dy, int64_t C, const float* weight,
+                                int64_t rows);
+cudaError_t moe_router_backward(cudaStream_t stream, float* dlogits, const float* probs,
+                                const int32_t* top_expert, const float* d_top_weight,
+                                const float* aux_dprob, int64_t n, int E, int k,
+                                bool norm_topk_prob);
+cudaError_t shared_expert_gate_forward(cudaStream_t stream, float* gate, float* y, const float* out,
+                                       int64_t n, int64_t C);
+cudaError_t shared_expert_gate_backward(cudaStream_t stream, float* dz, float* ds, const float* dy,
+                                        const float* gate, const float* out, int64_t n,
+                                        int64_t C);
+
 // --- AdamW ---------------------------------------------------------------------------------
 // The per-step constants, computed on the host exactly as backend/cpu/adamw.cpp does.
 struct AdamConstants {

@@ -276,6 +276,53 @@ class EmulatedBackend final : public Backend {
                                       grad_scale, shard);
   }
 
+  void gather_rows(TypedPtr dst, ConstTypedPtr src, const int32_t* index, int64_t rows,
+                   int64_t width) override {
+    const char* k = "gather_rows";
+    cpu_.gather_rows(dev(dst, k), dev(src, k), dev(index, k), rows, width);
+  }
+  void scatter_add_rows(float* out, const float* src, const int32_t* index, const float* weight,
+                        int64_t rows, int64_t width) override {
+    const char* k = "scatter_add_rows";
+    cpu_.scatter_add_rows(dev(out, k), dev(src, k), dev(index, k), dev(weight, k), rows, width);
+  }
+  void moe_assignment_weights(float* weight, const float* top_weight, const int32_t* token,
+                              const int32_t* slot, int k, int64_t rows) override {
+    const char* n = "moe_assignment_weights";
+    cpu_.moe_assignment_weights(dev(weight, n), dev(top_weight, n), dev(token, n), dev(slot, n),
+                                k, rows);
+  }
+  void moe_scatter_weight_grads(float* d_top_weight, const float* dot, const int32_t* token,
+                                const int32_t* slot, int k, int64_t rows) override {
+    const char* n = "moe_scatter_weight_grads";
+    cpu_.moe_scatter_weight_grads(dev(d_top_weight, n), dev(dot, n), dev(token, n), dev(slot, n),
+                                  k, rows);
+  }
+  void moe_weight_backward(float* dot, float* g, const float* act, int64_t I, float* dy, int64_t C,
+                           const float* weight, int64_t rows) override {
+    const char* k = "moe_weight_backward";
+    cpu_.moe_weight_backward(dev(dot, k), dev(g, k), dev(act, k), I, dev(dy, k), C,
+                             dev(weight, k), rows);
+  }
+  void moe_router_backward(float* dlogits, const float* probs, const int32_t* top_expert,
+                           const float* d_top_weight, const float* aux_dprob, int64_t n, int E,
+                           int k, bool norm_topk_prob) override {
+    const char* x = "moe_router_backward";
+    cpu_.moe_router_backward(dev(dlogits, x), dev(probs, x), dev(top_expert, x),
+                             dev(d_top_weight, x), dev(aux_dprob, x), n, E, k, norm_topk_prob);
+  }
+  void shared_expert_gate_forward(float* gate, float* y, const float* out, int64_t n,
+                                  int64_t C) override {
+    const char* k = "shared_expert_gate_forward";
+    cpu_.shared_expert_gate_forward(dev(gate, k), dev(y, k), dev(out, k), n, C);
+  }
+  void shared_expert_gate_backward(float* dz, float* ds, const float* dy, const float* gate,
+                                   const float* out, int64_t n, int64_t C) override {
+    const char* k = "shared_expert_gate_backward";
+    cpu_.shared_expert_gate_backward(dev(dz, k), dev(ds, k), dev(dy, k), dev(gate, k),
+                                     dev(out, k), n, C);
+  }
+
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override {
     cpu_.nf4_dequantize(dev(in, "nf4_dequantize"), n, dev(out, "nf4_dequantize"));
   }

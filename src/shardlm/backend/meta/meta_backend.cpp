@@ -233,6 +233,39 @@ void MetaBackend::nf4_dequantize(const void*, int64_t n, TypedPtr out) {
   elementwise(static_cast<double>(n) / 2 + bytes_of(out.dtype, n));
 }
 
+// ---- mixture of experts: rows moved (read and written), indices and weights read ----
+void MetaBackend::gather_rows(TypedPtr, ConstTypedPtr src, const int32_t*, int64_t rows,
+                              int64_t width) {
+  state(2 * bytes_of(src.dtype, rows * width) + f32(rows));
+}
+void MetaBackend::scatter_add_rows(float*, const float*, const int32_t*, const float* weight,
+                                   int64_t rows, int64_t width) {
+  elementwise(3 * f32(rows * width) + f32(rows) * (weight != nullptr ? 2 : 1));
+}
+void MetaBackend::moe_assignment_weights(float*, const float*, const int32_t*, const int32_t*, int,
+                                         int64_t rows) {
+  state(4 * f32(rows));
+}
+void MetaBackend::moe_scatter_weight_grads(float*, const float*, const int32_t*, const int32_t*,
+                                           int, int64_t rows) {
+  state(5 * f32(rows));
+}
+void MetaBackend::moe_weight_backward(float*, float*, const float*, int64_t I, float*, int64_t C,
+                                      const float*, int64_t rows) {
+  elementwise(f32(rows * (3 * I + 2 * C)) + 2 * f32(rows));
+}
+void MetaBackend::moe_router_backward(float*, const float*, const int32_t*, const float*,
+                                      const float*, int64_t n, int E, int k, bool) {
+  elementwise(2 * f32(n * E) + 2 * f32(n * k));
+}
+void MetaBackend::shared_expert_gate_forward(float*, float* y, const float*, int64_t n, int64_t C) {
+  elementwise(2 * f32(n) + (y != nullptr ? 3 * f32(n * C) : 0.0));
+}
+void MetaBackend::shared_expert_gate_backward(float*, float*, const float*, const float*,
+                                              const float*, int64_t n, int64_t C) {
+  elementwise(3 * f32(n * C) + 2 * f32(n));
+}
+
 // ---- optimizer: AdamW reads master, gradient, m, v (16 bytes) and writes master,
 // m, v (12), plus the rounded copy where it writes one ----
 void MetaBackend::adamw_update(float*, const float*, float*, float*, int64_t n,

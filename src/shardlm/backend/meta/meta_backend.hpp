@@ -133,6 +133,23 @@ class MetaBackend final : public Backend {
                                     const int32_t* targets, int rows, float grad_scale,
                                     VocabShardRows shard) override;
   void nf4_dequantize(const void* in, int64_t n, TypedPtr out) override;
+  void gather_rows(TypedPtr dst, ConstTypedPtr src, const int32_t* index, int64_t rows,
+                   int64_t width) override;
+  void scatter_add_rows(float* out, const float* src, const int32_t* index, const float* weight,
+                        int64_t rows, int64_t width) override;
+  void moe_assignment_weights(float* weight, const float* top_weight, const int32_t* token,
+                              const int32_t* slot, int k, int64_t rows) override;
+  void moe_scatter_weight_grads(float* d_top_weight, const float* dot, const int32_t* token,
+                                const int32_t* slot, int k, int64_t rows) override;
+  void moe_weight_backward(float* dot, float* g, const float* act, int64_t I, float* dy, int64_t C,
+                           const float* weight, int64_t rows) override;
+  void moe_router_backward(float* dlogits, const float* probs, const int32_t* top_expert,
+                           const float* d_top_weight, const float* aux_dprob, int64_t n, int E,
+                           int k, bool norm_topk_prob) override;
+  void shared_expert_gate_forward(float* gate, float* y, const float* out, int64_t n,
+                                  int64_t C) override;
+  void shared_expert_gate_backward(float* dz, float* ds, const float* dy, const float* gate,
+                                   const float* out, int64_t n, int64_t C) override;
   void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                     std::span<const ElementRange> decay_ranges, float lr, float grad_multiplier,
                     int64_t step, const AdamWConfig& config, TypedPtr rounded_params) override;

@@ -378,7 +378,7 @@ void LlamaModel::Impl::set_shape(const ModelConfig& model_config, const ModelOpt
                                            options.parallel_groups.expert)
             : nullptr;
   shared_expert = config.moe.has_shared_expert()
-                      ? std::make_unique<MoeSharedExpert>(config, compute, false, options.activation_checkpointing)
+                      ? std::make_unique<MoeSharedExpert>(config, compute, options.activation_checkpointing)
                       : nullptr;
 }
 
@@ -472,15 +472,12 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   if (m.moe) {
     const bool meta = options.backend != nullptr && options.backend->is_meta();
     m.moe = std::make_unique<MoeExperts>(config, m.compute, meta, options.activation_checkpointing,
-                                         options.parallel_groups.expert);
+                                         options.parallel_groups.expert, !options.device.is_host());
     // Expert parallelism: the experts held elsewhere read nothing here.
     for (int u = 0; u < m.num_units; ++u)
       if (!m.holds(m.roles[static_cast<size_t>(u)])) m.needs[static_cast<size_t>(u)].clear();
     if (m.shared_expert)
-      m.shared_expert = std::make_unique<MoeSharedExpert>(config, m.compute, meta, options.activation_checkpointing);
-    SHARDLM_CHECK(options.device.is_host() || meta, "model: mixture-of-experts models run on the CPU "
-                  "for now (routing is computed on the host); this run asks for {}",
-                  to_string(options.device));
+      m.shared_expert = std::make_unique<MoeSharedExpert>(config, m.compute, options.activation_checkpointing);
   }
   check_tensor_parallel_model(layout, options, m.tensor_size);
   SHARDLM_CHECK(layout.num_model_units() == m.num_units,
@@ -961,7 +958,7 @@ void LlamaModel::Impl::layer_forward(int l, const LayerVectors& v, const LayerWe
     // The router; the experts' units add their outputs to y = r (+ the shared expert's).
     gemm_forward(rows, moe->experts(), static_cast<int>(C), 1.0f, a.ln2, static_cast<int>(C),
                  w.router, 0.0f, moe->router_logits(), moe->experts());
-    moe->route(l, n);
+    moe->route(l, n, *be);
     moe->dispatch(l, *be, a.ln2);
     if (options.activation_checkpointing) moe->keep_h2(l, *be, a.ln2);
     float* y = residual[static_cast<size_t>(l) + 1];
@@ -1009,7 +1006,7 @@ void LlamaModel::Impl::mlp_backward(int l, const LayerVectors& v, const LayerWei
     // The experts' backward ran (their units come after this one): add the router's
     // share of dLoss/dh2 to theirs.
     const int e = moe->experts();
-    const ConstTypedPtr dz = moe->router_backward(l, aux_weight, *rounding);
+    const ConstTypedPtr dz = moe->router_backward(l, *be, aux_weight, *rounding);
     if (trains) be->gemm(true, false, e, c, rows, 1.0f, dz, e, a.ln2, c, 1.0f, g + o.router_w, c);
     float* dln2 = moe->h2_gradient();
     be->gemm(false, false, rows, c, e, 1.0f, dz, e, w.router, c, 1.0f, dln2, c);

@@ -102,22 +102,27 @@ void MoeExperts::dispatch(int l, Backend& be, ConstTypedPtr h2) {
   LayerRouting& r = layer(l);
   const int P = group_->size();
   const int64_t nk = n_ * k_;
-  // The counts first: E/P per peer, each the rows this rank routes to that expert.
+  // The counts first: E/P per peer, each the rows this rank routes to that expert
+  // (made on the host, exchanged in the group's memory, read back on the host).
+  std::vector<float> counts(2 * static_cast<size_t>(E_), 0.0f);
   if (!meta_)
     for (int e = 0; e < E_; ++e) {
       const auto [begin, end] = assignments(r, e);
-      ep_counts_[e] = static_cast<float>(end - begin);
+      counts[static_cast<size_t>(e)] = static_cast<float>(end - begin);
     }
+  const size_t count_bytes = sizeof(float) * static_cast<size_t>(E_);
+  be.copy_from_host(ep_counts_, counts.data(), count_bytes);
   group_->all_to_all(ConstTypedPtr(ep_counts_), TypedPtr(ep_counts_ + E_),
                      static_cast<size_t>(local_experts_), "expert dispatch counts")
       .wait();
+  be.copy_to_host(counts.data() + E_, ep_counts_ + E_, count_bytes);
   int64_t total = 0;
   for (int j = 0; j < P; ++j)
     for (int e = 0; e < local_experts_; ++e) {
       // The meta device: every source routes as balanced as meta_begin_ does.
       const int global = local_begin_ + e;
       const int64_t rows = meta_ ? nk * (global + 1) / E_ - nk * global / E_
-                                 : static_cast<int64_t>(ep_counts_[E_ + j * local_experts_ + e]);
+                                 : static_cast<int64_t>(counts[static_cast<size_t>(E_ + j * local_experts_ + e)]);
       r.received[static_cast<size_t>(j * local_experts_ + e)] = rows;
       total += rows;
     }
@@ -138,15 +143,10 @@ void MoeExperts::dispatch(int l, Backend& be, ConstTypedPtr h2) {
 
 void MoeExperts::pack_h2_rows(LayerRouting& r, Backend& be, ConstTypedPtr h2,
                               const std::vector<int64_t>& sent) {
-  if (meta_) {
-    const int64_t nk = n_ * k_;
-    return be.convert_rows(ep_send_h2_, C_, h2, C_, nk, C_);  // the same bytes
-  }
   for (int x = 0; x < E_; ++x) {
     const auto [begin, end] = assignments(r, x);
-    for (int64_t i = begin; i < end; ++i)
-      be.convert_rows(ep_send_h2_.at((sent[static_cast<size_t>(x)] + i - begin) * C_), C_,
-                      h2.at(static_cast<int64_t>(r.routing.token[i]) * C_), C_, 1, C_);
+    be.gather_rows(ep_send_h2_.at(sent[static_cast<size_t>(x)] * C_), h2, r.routing.token + begin,
+                   end - begin, C_);
   }
 }
 
@@ -191,17 +191,14 @@ void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row
   if (e != E_ - 1) return;
   // Combine: the outputs back at their sources, added in expert order as at P = 1.
   for (auto& works : returning_) wait_all(works);
-  if (meta_) return;
   const std::vector<int64_t> sent = sent_begin(r);
   for (int x = 0; x < E_; ++x) {
     const auto [begin, end] = assignments(r, x);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t t = r.routing.token[i];
-      const float weight = r.routing.top_weight[t * k_ + r.routing.slot[i]];
-      float* y = out + t * C_;
-      const float* o = ep_back_ + (sent[static_cast<size_t>(x)] + i - begin) * C_;
-      for (int64_t j = 0; j < C_; ++j) y[j] += weight * o[j];
-    }
+    const int64_t row = sent[static_cast<size_t>(x)];
+    be.moe_assignment_weights(ep_send_w_ + row, r.routing.top_weight, r.routing.token + begin,
+                              r.routing.slot + begin, k_, end - begin);
+    be.scatter_add_rows(out, ep_back_ + row * C_, r.routing.token + begin, ep_send_w_ + row,
+                        end - begin, C_);
   }
 }
 
@@ -217,16 +214,14 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
     if (recompute_) pack_h2_rows(r, be, h2, sent);
     be.fill_zero(dh2_, sizeof(float) * static_cast<size_t>(n_ * C_));
     be.fill_zero(dtop_, sizeof(float) * static_cast<size_t>(nk));
-    if (!meta_)
-      for (int x = 0; x < E_; ++x) {
-        const auto [begin, end] = assignments(r, x);
-        for (int64_t i = begin; i < end; ++i) {
-          const int64_t t = r.routing.token[i];
-          const int64_t row = sent[static_cast<size_t>(x)] + i - begin;
-          std::copy_n(dy + t * C_, C_, ep_back_ + row * C_);
-          ep_send_w_[row] = r.routing.top_weight[t * k_ + r.routing.slot[i]];
-        }
-      }
+    for (int x = 0; x < E_; ++x) {
+      const auto [begin, end] = assignments(r, x);
+      const int64_t row = sent[static_cast<size_t>(x)];
+      be.gather_rows(TypedPtr(ep_back_ + row * C_), ConstTypedPtr(dy), r.routing.token + begin,
+                     end - begin, C_);
+      be.moe_assignment_weights(ep_send_w_ + row, r.routing.top_weight, r.routing.token + begin,
+                                r.routing.slot + begin, k_, end - begin);
+    }
     // One set of exchanges per held expert, in the order the holders run them
     // backward (the last first), so that each expert's backward starts once its own
     // rows are in.
@@ -260,22 +255,13 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
       const TypedPtr act = held.act.at(b * I_);
       // As expert_backward at P = 1 on the source's block: g = dy_e Wdown
       // (unweighted), the weight's gradient <g, silu(gate) * up>, the rest weighted.
-      if (!meta_) std::copy_n(ep_dy_ + b * C_, rows * C_, out_);
+      be.copy(out_, ep_dy_ + b * C_, sizeof(float) * static_cast<size_t>(rows * C_));
       const ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
       be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
       if (w.lora.down.targeted()) lora_->input_gradient(be, w.lora.down, m, i1, c, dy_e, g_);
-      if (!meta_) {
-        float* act_f = dgu_;  // act as fp32, before dgu_ is written
-        be.convert_rows(act_f, I_, act, I_, rows, I_);
-        for (int64_t i = 0; i < rows; ++i) {
-          const float weight = ep_w_[b + i];
-          float dot = 0;
-          for (int64_t x = 0; x < I_; ++x) dot += g_[i * I_ + x] * act_f[i * I_ + x];
-          ep_dot_[b + i] = dot;
-          for (int64_t x = 0; x < I_; ++x) g_[i * I_ + x] *= weight;
-          for (int64_t x = 0; x < C_; ++x) out_[i * C_ + x] *= weight;
-        }
-      }
+      float* act_f = dgu_;  // act as fp32, before dgu_ is written
+      be.convert_rows(act_f, I_, act, I_, rows, I_);
+      be.moe_weight_backward(ep_dot_ + b, g_, act_f, I_, out_, C_, ep_w_ + b, rows);
       if (grad_down != nullptr || w.lora.down.targeted()) {
         const ConstTypedPtr dyw = rounding.for_gemm(out_, out_c_, rows * C_);
         if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dyw, c, act, i1, 1.0f, grad_down, i1);
@@ -306,18 +292,15 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
   // The layer's last backward expert unit: dh2 rows and the weights' gradients are
   // back; added in the P = 1 order (experts descending).
   for (auto& works : returning_) wait_all(works);
-  if (meta_) return;
   const std::vector<int64_t> sent = sent_begin(r);
   for (int x = E_ - 1; x >= 0; --x) {
     const auto [begin, end] = assignments(r, x);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t t = r.routing.token[i];
-      const int64_t row = sent[static_cast<size_t>(x)] + i - begin;
-      dtop_[t * k_ + r.routing.slot[i]] += ep_dot_back_[row];
-      float* d = dh2_ + t * C_;
-      const float* dx = ep_back_ + row * C_;
-      for (int64_t j = 0; j < C_; ++j) d[j] += dx[j];
-    }
+    if (end == begin) continue;
+    const int64_t row = sent[static_cast<size_t>(x)];
+    const int32_t* tokens = r.routing.token + begin;
+    be.moe_scatter_weight_grads(dtop_, ep_dot_back_ + row, tokens, r.routing.slot + begin, k_,
+                                end - begin);
+    be.scatter_add_rows(dh2_, ep_back_ + row * C_, tokens, nullptr, end - begin, C_);
   }
 }
 

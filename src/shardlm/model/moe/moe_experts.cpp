@@ -9,7 +9,7 @@
 namespace shardlm {
 
 MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool recompute,
-                       Communicator* expert_group)
+                       Communicator* expert_group, bool on_device)
     : E_(c.moe.num_experts),
       k_(c.moe.top_k),
       C_(c.n_embd),
@@ -17,7 +17,8 @@ MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool reco
       norm_topk_(c.moe.norm_topk_prob),
       compute_(compute),
       meta_(meta),
-      recompute_(recompute) {
+      recompute_(recompute),
+      on_device_(on_device && !meta) {
   int sparse = 0;
   for (int l = 0; l < c.n_layer; ++l) {
     const bool is_sparse = c.moe.sparse_layer(l);
@@ -49,6 +50,7 @@ void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
     carver.request(&l.routing.expert_begin, E_ + 1);
     carver.request(&l.routing.token, nk);
     carver.request(&l.routing.slot, nk);
+    if (on_device_) l.host_begin.assign(static_cast<size_t>(E_) + 1, 0);
     if (recompute_) {
       carver.request(&l.kept_h2, ct, n * C_);
     } else if (!parallel()) {  // expert parallelism keeps its own (ep_carve)
@@ -75,6 +77,19 @@ void MoeExperts::carve(ArenaCarver& carver, int64_t n) {
   carver.request(&dh2_, n * C_);
   carver.request(&dtop_, nk);
   carver.request(&dlogits_, n * E_);
+  carver.request(&aux_dprob_, E_);
+  if (!parallel()) {  // (expert parallelism has its own: ep_send_w_, ep_w_, ep_dot_)
+    carver.request(&row_weight_, n);
+    carver.request(&row_dot_, n);
+  }
+  if (on_device_) {
+    host_logits_.resize(static_cast<size_t>(n * E_));
+    host_probs_.resize(static_cast<size_t>(n * E_));
+    host_top_weight_.resize(static_cast<size_t>(nk));
+    host_top_expert_.resize(static_cast<size_t>(nk));
+    host_token_.resize(static_cast<size_t>(nk));
+    host_slot_.resize(static_cast<size_t>(nk));
+  }
   if (lora_) lora_->carve(carver, n);
   if (parallel()) ep_carve(carver, n);
 }
@@ -86,11 +101,13 @@ MoeExperts::LayerRouting& MoeExperts::layer(int l) {
 }
 
 std::pair<int64_t, int64_t> MoeExperts::assignments(const LayerRouting& r, int e) const {
-  const int32_t* begin = meta_ ? meta_begin_.data() : r.routing.expert_begin;
+  const int32_t* begin = meta_ ? meta_begin_.data()
+                         : on_device_ ? r.host_begin.data()
+                                      : r.routing.expert_begin;
   return {begin[e], begin[e + 1]};
 }
 
-void MoeExperts::route(int l, int64_t n) {
+void MoeExperts::route(int l, int64_t n, Backend& be) {
   if (l == first_sparse_) stats_.reset(E_);
   n_ = n;
   LayerRouting& r = layer(l);
@@ -101,8 +118,27 @@ void MoeExperts::route(int l, int64_t n) {
           static_cast<int32_t>(n * k_ * (e + 1) / E_);
     return;
   }
+  if (on_device_) return route_on_host(r, be);
   route_tokens(logits_, shape(), r.routing);
   stats_.add(r.routing, shape());
+}
+
+void MoeExperts::route_on_host(LayerRouting& r, Backend& be) {
+  const int64_t n = n_, nk = n_ * k_;
+  be.copy_to_host(host_logits_.data(), logits_, sizeof(float) * static_cast<size_t>(n * E_));
+  MoeRouting host{host_probs_.data(), host_top_expert_.data(), host_top_weight_.data(),
+                  r.host_begin.data(), host_token_.data(), host_slot_.data()};
+  route_tokens(host_logits_.data(), shape(), host);
+  stats_.add(host, shape());
+  const auto to_device = [&](auto* dst, const auto* src, int64_t count) {
+    be.copy_from_host(dst, src, sizeof(*src) * static_cast<size_t>(count));
+  };
+  to_device(r.routing.probs, host.probs, n * E_);
+  to_device(r.routing.top_expert, host.top_expert, nk);
+  to_device(r.routing.top_weight, host.top_weight, nk);
+  to_device(r.routing.expert_begin, host.expert_begin, E_ + 1);
+  to_device(r.routing.token, host.token, nk);
+  to_device(r.routing.slot, host.slot, nk);
 }
 
 void MoeExperts::sum_load_balance(Communicator& context_group) {
@@ -130,9 +166,7 @@ void MoeExperts::expert_activations(LayerRouting& r, int64_t begin, int64_t rows
 }
 
 void MoeExperts::gather_h2(ConstTypedPtr h2, const int32_t* tokens, int64_t rows, Backend& be) {
-  if (meta_) return be.convert_rows(xe_, C_, h2, C_, rows, C_);  // the same bytes
-  for (int64_t i = 0; i < rows; ++i)
-    be.convert_rows(xe_.at(i * C_), C_, h2.at(static_cast<int64_t>(tokens[i]) * C_), C_, 1, C_);
+  be.gather_rows(xe_, h2, tokens, rows, C_);
 }
 
 void MoeExperts::expert_forward(int l, int e, Backend& be, bool row_by_row, ConstTypedPtr h2,
@@ -148,13 +182,9 @@ void MoeExperts::expert_forward(int l, int e, Backend& be, bool row_by_row, Cons
   const TypedPtr act = (recompute_ ? shared_act_ : r.act).at(activation_row(begin) * I_);
   forward_gemm(be, row_by_row, true, m, c, i1, 1.0f, act, i1, w.down, i1, 0.0f, out_, c);
   if (w.lora.down.targeted()) lora_->forward(be, row_by_row, w.lora.down, m, i1, c, act, out_, c);
-  if (meta_) return;
-  for (int64_t i = 0; i < rows; ++i) {
-    const float weight = r.routing.top_weight[static_cast<int64_t>(tokens[i]) * k_ + r.routing.slot[begin + i]];
-    float* y = out + static_cast<int64_t>(tokens[i]) * C_;
-    const float* o = out_ + i * C_;
-    for (int64_t j = 0; j < C_; ++j) y[j] += weight * o[j];
-  }
+  be.moe_assignment_weights(row_weight_, r.routing.top_weight, tokens, r.routing.slot + begin, k_,
+                            rows);
+  be.scatter_add_rows(out, out_, tokens, row_weight_, rows, C_);
 }
 
 void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding& rounding,
@@ -169,36 +199,24 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
   const auto [begin, end] = assignments(r, e);
   const int64_t rows = end - begin;
   if (rows == 0) return;
-  if (meta_) {
-    if (recompute_) expert_activations(r, begin, rows, be, false, h2, w);
-    return meta_expert_backward(r, begin, rows, be, rounding, h2, w, grad_gate_up, grad_down);
-  }
   const int32_t* tokens = r.routing.token + begin;
+  const int32_t* slots = r.routing.slot + begin;
   const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   if (recompute_) expert_activations(r, begin, rows, be, /*row_by_row=*/false, h2, w);
   const int64_t at = activation_row(begin);
   const TypedPtr gate_up = (recompute_ ? shared_gate_up_ : r.gate_up).at(at * 2 * I_);
   const TypedPtr act = (recompute_ ? shared_act_ : r.act).at(at * I_);
-  std::vector<float> weight(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i)
-    weight[static_cast<size_t>(i)] =
-        r.routing.top_weight[static_cast<int64_t>(tokens[i]) * k_ + r.routing.slot[begin + i]];
+  be.moe_assignment_weights(row_weight_, r.routing.top_weight, tokens, slots, k_, rows);
   // g = dy_e Wdown (unweighted): the weight's gradient is <g, silu(gate) * up> and
   // the activation's is weight * g.
-  for (int64_t i = 0; i < rows; ++i)
-    std::copy_n(dy + static_cast<int64_t>(tokens[i]) * C_, C_, out_ + i * C_);
+  be.gather_rows(TypedPtr(out_), ConstTypedPtr(dy), tokens, rows, C_);
   ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
   be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
   if (w.lora.down.targeted()) lora_->input_gradient(be, w.lora.down, m, i1, c, dy_e, g_);
   float* act_f = dgu_;  // act as fp32, before dgu_ is written
   be.convert_rows(act_f, I_, act, I_, rows, I_);
-  for (int64_t i = 0; i < rows; ++i) {
-    float dot = 0;
-    for (int64_t j = 0; j < I_; ++j) dot += g_[i * I_ + j] * act_f[i * I_ + j];
-    dtop_[static_cast<int64_t>(tokens[i]) * k_ + r.routing.slot[begin + i]] += dot;
-    for (int64_t j = 0; j < I_; ++j) g_[i * I_ + j] *= weight[static_cast<size_t>(i)];
-    for (int64_t j = 0; j < C_; ++j) out_[i * C_ + j] *= weight[static_cast<size_t>(i)];
-  }
+  be.moe_weight_backward(row_dot_, g_, act_f, I_, out_, C_, row_weight_, rows);
+  be.moe_scatter_weight_grads(dtop_, row_dot_, tokens, slots, k_, rows);
   if (grad_down != nullptr || w.lora.down.targeted()) {
     const ConstTypedPtr dyw = rounding.for_gemm(out_, out_c_, rows * C_);
     if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dyw, c, act, i1, 1.0f, grad_down, i1);
@@ -214,46 +232,18 @@ void MoeExperts::expert_backward(int l, int e, Backend& be, const ParamRounding&
     lora_->weight_gradients(be, w.lora.gate_up, m, c, 2 * i1, xe_, dgu);
     lora_->input_gradient(be, w.lora.gate_up, m, c, 2 * i1, dgu, dx_);
   }
-  for (int64_t i = 0; i < rows; ++i) {
-    float* d = dh2_ + static_cast<int64_t>(tokens[i]) * C_;
-    const float* x = dx_ + i * C_;
-    for (int64_t j = 0; j < C_; ++j) d[j] += x[j];
-  }
+  be.scatter_add_rows(dh2_, dx_, tokens, nullptr, rows, C_);
 }
 
-void MoeExperts::meta_expert_backward(const LayerRouting& r, int64_t begin, int64_t rows,
-                                      Backend& be, const ParamRounding& rounding,
-                                      ConstTypedPtr h2, const ExpertWeights& w,
-                                      float* grad_gate_up, float* grad_down) {
-  // The kernels of expert_backward with its sizes; the host's per-row work left out.
-  const int m = static_cast<int>(rows), c = static_cast<int>(C_), i1 = static_cast<int>(I_);
-  const ConstTypedPtr dy_e = rounding.for_gemm(out_, out_c_, rows * C_);
-  be.gemm(false, false, m, i1, c, 1.0f, dy_e, c, w.down, i1, 0.0f, g_, i1);
-  const ConstTypedPtr act = (recompute_ ? shared_act_ : r.act).at(activation_row(begin) * I_);
-  if (grad_down != nullptr) be.gemm(true, false, c, i1, m, 1.0f, dy_e, c, act, i1, 1.0f, grad_down, i1);
-  if (w.lora.down.targeted()) {
-    lora_->input_gradient(be, w.lora.down, m, i1, c, dy_e, g_);
-    lora_->weight_gradients(be, w.lora.down, m, i1, c, act, dy_e);
-  }
-  be.swiglu_backward(dgu_, g_, (recompute_ ? shared_gate_up_ : r.gate_up).at(activation_row(begin) * 2 * I_),
-                     rows, i1);
-  const ConstTypedPtr dgu = rounding.for_gemm(dgu_, dgu_c_, rows * 2 * I_);
-  if (grad_gate_up != nullptr || w.lora.gate_up.targeted()) gather_h2(h2, nullptr, rows, be);
-  if (grad_gate_up != nullptr)
-    be.gemm(true, false, 2 * i1, c, m, 1.0f, dgu, 2 * i1, xe_, c, 1.0f, grad_gate_up, c);
-  be.gemm(false, false, m, c, 2 * i1, 1.0f, dgu, 2 * i1, w.gate_up, c, 0.0f, dx_, c);
-  if (w.lora.gate_up.targeted()) {
-    lora_->weight_gradients(be, w.lora.gate_up, m, c, 2 * i1, xe_, dgu);
-    lora_->input_gradient(be, w.lora.gate_up, m, c, 2 * i1, dgu, dx_);
-  }
-}
-
-ConstTypedPtr MoeExperts::router_backward(int l, double aux_weight, const ParamRounding& rounding) {
-  if (meta_) return rounding.for_gemm(dlogits_, dlogits_c_, n_ * E_);
+ConstTypedPtr MoeExperts::router_backward(int l, Backend& be, double aux_weight,
+                                          const ParamRounding& rounding) {
   LayerRouting& r = layer(l);
-  const std::vector<float> aux = stats_.prob_gradient(aux_weight);
-  shardlm::router_backward(r.routing, shape(), dtop_, aux_weight != 0 ? aux.data() : nullptr,
-                           dlogits_);
+  if (aux_weight != 0) {
+    const std::vector<float> aux = stats_.prob_gradient(aux_weight);
+    be.copy_from_host(aux_dprob_, aux.data(), sizeof(float) * aux.size());
+  }
+  be.moe_router_backward(dlogits_, r.routing.probs, r.routing.top_expert, dtop_,
+                         aux_weight != 0 ? aux_dprob_ : nullptr, n_, E_, k_, norm_topk_);
   return rounding.for_gemm(dlogits_, dlogits_c_, n_ * E_);
 }
 

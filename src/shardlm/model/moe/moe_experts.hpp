@@ -20,10 +20,18 @@
 // routing, the experts share one set of g|u and silu(g) * u, and each expert recomputes
 // its own right before its backward (bitwise the same: same inputs, same GEMMs).
 //
-// Host memory only (the routing runs on the host), or the meta device (`plan` runs the
-// step there, backend/meta): no contents to route, so every expert is taken to get an
-// equal share of the n k assignments (the balanced routing the load-balancing loss aims
-// at), and only the kernels run, with the sizes a run would give them.
+// Where the work runs (as Megablocks and torchtitan split it): the router GEMM, the row
+// gathers, the expert GEMMs, the weighted scatter-add back (combine), the top-k weights'
+// and the router's backward run as backend kernels on the run's device (cpu/moe.hpp).
+// The routing decision (softmax, top-k, renormalisation, the grouping by expert) is made
+// on the host, from a copy of the small [n, E] router logits on a device, and its arrays
+// are copied back to the device; the per-expert counts stay on the host, which sizes the
+// GEMMs and the all-to-alls with them. On the CPU the host computes into the arrays
+// the kernels read (no copies).
+// The meta device (`plan` runs the step there, backend/meta) has no contents to route,
+// so every expert is taken to get an equal share of the n k assignments (the balanced
+// routing the load-balancing loss aims at), and the same kernels run, with the sizes a
+// run would give them.
 //
 // Expert parallelism (an expert group of P ranks, ModelParallelGroups::expert; the
 // ranks of a group read different rows): rank q of the group holds experts
@@ -85,9 +93,11 @@ struct ExpertWeights {
 class MoeExperts {
  public:
   // meta: the buffers have no storage (see above); recompute: activation checkpointing;
-  // expert_group: the expert-parallel group (null or one rank: every expert here).
+  // expert_group: the expert-parallel group (null or one rank: every expert here);
+  // on_device: the arrays carve() hands out are device memory (the routing is made in
+  // host arrays and copied there).
   MoeExperts(const ModelConfig& config, DType compute, bool meta = false, bool recompute = false,
-             Communicator* expert_group = nullptr);
+             Communicator* expert_group = nullptr, bool on_device = false);
 
   // Requests the arrays for micro-batches of up to n tokens.
   void carve(ArenaCarver& carver, int64_t n);
@@ -96,9 +106,9 @@ class MoeExperts {
 
   // The router GEMM's output, [n, E] fp32, that route() reads.
   float* router_logits() const { return logits_; }
-  // Routes sparse layer `layer`'s n tokens; the first sparse layer starts the
-  // micro-batch's load-balancing sums.
-  void route(int layer, int64_t n);
+  // Routes sparse layer `layer`'s n tokens from router_logits(); the first sparse layer
+  // starts the micro-batch's load-balancing sums.
+  void route(int layer, int64_t n, Backend& be);
   // Recompute: keeps layer l's h2 [n, C] (after route) for its experts.
   void keep_h2(int layer, Backend& be, ConstTypedPtr h2);
   ConstTypedPtr kept_h2(int layer) { return this->layer(layer).kept_h2; }
@@ -113,7 +123,8 @@ class MoeExperts {
   // After every expert's backward: dLoss/dlogits [n, E] of the router as a GEMM input,
   // aux_weight the load-balancing loss's gradient weight (coefficient x the
   // micro-batch's share).
-  ConstTypedPtr router_backward(int layer, double aux_weight, const ParamRounding& rounding);
+  ConstTypedPtr router_backward(int layer, Backend& be, double aux_weight,
+                                const ParamRounding& rounding);
   // dLoss/dh2 [n, C] from the experts (the router's share is the model's to add).
   float* h2_gradient() const { return dh2_; }
 
@@ -142,7 +153,8 @@ class MoeExperts {
     TypedPtr h2, gate_up, act;
   };
   struct LayerRouting {
-    MoeRouting routing;
+    MoeRouting routing;  // the kernels' arrays (device memory on a device)
+    std::vector<int32_t> host_begin;  // on a device: routing.expert_begin on the host
     TypedPtr gate_up;  // [n k, 2 I] per assignment, grouped by expert (recompute: shared, [n, 2 I])
     TypedPtr act;      // [n k, I] (recompute: shared, [n, I])
     TypedPtr kept_h2;  // recompute: [n, C]
@@ -191,10 +203,8 @@ class MoeExperts {
   // received_begin.
   int64_t received_rows(const LayerRouting& r, int peer, int local) const;
   int64_t received_begin(const LayerRouting& r, int peer, int local) const;
-  void meta_expert_backward(const LayerRouting& r, int64_t begin, int64_t rows, Backend& be,
-                            const ParamRounding& rounding,
-                            ConstTypedPtr h2, const ExpertWeights& w, float* grad_gate_up,
-                            float* grad_down);
+  // The routing made on the host from the logits on a device, copied into r.routing.
+  void route_on_host(LayerRouting& r, Backend& be);
 
   int E_ = 0, k_ = 0;
   Communicator* group_ = nullptr;  // null unless the expert group has more than one rank
@@ -204,6 +214,10 @@ class MoeExperts {
   DType compute_ = DType::fp32;
   bool meta_ = false;
   bool recompute_ = false;
+  bool on_device_ = false;
+  // On a device: route()'s host arrays (logits, then the routing the layer's are copied from).
+  std::vector<float> host_logits_, host_probs_, host_top_weight_;
+  std::vector<int32_t> host_top_expert_, host_token_, host_slot_;
   TypedPtr shared_gate_up_, shared_act_;  // recompute
   std::vector<int32_t> meta_begin_;  // meta: the balanced grouping, [E + 1]
   std::vector<int> sparse_index_;  // per layer: index into layers_, or -1
@@ -224,6 +238,9 @@ class MoeExperts {
   float* dh2_ = nullptr;     // [n, C]
   float* dtop_ = nullptr;    // [n, k]
   float* dlogits_ = nullptr;  // [n, E]
+  float* aux_dprob_ = nullptr;  // [E] the load-balancing loss's probability gradient
+  float* row_weight_ = nullptr;  // [n] an expert's rows' top-k weights (no expert parallelism)
+  float* row_dot_ = nullptr;     // [n] their gradients
   TypedPtr dlogits_c_;        // [n, E]
   std::unique_ptr<ExpertLora> lora_;  // LoRA on the experts' projections (else null)
   // Expert parallelism's exchange buffers (one layer at a time).

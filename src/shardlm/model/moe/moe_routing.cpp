@@ -50,34 +50,6 @@ void route_tokens(const float* logits, const RouterShape& s, MoeRouting& r) {
     }
 }
 
-void router_backward(const MoeRouting& r, const RouterShape& s, const float* d_top_weight,
-                     const float* aux_dprob, float* dlogits) {
-  const int E = s.experts, k = s.top_k;
-  std::vector<float> dp(static_cast<size_t>(E));
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    const float* p = r.probs + t * E;
-    const int32_t* top = r.top_expert + t * k;
-    const float* dw = d_top_weight + t * k;
-    for (int e = 0; e < E; ++e) dp[static_cast<size_t>(e)] = aux_dprob != nullptr ? aux_dprob[e] : 0.0f;
-    if (s.norm_topk_prob) {
-      // w_j = p_j / S: dp_m += dw_m / S - (sum_j dw_j p_j) / S^2.
-      float S = 0, dot = 0;
-      for (int j = 0; j < k; ++j) {
-        S += p[top[j]];
-        dot += dw[j] * p[top[j]];
-      }
-      for (int j = 0; j < k; ++j) dp[static_cast<size_t>(top[j])] += dw[j] / S - dot / (S * S);
-    } else {
-      for (int j = 0; j < k; ++j) dp[static_cast<size_t>(top[j])] += dw[j];
-    }
-    // Softmax: dz_e = p_e (dp_e - sum_f p_f dp_f).
-    float dot = 0;
-    for (int e = 0; e < E; ++e) dot += p[e] * dp[static_cast<size_t>(e)];
-    float* dz = dlogits + t * E;
-    for (int e = 0; e < E; ++e) dz[e] = p[e] * (dp[static_cast<size_t>(e)] - dot);
-  }
-}
-
 void LoadBalanceStats::reset(int experts) {
   count_.assign(static_cast<size_t>(experts), 0.0);
   prob_sum_.assign(static_cast<size_t>(experts), 0.0);

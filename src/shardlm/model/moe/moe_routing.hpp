@@ -39,11 +39,8 @@ struct RouterShape {
 // Routes from logits [n, E] (fp32).
 void route_tokens(const float* logits, const RouterShape& s, MoeRouting& r);
 
-// Gradient of the router logits [n, E] from the gradient of the top-k weights [n, k]
-// and, with aux_dprob (length E, may be null), a per-row constant gradient of the
-// probabilities (the load-balancing loss's).
-void router_backward(const MoeRouting& r, const RouterShape& s, const float* d_top_weight,
-                     const float* aux_dprob, float* dlogits);
+// (The backward through the softmax and top-k is a backend kernel,
+// Backend::moe_router_backward, on the routing's probabilities and chosen experts.)
 
 // The load-balancing loss's sums over one forward's sparse layers.
 class LoadBalanceStats {

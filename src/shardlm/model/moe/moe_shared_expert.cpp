@@ -1,16 +1,13 @@
 #include "shardlm/model/moe/moe_shared_expert.hpp"
 
-#include <cmath>
-
 #include "shardlm/core/error.hpp"
 
 namespace shardlm {
 
-MoeSharedExpert::MoeSharedExpert(const ModelConfig& c, DType compute, bool meta, bool recompute)
+MoeSharedExpert::MoeSharedExpert(const ModelConfig& c, DType compute, bool recompute)
     : C_(c.n_embd),
       Is_(c.moe.shared_expert_intermediate_size),
       compute_(compute),
-      meta_(meta),
       recompute_(recompute) {
   int sparse = 0;
   for (int l = 0; l < c.n_layer; ++l) sparse_index_.push_back(c.moe.sparse_layer(l) ? sparse++ : -1);
@@ -56,15 +53,7 @@ void MoeSharedExpert::forward(int l, Backend& be, bool row_by_row, ConstTypedPtr
   forward_gemm(be, row_by_row, true, rows, c, is, 1.0f, a.act, is, w.down, is, 0.0f, a.out, c);
   if (lora.down_forward) lora.down_forward(a.act, a.out);
   forward_gemm(be, row_by_row, true, rows, 1, c, 1.0f, h2, c, w.gate, c, 0.0f, a.sig, 1);
-  if (meta_) return;
-  for (int64_t t = 0; t < n; ++t) a.sig[t] = 1.0f / (1.0f + std::exp(-a.sig[t]));
-  if (y == nullptr) return;
-  for (int64_t t = 0; t < n; ++t) {
-    const float g = a.sig[t];
-    const float* s = a.out + t * C_;
-    float* yt = y + t * C_;
-    for (int64_t j = 0; j < C_; ++j) yt[j] += g * s[j];
-  }
+  be.shared_expert_gate_forward(a.sig, y, a.out, n, C_);
 }
 
 void MoeSharedExpert::backward(int l, Backend& be, const ParamRounding& rounding, ConstTypedPtr h2,
@@ -74,18 +63,7 @@ void MoeSharedExpert::backward(int l, Backend& be, const ParamRounding& rounding
   const Activations& a = acts(l);
   const int64_t n = n_;
   const int rows = static_cast<int>(n), c = static_cast<int>(C_), is = static_cast<int>(Is_);
-  if (!meta_) {
-    for (int64_t t = 0; t < n; ++t) {
-      const float g = a.sig[t];
-      const float* d = dy + t * C_;
-      const float* s = a.out + t * C_;
-      float dot = 0.0f;
-      for (int64_t j = 0; j < C_; ++j) dot += d[j] * s[j];
-      dz_[t] = dot * g * (1.0f - g);
-      float* ds = ds_ + t * C_;
-      for (int64_t j = 0; j < C_; ++j) ds[j] = g * d[j];
-    }
-  }
+  be.shared_expert_gate_backward(dz_, ds_, dy, a.sig, a.out, n, C_);
   // The gate: z = h2 wg^T.
   const ConstTypedPtr dz = rounding.for_gemm(dz_, dz_c_, n);
   if (grad_gate != nullptr) be.gemm(true, false, 1, c, rows, 1.0f, dz, 1, h2, c, 1.0f, grad_gate, c);

@@ -9,8 +9,8 @@
 // Precision as the dense MLP's: GEMM inputs (h2, g|u, silu(g) * u, ds, dz) in the compute
 // type, outputs and gradients fp32. Activation checkpointing (recompute): one set of
 // activations shared by the layers, refilled by forward(y = null) before each backward.
-// On the meta device (plan) only the kernels run: the per-row gate arithmetic has no
-// contents there.
+// Everything runs as backend kernels (the gate's sigmoid and its per-row products too:
+// cpu/moe.hpp), so on a device and on the meta device (plan) alike.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,7 @@ struct SharedExpertWeights {
 
 class MoeSharedExpert {
  public:
-  MoeSharedExpert(const ModelConfig& config, DType compute, bool meta, bool recompute);
+  MoeSharedExpert(const ModelConfig& config, DType compute, bool recompute);
 
   void carve(ArenaCarver& carver, int64_t n);
   // Elements of the layer's weights it reads (gate|up, down, gate).
@@ -67,7 +67,6 @@ class MoeSharedExpert {
 
   int64_t C_ = 0, Is_ = 0;
   DType compute_ = DType::fp32;
-  bool meta_ = false;
   bool recompute_ = false;
   std::vector<int> sparse_index_;  // per layer: index into acts_, or -1
   std::vector<Activations> acts_;
