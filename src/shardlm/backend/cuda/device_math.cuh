@@ -153,4 +153,14 @@ __device__ __forceinline__ int64_t grid_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
+// The launch shape of the grid-stride kernels: kGridThreads a block, and enough blocks to
+// fill an H200 (132 SMs x 2048 threads) several times; larger arrays loop, so the grid
+// size never depends on more than n.
+constexpr int kGridThreads = 256;
+inline int grid_blocks(int64_t n) {
+  constexpr int64_t kMaxBlocks = 132 * 8 * 4;
+  const int64_t blocks = (n + kGridThreads - 1) / kGridThreads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
 }  // namespace shardlm::cuda::device

@@ -15,15 +15,8 @@ using namespace device;
 
 namespace {
 
-constexpr int kThreads = 256;
-// Enough blocks to fill an H200 (132 SMs x 2048 threads) several times; larger arrays
-// loop (grid-stride), so the grid size never depends on more than n.
-constexpr int64_t kMaxBlocks = 132 * 8 * 4;
-
-int blocks_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
-}
+constexpr int kThreads = kGridThreads;
+int blocks_for(int64_t n) { return grid_blocks(n); }
 
 // --- conversions ---------------------------------------------------------------------------
 

@@ -13,14 +13,6 @@ using namespace device;
 
 namespace {
 
-constexpr int kMoeThreads = 256;
-constexpr int64_t kMoeMaxBlocks = 132 * 8 * 4;
-
-int moe_blocks(int64_t n) {
-  const int64_t blocks = (n + kMoeThreads - 1) / kMoeThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > kMoeMaxBlocks ? kMoeMaxBlocks : blocks));
-}
-
 template <typename T>
 __global__ void gather_rows_kernel(T* dst, const T* src, const int32_t* index, int64_t rows,
                                    int64_t width) {
@@ -127,11 +119,11 @@ cudaError_t gather_rows(cudaStream_t stream, TypedPtr dst, ConstTypedPtr src, co
                         int64_t rows, int64_t width) {
   if (rows <= 0 || width <= 0) return cudaGetLastError();
   if (src.dtype == DType::fp32) {
-    SHARDLM_KERNEL(gather_rows_kernel<uint32_t>, moe_blocks(rows * width), kMoeThreads, stream,
+    SHARDLM_KERNEL(gather_rows_kernel<uint32_t>, grid_blocks(rows * width), kGridThreads, stream,
                    static_cast<uint32_t*>(dst.data), static_cast<const uint32_t*>(src.data), index,
                    rows, width);
   } else {
-    SHARDLM_KERNEL(gather_rows_kernel<uint16_t>, moe_blocks(rows * width), kMoeThreads, stream,
+    SHARDLM_KERNEL(gather_rows_kernel<uint16_t>, grid_blocks(rows * width), kGridThreads, stream,
                    static_cast<uint16_t*>(dst.data), static_cast<const uint16_t*>(src.data), index,
                    rows, width);
   }
@@ -142,7 +134,7 @@ cudaError_t scatter_add_rows(cudaStream_t stream, float* out, const float* src,
                              const int32_t* index, const float* weight, int64_t rows,
                              int64_t width) {
   if (rows <= 0 || width <= 0) return cudaGetLastError();
-  SHARDLM_KERNEL(scatter_add_rows_kernel, moe_blocks(width), kMoeThreads, stream, out, src, index,
+  SHARDLM_KERNEL(scatter_add_rows_kernel, grid_blocks(width), kGridThreads, stream, out, src, index,
                  weight, rows, width);
   return cudaGetLastError();
 }
@@ -150,7 +142,7 @@ cudaError_t scatter_add_rows(cudaStream_t stream, float* out, const float* src,
 cudaError_t moe_assignment_weights(cudaStream_t stream, float* weight, const float* top_weight,
                                    const int32_t* token, const int32_t* slot, int k, int64_t rows) {
   if (rows <= 0) return cudaGetLastError();
-  SHARDLM_KERNEL(assignment_weights_kernel, moe_blocks(rows), kMoeThreads, stream, weight,
+  SHARDLM_KERNEL(assignment_weights_kernel, grid_blocks(rows), kGridThreads, stream, weight,
                  top_weight, token, slot, k, rows);
   return cudaGetLastError();
 }
@@ -159,7 +151,7 @@ cudaError_t moe_scatter_weight_grads(cudaStream_t stream, float* d_top_weight, c
                                      const int32_t* token, const int32_t* slot, int k,
                                      int64_t rows) {
   if (rows <= 0) return cudaGetLastError();
-  SHARDLM_KERNEL(scatter_weight_grads_kernel, moe_blocks(rows), kMoeThreads, stream, d_top_weight,
+  SHARDLM_KERNEL(scatter_weight_grads_kernel, grid_blocks(rows), kGridThreads, stream, d_top_weight,
                  dot, token, slot, k, rows);
   return cudaGetLastError();
 }
@@ -168,7 +160,7 @@ cudaError_t moe_weight_backward(cudaStream_t stream, float* dot, float* g, const
                                 int64_t I, float* dy, int64_t C, const float* weight,
                                 int64_t rows) {
   if (rows <= 0) return cudaGetLastError();
-  SHARDLM_KERNEL(weight_backward_kernel, moe_blocks(rows), kMoeThreads, stream, dot, g, act, I, dy,
+  SHARDLM_KERNEL(weight_backward_kernel, grid_blocks(rows), kGridThreads, stream, dot, g, act, I, dy,
                  C, weight, rows);
   return cudaGetLastError();
 }
@@ -178,7 +170,7 @@ cudaError_t moe_router_backward(cudaStream_t stream, float* dlogits, const float
                                 const float* aux_dprob, int64_t n, int E, int k,
                                 bool norm_topk_prob) {
   if (n <= 0) return cudaGetLastError();
-  SHARDLM_KERNEL(router_backward_kernel, moe_blocks(n), kMoeThreads, stream, dlogits, probs,
+  SHARDLM_KERNEL(router_backward_kernel, grid_blocks(n), kGridThreads, stream, dlogits, probs,
                  top_expert, d_top_weight, aux_dprob, n, E, k, norm_topk_prob);
   return cudaGetLastError();
 }
@@ -186,9 +178,9 @@ cudaError_t moe_router_backward(cudaStream_t stream, float* dlogits, const float
 cudaError_t shared_expert_gate_forward(cudaStream_t stream, float* gate, float* y, const float* out,
                                        int64_t n, int64_t C) {
   if (n <= 0) return cudaGetLastError();
-  SHARDLM_KERNEL(sigmoid_kernel, moe_blocks(n), kMoeThreads, stream, gate, n);
+  SHARDLM_KERNEL(sigmoid_kernel, grid_blocks(n), kGridThreads, stream, gate, n);
   if (y != nullptr && C > 0)
-    SHARDLM_KERNEL(gated_add_kernel, moe_blocks(n * C), kMoeThreads, stream, y, gate, out, n, C);
+    SHARDLM_KERNEL(gated_add_kernel, grid_blocks(n * C), kGridThreads, stream, y, gate, out, n, C);
   return cudaGetLastError();
 }
 
@@ -196,7 +188,7 @@ cudaError_t shared_expert_gate_backward(cudaStream_t stream, float* dz, float* d
                                         const float* gate, const float* out, int64_t n,
                                         int64_t C) {
   if (n <= 0) return cudaGetLastError();
-  SHARDLM_KERNEL(shared_gate_backward_kernel, moe_blocks(n), kMoeThreads, stream, dz, ds, dy, gate,
+  SHARDLM_KERNEL(shared_gate_backward_kernel, grid_blocks(n), kGridThreads, stream, dz, ds, dy, gate,
                  out, n, C);
   return cudaGetLastError();
 }
