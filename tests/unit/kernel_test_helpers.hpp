@@ -29,6 +29,20 @@ inline Vec random_vec(size_t n, uint64_t seed, double scale = 1.0, double offset
   return v;
 }
 
+// Top-k routing's assignments (top_expert: [n, k] experts per token) grouped by expert,
+// tokens ascending within an expert (model/moe/moe_routing.hpp's order): each
+// assignment's token and top-k slot, appended.
+inline void group_by_expert(const std::vector<int32_t>& top_expert, int n, int E, int k,
+                            std::vector<int32_t>& token, std::vector<int32_t>& slot) {
+  for (int e = 0; e < E; ++e)
+    for (int t = 0; t < n; ++t)
+      for (int j = 0; j < k; ++j)
+        if (top_expert[size_t(t * k + j)] == e) {
+          token.push_back(t);
+          slot.push_back(j);
+        }
+}
+
 inline DVec to_double(const Vec& v) { return DVec(v.begin(), v.end()); }
 
 inline double dot(const DVec& a, const DVec& b) {

@@ -519,13 +519,7 @@ TEST(BackendKernelsEmulated, MixtureOfExperts) {
     top_expert.push_back(t % E);
     top_expert.push_back((t + 1 + t % 2) % E);
   }
-  for (int e = 0; e < E; ++e)
-    for (int t = 0; t < n; ++t)
-      for (int j = 0; j < k; ++j)
-        if (top_expert[size_t(t * k + j)] == e) {
-          token.push_back(t);
-          slot.push_back(j);
-        }
+  kernel_test::group_by_expert(top_expert, n, E, k, token, slot);
   const int64_t rows = int64_t(token.size());
   Vec probs = random_vec(size_t(n) * E, 301, 0.2, 0.25);
   const Vec top_weight = random_vec(size_t(n) * k, 302, 0.3, 0.5);

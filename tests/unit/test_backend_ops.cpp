@@ -909,13 +909,7 @@ struct TestRouting {
       top_weight.push_back(probs[size_t(t * E + first)]);
       top_weight.push_back(probs[size_t(t * E + second)]);
     }
-    for (int e = 0; e < E; ++e)
-      for (int t = 0; t < n; ++t)
-        for (int j = 0; j < k; ++j)
-          if (top_expert[size_t(t * k + j)] == e) {
-            token.push_back(t);
-            slot.push_back(j);
-          }
+    group_by_expert(top_expert, n, E, k, token, slot);
   }
   int64_t assignments() const { return int64_t(token.size()); }
 };
