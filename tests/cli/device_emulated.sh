@@ -209,6 +209,13 @@ memory_as_planned moe_e2_offload --model qwen3-moe-tiny --seq-len 32 --micro-bat
   --global-batch 4 -n 2 --strategy zero3 --precision bf16 --expert-parallel 2 --device emulated \
   --offload optimizer
 echo "qwen3-moe-tiny: cpu = emulated (fp32 N=1; bf16 zero3 x E=2, and + --offload optimizer, memory as planned)"
+# ... and beside context parallelism (each context rank routes its own tokens; the
+# load-balancing sums are all-reduced over the context group from host memory).
+for device in cpu emulated; do
+  cp_run "moe_cp_$device" --model qwen3-moe-tiny --precision fp32 --device "$device"
+done
+same moe_cp_cpu moe_cp_emulated
+echo "qwen3-moe-tiny zero3 P=2 (Ulysses) fp32: cpu = emulated"
 
 # Bad input: one line each, nothing written.
 expect_error "--offload optimizer moves the optimizer state" \
