@@ -30,6 +30,17 @@ echo "hybrid: --mesh replicate=2,shard=2 = --shard-group-size 2 ($(digest_of "$W
 "$SHARDLM" plan --model gpt2-tiny -n 8 --strategy hybrid --shard-group-size 4 > "$WORK/plan_flags.txt"
 "$SHARDLM" plan --model gpt2-tiny -n 8 --strategy hybrid --mesh replicate=2,shard=4 > "$WORK/plan_mesh.txt"
 cmp -s "$WORK/plan_flags.txt" "$WORK/plan_mesh.txt" || { diff "$WORK/plan_flags.txt" "$WORK/plan_mesh.txt"; fail "plan differs by spelling"; }
+# An expert group over the context ranks (E = 4 > the 2 data-parallel ranks of N = 4,
+# P = 2) spelled by flags and by --mesh's expert_group: the same plan.
+"$SHARDLM" plan --model qwen3-moe-tiny -n 4 --strategy zero3 --seq-len 32 --micro-batch 2 \
+  --context-parallel 2 --expert-parallel 4 > "$WORK/plan_span_flags.txt" || fail "plan E=4 P=2 by flags"
+"$SHARDLM" plan --model qwen3-moe-tiny -n 4 --strategy zero3 --seq-len 32 --micro-batch 2 \
+  --mesh shard=1,expert=2,context=2,expert_group=expert+context > "$WORK/plan_span_mesh.txt" \
+  || fail "plan by --mesh ...,expert_group=expert+context"
+cmp -s "$WORK/plan_span_flags.txt" "$WORK/plan_span_mesh.txt" \
+  || { diff "$WORK/plan_span_flags.txt" "$WORK/plan_span_mesh.txt"; fail "plan E=4 P=2 differs by spelling"; }
+grep -qF "| zero3 x ep4 x cp2 (asked) |" "$WORK/plan_span_flags.txt" \
+  || { cat "$WORK/plan_span_flags.txt"; fail "plan does not plan E=4 over the context ranks"; }
 
 refused() {  # refused "<error>" flags...: train refuses them and writes nothing
   local needle="$1"; shift
@@ -38,6 +49,10 @@ refused() {  # refused "<error>" flags...: train refuses them and writes nothing
 }
 refused "--mesh replicate=2,shard=2 replicates over 2 groups of 2 sharded ranks, which is --strategy hybrid (this run uses ddp, whose mesh is shard=N)" --mesh replicate=2,shard=2
 refused "--mesh replicate=2,shard=2 has shard groups of 2 ranks, --shard-group-size says 4" --strategy hybrid --mesh replicate=2,shard=2 --shard-group-size 4
+refused "--mesh shard=2,expert=2,context=2,expert_group=expert+context: an expert group of 4 fits the 4 data-parallel ranks (spell it expert=4 without expert_group; it spans the context ranks only beyond them)" \
+  --mesh shard=2,expert=2,context=2,expert_group=expert+context
+refused "--mesh 'context=2,expert_group=expert+context,tensor=2': 'tensor=2' comes after expert_group (it goes last)" \
+  --mesh context=2,expert_group=expert+context,tensor=2
 refused "--mesh fixes the layout that --strategy auto chooses: give one of them" --strategy auto --mesh shard=1
 refused "--mesh shard=1,pipeline=2: pipeline parallelism is not there yet" --mesh shard=1,pipeline=2
 refused "--mesh 'shard=2,replicate=1': 'replicate' comes out of order" --mesh shard=2,replicate=1

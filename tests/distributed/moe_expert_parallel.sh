@@ -21,14 +21,16 @@
 #   QLoRA (NF4 experts) at E = 2 against E = 1 as LoRA;
 # - --activation-checkpointing at E = 2 is bitwise E = 2 without it;
 # - --context-parallel 2 beside E = 2 (Ulysses; the ring with checkpointing) against
-#   E = 1 at the same P: losses to 1e-6, weights to 1e-5;
+#   E = 1 at the same P: losses to 1e-6, weights to 1e-5; E = 4 over the 2 data-parallel
+#   ranks x 2 context ranks (the ring; ddp and zero3) against E = 1 to the same bounds,
+#   its checkpoints loading bitwise at E = 1 and E = 2;
 # - plan's memory per category is the measured peak (E = 2; with checkpointing; with
-#   the ring);
+#   the ring; E = 4 over the context ranks);
 # - hybrid (shard groups of 2) at E = 2 is bitwise hybrid at E = 1;
 # - --mesh expert=2 is --expert-parallel 2;
 # - bad input is one line before anything is written: E not dividing the world,
-#   experts not divisible by E, a dense model, E not dividing hybrid's shard groups
-#   or the data-parallel ranks beside the context ones.
+#   experts not divisible by E, a dense model, E not dividing hybrid's shard groups,
+#   E neither dividing the data-parallel ranks beside the context ones nor a multiple of P.
 source "$(dirname "$0")/../cli/lib/common.sh" "$@"
 make_byte_data
 BASE=(--seq-len 32 --threads 1 --lr 3e-3 --warmup 2 --grad-clip 0.5 --micro-batch 2
@@ -159,6 +161,32 @@ for cp in "ulysses" "ring --activation-checkpointing"; do
 done
 plan_is_measured "$WORK/cp_ring_e2" --strategy zero3 --context-parallel 2 --context-parallel-kind ring \
   --expert-parallel 2 --activation-checkpointing
+# E = 4 > the 2 data-parallel ranks: the expert group takes in the context ranks (mesh
+# expert=2,context=2,expert_group=expert+context, Megatron-core's EP over DP x CP): each
+# rank holds 2 experts, routes its own tokens over all 4 ranks, and an expert's unit is
+# partitioned over shard alone (one rank). ddp and zero3 each against E = 1 at P = 2
+# (the ring with checkpointing; not ddp against zero3: at P = 2 their dense weights
+# differ by 1.3e-5 of a tensor at E = 1 already) to the bounds above; plan = measured;
+# each checkpoint (ddp's written by both context coordinates' ranks) loads bitwise at
+# E = 1 and E = 2 (within the data-parallel ranks).
+CP_RING=(--context-parallel 2 --context-parallel-kind ring --activation-checkpointing)
+for run in "span_ddp 4 ddp" "span_zero3 4 zero3" "ring_e1_ddp 1 ddp"; do
+  set -- $run
+  out="$WORK/cp_$1"
+  run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy "$3" "${CP_RING[@]}" \
+    --expert-parallel "$2" --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "P=2 E=$2 $3 failed"; }
+done
+grep -q "expert_group=expert+context" "$WORK/cp_span_zero3.log" \
+  || fail "P=2 E=4: the start line names no expert group over the context ranks: $(head -3 "$WORK/cp_span_zero3.log")"
+for pair in "span_zero3 ring_e1" "span_ddp ring_e1_ddp"; do
+  set -- $pair
+  same_losses "$WORK/cp_$1" "$WORK/cp_$2" "P=2 ring: E=4 over the context ranks vs E=1 ($1)"
+  compare_weights "$WORK/cp_$1" "$WORK/cp_$2" "P=2 ring: E=4 over the context ranks vs E=1 ($1)"
+done
+plan_is_measured "$WORK/cp_span_zero3" --strategy zero3 "${CP_RING[@]}" --expert-parallel 4
+resume_loads_bitwise "$WORK/cp_span_ddp" "$WORK/cp_span_resume_e1" 1 zero3 "${CP_RING[@]}"
+resume_loads_bitwise "$WORK/cp_span_zero3" "$WORK/cp_span_resume_e2" 2 ddp "${CP_RING[@]}"
+echo "P=2 E=4 over the context ranks: checkpoints (ddp, zero3) loaded bitwise at E=1 and E=2"
 # hybrid (--shard-group-size 2: replicate=2,shard=1,expert=2): the expert ranks are
 # carved out of each shard group; a dense unit is partitioned over the group and
 # replicated across groups as at E = 1, each expert's unit held by one rank of each
@@ -272,7 +300,7 @@ expect_ranks_error "--expert-parallel 4 with --strategy hybrid: the experts spre
 "$SHARDLM" plan --model qwen3-moe-tiny -n 2 --strategy zero3 --expert-parallel 2 \
   --offload optimizer --profile h100-80g --seq-len 32 --micro-batch 2 > "$WORK/plan_offload.txt" \
   || fail "plan of --expert-parallel 2 with --offload optimizer failed"
-expect_ranks_error "--expert-parallel 2 with --context-parallel 4: the experts spread over the 1 data-parallel ranks" \
+expect_ranks_error "--expert-parallel 2 with --context-parallel 4: the experts spread over the 1 data-parallel ranks (the job's 4 / 4), which 2 does not divide, or over them and the context ranks, which needs a multiple of 4" \
   run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 1 --context-parallel 4 --expert-parallel 2 --out "$WORK/bad5"
 for b in bad1 bad2 bad3 bad4 bad5; do [ ! -e "$WORK/$b" ] || fail "a refused run wrote $WORK/$b"; done
 echo "expert parallelism bad input: refused by name, nothing written"

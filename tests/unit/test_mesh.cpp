@@ -249,7 +249,9 @@ TEST(MeshShape, TheExpertDimensionIsCarvedOutOfTheDataRanksOutsideTheContextOnes
   EXPECT_EQ(m.to_string(), "replicate=1,shard=2,expert=2,context=2");
   EXPECT_EQ(m.group_ranks(5, {MeshDim::context}), (std::vector<int>{4, 5}));
   EXPECT_EQ(m.group_ranks(5, {MeshDim::expert}), (std::vector<int>{5, 7}));
-  EXPECT_EQ(m.group_ranks(5, expert_partition_dims()), (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(m.group_ranks(5, expert_partition_dims(m)), (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(m.expert_group(), MeshDims{MeshDim::expert});
+  EXPECT_EQ(m.expert_parallel_size(), 2);
   o.expert_parallel = 1;
   const MeshShape dense = strategy_mesh(o, 8);
   for (int r = 0; r < 8; ++r)  // the rows a rank reads: the same with and without experts
@@ -260,17 +262,102 @@ TEST(MeshShape, TheExpertDimensionIsCarvedOutOfTheDataRanksOutsideTheContextOnes
   const MeshShape hybrid = strategy_mesh(o, 8);
   EXPECT_EQ(hybrid.to_string(), "replicate=2,shard=1,expert=2,context=2");
   EXPECT_EQ(hybrid.group_ranks(5, partition_dims()), (std::vector<int>{4, 5, 6, 7}));
-  EXPECT_EQ(hybrid.group_ranks(5, expert_partition_dims()), (std::vector<int>{4, 5}));
+  EXPECT_EQ(hybrid.group_ranks(5, expert_partition_dims(hybrid)), (std::vector<int>{4, 5}));
+  o.context_parallel = 1;
   o.expert_parallel = 4;
-  EXPECT_EQ(error_of([&] { strategy_mesh(o, 8); }),
+  EXPECT_EQ(error_of([&] { strategy_mesh(o, 4); }),
             "--expert-parallel 4 with --strategy hybrid: the experts spread over each shard "
             "group's 2 ranks (--shard-group-size), which 4 does not divide (expected a divisor "
             "of 2)");
+}
+
+TEST(MeshShape, AnExpertGroupLargerThanTheDataRanksSpansTheContextRanks) {
+  // N=4, P=2: two data-parallel ranks; E=4 takes in the context ranks (Megatron-core's
+  // EP over DP x CP): expert=E/P x context=P, every rank its own experts.
+  StrategyOptions o;
   o.kind = StrategyKind::zero3;
+  o.context_parallel = 2;
+  o.expert_parallel = 4;
+  const MeshShape m = strategy_mesh(o, 4);
+  EXPECT_EQ(m.to_string(), "replicate=1,shard=1,expert=2,context=2,expert_group=expert+context");
+  EXPECT_TRUE(m.expert_spans_context());
+  EXPECT_EQ(m.expert_group(), (MeshDims{MeshDim::expert, MeshDim::context}));
+  EXPECT_EQ(m.expert_parallel_size(), 4);
+  EXPECT_EQ(m.data_parallel_size(), 2);  // the context ranks still read the same rows
+  EXPECT_EQ(m.group_ranks(1, m.expert_group()), (std::vector<int>{0, 1, 2, 3}));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(m.expert_rank(r), r) << r;
+  EXPECT_EQ(expert_partition_dims(m), MeshDims{MeshDim::shard});
+  EXPECT_EQ(m.group_ranks(1, expert_partition_dims(m)), (std::vector<int>{1}));
+  // The same sizes with E=2 are the expert dimension alone: the marker tells them apart.
+  o.expert_parallel = 2;
+  const MeshShape within = strategy_mesh(o, 4);
+  EXPECT_EQ(within.to_string(), "replicate=1,shard=1,expert=2,context=2");
+  EXPECT_NE(within, m);
+  EXPECT_EQ(within.expert_parallel_size(), 2);
+  // The marker survives the flag's spelling and the JSON (inspect prints run.json's).
+  EXPECT_EQ(MeshShape::parse(m.to_string()), m);
+  EXPECT_EQ(MeshShape::from_json(m.to_json()), m);
+  EXPECT_EQ(m.to_json().at("expert_group"), "expert+context");
+  EXPECT_EQ(MeshShape::from_json(within.to_json()), within);
+  // N=2, P=2, E=2: no expert dimension left, the expert group is the context ranks.
+  const MeshShape context_only = strategy_mesh(o, 2);
+  EXPECT_EQ(context_only.to_string(), "replicate=1,shard=1,context=2,expert_group=expert+context");
+  EXPECT_EQ(context_only.expert_parallel_size(), 2);
+  EXPECT_EQ(MeshShape::parse(context_only.to_string()), context_only);
+  // N=12, P=2, E=4: 4 does not divide the 6 data ranks but spans 2 of them x 2 context
+  // ranks; the experts' partition is shard, E x (tensor) ranks apart.
+  o.expert_parallel = 4;
+  const MeshShape twelve = strategy_mesh(o, 12);
+  EXPECT_EQ(twelve.to_string(), "replicate=1,shard=3,expert=2,context=2,expert_group=expert+context");
+  EXPECT_EQ(twelve.group_ranks(5, twelve.expert_group()), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(twelve.group_ranks(5, expert_partition_dims(twelve)), (std::vector<int>{1, 5, 9}));
+  EXPECT_EQ(twelve.group_ranks(5, partition_dims()).size(), 12u);
+  // hybrid: an E that a shard group's G data ranks cannot hold spans them x the P
+  // context ranks (N=8, G=2, P=2, E=4: E divides the 4 data ranks, not G).
+  o.kind = StrategyKind::hybrid;
+  o.shard_group_size = 2;
+  const MeshShape hybrid = strategy_mesh(o, 8);
+  EXPECT_EQ(hybrid.to_string(), "replicate=2,shard=1,expert=2,context=2,expert_group=expert+context");
+  EXPECT_EQ(hybrid.group_ranks(5, hybrid.expert_group()), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(hybrid.group_ranks(5, expert_partition_dims(hybrid)), (std::vector<int>{5}));
+  o.expert_parallel = 8;
+  EXPECT_EQ(error_of([&] { strategy_mesh(o, 8); }),
+            "--expert-parallel 8 with --strategy hybrid: the experts spread over each shard "
+            "group's 2 ranks (--shard-group-size), which 8 does not divide, or over them and "
+            "their 2 context ranks, which needs a multiple of 2 dividing 4 (expected a divisor "
+            "of 2 or a multiple of 2 dividing 4)");
+  // What stays impossible: E not dividing N; E beyond the data ranks and no multiple of P.
+  o.kind = StrategyKind::zero3;
+  o.expert_parallel = 3;
   EXPECT_EQ(error_of([&] { strategy_mesh(o, 4); }),
-            "--expert-parallel 4 with --context-parallel 2: the experts spread over the 2 "
-            "data-parallel ranks (the job's 4 / 2), which 4 does not divide (expected a divisor "
-            "of 2)");
+            "--expert-parallel 3 does not divide the job's 4 ranks (expected a divisor of 4)");
+  o.context_parallel = 4;
+  o.expert_parallel = 6;
+  EXPECT_EQ(error_of([&] { strategy_mesh(o, 12); }),
+            "--expert-parallel 6 with --context-parallel 4: the experts spread over the 3 "
+            "data-parallel ranks (the job's 12 / 4), which 6 does not divide, or over them and "
+            "the context ranks, which needs a multiple of 4 (expected a divisor of 3 or a "
+            "multiple of 4 dividing 12)");
+}
+
+TEST(MeshShape, TheExpertGroupMarkerIsCheckedWhereItIsRead) {
+  const auto error = [](const std::string& spec) { return error_of([&] { MeshShape::parse(spec); }); };
+  EXPECT_EQ(MeshShape::parse("expert=2,context=2,expert_group=expert"),
+            MeshShape::parse("expert=2,context=2"));
+  EXPECT_EQ(error("shard=4,expert_group=expert+context"),
+            "--mesh 'shard=4,expert_group=expert+context': expert_group=expert+context needs a "
+            "context dimension larger than 1");
+  EXPECT_EQ(error("context=2,expert_group=tensor"),
+            "--mesh 'context=2,expert_group=tensor': expert_group=tensor is not an expert group "
+            "(expected expert or expert+context)");
+  EXPECT_EQ(error("context=2,expert_group=expert+context,tensor=2"),
+            "--mesh 'context=2,expert_group=expert+context,tensor=2': 'tensor=2' comes after "
+            "expert_group (it goes last)");
+  EXPECT_EQ(error_of([] {
+              MeshShape::from_json(nlohmann::json::parse(R"({"shard":2,"expert_group":"expert+context"})"));
+            }),
+            R"(mesh {"expert_group":"expert+context","shard":2}: expert_group=expert+context needs a )"
+            "context dimension larger than 1");
 }
 
 TEST(HostPlacement, ATensorGroupAcrossHostsIsAWarningNamingIt) {
@@ -396,6 +483,38 @@ TEST(PlacedMesh, SplitsTheModelParallelGroupsTheModelTalksOver) {
   EXPECT_EQ(seen[0], "context group 0/2 101 | tensor group 0/2 11");
   EXPECT_EQ(seen[3], "context group 1/2 1010 | tensor group 1/2 1100");
   EXPECT_EQ(seen[5], "context group 0/2 10100000 | tensor group 1/2 110000");
+}
+
+TEST(PlacedMesh, AnExpertGroupSpanningTheContextRanksIsTheModelsExpertGroup) {
+  // hybrid N=8 (G=2), P=2, E=4: replicate=2 x expert=2 x context=2; the model's expert
+  // communicator is expert x context (a replica's four ranks, in the order of their
+  // place in it), the experts' partition shard alone.
+  StrategyOptions o;
+  o.kind = StrategyKind::hybrid;
+  o.shard_group_size = 2;
+  o.context_parallel = 2;
+  o.expert_parallel = 4;
+  const MeshShape shape = strategy_mesh(o, 8);
+  const std::vector<MeshDims> expected = {partition_dims(), {MeshDim::replicate}, {MeshDim::shard},
+                                          {MeshDim::context}, {MeshDim::expert, MeshDim::context}};
+  EXPECT_EQ(run_mesh_groups(shape), expected);
+  InProcessJob job(8);
+  std::vector<std::string> seen(8);
+  expect_no_errors(job.run([&](Communicator& world) {
+    PlacedMesh placed(shape, Device{}, world);
+    const ModelParallelGroups groups = placed.model_groups();
+    ASSERT_NE(groups.expert, nullptr);
+    ASSERT_NE(groups.context, nullptr);
+    float e = 1.0f;
+    for (int i = 0; i < world.rank(); ++i) e *= 10.0f;
+    groups.expert->all_reduce(&e, 1, ReduceOp::sum, "expert sum").wait();
+    seen[static_cast<size_t>(world.rank())] =
+        fmt::format("{} {}/{} {}", groups.expert->name(), groups.expert->rank(), groups.expert->size(), e);
+  }));
+  for (int r = 0; r < 8; ++r)
+    EXPECT_EQ(seen[static_cast<size_t>(r)],
+              fmt::format("expert x context group {}/4 {}", r % 4, r < 4 ? "1111" : "11110000"))
+        << r;
 }
 
 }  // namespace shardlm

@@ -446,9 +446,11 @@ TEST(AutoLayouts, AMixtureOfExpertsIsPlannedAtEachExpertParallelSize) {
   RunPlanRequest ckpt = moe;  // checkpointing combines with every E
   ckpt.model.activation_checkpointing = true;
   EXPECT_EQ(expert_parallel_choices(ckpt), (std::vector<int>{1, 2, 4}));
-  RunPlanRequest split = moe;  // E divides the data-parallel ranks: 4 / P = 2
-  split.strategy.context_parallel = 2;
-  EXPECT_EQ(expert_parallel_choices(split), (std::vector<int>{1, 2}));
+  RunPlanRequest split = moe;  // E divides the data-parallel ranks (4 / P = 2), or spans
+  split.strategy.context_parallel = 2;  // them and the context ranks: 4 = 2 x P
+  EXPECT_EQ(expert_parallel_choices(split), (std::vector<int>{1, 2, 4}));
+  split.strategy.context_parallel = 4;  // 1 data-parallel rank: 2 is no multiple of P
+  EXPECT_EQ(expert_parallel_choices(split), (std::vector<int>{1, 4}));
   RunPlanRequest offloaded = moe;  // the offloaded optimizer does not hold experts yet
   offloaded.strategy.optimizer_on_host = true;
   EXPECT_EQ(expert_parallel_choices(offloaded), (std::vector<int>{1}));
@@ -598,7 +600,7 @@ TEST(AutoExperts, ExpertParallelismIsTriedWithTheContextSizesWhenNothingFitsWhol
   // qwen3-moe-tiny at 1024 tokens on 4 ranks: a budget below every whole-row layout
   // (any E, with or without checkpointing) makes auto split the sequence, and the
   // split candidates include E = 2 at P = 2 (E divides the 2 data-parallel ranks)
-  // but no E = 4 there.
+  // and E = 4 there (the expert group spans the context ranks), none that does neither.
   RunPlanRequest base = request("qwen3-moe-tiny", 4, DType::bf16);
   base.micro_batch = 1;
   base.seq_len = 1024;
@@ -610,11 +612,14 @@ TEST(AutoExperts, ExpertParallelismIsTriedWithTheContextSizesWhenNothingFitsWhol
   const AutoSearch search = auto_search(base, nullptr, one_node, MemoryBudget(least - 1));
   ASSERT_TRUE(search.recommendation.chosen) << search.recommendation.explanation;
   EXPECT_GT(search.candidates[*search.recommendation.chosen].request.strategy.context_parallel, 1);
-  bool ep_with_cp = false;
+  bool ep_with_cp = false, ep_over_cp = false;
   for (const Candidate& c : search.candidates) {
     const StrategyOptions& s = c.request.strategy;
     if (s.context_parallel == 1) continue;
-    EXPECT_EQ(base.world_size / s.context_parallel % s.expert_parallel, 0) << c.label;
+    const int data = base.world_size / s.context_parallel;
+    EXPECT_TRUE(data % s.expert_parallel == 0 || s.expert_parallel % s.context_parallel == 0) << c.label;
+    EXPECT_EQ(c.plan.expert_spans_context, data % s.expert_parallel != 0) << c.label;
+    ep_over_cp = ep_over_cp || data % s.expert_parallel != 0;
     if (s.expert_parallel > 1) {
       ep_with_cp = true;
       EXPECT_TRUE(contains(c.label, fmt::format(" x ep{} x cp{}", s.expert_parallel, s.context_parallel))) << c.label;
@@ -622,4 +627,5 @@ TEST(AutoExperts, ExpertParallelismIsTriedWithTheContextSizesWhenNothingFitsWhol
     }
   }
   EXPECT_TRUE(ep_with_cp);
+  EXPECT_TRUE(ep_over_cp);
 }

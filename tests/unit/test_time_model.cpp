@@ -16,6 +16,7 @@
 #include "shardlm/plan/run_plan.hpp"
 #include "shardlm/plan/step_program.hpp"
 #include "shardlm/plan/step_simulation.hpp"
+#include "shardlm/parallel/strategy_options.hpp"
 #include "shardlm/plan/time_model.hpp"
 
 using namespace shardlm;
@@ -95,6 +96,29 @@ TEST(TimeModel, GroupsAcrossNodesShareTheLink) {
   EXPECT_FALSE(place_group(CommGroup::expert_data, 16, 16, 8, 2).within_node);
   EXPECT_EQ(place_group(CommGroup::expert_data, 16, 16, 8, 2).nic_sharing, 2);
   EXPECT_TRUE(place_group(CommGroup::expert_data, 16, 8, 8, 2).within_node);
+}
+
+TEST(TimeModel, AnExpertGroupSpanningTheContextRanksIsPlacedWhereTheMeshPutsIt) {
+  // 16 ranks, P = 4 (4 data-parallel ranks), E = 8: the expert group takes in the
+  // context ranks (expert=2 x context=4, shard=2): ranks 0..7, one node of 8; the ranks
+  // that hold the same experts (shard) are 8 apart, across the link, each of a node's 8
+  // groups through it. Placed as the expert dimension alone (P ranks apart) the group
+  // would cross the link.
+  StrategyOptions o;
+  o.kind = StrategyKind::zero3;
+  o.context_parallel = 4;
+  o.expert_parallel = 8;
+  const MeshShape mesh = strategy_mesh(o, 16);
+  ASSERT_TRUE(mesh.expert_spans_context());
+  EXPECT_EQ(mesh.group_ranks(0, mesh.expert_group()), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(mesh.group_ranks(0, expert_partition_dims(mesh)), (std::vector<int>{0, 8}));
+  const int partition = partition_size(mesh);
+  EXPECT_TRUE(place_group(CommGroup::expert, 16, partition, 8, 8, 1, 4, true).within_node);
+  EXPECT_FALSE(place_group(CommGroup::expert, 16, partition, 8, 8, 1, 4, false).within_node);
+  EXPECT_FALSE(place_group(CommGroup::expert_data, 16, partition, 8, 8, 1, 4, true).within_node);
+  EXPECT_EQ(place_group(CommGroup::expert_data, 16, partition, 8, 8, 1, 4, true).nic_sharing, 8);
+  // One node of 16: both on it.
+  EXPECT_TRUE(place_group(CommGroup::expert_data, 16, partition, 16, 8, 1, 4, true).within_node);
 }
 
 TEST(StepSimulation, CommunicationShorterThanTheComputeAfterItIsHidden) {

@@ -128,7 +128,7 @@ StrategyBufferPlan FlatUnitStrategy::plan_buffers(const ParamLayout& layout,
 std::vector<MeshDims> FlatUnitStrategy::mesh_groups(const MeshShape& shape) {
   std::vector<MeshDims> groups = {partition_dims()};
   if (shape.size(MeshDim::replicate) > 1) groups.push_back({MeshDim::replicate});
-  if (shape.size(MeshDim::expert) > 1) groups.push_back(expert_partition_dims());
+  if (shape.expert_parallel_size() > 1) groups.push_back(expert_partition_dims(shape));
   return groups;
 }
 
@@ -194,6 +194,7 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
   if (tensor_size > 1) tensor_ = &mesh_.group({MeshDim::tensor});
   shard_ = &mesh_.group(partition_dims());
   const int E = options.expert_parallel;
+  const int expert_rank = mesh_.shape().expert_rank(mesh_.rank());  // whose experts it holds
   if (mesh_.shape().size(MeshDim::replicate) > 1) replica_ = &mesh_.group({MeshDim::replicate});
   for (const UnitLayout& u : layout.units) {
     const int holder = expert_holder(u, E);
@@ -202,8 +203,8 @@ FlatUnitStrategy::FlatUnitStrategy(const ParamLayout& layout,
                     "--expert-parallel {}: the model has {} experts per layer, which {} ranks "
                     "cannot share equally (expected a divisor of {})", E, u.experts, E, u.experts);
     partition_.push_back(holder < 0 ? shard_
-                         : holder == mesh_.coordinate(MeshDim::expert) ? &mesh_.group(expert_partition_dims())
-                                                                       : nullptr);
+                         : holder == expert_rank ? &mesh_.group(expert_partition_dims(mesh_.shape()))
+                                                 : nullptr);
   }
   SHARDLM_CHECK(layout.world_size == shard_->size(),
                 "internal: layout built for {} ranks, strategy partitions over {}",
@@ -578,11 +579,12 @@ void FlatUnitStrategy::synchronize() {
 
 bool FlatUnitStrategy::writes_checkpoint() const {
   // (With tensor parallelism the first data rank of every tensor rank: it holds its pieces;
-  // context ranks hold the same as their group's first; with expert parallelism the first
-  // rank of each expert coordinate, which writes its experts: OwnedState::writes_unit.)
+  // context ranks hold the same as their group's first, unless the expert group spans them;
+  // with expert parallelism the first rank of each place in the expert group, which writes
+  // its experts: OwnedState::writes_unit.)
   if (options_.kind == StrategyKind::ddp)
     return mesh_.coordinate(MeshDim::shard) == 0 && mesh_.coordinate(MeshDim::replicate) == 0 &&
-           mesh_.coordinate(MeshDim::context) == 0;
+           (mesh_.coordinate(MeshDim::context) == 0 || mesh_.shape().expert_spans_context());
   return mesh_.coordinate(MeshDim::replicate) == 0;  // the first replica writes
 }
 
@@ -591,7 +593,7 @@ bool FlatUnitStrategy::writes_unit(int index) const {
   if (options_.kind != StrategyKind::ddp) return true;
   // ddp: each rank owns its units whole; a dense unit is written by rank 0 alone.
   return partition_[static_cast<size_t>(index)] != shard_ ||
-         mesh_.coordinate(MeshDim::expert) == 0;
+         mesh_.shape().expert_rank(mesh_.rank()) == 0;
 }
 
 CommCounters FlatUnitStrategy::take_group_counters() { return mesh_.take_group_counters(); }

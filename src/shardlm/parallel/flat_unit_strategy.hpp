@@ -93,12 +93,13 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
 
   // The mesh groups the strategy talks over: the partition (partition_dims(): shard x
   // context, with an expert dimension shard x context x expert, the dense units'), the
-  // experts' partition (expert_partition_dims()) when there is an expert dimension, and
+  // experts' partition (expert_partition_dims(shape)) under expert parallelism, and
   // replicate when there are replicas (hybrid). A DeviceMesh handed to the strategy must
   // have them.
   static std::vector<MeshDims> mesh_groups(const MeshShape& shape);
-  // Expert parallelism over `expert_parallel` ranks: the expert coordinate that holds
-  // flat unit `unit` (experts / E consecutive experts each), or -1 for a dense unit,
+  // Expert parallelism over `expert_parallel` ranks: the place in the expert group
+  // (MeshShape::expert_rank) that holds flat unit `unit` (experts / E consecutive
+  // experts each), or -1 for a dense unit,
   // which every rank holds.
   static int expert_holder(const UnitLayout& unit, int expert_parallel);
 
@@ -198,7 +199,7 @@ class FlatUnitStrategy : public Strategy, public OwnedState {
   // hybrid).
   Communicator* shard_;
   // Per flat unit: its partition (shard_, or the experts' expert_partition_dims() group),
-  // null for an expert held on another expert coordinate.
+  // null for an expert held on another place in the expert group.
   std::vector<Communicator*> partition_;
   Communicator* replica_;  // the replicate group when it has more than one rank, else null
   // The tensor group (tensor parallelism, more than one rank), else null: its ranks

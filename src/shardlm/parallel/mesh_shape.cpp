@@ -15,6 +15,22 @@ constexpr std::array<MeshDim, kMeshDims> kAllDims = {MeshDim::replicate, MeshDim
                                                      MeshDim::expert,    MeshDim::context,
                                                      MeshDim::tensor,    MeshDim::pipeline};
 constexpr const char* kDimList = "replicate, shard, expert, context, tensor, pipeline";
+// The marker after the dimensions: which dimensions the expert group spans.
+constexpr const char* kExpertGroupKey = "expert_group";
+constexpr const char* kExpertGroupSpanning = "expert+context";
+
+// The marker's value: "expert+context" spans the context ranks, "expert" (the default)
+// does not; Error naming `where` otherwise, or when there is no context dimension to span.
+bool expert_group_spans_context(const std::string& value, int context_size, const std::string& where) {
+  SHARDLM_CHECK(value == kExpertGroupSpanning || value == "expert",
+                "{}: {}={} is not an expert group (expected expert or expert+context)", where,
+                kExpertGroupKey, value);
+  const bool spans = value == kExpertGroupSpanning;
+  SHARDLM_CHECK(!spans || context_size > 1,
+                "{}: {}=expert+context needs a context dimension larger than 1", where,
+                kExpertGroupKey);
+  return spans;
+}
 
 }  // namespace
 
@@ -47,6 +63,7 @@ MeshShape MeshShape::parse(const std::string& spec) {
   size_t start = 0;
   SHARDLM_CHECK(!spec.empty(), "--mesh is empty (expected NAME=SIZE,... outermost first, e.g. "
                 "replicate=2,shard=4)");
+  std::string expert_group;  // the marker's value, when given (last)
   while (start <= spec.size()) {
     const size_t comma = std::min(spec.find(',', start), spec.size());
     const std::string item = spec.substr(start, comma - start);
@@ -55,6 +72,15 @@ MeshShape MeshShape::parse(const std::string& spec) {
                   "--mesh '{}': '{}' is not NAME=SIZE (expected e.g. replicate=2,shard=4; names: {})",
                   spec, item, kDimList);
     const std::string name = item.substr(0, eq);
+    SHARDLM_CHECK(expert_group.empty(), "--mesh '{}': '{}' comes after {} (it goes last)", spec,
+                  item, kExpertGroupKey);
+    if (name == kExpertGroupKey) {
+      expert_group = item.substr(eq + 1);
+      SHARDLM_CHECK(!expert_group.empty(), "--mesh '{}': {}= is empty (expected expert or "
+                    "expert+context)", spec, kExpertGroupKey);
+      start = comma + 1;
+      continue;
+    }
     int found = -1;
     for (int d = 0; d < kMeshDims; ++d)
       if (name == mesh_dim_name(kAllDims[static_cast<size_t>(d)])) found = d;
@@ -73,6 +99,9 @@ MeshShape MeshShape::parse(const std::string& spec) {
     next = found + 1;
     start = comma + 1;
   }
+  if (!expert_group.empty())
+    shape.expert_spans_context_ = expert_group_spans_context(
+        expert_group, shape.size(MeshDim::context), fmt::format("--mesh '{}'", spec));
   return shape;
 }
 
@@ -96,6 +125,11 @@ int MeshShape::world_size() const {
   int n = 1;
   for (int s : sizes_) n *= s;
   return n;
+}
+
+MeshDims MeshShape::expert_group() const {
+  if (expert_spans_context_) return {MeshDim::expert, MeshDim::context};
+  return {MeshDim::expert};
 }
 
 int MeshShape::size(MeshDims dims) const {
@@ -177,6 +211,7 @@ std::string MeshShape::to_string() const {
   for (MeshDim d : kAllDims)
     if (d == MeshDim::replicate || d == MeshDim::shard || size(d) > 1)
       s += fmt::format("{}{}={}", s.empty() ? "" : ",", mesh_dim_name(d), size(d));
+  if (expert_spans_context_) s += fmt::format(",{}={}", kExpertGroupKey, kExpertGroupSpanning);
   return s;
 }
 
@@ -184,6 +219,7 @@ nlohmann::json MeshShape::to_json() const {
   nlohmann::json j = nlohmann::json::object();
   for (MeshDim d : kAllDims)
     if (d == MeshDim::replicate || d == MeshDim::shard || size(d) > 1) j[mesh_dim_name(d)] = size(d);
+  if (expert_spans_context_) j[kExpertGroupKey] = kExpertGroupSpanning;
   return j;
 }
 
@@ -191,6 +227,7 @@ MeshShape MeshShape::from_json(const nlohmann::json& j) {
   SHARDLM_CHECK(j.is_object(), "a mesh must be an object of dimension sizes, got {}", j.dump());
   MeshShape shape;
   for (const auto& [name, size] : j.items()) {
+    if (name == kExpertGroupKey) continue;  // read below, once the context size is known
     bool known = false;
     for (MeshDim d : kAllDims)
       if (name == mesh_dim_name(d)) {
@@ -200,6 +237,11 @@ MeshShape MeshShape::from_json(const nlohmann::json& j) {
         known = true;
       }
     SHARDLM_CHECK(known, "mesh {}: unknown dimension '{}' (expected {})", j.dump(), name, kDimList);
+  }
+  if (const auto it = j.find(kExpertGroupKey); it != j.end()) {
+    SHARDLM_CHECK(it->is_string(), "mesh {}: {} must be a string", j.dump(), kExpertGroupKey);
+    shape.expert_spans_context_ = expert_group_spans_context(
+        it->get<std::string>(), shape.size(MeshDim::context), fmt::format("mesh {}", j.dump()));
   }
   return shape;
 }

@@ -84,10 +84,25 @@ class MeshShape {
   int data_parallel_size() const { return size(data_parallel()); }
   int data_parallel_rank(int rank) const { return rank_in_group(rank, data_parallel()); }
 
-  // "replicate=2,shard=4": replicate and shard always, the others when larger than 1;
-  // parse(to_string()) gives the shape back.
+  // Expert parallelism: the ranks that hold different experts and exchange tokens. The
+  // expert dimension alone, or, when expert_spans_context(), expert x context: an expert
+  // group larger than the data-parallel ranks borrows the context ranks (which read the
+  // same rows and route their own tokens), as Megatron-core folds the attention's data x
+  // context ranks into expert x expert-data. The sizes alone cannot say which (N=4, P=2:
+  // expert=2,context=2 is E=2 or E=4), hence the marker.
+  bool expert_spans_context() const { return expert_spans_context_; }
+  void set_expert_spans_context(bool spans) { expert_spans_context_ = spans; }
+  MeshDims expert_group() const;
+  int expert_parallel_size() const { return size(expert_group()); }
+  // `rank`'s place in its expert group: which slice of the experts it holds.
+  int expert_rank(int rank) const { return rank_in_group(rank, expert_group()); }
+
+  // "replicate=2,shard=4": replicate and shard always, the others when larger than 1,
+  // and ",expert_group=expert+context" last when the expert group spans the context
+  // ranks; parse(to_string()) gives the shape back.
   std::string to_string() const;
-  // {"replicate": 2, "shard": 4}, the same dimensions as to_string().
+  // {"replicate": 2, "shard": 4}, the same dimensions as to_string() (and
+  // "expert_group": "expert+context" when it spans the context ranks).
   nlohmann::json to_json() const;
   // The inverse of to_json() (dimensions left out have size 1); Error on an unknown
   // name or a size below 1.
@@ -96,6 +111,7 @@ class MeshShape {
 
  private:
   std::array<int, kMeshDims> sizes_{};
+  bool expert_spans_context_ = false;
 };
 
 }  // namespace shardlm

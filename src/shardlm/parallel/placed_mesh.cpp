@@ -7,22 +7,26 @@ namespace shardlm {
 
 namespace {
 
-constexpr MeshDim kModelParallelDims[] = {MeshDim::context, MeshDim::expert, MeshDim::tensor};
+// The model's groups: context, expert (the expert dimension, or expert x context when
+// the expert group spans the context ranks), tensor.
+std::vector<MeshDims> model_parallel_dims(const MeshShape& shape) {
+  return {{MeshDim::context}, shape.expert_group(), {MeshDim::tensor}};
+}
 
 }  // namespace
 
 std::vector<MeshDims> run_mesh_groups(const MeshShape& shape) {
   std::vector<MeshDims> groups = FlatUnitStrategy::mesh_groups(shape);
-  for (MeshDim dim : kModelParallelDims)
-    if (shape.size(dim) > 1) groups.push_back({dim});
+  for (const MeshDims& dims : model_parallel_dims(shape))
+    if (shape.size(dims) > 1) groups.push_back(dims);
   return groups;
 }
 
 ModelParallelGroups model_parallel_groups(DeviceMesh& mesh) {
-  auto group = [&](MeshDim dim) -> Communicator* {
-    return mesh.shape().size(dim) > 1 ? &mesh.group({dim}) : nullptr;
+  auto group = [&](MeshDims dims) -> Communicator* {
+    return mesh.shape().size(dims) > 1 ? &mesh.group(dims) : nullptr;
   };
-  return {group(MeshDim::context), group(MeshDim::tensor), group(MeshDim::expert)};
+  return {group({MeshDim::context}), group({MeshDim::tensor}), group(mesh.shape().expert_group())};
 }
 
 PlacedMesh::PlacedMesh(const MeshShape& shape, Device device, Communicator& world) {

@@ -38,31 +38,45 @@ MeshShape data_and_context_mesh(const StrategyOptions& options, int world_size) 
                 P, world_size);
   const int E = options.expert_parallel;
   const bool hybrid = options.kind == StrategyKind::hybrid;
+  // Whether the expert group takes in the context ranks (expert x context).
+  bool spans_context = false;
   if (E != 1) {
     SHARDLM_CHECK(E >= 1 && world_size % E == 0,
                   "--expert-parallel {} does not divide the job's {} ranks (expected a divisor "
                   "of {})", E, world_size, world_size);
-    // The expert dimension is carved out of the data-parallel ranks, outside the
-    // context one: a context group's ranks route their own tokens to the experts'
-    // holders among the ranks at the same context coordinate.
-    SHARDLM_CHECK(world_size / P % E == 0,
-                  "--expert-parallel {} with --context-parallel {}: the experts spread over "
-                  "the {} data-parallel ranks (the job's {} / {}), which {} does not divide "
-                  "(expected a divisor of {})", E, P, world_size / P, world_size, P, E,
-                  world_size / P);
-    // hybrid: the expert ranks are carved out of each shard group (its G data-parallel
-    // ranks partition a dense unit, as without experts), replicated across the groups.
+    // The expert dimension is carved out of the data-parallel ranks (hybrid: of each
+    // shard group's G, its ranks partition a dense unit as without experts, replicated
+    // across the groups), outside the context one: a context group's ranks route their
+    // own tokens to the experts' holders among the ranks at the same context coordinate.
+    // An E those ranks cannot hold takes in the context ranks too (each routes its own
+    // tokens over the larger group), as Megatron-core folds data x context into expert x
+    // expert-data: E/P expert coordinates times the P context ones.
     const int G = options.shard_group_size;
-    SHARDLM_CHECK(!hybrid || G % E == 0,
-                  "--expert-parallel {} with --strategy hybrid: the experts spread over each "
-                  "shard group's {} ranks (--shard-group-size), which {} does not divide "
-                  "(expected a divisor of {})", E, G, E, G);
+    spans_context = (hybrid ? G : world_size / P) % E != 0;
+    if (hybrid)
+      SHARDLM_CHECK(!spans_context || (E % P == 0 && G * P % E == 0),
+                    "--expert-parallel {} with --strategy hybrid: the experts spread over each "
+                    "shard group's {} ranks (--shard-group-size), which {} does not divide{} "
+                    "(expected a divisor of {}{})", E, G, E,
+                    P > 1 ? fmt::format(", or over them and their {} context ranks, which needs "
+                                        "a multiple of {} dividing {}", P, P, G * P)
+                          : "",
+                    G, P > 1 ? fmt::format(" or a multiple of {} dividing {}", P, G * P) : "");
+    else
+      SHARDLM_CHECK(!spans_context || E % P == 0,
+                    "--expert-parallel {} with --context-parallel {}: the experts spread over "
+                    "the {} data-parallel ranks (the job's {} / {}), which {} does not divide, "
+                    "or over them and the context ranks, which needs a multiple of {} (expected "
+                    "a divisor of {} or a multiple of {} dividing {})", E, P, world_size / P,
+                    world_size, P, E, P, world_size / P, P, world_size);
   }
   const int data_ranks = world_size / P;
+  const int expert_coordinates = spans_context ? E / P : E;
   MeshShape shape = MeshShape::replicated_shards(data_ranks, hybrid ? options.shard_group_size : data_ranks);
-  shape.set_size(MeshDim::shard, shape.size(MeshDim::shard) / E);
-  shape.set_size(MeshDim::expert, E);
+  shape.set_size(MeshDim::shard, shape.size(MeshDim::shard) / expert_coordinates);
+  shape.set_size(MeshDim::expert, expert_coordinates);
   shape.set_size(MeshDim::context, P);
+  shape.set_expert_spans_context(spans_context);
   return shape;
 }
 
@@ -80,7 +94,10 @@ MeshShape strategy_mesh(const StrategyOptions& options, int world_size) {
 
 MeshDims partition_dims() { return {MeshDim::shard, MeshDim::context, MeshDim::expert}; }
 
-MeshDims expert_partition_dims() { return {MeshDim::shard, MeshDim::context}; }
+MeshDims expert_partition_dims(const MeshShape& mesh) {
+  if (mesh.expert_spans_context()) return {MeshDim::shard};
+  return {MeshDim::shard, MeshDim::context};
+}
 
 int partition_size(const MeshShape& mesh) { return mesh.size(partition_dims()); }
 

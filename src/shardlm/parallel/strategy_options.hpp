@@ -43,7 +43,9 @@ struct StrategyOptions {
   // (carved out of the data-parallel ranks, outside the context ones) and each holds
   // experts / E of every sparse layer's experts; dense units are partitioned over
   // shard x context x expert, expert units over shard x context (the expert-data-
-  // parallel group of the ranks that hold the same experts).
+  // parallel group of the ranks that hold the same experts). An E the data-parallel
+  // ranks (N/P, hybrid's shard group) cannot hold takes the context ranks into the
+  // expert group too (strategy_mesh), whose experts' partition is then shard alone.
   int expert_parallel = 1;
   // --tensor-parallel T: the mesh's tensor dimension, innermost (the fastest ranks).
   // Its ranks hold different pieces of the split layers (each tensor coordinate has
@@ -66,14 +68,18 @@ std::string to_string(StrategyKind kind);
 // shard=M/P x context=P for ddp/zero*, replicate=M/(G P) x shard=G x context=P for
 // hybrid, shard=M/(P E) x expert=E x context=P with expert parallelism (hybrid:
 // replicate=M/(G P) x shard=G/E x expert=E x context=P), each with tensor=T innermost.
+// An E that does not divide M/P (hybrid: G) but is a multiple of P dividing M (hybrid:
+// G P) spans the context ranks: expert=E/P, shard=M/E (hybrid: shard=G P/E), and the
+// mesh's expert group is expert x context.
 // Error naming the flag if the world cannot be laid out so.
 MeshShape strategy_mesh(const StrategyOptions& options, int world_size);
 // The mesh dimensions a dense unit is partitioned over (and its gradients reduced
 // over): shard x context x expert.
 MeshDims partition_dims();
-// An expert unit's: shard x context, the ranks that hold the same experts (Megatron's
-// expert-data-parallel group).
-MeshDims expert_partition_dims();
+// An expert unit's: the ranks that hold the same experts (Megatron's
+// expert-data-parallel group), shard x context, or shard alone when the expert group
+// spans the context ranks.
+MeshDims expert_partition_dims(const MeshShape& mesh);
 // Ranks a dense unit is partitioned over: the size of partition_dims() in the
 // strategy's mesh (the layout is built for it; an expert unit's partition divides it).
 int partition_size(const StrategyOptions& options, int world_size);

@@ -435,10 +435,18 @@ std::vector<int> context_parallel_choices(const RunPlanRequest& base, const Clus
 std::vector<int> expert_parallel_choices(const RunPlanRequest& base) {
   const StrategyOptions& s = base.strategy;
   if (s.expert_parallel > 1 || !base.config.moe.enabled() || s.optimizer_on_host) return {s.expert_parallel};
-  const int data = base.world_size / (s.context_parallel * s.tensor_parallel);
+  // The divisors of the data-parallel ranks, and beyond them those that take in the
+  // context ranks too where base's mesh lays them out (multiples of P: Megatron-core's
+  // EP over DP x CP).
+  const int ranks = base.world_size / s.tensor_parallel;
+  const int data = ranks / s.context_parallel;
   std::vector<int> out = {1};
-  for (int E = 2; E <= data; ++E)
-    if (data % E == 0 && base.config.moe.num_experts % E == 0) out.push_back(E);
+  for (int E = 2; E <= ranks; ++E) {
+    if (ranks % E != 0 || base.config.moe.num_experts % E != 0) continue;
+    RunPlanRequest spanning = base;
+    spanning.strategy.expert_parallel = E;
+    if (data % E == 0 || lays_out(spanning)) out.push_back(E);
+  }
   return out;
 }
 

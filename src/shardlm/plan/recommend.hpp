@@ -65,8 +65,9 @@ std::vector<int> tensor_parallel_choices(const RunPlanRequest& base, const Clust
 // ranks for which context_layout finds a kind; none when base fixes one.
 std::vector<int> context_parallel_choices(const RunPlanRequest& base, const ClusterShape& cluster);
 // The expert-parallel sizes it considers for a mixture of experts: 1 and every E > 1
-// dividing base's data-parallel ranks (the world over its context and tensor sizes) and
-// the experts of a layer; base's alone when it fixes one (> 1), when the model is dense,
+// dividing the experts of a layer and base's data-parallel ranks (the world over its
+// context and tensor sizes), or beyond them taking in the context ranks where base's
+// mesh lays that out (strategy_mesh); base's alone when it fixes one (> 1), when the model is dense,
 // or when base offloads the optimizer (which the trainer combines with expert
 // parallelism; auto does not try it there yet).
 // plan_candidates leaves out the sizes another context size or a hybrid group does not

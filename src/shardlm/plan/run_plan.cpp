@@ -20,6 +20,7 @@ RunPlan plan_run(const RunPlanRequest& r) {
   plan.world_size = n;
   plan.partition = partition_size(mesh);
   plan.expert_parallel = r.strategy.expert_parallel;
+  plan.expert_spans_context = mesh.expert_spans_context();
   plan.context_parallel = r.strategy.context_parallel;
   plan.tensor_parallel = r.strategy.tensor_parallel;
   // Default: a micro-batch per data-parallel rank (context ranks share their rows).

@@ -44,7 +44,8 @@ struct RunPlanRequest {
 struct RunPlan {
   int world_size = 1;
   int partition = 1;      // ranks a unit is sharded over
-  int expert_parallel = 1;  // the mesh's expert dimension
+  int expert_parallel = 1;  // E: the expert group (the expert dimension, or expert x context)
+  bool expert_spans_context = false;  // the expert group is expert x context (strategy_mesh)
   int context_parallel = 1;  // the mesh's context dimension
   int tensor_parallel = 1;  // the mesh's tensor dimension (innermost)
   int accumulation = 1;   // micro-batches per rank and step

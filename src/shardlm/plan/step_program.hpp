@@ -14,8 +14,9 @@
 
 namespace shardlm {
 
-// expert: the expert group (E ranks, P x T apart); expert_data: the ranks that hold the
-// same experts (shard x context under expert parallelism);
+// expert: the expert group (E ranks, P x T apart; when it spans the context ranks, runs
+// of P ranks T apart, E/P x T apart); expert_data: the ranks that hold the same experts
+// (shard x context under expert parallelism, shard alone when it spans them);
 // tensor: the tensor group (T consecutive ranks, the mesh's innermost dimension).
 enum class CommGroup { world, shard, replica, context, expert, expert_data, tensor };
 

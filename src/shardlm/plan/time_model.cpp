@@ -24,7 +24,8 @@ GroupPlacement place_strided(int stride, int size, int ranks_per_node) {
 }  // namespace
 
 GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node,
-                           int expert_parallel, int tensor_parallel, int context_parallel) {
+                           int expert_parallel, int tensor_parallel, int context_parallel,
+                           bool expert_spans_context) {
   if (world_size <= ranks_per_node) return {true, 1};
   // Mesh order (parallel/mesh_shape.hpp): replicate, shard, expert, context, tensor
   // (innermost): every dimension's ranks are the tensor dimension's size apart, the
@@ -40,11 +41,16 @@ GroupPlacement place_group(CommGroup group, int world_size, int partition, int r
       return place_strided(T, partition, ranks_per_node);
     case CommGroup::replica:  // every (partition x T)-th rank
       return place_strided(partition * T, world_size / (partition * T), ranks_per_node);
-    case CommGroup::expert:  // expert_parallel ranks P x T apart
+    case CommGroup::expert:  // expert_parallel ranks P x T apart; spanning the context
+                             // ranks, E consecutive tensor groups' ranks (E/P runs of P)
+      if (expert_spans_context) return place_strided(T, expert_parallel, ranks_per_node);
       return place_strided(P * T, expert_parallel, ranks_per_node);
     case CommGroup::expert_data: {  // shard x context: runs of P consecutive tensor groups'
                                     // ranks, every (expert_parallel x P x T)-th rank of
-                                    // the partition (a hybrid shard group's, not the world's)
+                                    // the partition (a hybrid shard group's, not the world's);
+                                    // spanning: shard alone, every (E x T)-th rank
+      if (expert_spans_context)
+        return place_strided(expert_parallel * T, partition / expert_parallel, ranks_per_node);
       const GroupPlacement run = place_strided(T, P, ranks_per_node);
       if (!run.within_node) return run;
       return place_strided(expert_parallel * P * T, partition / (expert_parallel * P), ranks_per_node);
@@ -90,7 +96,7 @@ StepTimePrediction predict_step_time(const RunPlan& plan, const HardwareProfile&
   for (const PlannedCollective& c : program.collectives) {
     const GroupPlacement place = place_group(c.group, n, plan.partition, ranks_per_node,
                                                plan.expert_parallel, plan.tensor_parallel,
-                                               plan.context_parallel);
+                                               plan.context_parallel, plan.expert_spans_context);
     const TransportFigures& t = place.within_node ? profile.intra_node : inter;
     // Across nodes the slower of the node's own transport and its link sets the pace.
     CollectiveRate rate = t.rate(c.kind);

@@ -28,14 +28,15 @@ struct ClusterShape {
 // Where a collective group's ranks sit: within one node, or across nodes with
 // `nic_sharing` groups of this kind sending through each node's link at once. The
 // tensor group is innermost (consecutive ranks: inside a node when T divides a node's
-// ranks); the other groups' ranks are T apart.
+// ranks); the other groups' ranks are T apart. expert_spans_context: the expert group is
+// expert x context (MeshShape::expert_spans_context), E consecutive tensor groups' ranks.
 struct GroupPlacement {
   bool within_node = true;
   int nic_sharing = 1;
 };
 GroupPlacement place_group(CommGroup group, int world_size, int partition, int ranks_per_node,
                            int expert_parallel = 1, int tensor_parallel = 1,
-                           int context_parallel = 1);
+                           int context_parallel = 1, bool expert_spans_context = false);
 
 // Seconds of `work` at `rates`: each FLOP or byte count over its rate, summed.
 double compute_seconds(const ComputeWork& work, const ComputeRates& rates);

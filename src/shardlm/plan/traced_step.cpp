@@ -72,7 +72,16 @@ class UnitWorkModel final : public Model {
   const std::vector<UnitWork>& work_;
 };
 
-CommGroup comm_group(const std::string& communicator, bool expert_parallel, bool tensor_is_world) {
+// How the mesh's groups name the expert ones: none, the expert dimension, or the expert
+// group spanning the context ranks (whose experts' partition is shard alone).
+enum class ExpertLayout { none, expert_dimension, spanning_context };
+
+ExpertLayout expert_layout(const MeshShape& shape) {
+  if (shape.expert_parallel_size() <= 1) return ExpertLayout::none;
+  return shape.expert_spans_context() ? ExpertLayout::spanning_context : ExpertLayout::expert_dimension;
+}
+
+CommGroup comm_group(const std::string& communicator, ExpertLayout experts, bool tensor_is_world) {
   // A tensor dimension spanning the world is the world communicator itself (the mesh
   // splits no group for it); everything else then runs on one rank or is a scalar.
   if (tensor_is_world && (communicator == "world" || communicator == "world.kv_replicas"))
@@ -82,15 +91,19 @@ CommGroup comm_group(const std::string& communicator, bool expert_parallel, bool
   // does not tell the U consecutive ranks from the ring's ranks U apart).
   for (const std::string suffix : {".ulysses", ".ring"})
     if (communicator.size() > suffix.size() && communicator.ends_with(suffix))
-      return comm_group(communicator.substr(0, communicator.size() - suffix.size()), expert_parallel,
+      return comm_group(communicator.substr(0, communicator.size() - suffix.size()), experts,
                         tensor_is_world);
   if (communicator == "world") return CommGroup::world;
-  if (communicator == "expert group") return CommGroup::expert;
+  if (communicator == "expert group" || communicator == "expert x context group")
+    return CommGroup::expert;
   // The partition (consecutive ranks): shard, or shard x context; under expert
-  // parallelism these are the experts' (shard x context outside the expert ranks; the
-  // dense units' partition is the world, or with hybrid its shard group's ranks).
-  if (communicator == "shard group" || communicator == "shard x context group")
-    return expert_parallel ? CommGroup::expert_data : CommGroup::shard;
+  // parallelism these are the experts' (shard x context outside the expert ranks, shard
+  // alone when the expert group spans the context ranks; the dense units' partition is
+  // the world, or with hybrid its shard group's ranks).
+  if (communicator == "shard group")
+    return experts == ExpertLayout::none ? CommGroup::shard : CommGroup::expert_data;
+  if (communicator == "shard x context group")
+    return experts == ExpertLayout::expert_dimension ? CommGroup::expert_data : CommGroup::shard;
   if (communicator == "shard x expert group" || communicator == "shard x expert x context group")
     return CommGroup::shard;
   if (communicator == "replica group") return CommGroup::replica;
@@ -103,12 +116,12 @@ CommGroup comm_group(const std::string& communicator, bool expert_parallel, bool
                           communicator));
 }
 
-StepProgram program_of(const StepRecording& recording, size_t scratch_bytes, bool expert_parallel,
+StepProgram program_of(const StepRecording& recording, size_t scratch_bytes, ExpertLayout experts,
                        bool tensor_is_world) {
   StepProgram program;
   for (const RecordedCollective& c : recording.collectives())
     program.collectives.push_back(
-        {c.kind, comm_group(c.group, expert_parallel, tensor_is_world), static_cast<double>(c.bus_bytes),
+        {c.kind, comm_group(c.group, experts, tensor_is_world), static_cast<double>(c.bus_bytes),
          collective_messages(c.kind, static_cast<double>(c.bytes), c.group_size, scratch_bytes,
                              c.element_bytes),
          c.label});
@@ -238,8 +251,7 @@ TracedStep trace_step(const RunPlanRequest& r, int steps, const std::vector<Unit
     out.device = peaks_of(device.tracker());
     if (on_device) out.host = peaks_of(host.tracker());
   }
-  out.program = program_of(recording, r.comm_scratch_bytes, shape.size(MeshDim::expert) > 1,
-                           T > 1 && T == n);
+  out.program = program_of(recording, r.comm_scratch_bytes, expert_layout(shape), T > 1 && T == n);
   // The last step: after the next-to-last step_end.
   const auto& ops = recording.ops();
   size_t first = 0;

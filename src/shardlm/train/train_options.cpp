@@ -199,9 +199,15 @@ void TrainOptions::validate_mesh() const {
                   "--mesh {}: {} parallelism is not there yet (the dimensions today: replicate, "
                   "shard, expert, context, tensor)",
                   mesh, mesh_dim_name(d));
-  SHARDLM_CHECK(expert_parallel == 1 || expert_parallel == m.size(MeshDim::expert),
-                "--mesh {} has an expert dimension of {}, --expert-parallel says {}", mesh,
-                m.size(MeshDim::expert), expert_parallel);
+  SHARDLM_CHECK(expert_parallel == 1 || expert_parallel == m.expert_parallel_size(),
+                "--mesh {} has an expert group of {} rank(s), --expert-parallel says {}", mesh,
+                m.expert_parallel_size(), expert_parallel);
+  // The expert group takes in the context ranks only where the data-parallel ranks
+  // cannot hold it (strategy_mesh's rule): one layout per E.
+  SHARDLM_CHECK(!m.expert_spans_context() || m.data_parallel_size() % m.expert_parallel_size() != 0,
+                "--mesh {}: an expert group of {} fits the {} data-parallel ranks (spell it "
+                "expert={} without expert_group; it spans the context ranks only beyond them)",
+                mesh, m.expert_parallel_size(), m.data_parallel_size(), m.expert_parallel_size());
   SHARDLM_CHECK(strategy != "auto",
                 "--mesh fixes the layout that --strategy auto chooses: give one of them");
   SHARDLM_CHECK(tensor_parallel == 1 || tensor_parallel == m.size(MeshDim::tensor),
@@ -245,7 +251,7 @@ StrategyOptions TrainOptions::strategy_options() const {
 }
 
 int TrainOptions::expert_parallel_size() const {
-  return mesh.empty() ? expert_parallel : MeshShape::parse(mesh).size(MeshDim::expert);
+  return mesh.empty() ? expert_parallel : MeshShape::parse(mesh).expert_parallel_size();
 }
 
 ModelOptions TrainOptions::model_options(Device device) const {
@@ -268,7 +274,8 @@ AdamWConfig TrainOptions::adamw_config() const {
 }
 
 int TrainOptions::shard_group() const {
-  // (With expert parallelism a shard group's data-parallel ranks are shard x expert.)
+  // (With expert parallelism a shard group's data-parallel ranks are shard x expert, the
+  // expert dimension's coordinates whether or not the expert group spans the context ranks.)
   if (!mesh.empty() && strategy != "auto" && parse_strategy_kind(strategy) == StrategyKind::hybrid) {
     const MeshShape m = MeshShape::parse(mesh);
     return m.size(MeshDim::shard) * m.size(MeshDim::expert);

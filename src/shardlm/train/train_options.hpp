@@ -98,7 +98,8 @@ struct TrainOptions {
   int context_parallel = 1;
   std::string context_parallel_kind = "ulysses";
   int ulysses_degree = 1;
-  // The expert dimension's size: --mesh's expert=, else --expert-parallel.
+  // The expert group's size: --mesh's (expert=, times context= when its expert_group is
+  // expert+context), else --expert-parallel.
   int expert_parallel_size() const;
   // Model units smaller than this are merged with a neighbour into one flat unit.
   int64_t min_unit_params = 65536;

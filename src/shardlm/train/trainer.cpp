@@ -450,7 +450,7 @@ void Trainer::read_inputs() {
     if (const std::string w = tensor_groups_across_hosts_warning(mesh_shape_, rank_hosts(comm_));
         !w.empty())
       print("warning: " + w + "\n");
-  if (const int E = mesh_shape_.size(MeshDim::expert); E > 1) {
+  if (const int E = mesh_shape_.expert_parallel_size(); E > 1) {
     SHARDLM_CHECK(config_.moe.enabled(),
                   "--expert-parallel {}: {} is a dense model (expert parallelism spreads a "
                   "mixture of experts' experts: qwen3_moe, mixtral)", E, config_.family);
