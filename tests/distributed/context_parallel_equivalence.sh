@@ -254,7 +254,7 @@ refused "--context-parallel 4 must divide the world size 2" 2 --model llama-tiny
 refused "the model's 3 query heads do not divide by 2" 2 --model qwen3-tiny --micro-batch 4 --context-parallel 2
 refused "--seq-len 30 does not split over --context-parallel 4" 1 --model llama-tiny --micro-batch 4 --context-parallel 4 --seq-len 30
 refused "--context-parallel 2 and --mesh shard=2 (context=1) disagree" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --mesh shard=2
-refused "--expert-parallel 4 with --context-parallel 2: the experts spread over the 2 data-parallel ranks" 4 --model qwen3-moe-tiny --micro-batch 4 --context-parallel 2 --expert-parallel 4
+refused "--expert-parallel 2 with --context-parallel 4: the experts spread over the 1 data-parallel ranks (the job's 4 / 4), which 2 does not divide, or over them and the context ranks, which needs a multiple of 4" 4 --model qwen3-moe-tiny --micro-batch 4 --context-parallel 4 --expert-parallel 2
 refused "--context-parallel-kind must be ulysses" 2 --model llama-tiny --micro-batch 4 --context-parallel 2 --context-parallel-kind zigzag
 refused "--seq-len 36 does not split over --context-parallel 4: ring attention's zigzag split needs a multiple of 8" 1 --model llama-tiny --micro-batch 4 --context-parallel 4 --context-parallel-kind ring --seq-len 36
 refused "--context-parallel 4 --context-parallel-kind hybrid needs --ulysses-degree U with 1 < U < 4 dividing 4" 4 --model llama-tiny --micro-batch 4 --context-parallel 4 --context-parallel-kind hybrid --ulysses-degree 3

@@ -22,6 +22,15 @@ namespace {
 const MeshDim kDims[] = {MeshDim::replicate, MeshDim::shard,  MeshDim::expert,
                          MeshDim::context,   MeshDim::tensor, MeshDim::pipeline};
 
+// A strategy's options with P context ranks and E expert ranks.
+StrategyOptions experts_over_context(StrategyKind kind, int context_parallel, int expert_parallel) {
+  StrategyOptions o;
+  o.kind = kind;
+  o.context_parallel = context_parallel;
+  o.expert_parallel = expert_parallel;
+  return o;
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -241,10 +250,7 @@ TEST(MeshShape, TheTensorDimensionIsInnermostAndTheOthersShareTheRest) {
 TEST(MeshShape, TheExpertDimensionIsCarvedOutOfTheDataRanksOutsideTheContextOnes) {
   // Megatron's order: context ranks consecutive inside the expert ones, so a dense
   // unit's partition meets the data-parallel ranks in the order it does without experts.
-  StrategyOptions o;
-  o.kind = StrategyKind::zero3;
-  o.context_parallel = 2;
-  o.expert_parallel = 2;
+  StrategyOptions o = experts_over_context(StrategyKind::zero3, 2, 2);
   const MeshShape m = strategy_mesh(o, 8);
   EXPECT_EQ(m.to_string(), "replicate=1,shard=2,expert=2,context=2");
   EXPECT_EQ(m.group_ranks(5, {MeshDim::context}), (std::vector<int>{4, 5}));
@@ -274,10 +280,7 @@ TEST(MeshShape, TheExpertDimensionIsCarvedOutOfTheDataRanksOutsideTheContextOnes
 TEST(MeshShape, AnExpertGroupLargerThanTheDataRanksSpansTheContextRanks) {
   // N=4, P=2: two data-parallel ranks; E=4 takes in the context ranks (Megatron-core's
   // EP over DP x CP): expert=E/P x context=P, every rank its own experts.
-  StrategyOptions o;
-  o.kind = StrategyKind::zero3;
-  o.context_parallel = 2;
-  o.expert_parallel = 4;
+  StrategyOptions o = experts_over_context(StrategyKind::zero3, 2, 4);
   const MeshShape m = strategy_mesh(o, 4);
   EXPECT_EQ(m.to_string(), "replicate=1,shard=1,expert=2,context=2,expert_group=expert+context");
   EXPECT_TRUE(m.expert_spans_context());
@@ -489,11 +492,8 @@ TEST(PlacedMesh, AnExpertGroupSpanningTheContextRanksIsTheModelsExpertGroup) {
   // hybrid N=8 (G=2), P=2, E=4: replicate=2 x expert=2 x context=2; the model's expert
   // communicator is expert x context (a replica's four ranks, in the order of their
   // place in it), the experts' partition shard alone.
-  StrategyOptions o;
-  o.kind = StrategyKind::hybrid;
+  StrategyOptions o = experts_over_context(StrategyKind::hybrid, 2, 4);
   o.shard_group_size = 2;
-  o.context_parallel = 2;
-  o.expert_parallel = 4;
   const MeshShape shape = strategy_mesh(o, 8);
   const std::vector<MeshDims> expected = {partition_dims(), {MeshDim::replicate}, {MeshDim::shard},
                                           {MeshDim::context}, {MeshDim::expert, MeshDim::context}};
