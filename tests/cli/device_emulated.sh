@@ -6,7 +6,8 @@
 # weights for ddp and zero3 at N=1 and N=2, in fp32 and bf16, with and without
 # --offload optimizer; its checkpoints resume on the CPU and back; memory is counted
 # on the device (and, offloaded, the optimizer state on the host, as `plan` says).
-# Context and tensor parallelism run their device paths too (bitwise the CPU's weights).
+# Context and tensor parallelism run their device paths too (bitwise the CPU's weights),
+# expert parallelism over the context ranks with the offloaded optimizer as well.
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 run() {  # out, then flags
@@ -216,6 +217,15 @@ for device in cpu emulated; do
 done
 same moe_cp_cpu moe_cp_emulated
 echo "qwen3-moe-tiny zero3 P=2 (Ulysses) fp32: cpu = emulated"
+# ... and E = 2 over the two context ranks (expert_group=expert+context: each rank holds
+# half the experts, routes its own tokens to both), the emulated run with the offloaded
+# optimizer (HostOwnedState skips the experts the other rank holds).
+cp_run moe_cp_span_cpu --model qwen3-moe-tiny --precision fp32 --device cpu --expert-parallel 2
+cp_run moe_cp_span_offload --model qwen3-moe-tiny --precision fp32 --device emulated \
+  --expert-parallel 2 --offload optimizer
+grep -q "expert_group=expert+context" "$WORK/moe_cp_span_cpu.log" || fail "moe_cp_span_cpu: no expert group over the context ranks"
+same moe_cp_span_cpu moe_cp_span_offload
+echo "qwen3-moe-tiny zero3 P=2 x E=2 over the context ranks fp32: cpu = emulated + --offload optimizer"
 
 # Bad input: one line each, nothing written.
 expect_error "--offload optimizer moves the optimizer state" \
