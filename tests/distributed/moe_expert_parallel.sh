@@ -165,8 +165,10 @@ plan_is_measured "$WORK/cp_ring_e2" --strategy zero3 --context-parallel 2 --cont
 # expert=2,context=2,expert_group=expert+context, Megatron-core's EP over DP x CP): each
 # rank holds 2 experts, routes its own tokens over all 4 ranks, and an expert's unit is
 # partitioned over shard alone (one rank). ddp and zero3 each against E = 1 at P = 2
-# (the ring with checkpointing; not ddp against zero3: at P = 2 their dense weights
-# differ by 1.3e-5 of a tensor at E = 1 already) to the bounds above; plan = measured;
+# (the ring with checkpointing; not ddp against zero3: these runs accumulate 2
+# micro-batches a step, which ddp sums before its one reduction and zero3 reduces one by
+# one, another order, 1.3e-5 of a tensor at E = 1 already, as accumulation.sh documents
+# without context parallelism) to the bounds above; plan = measured;
 # each checkpoint (ddp's written by both context coordinates' ranks) loads bitwise at
 # E = 1 and E = 2 (within the data-parallel ranks).
 CP_RING=(--context-parallel 2 --context-parallel-kind ring --activation-checkpointing)
