@@ -451,9 +451,9 @@ TEST(AutoLayouts, AMixtureOfExpertsIsPlannedAtEachExpertParallelSize) {
   EXPECT_EQ(expert_parallel_choices(split), (std::vector<int>{1, 2, 4}));
   split.strategy.context_parallel = 4;  // 1 data-parallel rank: 2 is no multiple of P
   EXPECT_EQ(expert_parallel_choices(split), (std::vector<int>{1, 4}));
-  RunPlanRequest offloaded = moe;  // the offloaded optimizer does not hold experts yet
+  RunPlanRequest offloaded = moe;  // the offloaded optimizer holds a rank's experts
   offloaded.strategy.optimizer_on_host = true;
-  EXPECT_EQ(expert_parallel_choices(offloaded), (std::vector<int>{1}));
+  EXPECT_EQ(expert_parallel_choices(offloaded), (std::vector<int>{1, 2, 4}));
   EXPECT_EQ(expert_parallel_choices(request("llama-tiny", 4, DType::bf16)), (std::vector<int>{1}));
 
   // The search: every strategy at E = 2 and 4, with and without checkpointing; hybrid

@@ -434,7 +434,7 @@ std::vector<int> context_parallel_choices(const RunPlanRequest& base, const Clus
 
 std::vector<int> expert_parallel_choices(const RunPlanRequest& base) {
   const StrategyOptions& s = base.strategy;
-  if (s.expert_parallel > 1 || !base.config.moe.enabled() || s.optimizer_on_host) return {s.expert_parallel};
+  if (s.expert_parallel > 1 || !base.config.moe.enabled()) return {s.expert_parallel};
   // The divisors of the data-parallel ranks, and beyond them those that take in the
   // context ranks too where base's mesh lays them out (multiples of P: Megatron-core's
   // EP over DP x CP).

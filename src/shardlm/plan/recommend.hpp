@@ -67,9 +67,9 @@ std::vector<int> context_parallel_choices(const RunPlanRequest& base, const Clus
 // The expert-parallel sizes it considers for a mixture of experts: 1 and every E > 1
 // dividing the experts of a layer and base's data-parallel ranks (the world over its
 // context and tensor sizes), or beyond them taking in the context ranks where base's
-// mesh lays that out (strategy_mesh); base's alone when it fixes one (> 1), when the model is dense,
-// or when base offloads the optimizer (which the trainer combines with expert
-// parallelism; auto does not try it there yet).
+// mesh lays that out (strategy_mesh); base's alone when it fixes one (> 1) or when the
+// model is dense. An offloaded optimizer combines with every E (its host state holds the
+// experts the rank holds).
 // plan_candidates leaves out the sizes another context size or a hybrid group does not
 // lay out.
 std::vector<int> expert_parallel_choices(const RunPlanRequest& base);
