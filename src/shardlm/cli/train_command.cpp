@@ -28,7 +28,9 @@ void register_train(CLI::App& app) {
     RunSetup setup;
     setup.resolve_options = resolve_auto_strategy;
     TrainSummary summary = run_training(*opts, setup);
-    if (!summary.sample.empty()) {
+    // Every rank generates (the strategy's gathers are collectives); rank 0 prints, as
+    // it prints the summary.
+    if (summary.is_root && !summary.sample.empty()) {
       std::printf("\n--- sample ---\n%s\n--------------\n\n", summary.sample.c_str());
     }
     print_summary(summary);
