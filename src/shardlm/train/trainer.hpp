@@ -63,8 +63,8 @@ std::string trainable_params_line(int64_t trainable, int64_t all);
 // Prints the end-of-run summary table.
 void print_summary(const TrainSummary& summary);
 
-// When the run was stopped by a signal: rank 0 prints summary.stopped on stderr and
-// the process exits with kExitStoppedAtCheckpoint. Returns otherwise.
+// When the run was stopped by a signal: rank 0 prints summary.stopped on stdout after
+// the summary and the process exits with kExitStoppedAtCheckpoint. Returns otherwise.
 void exit_if_stopped(const TrainSummary& summary);
 
 }  // namespace shardlm
