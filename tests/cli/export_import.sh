@@ -31,11 +31,13 @@ mkdir -p "$WORK/hf2/.export-tmp-$dead" && touch "$WORK/hf2/.export-tmp-$dead/mod
 cmp -s "$WORK/hf/model.safetensors" "$WORK/hf2/model.safetensors" || fail "two exports of one checkpoint differ"
 # One export at a time into OUT: a held lock is refused by name; of two concurrent exports one
 # writes and the other is refused (busy, or its files exist), never both.
+# (The test holds the lock itself: a background `flock FILE sleep` creates the file
+# before it holds the lock, so waiting for the file raced the export.)
 mkdir -p "$WORK/busy"
-flock "$WORK/busy/.export.lock" sleep 30 & holder=$!
-for _ in $(seq 1 50); do [ -e "$WORK/busy/.export.lock" ] && break; sleep 0.1; done
+exec {holder}> "$WORK/busy/.export.lock"
+flock -n "$holder" || fail "could not lock $WORK/busy/.export.lock"
 expect_error "'$WORK/busy' is in use by another export" "$SHARDLM" export --checkpoint "$WORK/run" --out "$WORK/busy"
-kill "$holder"; wait "$holder" 2> /dev/null || true
+exec {holder}>&-
 for i in 1 2 3 4 5; do
   "$SHARDLM" export --checkpoint "$WORK/run" --out "$WORK/race$i" > /dev/null 2>&1 & first=$!
   "$SHARDLM" export --checkpoint "$WORK/run" --out "$WORK/race$i" > /dev/null 2>&1 & second=$!
