@@ -20,7 +20,8 @@ void fault_point(std::string_view point);
 // checkpoint, under this run's layout, as a checkpoint under DIR, so a test can check
 // that resharding on load changed no bit); diverge_replica=RANK (with --check-replicas,
 // that rank changes its first owned parameter after every step, so the check must
-// catch a replica that went its own way).
+// catch a replica that went its own way); hold_for_signal=RANK:STEP (that rank waits
+// for a stop signal after STEP steps, train/stop_signals.hpp).
 std::optional<std::string> fault_value(std::string_view point);
 
 // SHARDLM_FAULT_STEP="RANK:STEP[:always]" makes that rank exit at once (status 43)

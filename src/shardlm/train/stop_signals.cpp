@@ -7,8 +7,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <thread>
+
+#include "shardlm/core/fault_injection.hpp"
 
 namespace shardlm {
 
@@ -80,6 +84,20 @@ void install_stop_signal_handlers() {
 void announce_stop_signals(bool announce) { g_announce.store(announce); }
 
 int stop_signal_received() { return g_first_signal.load(); }
+
+void hold_for_stop_signal_if_asked(int rank, int64_t steps_done) {
+  const auto spec = fault_value("hold_for_signal");
+  if (!spec) return;
+  int hold_rank = -1;
+  long long hold_step = -1;
+  if (std::sscanf(spec->c_str(), "%d:%lld", &hold_rank, &hold_step) != 2 || hold_rank != rank ||
+      hold_step != steps_done)
+    return;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(kHoldForSignalSeconds);
+  while (stop_signal_received() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
 
 std::string signal_name(int signal) {
   switch (signal) {

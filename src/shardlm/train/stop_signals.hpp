@@ -8,6 +8,7 @@
 // terminal's Ctrl-C reaches launch, mpirun and the ranks) count as one.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace shardlm {
@@ -30,6 +31,13 @@ void announce_stop_signals(bool announce);
 
 // The signal of the first stop request, 0 when none arrived.
 int stop_signal_received();
+
+// Test-only: with SHARDLM_FAULT=hold_for_signal=RANK:STEP that rank, after STEP steps,
+// waits for a stop signal (at most kHoldForSignalSeconds) before the step boundary that
+// agrees on it, so a test's signal stops the run at STEP however fast the steps run (a
+// 300-step run took 0.4 s on a quiet machine and ended before the test's SIGTERM came).
+inline constexpr double kHoldForSignalSeconds = 60.0;
+void hold_for_stop_signal_if_asked(int rank, int64_t steps_done);
 
 // "SIGTERM", "SIGINT", "SIGUSR1", or "signal N".
 std::string signal_name(int signal);

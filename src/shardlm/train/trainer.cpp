@@ -189,6 +189,7 @@ TrainSummary Trainer::run_steps() {
   for (int64_t step = start_step; step < o_.steps; ++step) {
     take_phase_totals();  // drop what ran between steps (eval, checkpoint save)
     fault_at_step(rank_, step + 1);
+    hold_for_stop_signal_if_asked(rank_, step);
     Stopwatch step_clock;
     const UnpackedTargetCount agreed = load_step_batches(step);
     if (agreed.control.stop || agreed.control.save_now) {
