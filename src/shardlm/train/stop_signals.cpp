@@ -33,8 +33,11 @@ long long monotonic_ns() {
   return static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec;
 }
 
+// On stdout, the stream of rank 0's other lines (the summary and the stop line after
+// it): mpirun forwards a rank's stdout and stderr through separate pipes and does not
+// keep their order, so a stderr line could land inside a later stdout line.
 void say(const char* text) {
-  if (g_announce.load()) (void)!::write(STDERR_FILENO, text, ::strlen(text));
+  if (g_announce.load()) (void)!::write(STDOUT_FILENO, text, ::strlen(text));
 }
 
 // Only async-signal-safe calls: atomics, clock_gettime, write, signal, raise.

@@ -26,7 +26,7 @@ inline constexpr double kDuplicateWindowSeconds = 2.0;
 // heap every time (tests/cli/sft_run_directory.sh; cause inside the library not found).
 void install_stop_signal_handlers();
 
-// Whether a signal's arrival is printed (one line on stderr): rank 0 only.
+// Whether a signal's arrival is printed (one line on stdout): rank 0 only.
 void announce_stop_signals(bool announce);
 
 // The signal of the first stop request, 0 when none arrived.
