@@ -18,7 +18,7 @@ for run in flags mesh; do
     || { cat "$WORK/$run.log"; fail "$run: the start line does not show the mesh"; }
   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); sys.exit(0 if c["mesh"] == {"replicate": 2, "shard": 2} and c["shard_group_size"] == 2 else 1)' \
     "$WORK/$run/config.json" || fail "$run: config.json's mesh"
-  "$SHARDLM" inspect "$WORK/$run" | grep -qxF "written by: strategy hybrid at world size 4 (mesh replicate=2,shard=2)" \
+  grep -qxF "written by: strategy hybrid at world size 4 (mesh replicate=2,shard=2)" <<< "$("$SHARDLM" inspect "$WORK/$run")" \
     || fail "$run: inspect does not show the mesh"
 done
 run_mpi 2 "$SHARDLM" train "${COMMON[@]}" --micro-batch 6 --strategy zero3 --mesh shard=2 --out "$WORK/zero3" \

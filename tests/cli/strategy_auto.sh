@@ -122,9 +122,11 @@ for s in ddp zero1 zero2 zero3; do
   done
 done
 tp_budget="$(python3 -c "print('%.9f' % (($unsplit_least - 1) / 2**30))")"
+# (stdout and stderr to separate files, as in run_auto: the reason is stdout's first
+# line, and under mpirun any stderr line, a rank's or mpirun's own, could come first.)
 run_mpi 2 "$SHARDLM" train "${TP_SHAPE[@]}" --data "$WORK/data" --threads 1 --steps 2 --eval-batches 0 \
-  --strategy auto --memory-per-rank "$tp_budget" --out "$WORK/tp-auto" > "$WORK/tp-auto.log" 2>&1 \
-  || { cat "$WORK/tp-auto.log"; fail "auto run with a tensor-parallel budget"; }
+  --strategy auto --memory-per-rank "$tp_budget" --out "$WORK/tp-auto" > "$WORK/tp-auto.log" 2> "$WORK/tp-auto.err" \
+  || { cat "$WORK/tp-auto.log" "$WORK/tp-auto.err"; fail "auto run with a tensor-parallel budget"; }
 head -n 1 "$WORK/tp-auto.log" | grep -q "^strategy auto -> [a-z0-9 ]* x tp2" \
   || fail "auto did not choose T=2: $(head -n 1 "$WORK/tp-auto.log")"
 chosen="$(head -n 1 "$WORK/tp-auto.log" | sed 's/^strategy auto -> \([^:]*\):.*/\1/')"
@@ -141,8 +143,8 @@ PY
 # explicit --expert-parallel 2 run's digest.
 MOE_RUN=(--model qwen3-moe-tiny --seq-len 32 --micro-batch 2 --global-batch 8 --threads 1
          --data "$WORK/data" --steps 2 --eval-batches 0)
-run_mpi 2 "$SHARDLM" train "${MOE_RUN[@]}" --strategy auto --out "$WORK/moe-auto" > "$WORK/moe-auto.log" 2>&1 \
-  || { cat "$WORK/moe-auto.log"; fail "MoE auto run failed"; }
+run_mpi 2 "$SHARDLM" train "${MOE_RUN[@]}" --strategy auto --out "$WORK/moe-auto" > "$WORK/moe-auto.log" \
+  2> "$WORK/moe-auto.err" || { cat "$WORK/moe-auto.log" "$WORK/moe-auto.err"; fail "MoE auto run failed"; }
 head -n 1 "$WORK/moe-auto.log" | grep -q "^strategy auto -> ddp x ep2: fits with .* and moves the fewest bytes" \
   || fail "MoE auto did not choose ddp x ep2: $(head -n 1 "$WORK/moe-auto.log")"
 python3 -c 'import json,sys; m = json.load(open(sys.argv[1]))["mesh"]; assert m["expert"] == 2, m' \

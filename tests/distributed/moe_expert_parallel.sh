@@ -42,8 +42,8 @@ expect_ranks_error() {
   local out rc=0
   out="$("$@" 2>&1)" || rc=$?
   [ "$rc" -ne 0 ] || fail "expected failure for: $* (exit 0)"
-  echo "$out" | grep -qF -- "error: " || fail "no error line for: $*; got: $out"
-  echo "$out" | grep "error: " | grep -qF -- "$needle" || fail "expected 'error: ...$needle' for: $*; got: $out"
+  grep -qF -- "error: " <<< "$out" || fail "no error line for: $*; got: $out"
+  grep -qF -- "$needle" <<< "$(grep "error: " <<< "$out")" || fail "expected 'error: ...$needle' for: $*; got: $out"
 }
 # resume_loads_bitwise CHECKPOINT OUT E STRATEGY [train flags]: a copy of CHECKPOINT at
 # OUT resumed at --expert-parallel E for one more step; the state it loaded (written to

@@ -249,8 +249,8 @@ train 4 "$WORK/replicas_t2" --model llama-tiny --micro-batch 4 --strategy ddp --
 log="$(SHARDLM_FAULT=diverge_replica=3 run_mpi 4 "$SHARDLM" train "${COMMON[@]}" --model llama-tiny \
   --micro-batch 4 --strategy ddp --tensor-parallel 2 --steps 2 --check-replicas --out "$WORK/diverged" 2>&1)" \
   && fail "a diverged replica at T=2 went unnoticed"
-echo "$log" | grep -q "error: replicas diverged after step 1: rank 3's parameters differ from rank 1's (both hold tensor rank 1's pieces)" \
-  || fail "expected the diverged rank 3 to be named; got: $log"
+grep -q "error: replicas diverged after step 1: rank 3's parameters differ from rank 1's (both hold tensor rank 1's pieces)" \
+  <<< "$log" || fail "expected the diverged rank 3 to be named; got: $log"
 echo "--check-replicas at T=2: the replicas of each tensor rank agree; a diverged one is named"
 
 # bf16 and fp16 once each: zero3 x T=2 against the unsplit ddp x 2 of the same precision,
@@ -313,7 +313,7 @@ refused() {  # refused N NEEDLE FLAGS...
   rm -rf "$out"
   local log
   log="$(run_mpi "$n" "$SHARDLM" train "${COMMON[@]}" --out "$out" "$@" 2>&1)" && fail "accepted: $*"
-  echo "$log" | grep -q "error: .*$needle" || fail "expected '$needle' for $*; got: $log"
+  grep -q "error: .*$needle" <<< "$log" || fail "expected '$needle' for $*; got: $log"
   [ ! -e "$out" ] || fail "a run directory was created for: $*"
 }
 refused 2 "--tensor-parallel 4 does not divide the job's 2 ranks" --model llama-tiny --micro-batch 4 --tensor-parallel 4

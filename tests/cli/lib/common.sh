@@ -28,7 +28,9 @@ expect_error() {
   local out rc=0
   out="$("$@" 2>&1 >/dev/null)" || rc=$?
   [ "$rc" -ne 0 ] || fail "expected failure for: $* (exit 0)"
-  echo "$out" | grep -q "^error: .*$needle" || fail "expected 'error: ...$needle' for: $*; got: $out"
+  # (A here-string, not `echo | grep -q`: under pipefail echo fails with SIGPIPE when
+  # grep has matched and gone before the rest of an output over 4 KiB is written.)
+  grep -q "^error: .*$needle" <<< "$out" || fail "expected 'error: ...$needle' for: $*; got: $out"
 }
 
 # same_curves RUN_A RUN_B TOL [WHAT]: every step's loss and gradient norm of two runs
