@@ -170,3 +170,24 @@ TEST(Report, AxisTicksAreRoundAndCoverTheData) {
   EXPECT_GE(u.back(), 10.97);
   EXPECT_DOUBLE_EQ(u[1] - u[0], 0.5);
 }
+
+TEST(Report, AxisTicksOfValuesARoundingApartEnd) {
+  // Two readings one ulp apart: a step finer than half an ulp never advanced the ticks
+  // (the loop pushed until bad_alloc). The range is drawn as flat instead.
+  for (const double v : {0.3, 1e6, 1e20, -7.5e-9}) {
+    const auto t = nice_ticks(v, std::nextafter(v, INFINITY), 5);
+    ASSERT_GE(t.size(), 2u) << v;
+    ASSERT_LE(t.size(), 8u) << v;
+    EXPECT_LE(t.front(), v);
+    EXPECT_GT(t.back(), v);
+    for (size_t i = 1; i < t.size(); ++i) EXPECT_GT(t[i], t[i - 1]) << v;
+  }
+  LineChart c;
+  c.title = "seconds";
+  Series s;
+  s.name = "seconds";
+  s.x = {1, 2};
+  s.y = {0.3, std::nextafter(0.3, 1.0)};
+  c.series.push_back(s);
+  EXPECT_NE(line_chart_svg(c).find("</svg>"), std::string::npos);
+}

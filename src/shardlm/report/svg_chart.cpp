@@ -29,8 +29,12 @@ std::string palette_color(size_t index) {
 }
 
 std::vector<double> nice_ticks(double lo, double hi, int count, double min_step) {
-  if (!(hi > lo)) hi = lo + 1;
-  const double raw = std::max((hi - lo) / std::max(1, count), min_step);
+  // A range within a billionth of its values (two readings a rounding apart) is drawn
+  // as flat, and no step is finer than that: a step under half an ulp of the values
+  // would not advance t below (a run's report looped pushing ticks until bad_alloc).
+  const double scale = std::max(std::abs(lo), std::abs(hi));
+  if (!(hi - lo > 1e-9 * scale)) hi = lo + std::max(1.0, 0.1 * scale);
+  const double raw = std::max({(hi - lo) / std::max(1, count), min_step, 1e-9 * scale});
   const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
   double step = magnitude;
   for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
