@@ -6,8 +6,9 @@
 # weights for ddp and zero3 at N=1 and N=2, in fp32 and bf16, with and without
 # --offload optimizer; its checkpoints resume on the CPU and back; memory is counted
 # on the device (and, offloaded, the optimizer state on the host, as `plan` says).
-# Context and tensor parallelism run their device paths too (bitwise the CPU's weights),
-# expert parallelism over the context ranks with the offloaded optimizer as well.
+# Context and tensor parallelism run their device paths too (bitwise the CPU's weights;
+# tensor parallelism also with LoRA, QLoRA and beside context parallelism), expert
+# parallelism over the context ranks with the offloaded optimizer as well.
 source "$(dirname "$0")/lib/common.sh" "$@"
 make_byte_data
 run() {  # out, then flags
@@ -151,9 +152,9 @@ echo "context parallel ring P=2 llama-tiny bf16: cpu = emulated + --offload opti
 # run's weights at T = 2 on 2 ranks, and (gpt2, ddp: zero3 cannot sample in a run yet)
 # the same sample generated at the end (the emulated device reruns the context per token
 # through the gathered vocabulary-parallel logits; the CPU uses its KV cache).
-tp_run() {  # out, then flags
-  local out="$1"; shift
-  run_mpi 2 --tag-output "$SHARDLM" train --data "$WORK/data" --out "$WORK/$out" --steps 3 \
+tp_run() {  # ranks, out, then flags
+  local n="$1" out="$2"; shift 2
+  run_mpi "$n" --tag-output "$SHARDLM" train --data "$WORK/data" --out "$WORK/$out" --steps 3 \
     --micro-batch 2 --seq-len 32 --global-batch 2 --tensor-parallel 2 --threads 1 \
     --eval-batches 0 "$@" > "$WORK/$out.log" 2>&1 || { cat "$WORK/$out.log"; fail "$out"; }
 }
@@ -172,7 +173,7 @@ for tp in "llama-tiny zero3 fp32 --sample-tokens 0" \
   [[ "$extra" == *--sequence-parallel* ]] && name+="_sp"
   for device in cpu emulated; do
     # shellcheck disable=SC2086
-    tp_run "${name}_$device" --model "$model" --strategy "$strategy" --precision "$precision" \
+    tp_run 2 "${name}_$device" --model "$model" --strategy "$strategy" --precision "$precision" \
       --device "$device" $extra
   done
   same "${name}_cpu" "${name}_emulated"
@@ -188,6 +189,25 @@ done
 memory_as_planned tp_llama-tiny_zero3_bf16_sp_emulated \
   --model llama-tiny --seq-len 32 --micro-batch 2 --global-batch 2 -n 2 --strategy zero3 \
   --precision bf16 --tensor-parallel 2 --sequence-parallel --device emulated
+# ... with LoRA on every projection (the adapters split with their layers: lora_B's rows
+# under a column-parallel layer, lora_A's columns under a row-parallel one) and QLoRA (the
+# NF4 base in pieces of whole 64-value blocks, hence llama64's shape), both zero3 bf16 at
+# T = 2, and context 2 x tensor 2 on 4 ranks (Ulysses' all-to-alls over each tensor rank's
+# heads, the tensor group's collectives beside them): bitwise the CPU run's weights.
+make_llama64_config "$WORK/llama64"
+LORA_EVERY_PROJECTION="--lora-rank 4 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+for tp in "2 tp_lora llama-tiny bf16 $LORA_EVERY_PROJECTION" \
+          "2 tp_qlora $WORK/llama64 bf16 --quantize-base nf4 $LORA_EVERY_PROJECTION" \
+          "4 tp_cp llama-tiny fp32 --context-parallel 2"; do
+  read -r ranks name model precision extra <<< "$tp"
+  for device in cpu emulated; do
+    # shellcheck disable=SC2086
+    tp_run "$ranks" "${name}_$device" --model "$model" --strategy zero3 --precision "$precision" \
+      --device "$device" --sample-tokens 0 $extra
+  done
+  same "${name}_cpu" "${name}_emulated"
+  echo "tensor parallel T=2 $name ($precision, $ranks ranks): cpu = emulated"
+done
 # Mixtures of experts on the device path (the router GEMM, row gathers, expert GEMMs,
 # combine and the router's backward as kernels on device memory; the routing decided on
 # the host from a copy of the router logits; expert parallelism's all-to-alls through the

@@ -23,10 +23,12 @@
 # - --context-parallel 2 beside E = 2 (Ulysses; the ring with checkpointing) against
 #   E = 1 at the same P: losses to 1e-6, weights to 1e-5; E = 4 over the 2 data-parallel
 #   ranks x 2 context ranks (the ring; ddp and zero3) against E = 1 to the same bounds,
-#   its checkpoints loading bitwise at E = 1 and E = 2;
+#   its checkpoints loading bitwise at E = 1 and E = 2; LoRA (ddp) and QLoRA (zero3) at that
+#   E = 4 against E = 1, the LoRA checkpoint loading bitwise at E = 1 and E = 2;
 # - plan's memory per category is the measured peak (E = 2; with checkpointing; with
 #   the ring; E = 4 over the context ranks);
-# - hybrid (shard groups of 2) at E = 2 is bitwise hybrid at E = 1;
+# - hybrid (shard groups of 2) at E = 2 is bitwise hybrid at E = 1, and (shard groups of 1,
+#   P = 2) E = 2 over the context ranks bitwise hybrid E = 1 at P = 2;
 # - --mesh expert=2 is --expert-parallel 2;
 # - bad input is one line before anything is written: E not dividing the world,
 #   experts not divisible by E, a dense model, E not dividing hybrid's shard groups,
@@ -189,6 +191,39 @@ plan_is_measured "$WORK/cp_span_zero3" --strategy zero3 "${CP_RING[@]}" --expert
 resume_loads_bitwise "$WORK/cp_span_ddp" "$WORK/cp_span_resume_e1" 1 zero3 "${CP_RING[@]}"
 resume_loads_bitwise "$WORK/cp_span_zero3" "$WORK/cp_span_resume_e2" 2 ddp "${CP_RING[@]}"
 echo "P=2 E=4 over the context ranks: checkpoints (ddp, zero3) loaded bitwise at E=1 and E=2"
+# LoRA and QLoRA with the expert group over the context ranks (P = 2, the ring with
+# checkpointing, E = 4: each expert's adapters held with it by one rank of the expert x
+# context group). LoRA ddp against E = 1 ddp: losses to 1e-6, adapters to 1e-4 of each
+# tensor's largest, as LoRA at E = 2 below (measured 6.2e-5, a down_proj lora_B: ddp's
+# expert gradient sums its sources in another order than E = 1's reduction; 4.9e-7 over
+# the model). QLoRA (NF4 experts) zero3: bitwise E = 1 zero3, whose experts' gradients sum
+# the 4 sources in the rank order that E = 4's one holder uses (the full model's E = 4
+# zero3 above measured 0 too). The LoRA checkpoint (ddp's, written by both context
+# coordinates' ranks) loads bitwise at E = 1 and at E = 2 (the experts back within the
+# data-parallel ranks); one more step from each lands within the adapters' bound.
+LORA_EXPERTS=(--lora-rank 4 --lora-targets q_proj,experts.gate_up_proj,experts.down_proj)
+for run in "lora_span 4 ddp" "lora_e1 1 ddp" "qlora_span 4 zero3 --quantize-base nf4" \
+           "qlora_e1 1 zero3 --quantize-base nf4"; do
+  set -- $run
+  out="$WORK/cp_$1"
+  run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy "$3" "${CP_RING[@]}" --expert-parallel "$2" \
+    "${LORA_EXPERTS[@]}" "${@:4}" --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "P=2 E=$2 $3 $1 failed"; }
+done
+grep -q "expert_group=expert+context" "$WORK/cp_qlora_span.log" \
+  || fail "QLoRA P=2 E=4: the start line names no expert group over the context ranks"
+same_losses "$WORK/cp_lora_span" "$WORK/cp_lora_e1" "LoRA P=2 ring: E=4 over the context ranks vs E=1 (ddp)"
+"$SHARDLM" inspect "$WORK/cp_lora_span" --compare "$WORK/cp_lora_e1" --tolerance 1e-4 --quiet \
+  > "$WORK/cp_lora_compare.log" 2>&1 || { cat "$WORK/cp_lora_compare.log"; fail "LoRA P=2 E=4 weights differ from E=1's"; }
+echo "LoRA P=2 ring E=4 over the context ranks vs E=1 (ddp): weights $(head -1 "$WORK/cp_lora_compare.log")"
+[ "$(digest_of "$WORK/cp_qlora_span")" = "$(digest_of "$WORK/cp_qlora_e1")" ] \
+  || fail "QLoRA P=2 E=4 over the context ranks (zero3) differs from E=1 zero3"
+echo "QLoRA P=2 ring E=4 over the context ranks = E=1 (zero3) bitwise"
+for E in 1 2; do
+  resume_loads_bitwise "$WORK/cp_lora_span" "$WORK/cp_lora_resume_e$E" "$E" zero3 "${CP_RING[@]}" "${LORA_EXPERTS[@]}"
+done
+"$SHARDLM" inspect "$WORK/cp_lora_resume_e2" --compare "$WORK/cp_lora_resume_e1" --tolerance 1e-4 --quiet \
+  > "$WORK/cp_lora_resume.log" 2>&1 || { cat "$WORK/cp_lora_resume.log"; fail "the E=1 and E=2 continuations of the LoRA P=2 E=4 checkpoint differ"; }
+echo "LoRA P=2 E=4 checkpoint loaded bitwise at E=1 and E=2; their next steps: $(head -1 "$WORK/cp_lora_resume.log")"
 # hybrid (--shard-group-size 2: replicate=2,shard=1,expert=2): the expert ranks are
 # carved out of each shard group; a dense unit is partitioned over the group and
 # replicated across groups as at E = 1, each expert's unit held by one rank of each
@@ -203,6 +238,22 @@ done
   || fail "hybrid E=2 differs from hybrid E=1"
 echo "hybrid --shard-group-size 2: E=2 bitwise E=1"
 plan_is_measured "$WORK/hybrid_e2" --strategy hybrid --shard-group-size 2 --expert-parallel 2
+# ... with the expert group over the context ranks (P = 2, the ring with checkpointing,
+# shard groups of 1, E = 2: replicate=2,shard=1,context=2,expert_group=expert+context):
+# each expert held by one rank of each context pair, its gradient the pair's two sources
+# summed, then all-reduced over the replicas, the order hybrid E = 1 reduces them in:
+# bitwise hybrid E = 1 at the same P; plan = measured.
+for E in 1 2; do
+  out="$WORK/hybrid_cp_e$E"
+  run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy hybrid --shard-group-size 1 "${CP_RING[@]}" \
+    --expert-parallel "$E" --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "hybrid P=2 E=$E failed"; }
+done
+grep -q "expert_group=expert+context" "$WORK/hybrid_cp_e2.log" \
+  || fail "hybrid P=2 E=2: the start line names no expert group over the context ranks"
+[ "$(digest_of "$WORK/hybrid_cp_e2")" = "$(digest_of "$WORK/hybrid_cp_e1")" ] \
+  || fail "hybrid P=2 E=2 over the context ranks differs from hybrid P=2 E=1"
+plan_is_measured "$WORK/hybrid_cp_e2" --strategy hybrid --shard-group-size 1 "${CP_RING[@]}" --expert-parallel 2
+echo "hybrid --shard-group-size 1 P=2: E=2 over the context ranks bitwise E=1"
 # LoRA on the attention and the experts: each expert's adapters travel with it (a unit
 # of its own beside the expert's); E = 2 against E = 1 as the full model above.
 for E in 1 2; do

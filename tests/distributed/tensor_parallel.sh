@@ -203,12 +203,7 @@ echo "LoRA: zero3 x T=2 = ddp x 2 (T=1) within 1e-5; the T=2 adapter exports as 
 # only in the order of the data-parallel sum (one process against ddp x 2: 2.6e-5, the
 # same tensor), AdamW's normalised steps on B's near-zero gradients. plan = measured
 # (the NF4 pieces' frozen bytes among them).
-mkdir -p "$WORK/llama64"
-cat > "$WORK/llama64/config.json" <<'JSON'
-{"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 256,
- "max_position_embeddings": 64, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false}
-JSON
+make_llama64_config "$WORK/llama64"
 QLORA=(--model "$WORK/llama64" --quantize-base nf4 "${LORA[@]}")
 train 2 "$WORK/qlora_t1" --micro-batch 4 --strategy ddp "${QLORA[@]}"
 train 4 "$WORK/qlora_t2" --micro-batch 4 --strategy zero3 --tensor-parallel 2 "${QLORA[@]}"

@@ -83,3 +83,15 @@ v=r
 for k in sys.argv[2].split("."): v=v[k]
 print(v)' "$1/metrics.jsonl" "$2"
 }
+
+# make_llama64_config DIR: a llama config whose tensor-parallel split runs are multiples
+# of NF4's 64-value blocks (head_dim 64, an MLP of 256), which --quantize-base nf4 with
+# --tensor-parallel 2 needs (llama-tiny's head_dim 24 cuts the blocks and is refused).
+make_llama64_config() {
+  mkdir -p "$1"
+  cat > "$1/config.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 256,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+}
