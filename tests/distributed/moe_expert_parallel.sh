@@ -88,9 +88,10 @@ print(f"plan {sys.argv[3]} = measured to the byte (params, grads, optimizer, act
       f"frozen): {plan['total']} bytes")
 PY
 }
-# compare_weights RUN REFERENCE WHAT: the final weights within 1e-5 of each tensor's largest.
+# compare_weights RUN REFERENCE WHAT [TOLERANCE]: the final weights within TOLERANCE (1e-5)
+# of each tensor's largest.
 compare_weights() {
-  "$SHARDLM" inspect "$1" --compare "$2" --tolerance 1e-5 --quiet > "$1.compare.log" 2>&1 \
+  "$SHARDLM" inspect "$1" --compare "$2" --tolerance "${4:-1e-5}" --quiet > "$1.compare.log" 2>&1 \
     || { cat "$1.compare.log"; fail "$3: weights differ"; }
   echo "$3: weights $(head -1 "$1.compare.log"); $(tail -1 "$1.compare.log")"
 }
@@ -212,18 +213,15 @@ done
 grep -q "expert_group=expert+context" "$WORK/cp_qlora_span.log" \
   || fail "QLoRA P=2 E=4: the start line names no expert group over the context ranks"
 same_losses "$WORK/cp_lora_span" "$WORK/cp_lora_e1" "LoRA P=2 ring: E=4 over the context ranks vs E=1 (ddp)"
-"$SHARDLM" inspect "$WORK/cp_lora_span" --compare "$WORK/cp_lora_e1" --tolerance 1e-4 --quiet \
-  > "$WORK/cp_lora_compare.log" 2>&1 || { cat "$WORK/cp_lora_compare.log"; fail "LoRA P=2 E=4 weights differ from E=1's"; }
-echo "LoRA P=2 ring E=4 over the context ranks vs E=1 (ddp): weights $(head -1 "$WORK/cp_lora_compare.log")"
+compare_weights "$WORK/cp_lora_span" "$WORK/cp_lora_e1" "LoRA P=2 ring: E=4 over the context ranks vs E=1 (ddp)" 1e-4
 [ "$(digest_of "$WORK/cp_qlora_span")" = "$(digest_of "$WORK/cp_qlora_e1")" ] \
   || fail "QLoRA P=2 E=4 over the context ranks (zero3) differs from E=1 zero3"
 echo "QLoRA P=2 ring E=4 over the context ranks = E=1 (zero3) bitwise"
 for E in 1 2; do
   resume_loads_bitwise "$WORK/cp_lora_span" "$WORK/cp_lora_resume_e$E" "$E" zero3 "${CP_RING[@]}" "${LORA_EXPERTS[@]}"
 done
-"$SHARDLM" inspect "$WORK/cp_lora_resume_e2" --compare "$WORK/cp_lora_resume_e1" --tolerance 1e-4 --quiet \
-  > "$WORK/cp_lora_resume.log" 2>&1 || { cat "$WORK/cp_lora_resume.log"; fail "the E=1 and E=2 continuations of the LoRA P=2 E=4 checkpoint differ"; }
-echo "LoRA P=2 E=4 checkpoint loaded bitwise at E=1 and E=2; their next steps: $(head -1 "$WORK/cp_lora_resume.log")"
+echo "LoRA P=2 E=4 checkpoint loaded bitwise at E=1 and E=2"
+compare_weights "$WORK/cp_lora_resume_e2" "$WORK/cp_lora_resume_e1" "its next step at E=2 vs at E=1" 1e-4
 # hybrid (--shard-group-size 2: replicate=2,shard=1,expert=2): the expert ranks are
 # carved out of each shard group; a dense unit is partitioned over the group and
 # replicated across groups as at E = 1, each expert's unit held by one rank of each
@@ -261,7 +259,7 @@ for E in 1 2; do
   for strategy in ddp zero3; do
     out="$WORK/lora_e${E}_$strategy"
     run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy "$strategy" --expert-parallel "$E" \
-      --lora-rank 4 --lora-targets q_proj,experts.gate_up_proj,experts.down_proj \
+      "${LORA_EXPERTS[@]}" \
       --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "LoRA E=$E $strategy failed"; }
     d="$(digest_of "$out")"
     [ -n "$reference" ] || reference="$d"
@@ -287,8 +285,7 @@ echo "LoRA (attention + experts) E=2 vs E=1: ddp = zero3 bitwise at each E, loss
 # bitwise at E = 1 and E = 4 and both continue one more step to the same digest (E = 4
 # sums each expert's sources in E = 1's rank order, as for the full model below).
 for E in 1 4; do
-  resume_loads_bitwise "$WORK/lora_e2_zero3" "$WORK/lora_resume_e$E" "$E" ddp --lora-rank 4 \
-    --lora-targets q_proj,experts.gate_up_proj,experts.down_proj
+  resume_loads_bitwise "$WORK/lora_e2_zero3" "$WORK/lora_resume_e$E" "$E" ddp "${LORA_EXPERTS[@]}"
 done
 [ "$(digest_of "$WORK/lora_resume_e4")" = "$(digest_of "$WORK/lora_resume_e1")" ] \
   || fail "the E=4 and E=1 continuations of the LoRA E=2 checkpoint differ"
@@ -298,7 +295,7 @@ echo "LoRA E=2 checkpoint loaded bitwise at E=1 and E=4, one more step: the same
 for E in 1 2; do
   out="$WORK/qlora_e$E"
   run_mpi 4 "$SHARDLM" train "${RUN[@]}" --steps 4 --strategy zero3 --expert-parallel "$E" \
-    --lora-rank 4 --lora-targets q_proj,experts.gate_up_proj,experts.down_proj --quantize-base nf4 \
+    "${LORA_EXPERTS[@]}" --quantize-base nf4 \
     --out "$out" > "$out.log" 2>&1 || { cat "$out.log"; fail "QLoRA E=$E failed"; }
 done
 python3 - "$WORK"/qlora_e{1,2}/metrics.jsonl <<'PY' || fail "QLoRA losses at E=2 differ from E=1"
