@@ -70,10 +70,14 @@ peft_agrees() {
   echo "shardlm loss $ours, PEFT on the base $theirs ($(echo "$peft" | grep 'adapter tensors'))"
 }
 
-# mpirun with this machine's flags (root, oversubscription); never hangs past 300 s.
+# mpirun with this machine's flags (root, oversubscription); never hangs past 300 s,
+# and says so on stderr when it is ended for that (mpirun ends its ranks silently, so a
+# log cut short would otherwise not tell a hang from a crash).
 run_mpi() {
-  local n="$1"; shift
-  timeout 300 mpirun -n "$n" --oversubscribe "$@"
+  local n="$1" rc=0; shift
+  timeout 300 mpirun -n "$n" --oversubscribe "$@" || rc=$?
+  [ "$rc" -ne 124 ] || echo "run_mpi: mpirun -n $n did not end within 300 s; ended by timeout(1)" >&2
+  return "$rc"
 }
 
 # Field of the last metrics record: metric RUN_DIR FIELD (python3's json, stdlib only).
