@@ -212,7 +212,10 @@ done
 # combine and the router's backward as kernels on device memory; the routing decided on
 # the host from a copy of the router logits; expert parallelism's all-to-alls through the
 # device communicator): bitwise the CPU run's weights, qwen3-moe-tiny at one rank (fp32),
-# zero3 x --expert-parallel 2 (bf16), and that with the optimizer offloaded.
+# zero3 x --expert-parallel 2 (bf16), and that with the optimizer offloaded. At E = 2 the
+# device exchanges a layer's rows one held expert at a time (4 all_to_all_v each way where
+# the CPU run has one, counted below), so the CPU = emulated digests are also the two
+# chunkings of the exchange giving bitwise the same weights.
 moe_run() {  # ranks, out, then flags
   local n="$1" out="$2"; shift 2
   run_mpi "$n" "$SHARDLM" train --model qwen3-moe-tiny --data "$WORK/data" --out "$WORK/$out" \
@@ -225,6 +228,14 @@ for device in cpu emulated; do
 done
 same moe_fp32_cpu moe_fp32_emulated
 same moe_e2_bf16_cpu moe_e2_bf16_emulated
+# all_to_all_v per step of the CPU run and the emulated run (2 sparse layers x 6
+# exchanges, in one chunk on the CPU and 4 on the device).
+a2av_calls() {
+  python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if '\"comm\"' in l][-1]['comm']['all_to_all_v']['calls'])" \
+    "$WORK/$1/metrics.jsonl"
+}
+[ "$(a2av_calls moe_e2_bf16_cpu) $(a2av_calls moe_e2_bf16_emulated)" = "12 48" ] \
+  || fail "all_to_all_v per step: cpu $(a2av_calls moe_e2_bf16_cpu), emulated $(a2av_calls moe_e2_bf16_emulated); expected 12 (one chunk) and 48 (one per held expert)"
 moe_run 2 moe_e2_offload --precision bf16 --strategy zero3 --expert-parallel 2 --device emulated \
   --offload optimizer
 same moe_e2_bf16_cpu moe_e2_offload

@@ -7,9 +7,12 @@
 // gradients of that expert over the group's rows (within float rounding of the
 // order: summed in one buffer here, rank by rank there); experts held elsewhere get
 // no gradient. With activation checkpointing (the holders receive the h2 rows again in
-// backward and recompute) the same, against the one-rank model without it. The
+// backward and recompute) the same, against the one-rank model without it. However the
+// exchanges are chunked (one per layer and way on the host, one per held expert on a
+// device, or any run of held experts) every result is bitwise the same. On a device the
 // exchanges go one held expert at a time, each beside another held expert's GEMMs (the
-// traced step plan times). Bad groups are one-line errors.
+// traced step plan times); on the host one each way per layer. Bad groups are one-line
+// errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,11 +44,13 @@ struct RankRun {
   std::vector<std::vector<float>> grads;  // per flat unit
 };
 
+// (exchange_chunks: ModelOptions::expert_exchange_chunks)
 RankRun run_rank(const Reference& ref, const ParamLayout& layout, int rank,
-                 Communicator* expert_group, bool checkpointing = false) {
+                 Communicator* expert_group, bool checkpointing = false, int exchange_chunks = 0) {
   ModelOptions options;
   options.parallel_groups.expert = expert_group;
   options.activation_checkpointing = checkpointing;
+  options.expert_exchange_chunks = exchange_chunks;
   auto model = make_model(ref, layout, ref.B, options);
   UnitBuffers buf(layout, ref.file);
   const std::vector<int32_t> tokens = tokens_of(ref, rank);
@@ -117,25 +122,61 @@ INSTANTIATE_TEST_SUITE_P(Groups, MoeExpertParallel,
                          ::testing::Combine(::testing::Values("qwen3_moe", "mixtral"),
                                             ::testing::Values(2, 4), ::testing::Bool()));
 
-// The step plan traces (the real schedule on the meta device): after a layer's router
-// one dispatch per held expert, each waited for right before its expert's GEMMs, so
-// that the later ones travel beside the earlier experts' GEMMs; each expert's outputs
-// start back at once and are waited for after the last held expert; backward the
-// same in reverse. At N = 2, E = 2 each rank holds 4 of qwen3-moe-tiny's 8 experts.
-TEST(MoeExpertParallelPlan, EachHeldExpertsRowsTravelBesideAnotherHeldExpertsGemms) {
+// Every rank's loss, aux loss and gradients with the exchanges in one chunk per layer
+// and way (the host's default) are bitwise those with one per held expert (a device's)
+// and with uneven runs of held experts: each GEMM reads the same rows in the same order
+// and every sum keeps its order; only where the rows lie in the exchange buffers moves.
+TEST_P(MoeExpertParallel, ChunkingTheExchangesLeavesEveryResultBitwise) {
+  const auto& [family, P, checkpointing] = GetParam();
+  const Reference ref = load_reference(family);
+  const int held = ref.config.moe.num_experts / P;
+  const auto layout = ParamLayout::build(ref.config, 1);
+  const auto run_group = [&](int chunks) {
+    std::vector<RankRun> runs(static_cast<size_t>(P));
+    InProcessJob job(P);
+    const auto errors = job.run([&](Communicator& world) {
+      runs[static_cast<size_t>(world.rank())] =
+          run_rank(ref, layout, world.rank(), &world, checkpointing, chunks);
+    });
+    for (const auto& e : errors) EXPECT_EQ(e, "");
+    return runs;
+  };
+  const std::vector<RankRun> whole_layer = run_group(1);
+  if (held == 1) GTEST_SKIP() << "one held expert: one chunk either way";
+  std::vector<int> chunkings = {held};  // one per held expert
+  if (held > 2) chunkings.push_back(held - 1);  // uneven runs (4 held: 1, 1, 2)
+  for (int chunks : chunkings) {
+    const std::vector<RankRun> chunked = run_group(chunks);
+    for (int r = 0; r < P; ++r) {
+      const RankRun& a = whole_layer[static_cast<size_t>(r)];
+      const RankRun& b = chunked[static_cast<size_t>(r)];
+      EXPECT_EQ(b.loss_sum, a.loss_sum) << chunks << " chunks, rank " << r;
+      EXPECT_EQ(b.aux, a.aux) << chunks << " chunks, rank " << r;
+      for (int u = 0; u < layout.num_units(); ++u)
+        EXPECT_EQ(b.grads[static_cast<size_t>(u)], a.grads[static_cast<size_t>(u)])
+            << layout.units[static_cast<size_t>(u)].name << ", " << chunks << " chunks, rank " << r;
+    }
+  }
+}
+
+// The expert exchanges of the step plan traces (the real schedule on the meta device)
+// by label: how many, and the least GEMM work between an issue and its wait. At N = 2,
+// E = 2 each rank holds 4 of qwen3-moe-tiny's 8 experts.
+struct Seen {
+  int count = 0;
+  double least_gemm_flops_beside = -1;  // between issue and wait: the least of them
+};
+std::map<std::string, Seen> traced_expert_exchanges(Device device) {
   RunPlanRequest r;
   r.config = model_preset("qwen3-moe-tiny");
   r.world_size = 2;
   r.strategy.expert_parallel = 2;
+  r.model.device = device;
   r.micro_batch = 2;
   r.seq_len = 32;
   const RunPlan p = plan_run(r);
   const auto& ops = p.program.ops;
   std::vector<size_t> issued(p.program.collectives.size(), 0);
-  struct Seen {
-    int count = 0;
-    double least_gemm_flops_beside = -1;  // between issue and wait: the least of them
-  };
   std::map<std::string, Seen> seen;
   for (size_t i = 0; i < ops.size(); ++i) {
     const size_t c = static_cast<size_t>(ops[i].collective);
@@ -151,26 +192,53 @@ TEST(MoeExpertParallelPlan, EachHeldExpertsRowsTravelBesideAnotherHeldExpertsGem
     if (s.least_gemm_flops_beside < 0 || beside < s.least_gemm_flops_beside)
       s.least_gemm_flops_beside = beside;
   }
+  return seen;
+}
+
+constexpr int kHeldExperts = 4;
+// Each exchange's label, and on a device the one chunk with no other held expert's
+// GEMMs beside it (waited for first, or issued last).
+struct Exchange {
+  const char* label;
+  int exposed_chunk;
+};
+const Exchange kExchanges[] = {{"expert dispatch", 0},
+                               {"expert combine", kHeldExperts - 1},
+                               {"expert dispatch dy", kHeldExperts - 1},
+                               {"expert dispatch weights", kHeldExperts - 1},
+                               {"expert combine dh2", 0},
+                               {"expert combine weights' gradients", 0}};
+
+// On a device: after a layer's router one dispatch per held expert, each waited for
+// right before its expert's GEMMs, so that the later ones travel beside the earlier
+// experts' GEMMs; each expert's outputs start back at once and are waited for after the
+// last held expert; backward the same in reverse.
+TEST(MoeExpertParallelPlan, OnADeviceEachHeldExpertsRowsTravelBesideAnotherHeldExpertsGemms) {
+  std::map<std::string, Seen> seen = traced_expert_exchanges(Device{DeviceKind::cuda, 0});
   const int exchanges = seen["expert dispatch counts"].count;  // one per sparse layer's forward
   ASSERT_GT(exchanges, 0);
-  const int held = 4;
-  for (int c = 0; c < held; ++c) {
-    // (label, whether another held expert's GEMMs run beside every one of them)
-    const std::vector<std::pair<std::string, bool>> chunk = {
-        {"expert dispatch", c > 0},
-        {"expert combine", c < held - 1},
-        {"expert dispatch dy", c < held - 1},
-        {"expert dispatch weights", c < held - 1},
-        {"expert combine dh2", c > 0},
-        {"expert combine weights' gradients", c > 0}};
-    for (const auto& [what, overlapped] : chunk) {
-      const std::string label = what + " " + std::to_string(c);
+  for (int c = 0; c < kHeldExperts; ++c)
+    for (const auto& [what, exposed_chunk] : kExchanges) {
+      const std::string label = std::string(what) + " " + std::to_string(c);
       const Seen& s = seen[label];
       EXPECT_EQ(s.count, exchanges) << label;
-      if (overlapped) {
+      if (c != exposed_chunk) {
         EXPECT_GT(s.least_gemm_flops_beside, 0.0) << label;
       }
     }
+}
+
+// On the host (a CPU run's plan, as the run does): each way one exchange per layer of
+// every held expert's rows, with nothing to run beside.
+TEST(MoeExpertParallelPlan, OnTheHostEachLayerExchangesOnceEachWay) {
+  std::map<std::string, Seen> seen = traced_expert_exchanges(Device{});
+  const int exchanges = seen["expert dispatch counts"].count;
+  ASSERT_GT(exchanges, 0);
+  for (const auto& [what, exposed_chunk] : kExchanges) {
+    (void)exposed_chunk;
+    EXPECT_EQ(seen[std::string(what) + " 0"].count, exchanges) << what;
+    for (int c = 1; c < kHeldExperts; ++c)
+      EXPECT_EQ(seen.count(std::string(what) + " " + std::to_string(c)), 0u) << what << " " << c;
   }
 }
 

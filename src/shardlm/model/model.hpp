@@ -96,6 +96,13 @@ struct ModelOptions {
   // residual stream, the norms and the residual adds hold 1/T of the micro-batch's
   // tokens; the block's all-reduces become all-gather + reduce-scatter.
   bool sequence_parallel = false;
+  // Expert parallelism: how many all_to_all_v carry a sparse layer's rows each way
+  // (each a run of held experts; more than the E/P held experts counts as one per held
+  // expert). 0: one per held expert on a device, whose communicator moves a held
+  // expert's rows while the compute stream runs another's GEMMs; one on the host,
+  // whose communication thread shares the cores with the GEMMs it would run beside
+  // (docs/parallelism.md, "Expert parallelism"). Results are bitwise the same.
+  int expert_exchange_chunks = 0;
 };
 
 // What a model allocates (bytes), for `shardlm plan`.

@@ -472,7 +472,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, int
   if (m.moe) {
     const bool meta = options.backend != nullptr && options.backend->is_meta();
     m.moe = std::make_unique<MoeExperts>(config, m.compute, meta, options.activation_checkpointing,
-                                         options.parallel_groups.expert, !options.device.is_host());
+                                         options.parallel_groups.expert, !options.device.is_host(),
+                                         options.expert_exchange_chunks);
     // Expert parallelism: the experts held elsewhere read nothing here.
     for (int u = 0; u < m.num_units; ++u)
       if (!m.holds(m.roles[static_cast<size_t>(u)])) m.needs[static_cast<size_t>(u)].clear();

@@ -55,40 +55,63 @@ int64_t MoeExperts::received_rows(const LayerRouting& r, int peer, int local) co
                     static_cast<size_t>(local)];
 }
 
+int MoeExperts::chunk_begin(int chunk) const {
+  return static_cast<int>(static_cast<int64_t>(chunk) * local_experts_ / chunks_);
+}
+
+int MoeExperts::chunk_of(int local) const {
+  int chunk = 0;
+  while (chunk_begin(chunk + 1) <= local) ++chunk;
+  return chunk;
+}
+
 int64_t MoeExperts::received_begin(const LayerRouting& r, int peer, int local) const {
-  // Chunk-major: every source's rows for held expert 0, then for held expert 1, ...
+  // Chunk-major, then source-major: every source's rows for the earlier chunks' held
+  // experts, then the earlier sources' rows for this chunk's, then peer's for this
+  // chunk's experts before `local`.
+  const int chunk = chunk_of(local);
   int64_t begin = 0;
-  for (int e = 0; e <= local; ++e)
-    for (int j = 0; j < (e == local ? peer : group_->size()); ++j) begin += received_rows(r, j, e);
+  for (int e = 0; e < chunk_begin(chunk); ++e)
+    for (int j = 0; j < group_->size(); ++j) begin += received_rows(r, j, e);
+  for (int j = 0; j <= peer; ++j)
+    for (int e = chunk_begin(chunk); e < (j == peer ? local : chunk_begin(chunk + 1)); ++e)
+      begin += received_rows(r, j, e);
   return begin;
 }
 
 std::vector<int64_t> MoeExperts::sent_begin(const LayerRouting& r) const {
   std::vector<int64_t> begin(static_cast<size_t>(E_));
   int64_t row = 0;
-  for (int chunk = 0; chunk < local_experts_; ++chunk)
-    for (int p = 0; p < group_->size(); ++p) {
-      const int x = p * local_experts_ + chunk;
-      begin[static_cast<size_t>(x)] = row;
-      const auto [first, last] = assignments(r, x);
-      row += last - first;
-    }
+  for (int chunk = 0; chunk < chunks_; ++chunk)
+    for (int p = 0; p < group_->size(); ++p)
+      for (int e = chunk_begin(chunk); e < chunk_begin(chunk + 1); ++e) {
+        const int x = p * local_experts_ + e;
+        begin[static_cast<size_t>(x)] = row;
+        const auto [first, last] = assignments(r, x);
+        row += last - first;
+      }
   return begin;
 }
 
 Work MoeExperts::exchange_chunk(const LayerRouting& r, const std::vector<int64_t>& sent, int chunk,
                                 Direction direction, ConstTypedPtr from, TypedPtr to,
                                 int64_t width, const char* what) {
+  const int first = chunk_begin(chunk);
   std::vector<size_t> at_sources, at_holders;  // elements per peer
   for (int p = 0; p < group_->size(); ++p) {
-    const auto [first, last] = assignments(r, p * local_experts_ + chunk);
-    at_sources.push_back(static_cast<size_t>((last - first) * width));
-    at_holders.push_back(static_cast<size_t>(received_rows(r, p, chunk) * width));
+    int64_t sent_rows = 0, received = 0;
+    for (int e = first; e < chunk_begin(chunk + 1); ++e) {
+      const auto [begin, end] = assignments(r, p * local_experts_ + e);
+      sent_rows += end - begin;
+      received += received_rows(r, p, e);
+    }
+    at_sources.push_back(static_cast<size_t>(sent_rows * width));
+    at_holders.push_back(static_cast<size_t>(received * width));
   }
-  // The chunk's first rows: peer 0's expert `chunk` in the send layout, source 0's
-  // rows for held expert `chunk` among the received ones.
-  const int64_t source_row = sent[static_cast<size_t>(chunk)];
-  const int64_t held_row = received_begin(r, 0, chunk);
+  // The chunk's first rows: peer 0's first expert of the chunk in the send layout,
+  // source 0's rows for the chunk's first held expert among the received ones.
+  const int64_t source_row = sent[static_cast<size_t>(first)];
+  const int64_t held_row = received_begin(r, 0, first);
   std::string label = std::string(what) + " " + std::to_string(chunk);
   if (direction == Direction::to_holders)
     return group_->all_to_all_v(from.at(source_row * width), at_sources, to.at(held_row * width),
@@ -129,13 +152,13 @@ void MoeExperts::dispatch(int l, Backend& be, ConstTypedPtr h2) {
   SHARDLM_CHECK(total <= ep_capacity_,
                 "internal: expert dispatch receives {} rows, the buffers hold {}", total,
                 ep_capacity_);
-  // One exchange per held expert, in the order the holders run them: the first
-  // expert's GEMMs start while the later experts' rows travel.
+  // One exchange per chunk, in the order the holders run them: the first chunk's
+  // GEMMs start while the later chunks' rows travel.
   const std::vector<int64_t> sent = sent_begin(r);
   pack_h2_rows(r, be, h2, sent);
-  arriving_.assign(static_cast<size_t>(local_experts_), {});
-  returning_.assign(static_cast<size_t>(local_experts_), {});
-  for (int chunk = 0; chunk < local_experts_; ++chunk)
+  arriving_.assign(static_cast<size_t>(chunks_), {});
+  returning_.assign(static_cast<size_t>(chunks_), {});
+  for (int chunk = 0; chunk < chunks_; ++chunk)
     arriving_[static_cast<size_t>(chunk)].push_back(
         exchange_chunk(r, sent, chunk, Direction::to_holders, ep_send_h2_, held_rows(r).h2, C_,
                        "expert dispatch"));
@@ -170,7 +193,8 @@ void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row
   const int c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   if (holds(e)) {
     const int local = e - local_begin_;
-    wait_all(arriving_[static_cast<size_t>(local)]);
+    const int chunk = chunk_of(local);
+    wait_all(arriving_[static_cast<size_t>(chunk)]);
     for (int j = 0; j < group_->size(); ++j) {
       const int64_t rows = received_rows(r, j, local);
       if (rows == 0) continue;
@@ -183,10 +207,12 @@ void MoeExperts::ep_expert_forward(LayerRouting& r, int e, Backend& be, bool row
       if (w.lora.down.targeted())
         lora_->forward(be, row_by_row, w.lora.down, m, i1, c, act, ep_rows_ + b * C_, c);
     }
-    // Its outputs start back while the next held expert computes.
-    returning_[static_cast<size_t>(local)].push_back(
-        exchange_chunk(r, sent_begin(r), local, Direction::to_sources, ep_rows_, ep_back_, C_,
-                       "expert combine"));
+    // After the chunk's last expert, its outputs start back while the next chunk
+    // computes.
+    if (local + 1 == chunk_begin(chunk + 1))
+      returning_[static_cast<size_t>(chunk)].push_back(
+          exchange_chunk(r, sent_begin(r), chunk, Direction::to_sources, ep_rows_, ep_back_, C_,
+                         "expert combine"));
   }
   if (e != E_ - 1) return;
   // Combine: the outputs back at their sources, added in expert order as at P = 1.
@@ -222,12 +248,11 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
       be.moe_assignment_weights(ep_send_w_ + row, r.routing.top_weight, r.routing.token + begin,
                                 r.routing.slot + begin, k_, end - begin);
     }
-    // One set of exchanges per held expert, in the order the holders run them
-    // backward (the last first), so that each expert's backward starts once its own
-    // rows are in.
-    arriving_.assign(static_cast<size_t>(local_experts_), {});
-    returning_.assign(static_cast<size_t>(local_experts_), {});
-    for (int chunk = local_experts_ - 1; chunk >= 0; --chunk) {
+    // One set of exchanges per chunk, in the order the holders run them backward (the
+    // last first), so that each chunk's backward starts once its own rows are in.
+    arriving_.assign(static_cast<size_t>(chunks_), {});
+    returning_.assign(static_cast<size_t>(chunks_), {});
+    for (int chunk = chunks_ - 1; chunk >= 0; --chunk) {
       std::vector<Work>& in = arriving_[static_cast<size_t>(chunk)];
       if (recompute_)
         in.push_back(exchange_chunk(r, sent, chunk, Direction::to_holders, ep_send_h2_,
@@ -241,9 +266,10 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
   const int c = static_cast<int>(C_), i1 = static_cast<int>(I_);
   if (holds(e)) {
     const int local = e - local_begin_;
+    const int chunk = chunk_of(local);
     // (Its dy rows' exchange, whose sent half reads ep_back_, is done before its dh2
     // rows come back into the same rows of ep_back_.)
-    wait_all(arriving_[static_cast<size_t>(local)]);
+    wait_all(arriving_[static_cast<size_t>(chunk)]);
     const HeldRows& held = held_rows(r);
     for (int j = 0; j < group_->size(); ++j) {
       const int64_t rows = received_rows(r, j, local);
@@ -279,14 +305,16 @@ void MoeExperts::ep_expert_backward(LayerRouting& r, int e, Backend& be,
         lora_->input_gradient(be, w.lora.gate_up, m, c, 2 * i1, dgu, ep_rows_ + b * C_);
       }
     }
-    // Its dh2 rows and the top-k weights' gradients start back while the next held
-    // expert computes.
-    const std::vector<int64_t> sent = sent_begin(r);
-    std::vector<Work>& out = returning_[static_cast<size_t>(local)];
-    out.push_back(exchange_chunk(r, sent, local, Direction::to_sources, ep_rows_, ep_back_, C_,
-                                 "expert combine dh2"));
-    out.push_back(exchange_chunk(r, sent, local, Direction::to_sources, ep_dot_, ep_dot_back_, 1,
-                                 "expert combine weights' gradients"));
+    // After the chunk's last backward expert (its first), its dh2 rows and the top-k
+    // weights' gradients start back while the next chunk computes.
+    if (local == chunk_begin(chunk)) {
+      const std::vector<int64_t> sent = sent_begin(r);
+      std::vector<Work>& out = returning_[static_cast<size_t>(chunk)];
+      out.push_back(exchange_chunk(r, sent, chunk, Direction::to_sources, ep_rows_, ep_back_, C_,
+                                   "expert combine dh2"));
+      out.push_back(exchange_chunk(r, sent, chunk, Direction::to_sources, ep_dot_, ep_dot_back_,
+                                   1, "expert combine weights' gradients"));
+    }
   }
   if (e != 0) return;
   // The layer's last backward expert unit: dh2 rows and the weights' gradients are

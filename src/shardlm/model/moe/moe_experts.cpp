@@ -9,7 +9,7 @@
 namespace shardlm {
 
 MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool recompute,
-                       Communicator* expert_group, bool on_device)
+                       Communicator* expert_group, bool on_device, int exchange_chunks)
     : E_(c.moe.num_experts),
       k_(c.moe.top_k),
       C_(c.n_embd),
@@ -37,6 +37,12 @@ MoeExperts::MoeExperts(const ModelConfig& c, DType compute, bool meta, bool reco
     group_ = expert_group;
     local_experts_ = E_ / P;
     local_begin_ = expert_group->rank() * local_experts_;
+    SHARDLM_CHECK(exchange_chunks >= 0, "internal: expert exchange chunks {} below 0",
+                  exchange_chunks);
+    // ModelOptions::expert_exchange_chunks: by default one per held expert on a device,
+    // one on the host.
+    chunks_ = exchange_chunks == 0 ? (on_device ? local_experts_ : 1)
+                                   : std::min(exchange_chunks, local_experts_);
   }
 }
 

@@ -36,26 +36,32 @@
 // Expert parallelism (an expert group of P ranks, ModelParallelGroups::expert; the
 // ranks of a group read different rows): rank q of the group holds experts
 // [q E/P, (q+1) E/P) of every sparse layer, and only their units run anything.
-// moe_expert_parallel.cpp moves the tokens, one exchange per held expert ("chunk" c:
-// between every pair of ranks, the rows of the receiver's c-th held expert), so that
-// an expert computes while the next one's rows travel (DeepSpeed-MoE's and Megatron's
-// overlapped all-to-all):
+// moe_expert_parallel.cpp moves the tokens in chunks: a chunk is a run of held experts
+// (chunk_begin), one all_to_all_v each way carries between every pair of ranks the rows
+// of the receiver's held experts of that run. On a device there is one chunk per held
+// expert, so that an expert computes while the next one's rows travel (DeepSpeed-MoE's
+// and Megatron's overlapped all-to-all); on the host one chunk of every held expert, the
+// exchange of a layer in one all_to_all_v each way: the communication thread would
+// share the GEMMs' cores, and more exchanges mean more rendezvous of the group's ranks
+// (ModelOptions::expert_exchange_chunks, docs/parallelism.md). The chunking changes
+// where rows lie in the buffers, never a result:
 //   dispatch (after route): the per-expert counts first (all_to_all), then, one
 //     all_to_all_v per chunk, every assignment's h2 row in the routing's grouping (by
-//     expert, tokens ascending); a source lays its rows out chunk by chunk (its rows
-//     for peer 0's c-th expert, peer 1's, ...), a holder keeps, per layer, each held
-//     expert's rows from every source j in turn.
-//   each held expert waits for its own chunk, then runs one GEMM pair per source
-//     block: the same rows in the same order, so the same results, as that expert's
-//     GEMMs on the source rank at P = 1; its outputs start back (the reverse
-//     all_to_all_v of its chunk) while the next held expert computes.
+//     expert, tokens ascending); a source lays its rows out chunk by chunk (within a
+//     chunk, peer by peer, each peer's experts of the chunk in order), a holder keeps,
+//     per layer, chunk by chunk each source's rows for the chunk's experts in turn.
+//   each held expert waits for its chunk, then runs one GEMM pair per source block:
+//     the same rows in the same order, so the same results, as that expert's GEMMs on
+//     the source rank at P = 1; after a chunk's last expert its outputs start back
+//     (the reverse all_to_all_v of the chunk) while the next chunk computes.
 //   combine (the layer's last expert unit): once every chunk is back, each source adds
 //     w * o in expert order, as at P = 1.
 //   backward: the layer's first backward expert unit starts every chunk's dy rows and
-//     top-k weights towards the holders (the last held expert's first); each held
-//     expert waits for its chunk, and its blocks give dW (+=, over its sources in rank
-//     order), the top-k weights' dot products and dh2 rows, which start back at once;
-//     the layer's last backward expert unit waits for them and adds in the P = 1 order.
+//     top-k weights towards the holders (the last chunk first); a chunk's first
+//     backward expert waits for them, and its blocks give dW (+=, over its sources in
+//     rank order), the top-k weights' dot products and dh2 rows, which start back after
+//     the chunk's last backward expert; the layer's last backward expert unit waits for
+//     them and adds in the P = 1 order.
 // Every rank issues its chunks at the same place of its own held experts (and the
 // dispatches at the same units), so the group's collectives and the other groups'
 // come in one order on every rank (comm/comm_thread.hpp runs them in issue order).
@@ -95,9 +101,11 @@ class MoeExperts {
   // meta: the buffers have no storage (see above); recompute: activation checkpointing;
   // expert_group: the expert-parallel group (null or one rank: every expert here);
   // on_device: the arrays carve() hands out are device memory (the routing is made in
-  // host arrays and copied there).
+  // host arrays and copied there); with meta, the device plan stands for.
+  // exchange_chunks: ModelOptions::expert_exchange_chunks.
   MoeExperts(const ModelConfig& config, DType compute, bool meta = false, bool recompute = false,
-             Communicator* expert_group = nullptr, bool on_device = false);
+             Communicator* expert_group = nullptr, bool on_device = false,
+             int exchange_chunks = 0);
 
   // Requests the arrays for micro-batches of up to n tokens.
   void carve(ArenaCarver& carver, int64_t n);
@@ -178,7 +186,8 @@ class MoeExperts {
   // layers share (the backward receives the h2 rows again and recomputes the rest).
   HeldRows& held_rows(LayerRouting& r) { return recompute_ ? shared_held_ : r.held; }
   // Where each expert's rows start in this rank's send layout [n k]: chunk by chunk
-  // (held expert c of every peer in turn), each expert's rows in the grouping's order.
+  // (within a chunk peer by peer, each peer's experts of the chunk in turn), each
+  // expert's rows in the grouping's order.
   std::vector<int64_t> sent_begin(const LayerRouting& r) const;
   // The layer's assignments' h2 rows into ep_send_h2_, in the send layout.
   void pack_h2_rows(LayerRouting& r, Backend& be, ConstTypedPtr h2,
@@ -198,17 +207,22 @@ class MoeExperts {
                           ConstTypedPtr h2, const ExpertWeights& w, const float* dy,
                           float* grad_gate_up, float* grad_down);
   // Rows each peer of the group sends this rank for each held expert: the layer's
-  // counts [P x E/P]; the received rows lie chunk by chunk (held expert 0's from every
-  // source in rank order, then held expert 1's, ...): block (j, e) starts at
+  // counts [P x E/P]; the received rows lie chunk by chunk (within a chunk source by
+  // source, each source's rows for the chunk's experts in turn): block (j, e) starts at
   // received_begin.
   int64_t received_rows(const LayerRouting& r, int peer, int local) const;
   int64_t received_begin(const LayerRouting& r, int peer, int local) const;
+  // Chunk c's held experts are [chunk_begin(c), chunk_begin(c + 1)); chunk_of(local) is
+  // the chunk of held expert `local`.
+  int chunk_begin(int chunk) const;
+  int chunk_of(int local) const;
   // The routing made on the host from the logits on a device, copied into r.routing.
   void route_on_host(LayerRouting& r, Backend& be);
 
   int E_ = 0, k_ = 0;
   Communicator* group_ = nullptr;  // null unless the expert group has more than one rank
   int local_begin_ = 0, local_experts_ = 0;
+  int chunks_ = 1;  // the exchanges of a layer's dispatch or combine (1 to local_experts_)
   int64_t C_ = 0, I_ = 0;
   bool norm_topk_ = true;
   DType compute_ = DType::fp32;
@@ -256,8 +270,8 @@ class MoeExperts {
   float* ep_dot_ = nullptr;      // [R] top-k weight gradients of the received rows
   float* ep_dot_back_ = nullptr;  // [n k] back at their source
   float* ep_counts_ = nullptr;    // [2 E] counts exchanged (fp32: exact below 2^24 rows)
-  // Per held expert: the exchanges in flight that its compute waits for, and those
-  // that bring its rows back, which the layer's last (backward) expert unit waits for.
+  // Per chunk: the exchanges in flight that its compute waits for, and those that
+  // bring its rows back, which the layer's last (backward) expert unit waits for.
   std::vector<std::vector<Work>> arriving_, returning_;
 };
 
